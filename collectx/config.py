@@ -1,0 +1,72 @@
+"""All of collectx's knobs, read once from ``COLLECTX_*`` variables into one frozen object.
+
+Library code never reads ``os.environ`` directly for a ``COLLECTX_*`` setting: it takes a
+:class:`Config` (usually :func:`get_config`) so a run can be reproduced by passing the same values.
+
+>>> cfg = Config.from_env({"COLLECTX_TIMEOUT": "5", "COLLECTX_ALGO": "ring"})
+>>> cfg.timeout_s, cfg.algo
+(5.0, 'ring')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Mapping
+
+from .errors import ConfigError
+
+_LOG_LEVELS = ("", "WARN", "INFO", "TRACE")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    debug: str = ""              # COLLECTX_DEBUG: "", WARN, INFO or TRACE
+    algo: str | None = None      # COLLECTX_ALGO: force one planner algorithm by name
+    topo_file: str | None = None       # COLLECTX_TOPO_FILE: use this topology instead of probing
+    topo_dump_file: str | None = None  # COLLECTX_TOPO_DUMP_FILE: write what was probed here
+    plan_file: str | None = None       # COLLECTX_PLAN_FILE: run this schedule instead of planning
+    plan_dump_file: str | None = None  # COLLECTX_PLAN_DUMP_FILE: write each schedule used here
+    timeout_s: float = 300.0     # COLLECTX_TIMEOUT: seconds before a collective raises Timeout
+    window_bytes: int = 64 << 20  # COLLECTX_WINDOW_BYTES: shared window per rank (tiles beyond)
+    hosts: str | None = None     # COLLECTX_HOSTS: split local ranks into pseudo-hosts ("2,2")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Config":
+        env = os.environ if env is None else env
+        get = lambda k: (env.get(k) or "").strip() or None  # noqa: E731
+        debug = (get("COLLECTX_DEBUG") or "").upper()
+        if debug not in _LOG_LEVELS:
+            raise ConfigError(f"COLLECTX_DEBUG={debug!r}: expected one of WARN, INFO, TRACE")
+        return cls(
+            debug=debug,
+            algo=get("COLLECTX_ALGO"),
+            topo_file=get("COLLECTX_TOPO_FILE"),
+            topo_dump_file=get("COLLECTX_TOPO_DUMP_FILE"),
+            plan_file=get("COLLECTX_PLAN_FILE"),
+            plan_dump_file=get("COLLECTX_PLAN_DUMP_FILE"),
+            timeout_s=_positive(get, "COLLECTX_TIMEOUT", 300.0, float),
+            window_bytes=_positive(get, "COLLECTX_WINDOW_BYTES", 64 << 20, int),
+            hosts=get("COLLECTX_HOSTS"),
+        )
+
+
+def _positive(get, name, default, kind):
+    raw = get(name)
+    if raw is None:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r}: expected a positive {kind.__name__}; unset it to use "
+                          f"the default {default}")
+    return value
+
+
+@functools.lru_cache(maxsize=1)
+def get_config() -> Config:
+    """The process-wide configuration, read from the environment on first use."""
+    return Config.from_env()

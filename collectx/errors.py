@@ -1,0 +1,89 @@
+"""The one tree of collectx exceptions.
+
+Every error collectx raises derives from :class:`CollectXError`. Where Python has a natural base
+(bad arguments are ``ValueError``/``TypeError``, timeouts are ``TimeoutError``), the collectx class
+inherits from it too, so ``except ValueError`` keeps working for callers that do not know collectx.
+Messages say what was seen, what was expected, and the fix.
+"""
+
+from __future__ import annotations
+
+
+class CollectXError(Exception):
+    """Root of every collectx error."""
+
+
+class ConfigError(CollectXError, ValueError):
+    """A ``COLLECTX_*`` setting or option has a value collectx cannot use."""
+
+
+class ArgumentError(CollectXError, ValueError):
+    """A call got an argument it cannot use (wrong size, layout, overlap, ...)."""
+
+
+class DTypeError(CollectXError, TypeError):
+    """A dtype or reduction op that collectx does not support for this call."""
+
+
+class TopologyError(CollectXError, ValueError):
+    """A topology could not be read, or does not describe what was asked of it."""
+
+
+class PlanError(CollectXError, ValueError):
+    """A plan was asked for something the planner cannot produce."""
+
+
+class NoFeasiblePlan(PlanError):
+    """No algorithm can serve this collective on this allocation (e.g. it is disconnected)."""
+
+
+class ScheduleError(CollectXError, ValueError):
+    """A schedule is malformed or fails verification; names the first bad instruction."""
+
+
+class NativeError(CollectXError, RuntimeError):
+    """The native library returned a failure status."""
+
+    def __init__(self, message: str, code: int = -1):
+        super().__init__(message)
+        self.code = code
+
+
+class NativeUnavailable(NativeError):
+    """The native library could not be found or loaded."""
+
+
+class CommError(CollectXError, RuntimeError):
+    """A collective failed while running. ``RuntimeError`` so torch users see what they expect."""
+
+
+class Timeout(CommError, TimeoutError):
+    """A collective did not complete within ``COLLECTX_TIMEOUT`` seconds."""
+
+
+class PeerFailure(CommError):
+    """A peer process died during a collective; ``rank`` names it."""
+
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+
+
+class PeerAborted(CommError):
+    """A peer gave up on the collective (bad arguments or an error there) and told us so."""
+
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+
+
+class CollectiveMismatch(CommError):
+    """Ranks called different collectives, dtypes, ops, sizes or roots."""
+
+
+class EngineError(CommError):
+    """The inter-node engine (MPI, torch.distributed, NCCL) failed."""
+
+
+__all__ = [name for name, obj in dict(globals()).items()
+           if isinstance(obj, type) and issubclass(obj, CollectXError)]

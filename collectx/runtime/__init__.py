@@ -1,0 +1,1 @@
+"""collectx.runtime."""

@@ -1,0 +1,7 @@
+"""Schedule IR and its interpreters that need no hardware: verify, simulate, MSCCL export."""
+
+from .ir import (BUFFERS, COLLECTIVES, SCHEMA, Dep, Instr, Lane, Ref, Schedule, alias,
+                 buffer_units, chunk_span, range_span)
+
+__all__ = ["BUFFERS", "COLLECTIVES", "SCHEMA", "Dep", "Instr", "Lane", "Ref", "Schedule", "alias",
+           "buffer_units", "chunk_span", "range_span"]

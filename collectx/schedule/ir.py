@@ -1,0 +1,272 @@
+"""The schedule IR: the one contract between the planner and every interpreter.
+
+A schedule describes one collective among ``nranks`` ranks as plain frozen data:
+
+* Each rank's payload unit (``count`` elements, known only at run time) is cut into ``nchunks``
+  chunks. Chunk ``i`` of a unit covers elements ``[i*count//nchunks, (i+1)*count//nchunks)``, so
+  any count works, odd ones and zero included (:func:`chunk_span`).
+* Buffers are ``input``, ``output`` and ``scratch`` of each rank; their sizes in *units* depend
+  on the collective (:func:`buffer_units`): allgather's output is ``nranks`` units, rank-major,
+  and so on. Chunk ``j`` of a buffer of several units is chunk ``j % nchunks`` of unit
+  ``j // nchunks``; a :class:`Ref` names a contiguous run of chunks.
+* Each rank has one or more *lanes* (CPU executor: interleaved work queues; CUDA executor: thread
+  blocks). A lane is an ordered list of :class:`Instr`. An instruction is ``copy`` (dst = src) or
+  ``reduce`` (dst = src0 op src1 op ...); its refs may name any rank's buffers (executors read and
+  write peers' memory directly). ``deps`` lists the instructions, on any rank, that must complete
+  first; the previous instruction of the same lane is always an implicit dependency.
+* Executors publish, per lane, an epoch-stamped counter after each instruction, so the same
+  schedule replays call after call without resetting flags.
+* Steps of kind ``engine`` hand a chunk range to an inter-node engine (MPI, torch.distributed,
+  NCCL): ``engine_op`` says which collective the engine runs over ``group`` (global ranks).
+
+The IR is small enough to read by eye for 4 ranks:
+
+>>> s = Schedule(collective="allgather", nranks=2, nchunks=1, lanes=(
+...     (Lane((Instr("copy", Ref(0, "output", 0), (Ref(0, "input", 0),)),
+...            Instr("copy", Ref(1, "output", 0), (Ref(0, "input", 0),)))),),
+...     (Lane((Instr("copy", Ref(1, "output", 1), (Ref(1, "input", 0),)),
+...            Instr("copy", Ref(0, "output", 1), (Ref(1, "input", 0),)))),),
+... ), algorithm="direct")
+>>> Schedule.from_dict(s.to_dict()) == s
+True
+>>> chunk_span(3, nchunks=4, count=10)
+(7, 3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Iterator
+
+from ..errors import ScheduleError
+
+SCHEMA = "collectx.schedule/1"
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall",
+               "sendrecv")
+BUFFERS = ("input", "output", "scratch")
+OPS = ("copy", "reduce", "engine")
+ROOTED = ("broadcast", "reduce")
+
+
+def chunk_span(j: int, nchunks: int, count: int) -> tuple[int, int]:
+    """Element (offset, length) of chunk ``j`` of a buffer whose units hold ``count`` elements.
+
+    The same arithmetic lives in ``native/include/cx_chunk.h`` for the executors.
+    """
+    unit, i = divmod(j, nchunks)
+    lo = i * count // nchunks
+    hi = (i + 1) * count // nchunks
+    return unit * count + lo, hi - lo
+
+
+def range_span(chunk: int, nchunk: int, nchunks: int, count: int) -> tuple[int, int]:
+    """Element (offset, length) of the contiguous chunk run ``[chunk, chunk + nchunk)``."""
+    start, _ = chunk_span(chunk, nchunks, count)
+    end_off, end_len = chunk_span(chunk + nchunk - 1, nchunks, count)
+    return start, end_off + end_len - start
+
+
+def buffer_units(collective: str, nranks: int) -> dict[str, int]:
+    """Size of each rank's input and output buffer, in payload units, for a collective.
+
+    >>> buffer_units("allgather", 4)
+    {'input': 1, 'output': 4}
+    """
+    per_rank = {"allreduce": (1, 1), "reduce_scatter": (nranks, 1), "allgather": (1, nranks),
+                "broadcast": (1, 1), "reduce": (1, 1), "alltoall": (nranks, nranks),
+                "sendrecv": (1, 1)}
+    if collective not in per_rank:
+        raise ScheduleError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
+    i, o = per_rank[collective]
+    return {"input": i, "output": o}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ref:
+    """``count`` consecutive chunks starting at ``chunk`` of one rank's buffer."""
+
+    rank: int
+    buf: str
+    chunk: int
+    count: int = 1
+
+    def to_list(self) -> list:
+        return [self.rank, self.buf, self.chunk, self.count]
+
+    @classmethod
+    def from_list(cls, v: list) -> "Ref":
+        return cls(int(v[0]), str(v[1]), int(v[2]), int(v[3]) if len(v) > 3 else 1)
+
+    def chunks(self) -> range:
+        return range(self.chunk, self.chunk + self.count)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Dep:
+    """Instruction ``index`` of lane ``lane`` of rank ``rank``."""
+
+    rank: int
+    lane: int
+    index: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Instr:
+    """One copy/reduce (or engine call) on chunk ranges; ``deps`` are cross-lane waits."""
+
+    op: str
+    dst: Ref
+    srcs: tuple[Ref, ...]
+    deps: tuple[Dep, ...] = ()
+    engine_op: str | None = None     # for op == "engine": the engine's collective
+    group: tuple[int, ...] = ()      # for op == "engine": global ranks taking part
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"op": self.op, "dst": self.dst.to_list(),
+                             "srcs": [s.to_list() for s in self.srcs]}
+        if self.deps:
+            d["deps"] = [[x.rank, x.lane, x.index] for x in self.deps]
+        if self.engine_op is not None:
+            d["engine_op"] = self.engine_op
+            d["group"] = list(self.group)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Instr":
+        return cls(op=d["op"], dst=Ref.from_list(d["dst"]),
+                   srcs=tuple(Ref.from_list(s) for s in d["srcs"]),
+                   deps=tuple(Dep(*map(int, x)) for x in d.get("deps", ())),
+                   engine_op=d.get("engine_op"), group=tuple(d.get("group", ())))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lane:
+    instrs: tuple[Instr, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.instrs)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Schedule:
+    """A whole collective: ``lanes[rank][lane].instrs[index]``.
+
+    ``scratch_units[rank]`` sizes each rank's scratch buffer in payload units (0 = none).
+    ``root`` is the root rank of broadcast/reduce (and the sender of sendrecv). ``inplace``
+    says the schedule was built for aliased input/output (see :func:`alias`).
+    ``meta`` carries planner facts (trees, rings, shares) for drawings; executors ignore it.
+    """
+
+    collective: str
+    nranks: int
+    nchunks: int
+    lanes: tuple[tuple[Lane, ...], ...]
+    root: int = 0
+    inplace: bool = False
+    scratch_units: tuple[int, ...] = ()
+    algorithm: str = ""
+    meta: tuple[tuple[str, Any], ...] = ()
+    schema: str = SCHEMA
+
+    def __post_init__(self):
+        if self.collective not in COLLECTIVES:
+            raise ScheduleError(f"unknown collective {self.collective!r}; "
+                                f"expected one of {', '.join(COLLECTIVES)}")
+        if self.nranks < 1 or self.nchunks < 1:
+            raise ScheduleError(f"nranks={self.nranks}, nchunks={self.nchunks}: both must be >= 1")
+        if len(self.lanes) != self.nranks:
+            raise ScheduleError(f"{len(self.lanes)} lane lists for {self.nranks} ranks")
+        if not self.scratch_units:
+            object.__setattr__(self, "scratch_units", (0,) * self.nranks)
+
+    # -- queries ------------------------------------------------------------------------------
+    def units(self, rank: int, buf: str) -> int:
+        if buf == "scratch":
+            return self.scratch_units[rank]
+        return buffer_units(self.collective, self.nranks)[buf]
+
+    def instructions(self) -> Iterator[tuple[Dep, Instr]]:
+        """Every instruction with its id, rank by rank, lane by lane."""
+        for r, lanes in enumerate(self.lanes):
+            for li, lane in enumerate(lanes):
+                for i, ins in enumerate(lane.instrs):
+                    yield Dep(r, li, i), ins
+
+    def instr(self, d: Dep) -> Instr:
+        return self.lanes[d.rank][d.lane].instrs[d.index]
+
+    def meta_dict(self) -> dict:
+        return dict(self.meta)
+
+    @property
+    def n_instructions(self) -> int:
+        return sum(len(lane) for lanes in self.lanes for lane in lanes)
+
+    # -- serialization ------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"schema": self.schema, "collective": self.collective, "nranks": self.nranks,
+                "nchunks": self.nchunks, "root": self.root, "inplace": self.inplace,
+                "scratch_units": list(self.scratch_units), "algorithm": self.algorithm,
+                "meta": _jsonable(dict(self.meta)),
+                "lanes": [[[ins.to_dict() for ins in lane.instrs] for lane in lanes]
+                          for lanes in self.lanes]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Schedule":
+        if d.get("schema") != SCHEMA:
+            raise ScheduleError(f"schedule schema {d.get('schema')!r}: expected {SCHEMA!r}")
+        lanes = tuple(tuple(Lane(tuple(Instr.from_dict(i) for i in lane)) for lane in rl)
+                      for rl in d["lanes"])
+        return cls(collective=d["collective"], nranks=int(d["nranks"]),
+                   nchunks=int(d["nchunks"]), lanes=lanes, root=int(d.get("root", 0)),
+                   inplace=bool(d.get("inplace", False)),
+                   scratch_units=tuple(d.get("scratch_units", ())),
+                   algorithm=d.get("algorithm", ""), meta=_freeze(d.get("meta", {})))
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Schedule":
+        return cls.from_dict(json.loads(text))
+
+
+def alias(s: Schedule, ref: Ref) -> Ref:
+    """Where ``ref`` really lives when the schedule runs in place.
+
+    In place, output is the storage: allreduce/broadcast/reduce input *is* the output;
+    allgather's input is the rank's own slot of the output; reduce_scatter's output is the rank's
+    own slot of the input (as NCCL defines in-place for these collectives).
+    """
+    if not s.inplace or ref.buf == "scratch":
+        return ref
+    coll, c = s.collective, s.nchunks
+    if coll in ("allreduce", "broadcast", "reduce", "sendrecv") and ref.buf == "input":
+        return Ref(ref.rank, "output", ref.chunk, ref.count)
+    if coll == "allgather" and ref.buf == "input":
+        return Ref(ref.rank, "output", ref.rank * c + ref.chunk, ref.count)
+    if coll == "reduce_scatter" and ref.buf == "output":
+        return Ref(ref.rank, "input", ref.rank * c + ref.chunk, ref.count)
+    return ref
+
+
+def _freeze(d: dict) -> tuple:
+    return tuple(sorted((k, _deep_tuple(v)) for k, v in d.items()))
+
+
+def _deep_tuple(v):
+    if isinstance(v, list):
+        return tuple(_deep_tuple(x) for x in v)
+    if isinstance(v, dict):
+        return _freeze(v)
+    return v
+
+
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
