@@ -1,0 +1,123 @@
+"""collectx as a torch.distributed backend: a pure-Python ``ProcessGroup`` over a Communicator.
+
+``import collectx.torch`` calls :func:`register`, after which
+``torch.distributed.init_process_group("collectx")`` (torchrun's env://, ``file://``, ``tcp://``)
+builds a :class:`CollectxProcessGroup`. Rendezvous goes through the store torch hands the creator,
+so no extra ports or files are needed.
+
+Each method translates torch's argument shapes (lists of tensors, split sizes, options objects)
+into calls on the collectx Communicator, and runs them through a :class:`SerialRunner` so that
+``async_op=True`` overlaps with Python and completion is reported through a torch Future.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+
+import torch
+import torch.distributed as dist
+
+from .. import errors
+from .torch_collectives import Collectives
+from .torch_work import SerialRunner
+
+BACKEND_NAME = "collectx"
+
+
+def _make_communicator(store, rank: int, size: int, timeout: datetime.timedelta | None,
+                       device: str = "cpu"):
+    """A collectx Communicator for ``device``, rendezvousing through torch's ``store``."""
+    import collectx
+    kwargs = {"store": store}
+    params = inspect.signature(collectx.init).parameters
+    if timeout is not None and timeout.total_seconds() > 0 and "timeout" in params:
+        kwargs["timeout"] = timeout.total_seconds()
+    if device != "cpu":
+        if not collectx.cuda_available() or "device" not in params:
+            raise errors.NativeUnavailable(
+                f"a {device} tensor reached the collectx backend, but this collectx build has no "
+                f"CUDA communicator; expected cpu tensors. Build collectx with CUDA "
+                f"(COLLECTX_CUDA=ON and nvcc), or use 'cpu:collectx,cuda:nccl' as the backend")
+        kwargs["device"] = device
+    return collectx.init(rank, size, **kwargs)
+
+
+class CollectxProcessGroup(Collectives, dist.ProcessGroup):
+    """A torch ``ProcessGroup`` whose collectives run on collectx.
+
+    Parameters
+    ----------
+    store : torch.distributed.Store
+        The group's store, as handed to the backend creator (a ``PrefixStore`` per group).
+    rank, size : int
+        This process's rank in the group and the group size.
+    timeout : datetime.timedelta, optional
+        Collective timeout; forwarded to the communicator when it accepts one.
+
+    Notes
+    -----
+    Collectives run in call order on one background thread per group; a blocking call that finds
+    nothing queued runs inline. CUDA tensors use a second communicator created on the first CUDA
+    collective (every rank must reach it, as with any collective).
+    """
+
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta | None = None):
+        dist.ProcessGroup.__init__(self, rank, size)
+        self._store = store
+        self._timeout = timeout
+        self._comms = {"cpu": _make_communicator(store, rank, size, timeout)}
+        self._runner = SerialRunner(f"{BACKEND_NAME}:{rank}/{size}")
+
+    def getBackendName(self) -> str:  # noqa: N802 -- torch's name
+        return BACKEND_NAME
+
+    @property
+    def group_rank(self) -> int:
+        return dist.ProcessGroup.rank(self)
+
+    @property
+    def group_size(self) -> int:
+        return dist.ProcessGroup.size(self)
+
+    def _comm(self, device: str):
+        if device not in self._comms:
+            # Created on first use: the store prefix keeps its keys apart from the cpu one's.
+            store = dist.PrefixStore(f"{device}/", self._store)
+            self._comms[device] = _make_communicator(store, self.group_rank, self.group_size,
+                                                     self._timeout, device)
+        return self._comms[device]
+
+    def _submit(self, run, outputs, opts):
+        return self._runner.submit(run, outputs, bool(getattr(opts, "asyncOp", True)))
+
+    def shutdown(self) -> None:
+        """Finish queued work and release the communicators."""
+        self._runner.close()
+        for comm in self._comms.values():
+            close = getattr(comm, "close", None)
+            if close is not None:
+                close()
+        self._comms.clear()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+def create_process_group(store, rank: int, size: int, timeout=None) -> CollectxProcessGroup:
+    """Backend creator for ``torch.distributed.Backend.register_backend``."""
+    return CollectxProcessGroup(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Register the ``"collectx"`` backend with torch.distributed (idempotent).
+
+    >>> import torch.distributed as dist
+    >>> register()
+    >>> dist.is_backend_available("collectx")
+    True
+    """
+    if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    # devices must be a list: some 2.x releases iterate a plain string character by character.
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu", "cuda"])

@@ -1,0 +1,130 @@
+"""Translation between torch.distributed's vocabulary and collectx's: reduce ops, tensor layout.
+
+The communicator works on flat contiguous buffers; torch hands over lists of tensors that may be
+strided, of uneven sizes, or split along dim 0. These helpers stage such tensors into flat buffers
+and copy results back, so the process group methods stay short.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ArgumentError, DTypeError
+
+# ReduceOp.RedOpType is hashable; ReduceOp itself is not (it may carry a PREMUL_SUM factor).
+_OP_NAMES = {
+    dist.ReduceOp.RedOpType.SUM: "sum",
+    dist.ReduceOp.RedOpType.AVG: "avg",
+    dist.ReduceOp.RedOpType.PRODUCT: "prod",
+    dist.ReduceOp.RedOpType.MIN: "min",
+    dist.ReduceOp.RedOpType.MAX: "max",
+    dist.ReduceOp.RedOpType.PREMUL_SUM: "sum",   # the factor is applied before the sum
+}
+
+
+def reduce_op(op) -> tuple[str, object | None]:
+    """collectx op name and PREMUL_SUM factor (None otherwise) for a torch ``ReduceOp``.
+
+    >>> reduce_op(dist.ReduceOp.MAX)
+    ('max', None)
+    >>> reduce_op(dist._make_nccl_premul_sum(0.5))
+    ('sum', 0.5)
+    """
+    kind = op.op if hasattr(op, "op") else op
+    if kind not in _OP_NAMES:
+        raise DTypeError(f"reduce op {kind} is not supported by the collectx backend; expected "
+                         f"SUM, AVG, PRODUCT, MIN, MAX or PREMUL_SUM. Use gloo for bitwise ops")
+    factor = getattr(op, "factor", None) if kind == dist.ReduceOp.RedOpType.PREMUL_SUM else None
+    return _OP_NAMES[kind], factor
+
+
+def premultiply(tensor: torch.Tensor, factor) -> None:
+    """Scale ``tensor`` in place by a PREMUL_SUM factor (a number or a one-element tensor)."""
+    if factor is None:
+        return
+    if isinstance(factor, torch.Tensor):
+        factor = factor.to(device=tensor.device, dtype=tensor.dtype)
+    tensor.mul_(factor)
+
+
+def device_type(tensors: Sequence[torch.Tensor]) -> str:
+    """The one device type all ``tensors`` live on ("cpu" or "cuda")."""
+    kinds = {t.device.type for t in tensors}
+    if len(kinds) != 1 or not kinds <= {"cpu", "cuda"}:
+        raise ArgumentError(f"tensors on devices {sorted(kinds)}; expected all on cpu or all on "
+                            f"cuda. Move them with .to() before the collective")
+    return kinds.pop()
+
+
+def same_dtype(tensors: Sequence[torch.Tensor], what: str) -> torch.dtype:
+    """The dtype shared by ``tensors``; raises naming the mix otherwise."""
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1:
+        raise DTypeError(f"{what}: tensors of dtypes {sorted(map(str, dtypes))}; expected one "
+                         f"dtype. Cast them to a common dtype first")
+    return dtypes.pop()
+
+
+class Flat:
+    """A contiguous 1-D view of ``tensor``, staged through a copy when it is strided.
+
+    ``Flat(t).data`` is what the communicator reads and writes; :meth:`commit` copies it back when
+    it was a staging copy.
+    """
+
+    def __init__(self, tensor: torch.Tensor, *, read: bool = True):
+        self.tensor = tensor
+        self.staged = not tensor.is_contiguous()
+        if self.staged:
+            self.data = (tensor.contiguous() if read
+                         else torch.empty(tensor.numel(), dtype=tensor.dtype,
+                                          device=tensor.device)).view(-1)
+        else:
+            self.data = tensor.view(-1)
+
+    def commit(self) -> None:
+        if self.staged:
+            self.tensor.copy_(self.data.view(self.tensor.shape))
+
+
+def concat(parts: Sequence[torch.Tensor], pad_to: int | None = None) -> torch.Tensor:
+    """Parts flattened end to end into one new buffer, each zero-padded to ``pad_to`` elements."""
+    width = pad_to if pad_to is not None else None
+    total = sum(p.numel() for p in parts) if width is None else width * len(parts)
+    out = torch.zeros(total, dtype=parts[0].dtype, device=parts[0].device)
+    offset = 0
+    for part in parts:
+        out[offset:offset + part.numel()].copy_(part.reshape(-1))
+        offset += part.numel() if width is None else width
+    return out
+
+
+def scatter_back(buffer: torch.Tensor, parts: Sequence[torch.Tensor],
+                 stride: int | None = None) -> None:
+    """Inverse of :func:`concat`: copy consecutive slices of ``buffer`` into ``parts``."""
+    offset = 0
+    for part in parts:
+        part.copy_(buffer[offset:offset + part.numel()].view(part.shape))
+        offset += part.numel() if stride is None else stride
+
+
+def split_rows(tensor: torch.Tensor, splits: Sequence[int], size: int) -> list[torch.Tensor]:
+    """``tensor`` cut along dim 0 by ``splits`` (equal parts when ``splits`` is empty).
+
+    >>> [p.tolist() for p in split_rows(torch.arange(3), [1, 2], 2)]
+    [[0], [1, 2]]
+    """
+    rows = tensor.shape[0] if tensor.dim() else 1
+    if not splits:
+        if rows % size:
+            raise ArgumentError(f"all_to_all: dim 0 of size {rows} does not split evenly over "
+                                f"{size} ranks; pass split sizes")
+        splits = [rows // size] * size
+    if len(splits) != size or sum(splits) != rows:
+        raise ArgumentError(f"all_to_all: split sizes {list(splits)} for dim 0 of size {rows}; "
+                            f"expected {size} sizes summing to it")
+    return list(torch.split(tensor.reshape(rows, -1) if not tensor.dim() else tensor,
+                            list(splits), dim=0))

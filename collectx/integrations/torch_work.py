@@ -1,0 +1,174 @@
+"""Work objects and the serial runner behind the collectx torch.distributed backend.
+
+How it works: every process group owns one :class:`SerialRunner`. Collectives must run in the same
+order on every rank, so the runner executes them one at a time, in call order, on one background
+thread; ``async_op=True`` returns as soon as the call is queued and the collective overlaps with
+whatever the Python thread does next (the native kernels release the GIL). A blocking call that
+finds nothing queued runs inline on the caller's thread, which saves the thread hand-off for the
+small synchronous collectives typical of Python code.
+
+Each submitted call yields a :class:`CollectxWork` (a ``torch.distributed.Work``) whose
+``get_future()`` is a ``torch.futures.Future`` completed with the output tensors, as DDP's reducer
+and communication hooks expect.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from ..errors import CommError, Timeout
+
+
+# ``torch.distributed.Work`` is public in recent 2.x; older releases only export ``_Work``.
+_WorkBase = getattr(dist, "Work", None) or dist._Work
+
+
+class CollectxWork(_WorkBase):
+    """A collective in flight: ``wait()``, ``is_completed()`` and ``get_future()``.
+
+    ``wait()`` raises the collective's error (a ``RuntimeError`` subclass from
+    :mod:`collectx.errors`), so torch code that catches ``RuntimeError`` keeps working.
+    """
+
+    def __init__(self, outputs: Sequence[torch.Tensor]):
+        super().__init__()
+        self._outputs = list(outputs)
+        self._future: Future = Future()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    # -- completion, called by the runner ---------------------------------------------------
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self._done.set()
+        # Future callbacks (DDP comm hooks) run here, on the runner thread, after the data landed.
+        if error is None:
+            self._future.set_result(self._outputs)
+        else:
+            self._future.set_exception(error)
+
+    # -- the torch.distributed.Work interface -------------------------------------------------
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        seconds = _seconds(timeout)
+        if not self._done.wait(seconds):
+            raise Timeout(f"collectx work did not complete within {seconds:.1f} s passed to "
+                          f"wait(); expected it to finish in time. Raise the timeout, or check "
+                          f"that every rank called the same collectives in the same order")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._outputs
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> Future:
+        return self._future
+
+
+def _seconds(timeout) -> float | None:
+    """A torch timeout (timedelta, possibly the 'unset' sentinel <= 0) as seconds or None."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+    return seconds if seconds > 0 else None
+
+
+class SerialRunner:
+    """Runs one process group's collectives one at a time, in the order they were submitted.
+
+    After a collective fails, the communicator's state across ranks is unknown (a peer may be
+    dead), so every later call fails fast with the first error instead of hanging.
+    """
+
+    def __init__(self, name: str):
+        self._name = name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._closed = False
+
+    def submit(self, run: Callable[[], None], outputs: Sequence[torch.Tensor],
+               async_op: bool) -> CollectxWork:
+        """Queue ``run`` (or run it now when blocking and idle); return its Work."""
+        work = CollectxWork(outputs)
+        with self._lock:
+            self._check_usable()
+            inline = not async_op and self._pending == 0
+            if not inline:
+                self._pending += 1
+                self._start_thread()
+                self._queue.put((run, work))
+        if inline:
+            self._execute(run, work)
+        return work
+
+    def close(self) -> None:
+        """Finish what is queued, then stop the background thread."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+            if thread is not None:
+                self._queue.put(None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise CommError(f"process group {self._name} was shut down; expected a live group. "
+                            f"Create a new one with torch.distributed.new_group or "
+                            f"init_process_group")
+        if self._failure is not None:
+            raise CommError(f"process group {self._name} is unusable after an earlier collective "
+                            f"failed ({self._failure}); destroy it and create a new one") \
+                from self._failure
+
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"collectx-{self._name}",
+                                            daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            run, work = item
+            self._execute(run, work)
+            with self._lock:
+                self._pending -= 1
+
+    def _execute(self, run: Callable[[], None], work: CollectxWork) -> None:
+        if self._failure is not None:
+            work._finish(CommError(f"process group {self._name} skipped this collective: an "
+                                   f"earlier one failed ({self._failure})"))
+            return
+        try:
+            run()
+        except BaseException as error:  # noqa: BLE001 -- handed to wait()/the future, not lost
+            self._failure = error
+            work._finish(error)
+            return
+        work._finish()
