@@ -1,1 +1,30 @@
-"""collectx.topology."""
+"""collectx.topology: everything the planner knows about a machine.
+
+A topology is a plain ``networkx.DiGraph`` (see :mod:`collectx.topology.model` for the node and
+edge conventions). **Bandwidths are line rates** (GB/s per direction, whole link bundle), the
+convention of the preset files; the planner uses them as they are.
+
+Sources: presets (:func:`presets`), ``collectx.topology/1`` JSON (:func:`from_json`), NCCL
+topology XML (:func:`from_nccl_xml`), ``nvidia-smi topo -m`` text (:func:`from_nvidia_smi`),
+probing this machine (:func:`probe`), and generators (:func:`ring`, :func:`switch`,
+:func:`multi_node`, :func:`host`, ...). :func:`load` accepts any of them.
+
+>>> import collectx.topology as topo
+>>> G = topo.load("dgx1v")
+>>> topo.gpus(topo.subset(G, [0, 3, 5]))
+['GPU0', 'GPU3', 'GPU5']
+"""
+
+from __future__ import annotations
+
+from .generators import fully_connected, host, line, multi_node, ring, switch
+from .jsonio import from_json, load, parse_text, preset_path, presets, to_json, write_json
+from .model import (DEFAULT_LATENCY_US, LINK_TYPES, NODE_KINDS, SCHEMA, add_link, add_node,
+                    gpu_index, gpus, natural_key, new_graph, nodes_of_kind, subset)
+
+__all__ = [
+    "load", "from_json", "to_json", "write_json", "parse_text", "presets", "preset_path",
+    "gpus", "gpu_index", "subset", "nodes_of_kind", "natural_key", "new_graph", "add_node",
+    "add_link", "ring", "line", "fully_connected", "switch", "multi_node", "host",
+    "SCHEMA", "NODE_KINDS", "LINK_TYPES", "DEFAULT_LATENCY_US",
+]
