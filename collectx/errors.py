@@ -41,6 +41,26 @@ class ScheduleError(CollectXError, ValueError):
     """A schedule is malformed or fails verification; names the first bad instruction."""
 
 
+class MalformedSchedule(ScheduleError):
+    """A schedule names a buffer, chunk, rank or dependency that does not exist, or mismatches."""
+
+
+class DependencyCycle(ScheduleError):
+    """The schedule's dependencies (explicit and lane order) form a cycle: it would deadlock."""
+
+
+class ReadBeforeWrite(ScheduleError):
+    """An instruction reads a chunk before (or not ordered after) the write that fills it."""
+
+
+class DataRace(ScheduleError):
+    """Two unordered instructions touch one chunk and one of them writes it (WAW or WAR)."""
+
+
+class WrongResult(ScheduleError):
+    """The schedule runs but leaves an output chunk without the collective's contributions."""
+
+
 class NativeError(CollectXError, RuntimeError):
     """The native library returned a failure status."""
 

@@ -5,3 +5,10 @@ from .ir import (BUFFERS, COLLECTIVES, SCHEMA, Dep, Instr, Lane, Ref, Schedule, 
 
 __all__ = ["BUFFERS", "COLLECTIVES", "SCHEMA", "Dep", "Instr", "Lane", "Ref", "Schedule", "alias",
            "buffer_units", "chunk_span", "range_span"]
+
+from .builder import ScheduleBuilder
+from .metrics import algbw, bus_factor, busbw, unit_bytes
+from .verify import VerifyReport, verify
+
+__all__ += ["ScheduleBuilder", "VerifyReport", "algbw", "bus_factor", "busbw", "unit_bytes",
+            "verify"]

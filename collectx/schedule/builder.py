@@ -1,0 +1,124 @@
+"""An explicit builder for schedules, so planners never hand-assemble nested tuples.
+
+>>> from collectx.schedule import Ref, verify
+>>> b = ScheduleBuilder("allgather", nranks=2, nchunks=1, algorithm="direct")
+>>> for r in range(2):
+...     own = b.copy(r, 0, dst=Ref(r, "output", r), src=Ref(r, "input", 0))
+...     _ = b.copy(r, 0, dst=Ref(1 - r, "output", r), src=Ref(r, "input", 0))
+>>> s = b.build()
+>>> s.n_instructions, verify(s).instructions
+(4, 4)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from ..errors import ArgumentError
+from .ir import Dep, Instr, Lane, Ref, Schedule
+
+
+class ScheduleBuilder:
+    """Accumulates instructions rank by rank, lane by lane, and freezes them into a Schedule.
+
+    Parameters
+    ----------
+    collective, nranks, nchunks, root, inplace, algorithm
+        As in :class:`~collectx.schedule.Schedule`.
+
+    Notes
+    -----
+    Each add method appends to ``lanes[rank][lane]`` (creating lanes up to ``lane`` on demand)
+    and returns the new instruction's :class:`Dep`, to be passed in later ``deps``. ``None``
+    entries in ``deps`` are dropped, so "no producer yet" needs no special case in a planner.
+    """
+
+    def __init__(self, collective: str, nranks: int, nchunks: int, root: int = 0,
+                 inplace: bool = False, algorithm: str = ""):
+        if nranks < 1 or nchunks < 1:
+            raise ArgumentError(f"nranks={nranks}, nchunks={nchunks}: both must be >= 1")
+        self.collective, self.nranks, self.nchunks = collective, nranks, nchunks
+        self.root, self.inplace, self.algorithm = root, inplace, algorithm
+        self._lanes: list[list[list[Instr]]] = [[] for _ in range(nranks)]
+        self._scratch = [0] * nranks
+        self._meta: dict[str, Any] = {}
+
+    # -- instructions ---------------------------------------------------------------------------
+    def copy(self, rank: int, lane: int, dst: Ref, src: Ref,
+             deps: Iterable[Dep | None] = ()) -> Dep:
+        """Append ``dst = src`` to ``rank``'s lane ``lane``; returns its id."""
+        return self._add(rank, lane, Instr("copy", dst, (src,), _clean(deps)))
+
+    def reduce(self, rank: int, lane: int, dst: Ref, srcs: Iterable[Ref],
+               deps: Iterable[Dep | None] = ()) -> Dep:
+        """Append ``dst = srcs[0] op srcs[1] op ...``; returns its id."""
+        return self._add(rank, lane, Instr("reduce", dst, tuple(srcs), _clean(deps)))
+
+    def engine(self, rank: int, lane: int, dst: Ref, srcs: Iterable[Ref], engine_op: str,
+               group: Iterable[int], deps: Iterable[Dep | None] = ()) -> Dep:
+        """Append a step that hands ``srcs`` to an inter-node engine running ``engine_op``."""
+        ins = Instr("engine", dst, tuple(srcs), _clean(deps), engine_op=engine_op,
+                    group=tuple(group))
+        return self._add(rank, lane, ins)
+
+    # -- buffers and facts ------------------------------------------------------------------------
+    def scratch(self, rank: int, units: int) -> int:
+        """Reserve ``units`` more payload units of ``rank``'s scratch; returns their first chunk.
+
+        >>> b = ScheduleBuilder("allreduce", 2, nchunks=4)
+        >>> b.scratch(1, 1), b.scratch(1, 2), b.build().scratch_units
+        (0, 4, (0, 3))
+        """
+        self._check_rank(rank)
+        if units < 0:
+            raise ArgumentError(f"scratch units={units}: expected >= 0")
+        first = self._scratch[rank] * self.nchunks
+        self._scratch[rank] += units
+        return first
+
+    def meta(self, key: str, value: Any) -> None:
+        """Record a planner fact (rings, trees, shares) carried in ``Schedule.meta``."""
+        self._meta[key] = value
+
+    def lane_length(self, rank: int, lane: int) -> int:
+        """Instructions appended so far to ``rank``'s lane ``lane`` (0 if it does not exist)."""
+        lanes = self._lanes[rank]
+        return len(lanes[lane]) if lane < len(lanes) else 0
+
+    def build(self) -> Schedule:
+        """Freeze what was added into a :class:`Schedule` (ranks without work get one empty lane)."""
+        lanes = tuple(tuple(Lane(tuple(lane)) for lane in rank_lanes) or (Lane(),)
+                      for rank_lanes in self._lanes)
+        meta = tuple(sorted((k, _deep_tuple(v)) for k, v in self._meta.items()))
+        return Schedule(collective=self.collective, nranks=self.nranks, nchunks=self.nchunks,
+                        lanes=lanes, root=self.root, inplace=self.inplace,
+                        scratch_units=tuple(self._scratch), algorithm=self.algorithm, meta=meta)
+
+    # -- internals --------------------------------------------------------------------------------
+    def _add(self, rank: int, lane: int, ins: Instr) -> Dep:
+        self._check_rank(rank)
+        if lane < 0:
+            raise ArgumentError(f"lane={lane}: expected a lane index >= 0")
+        lanes = self._lanes[rank]
+        while len(lanes) <= lane:
+            lanes.append([])
+        lanes[lane].append(ins)
+        return Dep(rank, lane, len(lanes[lane]) - 1)
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.nranks:
+            raise ArgumentError(f"rank={rank}: expected 0 <= rank < {self.nranks}")
+
+
+def _clean(deps: Iterable[Dep | None]) -> tuple[Dep, ...]:
+    # Drop "no producer" placeholders and repeats, keeping the order planners gave.
+    return tuple(dict.fromkeys(d for d in deps if d is not None))
+
+
+def _deep_tuple(v: Any) -> Any:
+    # Schedule.meta must be hashable frozen data, like Schedule.from_dict produces.
+    if isinstance(v, (list, tuple)):
+        return tuple(_deep_tuple(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _deep_tuple(x)) for k, x in v.items()))
+    return v
