@@ -31,6 +31,7 @@ class Config:
     timeout_s: float = 300.0     # COLLECTX_TIMEOUT: seconds before a collective raises Timeout
     window_bytes: int = 64 << 20  # COLLECTX_WINDOW_BYTES: shared window per rank (tiles beyond)
     hosts: str | None = None     # COLLECTX_HOSTS: split local ranks into pseudo-hosts ("2,2")
+    native_lib: str | None = None  # COLLECTX_NATIVE_LIB: load this libcollectx instead of searching
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Config":
@@ -49,6 +50,7 @@ class Config:
             timeout_s=_positive(get, "COLLECTX_TIMEOUT", 300.0, float),
             window_bytes=_positive(get, "COLLECTX_WINDOW_BYTES", 64 << 20, int),
             hosts=get("COLLECTX_HOSTS"),
+            native_lib=get("COLLECTX_NATIVE_LIB"),
         )
 
 
