@@ -1,0 +1,94 @@
+"""Small helpers shared by the planner algorithms: shard arithmetic and a lane builder.
+
+The builder only collects instructions and hands out their :class:`Dep` ids; it knows nothing
+about collectives, so each algorithm module stays a readable list of copies and reduces.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..errors import PlanError
+from ..schedule.ir import COLLECTIVES, Dep, Instr, Lane, Ref, Schedule, _freeze, alias
+
+
+def shard(r: int, nparts: int, nchunks: int) -> tuple[int, int]:
+    """Chunk range ``(start, count)`` of part ``r`` when ``nchunks`` chunks are cut in ``nparts``.
+
+    Parts differ by at most one chunk; a part is empty (count 0) when ``nchunks < nparts``.
+
+    >>> [shard(r, 3, 4) for r in range(3)]
+    [(0, 1), (1, 1), (2, 2)]
+    """
+    lo, hi = r * nchunks // nparts, (r + 1) * nchunks // nparts
+    return lo, hi - lo
+
+
+def weighted_shares(total: int, weights: list[float]) -> list[int]:
+    """Split ``total`` chunks in proportion to ``weights`` (largest remainder, integral).
+
+    >>> weighted_shares(10, [2.0, 1.0, 1.0])
+    [5, 3, 2]
+    """
+    s = float(sum(weights))
+    if s <= 0:
+        weights, s = [1.0] * len(weights), float(len(weights))
+    exact = [total * w / s for w in weights]
+    shares = [int(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: (shares[i] - exact[i], i))
+    for i in order[:total - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def check_args(collective: str, nranks: int, root: int, nchunks: int | None) -> None:
+    """Validate the arguments every planner shares; raises :class:`PlanError`."""
+    if collective not in COLLECTIVES:
+        raise PlanError(f"unknown collective {collective!r}; expected one of "
+                        f"{', '.join(COLLECTIVES)}")
+    if nranks < 1:
+        raise PlanError(f"{nranks} ranks: a collective needs at least one rank")
+    if not 0 <= root < nranks:
+        raise PlanError(f"root={root} with {nranks} ranks: the root must be in 0..{nranks - 1}")
+    if nchunks is not None and nchunks < 1:
+        raise PlanError(f"nchunks={nchunks}: expected a positive chunk count (or None)")
+
+
+class Builder:
+    """Collects instructions per (rank, lane) and returns each one's :class:`Dep` id.
+
+    Copies that are no-ops once buffers alias (in place) are dropped, and ``add`` returns
+    ``None`` for them; ``None`` deps are ignored, so callers can chain without special cases.
+    """
+
+    def __init__(self, collective: str, nranks: int, nchunks: int, *, root: int = 0,
+                 inplace: bool = False):
+        self.collective, self.nranks, self.nchunks = collective, nranks, nchunks
+        self.root, self.inplace = root, inplace
+        self._lanes: list[list[list[Instr]]] = [[] for _ in range(nranks)]
+        self._probe = Schedule(collective, nranks, nchunks, ((),) * nranks, inplace=inplace)
+
+    def add(self, rank: int, lane: int, op: str, dst: Ref, srcs: Iterable[Ref],
+            deps: Iterable[Dep | None] = ()) -> Dep | None:
+        srcs = tuple(srcs)
+        if op == "reduce" and len(srcs) == 1:
+            op = "copy"  # a reduction of one input is a copy; executors do less work
+        if op == "copy" and alias(self._probe, dst) == alias(self._probe, srcs[0]):
+            return None
+        lanes = self._lanes[rank]
+        while len(lanes) <= lane:
+            lanes.append([])
+        # The previous instruction of the same lane is implicit; listing it would be noise.
+        wait = tuple(sorted({d for d in deps if d is not None
+                             and not (d.rank == rank and d.lane == lane)},
+                            key=lambda d: (d.rank, d.lane, d.index)))
+        lanes[lane].append(Instr(op, dst, srcs, wait))
+        return Dep(rank, lane, len(lanes[lane]) - 1)
+
+    def schedule(self, algorithm: str, *, scratch_units: tuple[int, ...] = (),
+                 meta: dict | None = None) -> Schedule:
+        lanes = tuple(tuple(Lane(tuple(instrs)) for instrs in rank_lanes)
+                      for rank_lanes in self._lanes)
+        return Schedule(self.collective, self.nranks, self.nchunks, lanes, root=self.root,
+                        inplace=self.inplace, scratch_units=scratch_units, algorithm=algorithm,
+                        meta=_freeze(meta or {}))

@@ -1,0 +1,122 @@
+"""The cost model: ``t = base + steps * alpha + bytes / busbw``.
+
+``steps`` is the schedule's critical path (longest chain of dependent instructions), ``alpha``
+the per-step latency of the allocation's link class (:mod:`.cost_tables`). With the simulator,
+the bandwidth term (including link contention and per-hop latency) is the simulated time; without
+it, an analytic busbw is used. Either way the same three terms are added, so the choice made
+by :mod:`.select` and the predicted time it reports are one number.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import networkx as nx
+
+from ..schedule.ir import Dep, Schedule
+from .cost_tables import BASE_US, LINK_ORDER, alpha_us
+
+
+def steps(schedule: Schedule) -> int:
+    """Longest chain of dependent instructions (lane order plus explicit deps).
+
+    >>> from collectx.planner.direct import plan_direct
+    >>> steps(plan_direct(None, ("A", "B", "C"), "allreduce", 64))  # reduce, then copy
+    2
+    """
+    memo: dict[Dep, int] = {}
+    return max((_depth(schedule, d, memo) for d, _ in schedule.instructions()), default=0)
+
+
+def _depth(s: Schedule, d: Dep, memo: dict[Dep, int]) -> int:
+    # Iterative so that long pipelined chains (thousands of steps) do not hit recursion limits.
+    stack = [d]
+    while stack:
+        top = stack[-1]
+        if top in memo:
+            stack.pop()
+            continue
+        ins = s.instr(top)
+        need = [x for x in ins.deps if x not in memo]
+        if top.index and Dep(top.rank, top.lane, top.index - 1) not in memo:
+            need.append(Dep(top.rank, top.lane, top.index - 1))
+        if need:
+            stack.extend(need)
+            continue
+        prev = memo[Dep(top.rank, top.lane, top.index - 1)] if top.index else 0
+        memo[top] = 1 + max([prev] + [memo[x] for x in ins.deps])
+        stack.pop()
+    return memo[d]
+
+
+def link_class(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ...]) -> str:
+    """The worst link class among the routes the schedule's remote reads and writes take.
+
+    Each route is the widest path between the two ranks that avoids other ranks; its class is
+    its worst link (``shm`` when there is no topology: one host's shared memory).
+    """
+    if topo is None:
+        return "shm"
+    pairs = {(ref.rank, d.rank) for d, ins in schedule.instructions()
+             for ref in (ins.dst, *ins.srcs) if ref.rank != d.rank}
+    avoid = frozenset(ranks)
+    worst = 0
+    for a, b in pairs:
+        _, cls = widest_path(topo, ranks[a], ranks[b], avoid)
+        worst = max(worst, LINK_ORDER.index(cls) if cls in LINK_ORDER else len(LINK_ORDER) - 1)
+    return LINK_ORDER[worst] if pairs else "shm"
+
+
+def device_kind(topo: nx.DiGraph | None, ranks: tuple[str, ...]) -> str:
+    if topo is None:
+        return "cpu"
+    return "cpu" if topo.nodes[ranks[0]].get("device") == "cpu" else "gpu"
+
+
+def overhead_us(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ...],
+                algorithm: str) -> float:
+    """The latency terms ``base + steps * alpha`` of one schedule on one allocation."""
+    alpha = alpha_us(link_class(schedule, topo, ranks), algorithm)
+    return BASE_US[device_kind(topo, ranks)] + steps(schedule) * alpha
+
+
+def transfer_us(nbytes: int, busbw_GBps: float, factor: float) -> float:
+    """The bandwidth term: ``bytes * factor / busbw`` in microseconds (GB/s = 1e3 bytes/us).
+
+    >>> transfer_us(1 << 30, 100.0, 1.0)  # 1 GiB at 100 GB/s
+    10737.41824
+    """
+    if nbytes == 0:
+        return 0.0
+    return nbytes * factor / (busbw_GBps * 1e3)
+
+
+def widest_path(topo: nx.DiGraph, a: str, b: str, avoid: frozenset = frozenset()
+                ) -> tuple[float, str]:
+    """Bottleneck GB/s and worst link class of the widest ``a -> b`` path avoiding ``avoid``.
+
+    Returns ``(0.0, "net")`` when no such path exists.
+
+    >>> from collectx.topology import line
+    >>> widest_path(line(3), "GPU0", "GPU2")
+    (25.0, 'nvlink')
+    """
+    best: dict[str, tuple[float, int]] = {a: (float("inf"), 0)}
+    heap = [(-float("inf"), 0, a)]
+    while heap:
+        neg, cls, u = heapq.heappop(heap)
+        if u == b:
+            return -neg, LINK_ORDER[cls]
+        if (-neg, cls) != best.get(u):
+            continue
+        for v, data in topo[u].items():
+            if v in avoid and v != b:
+                continue
+            t = data.get("type")
+            c = max(cls, LINK_ORDER.index(t) if t in LINK_ORDER else len(LINK_ORDER) - 1)
+            cand = (min(-neg, data.get("bw_gbps", 0.0)), c)
+            old = best.get(v)
+            if old is None or cand[0] > old[0] or (cand[0] == old[0] and c < old[1]):
+                best[v] = cand
+                heapq.heappush(heap, (-cand[0], c, v))
+    return 0.0, "net"

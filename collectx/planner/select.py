@@ -1,0 +1,128 @@
+"""Pick the algorithm (and chunking) per message size with the cost model.
+
+Candidates are every registered algorithm that supports the collective (blink and forest too,
+when present), each tried at a few chunk counts: one chunk per shard for small messages, where
+every extra step costs a latency term, and deeper pipelines for large ones, where it hides the
+fill time. Each candidate is scored by :func:`predict` (simulated transfer time plus the cost
+table's per-step latency) and the fastest wins; ties keep registry order (direct, ring, tree,
+...), i.e. the simpler schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import networkx as nx
+
+from ..errors import NoFeasiblePlan, PlanError
+from ..schedule.ir import Schedule
+from . import cost, registry
+from .cost_tables import ONE_HOP_MIN_FRACTION, TREE_MAX_BYTES
+
+# Pipelined algorithms (ring, tree, forests) get this many chunks per pipeline stage at most;
+# more only adds per-step latency once the pipeline is full.
+PIPELINE_DEPTHS = (1, 4)
+# Below this size a deeper pipeline cannot pay for its extra steps (a step costs ~3-6 us,
+# 64 KiB moves in ~1-3 us on NVLink), so only the shallowest chunking is tried.
+PIPELINE_MIN_BYTES = 1 << 20
+
+
+def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: int, *,
+           root: int = 0, inplace: bool = False, nchunks: int | None = None,
+           algorithms: list[str] | None = None) -> tuple[str, Schedule, object]:
+    """The best (name, schedule, predicted) among the candidate algorithms.
+
+    ``predicted`` is None when no simulator is available; the analytic rule then decides.
+    """
+    names = algorithms if algorithms is not None else registry.candidates(collective)
+    best = None
+    failures = []
+    for name in names:
+        for chunks in _chunk_options(name, len(ranks), nbytes, nchunks):
+            try:
+                s = registry.call(name, topo, ranks, collective, nbytes, root=root,
+                                  inplace=inplace, nchunks=chunks)
+            except PlanError as e:  # this algorithm cannot serve this allocation: skip it
+                failures.append(f"{name}: {e}")
+                break
+            pred = predict(s, topo, nbytes, ranks, name)
+            score = pred.time_us if pred is not None else None
+            if best is None or (score is not None and score < best[0]):
+                best = (score, name, s, pred)
+    if best is None:
+        raise NoFeasiblePlan(f"no algorithm can plan {collective} on {len(ranks)} ranks: "
+                             + "; ".join(failures or ["no candidate supports it"]))
+    if best[0] is None:  # no simulator: fall back to the analytic rule
+        name = choose_analytic(topo, ranks, collective, nbytes)
+        return name, registry.call(name, topo, ranks, collective, nbytes, root=root,
+                                   inplace=inplace, nchunks=nchunks), None
+    return best[1], best[2], best[3]
+
+
+def _chunk_options(name: str, nranks: int, nbytes: int, nchunks: int | None) -> list:
+    if nchunks is not None or name == "direct" or nbytes < PIPELINE_MIN_BYTES:
+        return [nchunks]
+    return [None] + [nranks * d for d in PIPELINE_DEPTHS if d > 1]
+
+
+def predict(schedule: Schedule, topo: nx.DiGraph, nbytes: int, ranks: tuple[str, ...],
+            algorithm: str):
+    """Simulated result with the cost table's latency terms added (None without simulator).
+
+    The simulator models link bandwidth, contention and per-hop wire latency; the per-step
+    synchronisation cost of real executors (flags, launches) comes from the cost table, and
+    the bandwidths are recomputed from the total time so that all fields agree.
+    """
+    sim = simulate_or_none(schedule, topo, nbytes, ranks)
+    if sim is None:
+        return None
+    extra = cost.overhead_us(schedule, topo, ranks, algorithm)
+    t = sim.time_us + extra
+    if not dataclasses.is_dataclass(sim) or t <= 0:
+        return sim
+    scale = sim.time_us / t if sim.time_us > 0 else 0.0
+    return dataclasses.replace(sim, time_us=t, algbw_GBps=sim.algbw_GBps * scale,
+                               busbw_GBps=sim.busbw_GBps * scale)
+
+
+def simulate_or_none(schedule: Schedule, topo: nx.DiGraph, nbytes: int,
+                     ranks: tuple[str, ...]):
+    """The simulator's raw result, or None when the simulator module is not available."""
+    try:
+        from ..schedule.simulate import simulate
+    except ImportError:
+        return None
+    return simulate(schedule, topo, nbytes, ranks=list(ranks))
+
+
+def choose_analytic(topo: nx.DiGraph | None, ranks: tuple[str, ...], collective: str,
+                    nbytes: int) -> str:
+    """The cheap rule used without a simulator (the runtime's per-size-class planning).
+
+    One-hop fabrics: direct (fewest steps and every link busy). Elsewhere: the double binary
+    tree for small messages (log-depth), rings for large ones, each only if it supports the
+    collective; direct serves everything else.
+    """
+    if topo is None or len(ranks) <= 2 or is_one_hop(topo, ranks):
+        return "direct"
+    if nbytes <= TREE_MAX_BYTES and registry.supports("tree", collective) \
+            and "tree" in registry.ALGORITHMS:
+        return "tree"
+    if "ring" in registry.ALGORITHMS and registry.supports("ring", collective):
+        return "ring"
+    return "direct"
+
+
+def is_one_hop(topo: nx.DiGraph, ranks: tuple[str, ...]) -> bool:
+    """Whether every rank reaches every other without relaying through a rank, at comparable
+    bandwidth (NVSwitch, full xGMI mesh, one host's shared memory).
+
+    >>> from collectx.topology import switch, ring
+    >>> is_one_hop(switch(4), ("GPU0", "GPU1", "GPU2", "GPU3"))
+    True
+    >>> is_one_hop(ring(4), ("GPU0", "GPU1", "GPU2", "GPU3"))
+    False
+    """
+    avoid = frozenset(ranks)
+    bws = [cost.widest_path(topo, a, b, avoid)[0] for a in ranks for b in ranks if a != b]
+    return not bws or min(bws) >= ONE_HOP_MIN_FRACTION * max(bws)

@@ -1,0 +1,94 @@
+"""The planner's front door: allocation checks, forced algorithms, Plan fields, make_schedule."""
+
+import json
+
+import pytest
+
+import collectx.topology as T
+from collectx.errors import NoFeasiblePlan, PlanError, TopologyError
+from collectx.planner import ALGORITHMS, Plan, make_schedule, plan
+from collectx.planner.select import choose_analytic, is_one_hop
+from collectx.schedule.ir import Schedule
+
+JSON_FIELDS = {"collective", "ranks", "algorithm", "nbytes", "predicted_time_us",
+               "predicted_algbw_GBps", "predicted_busbw_GBps", "bound_busbw_GBps",
+               "ceiling_busbw_GBps", "efficiency", "planning_time_s", "verified", "schedule"}
+
+
+def test_plan_forced_direct_on_switch():
+    p = plan(T.switch(4), "allreduce", 1 << 20, algo="direct")
+    assert isinstance(p, Plan) and p.algorithm == "direct" and p.verified
+    assert p.ranks == ("GPU0", "GPU1", "GPU2", "GPU3") and p.schedule.nranks == 4
+    d = json.loads(json.dumps(p.to_dict()))
+    assert set(d) == JSON_FIELDS
+    assert Schedule.from_dict(d["schedule"]) == p.schedule
+    assert d["ranks"] == list(p.ranks) and d["nbytes"] == 1 << 20
+
+
+def test_plan_gpu_ids_and_indices_pick_the_same_ranks():
+    G = T.load("dgx1v")
+    a = plan(G, "allgather", 4096, gpus=[0, 3, 5], algo="direct")
+    b = plan(G, "allgather", 4096, gpus=["GPU0", "GPU3", "GPU5"], algo="direct")
+    assert a.ranks == b.ranks == ("GPU0", "GPU3", "GPU5")
+    assert a.schedule == b.schedule
+
+
+def test_plan_accepts_a_planner_callable():
+    from collectx.planner.direct import plan_direct
+    p = plan(T.switch(3), "broadcast", 64, algo=plan_direct, root=2)
+    assert p.algorithm == "direct" and p.schedule.root == 2
+
+
+@pytest.mark.parametrize("gpus,err,match", [
+    ([0, 0], TopologyError, "twice"),
+    (["GPU9"], TopologyError, "GPU9"),
+    ([7], TopologyError, "out of range"),
+    ([], PlanError, "empty"),
+])
+def test_bad_allocations(gpus, err, match):
+    with pytest.raises(err, match=match):
+        plan(T.switch(4), "allreduce", 64, gpus=gpus)
+
+
+def test_disconnected_allocation_is_no_feasible_plan():
+    # On a line, dropping the middle GPU cuts the two ends apart.
+    with pytest.raises(NoFeasiblePlan, match="cannot reach"):
+        plan(T.line(3), "allreduce", 64, gpus=[0, 2])
+
+
+@pytest.mark.parametrize("kw,match", [({"algo": "magic"}, "unknown algorithm"),
+                                      ({"root": 9}, "root"),
+                                      ({"algo": "direct", "inplace": True}, "in-place")])
+def test_bad_requests(kw, match):
+    with pytest.raises(PlanError, match=match):
+        plan(T.switch(3), "alltoall", 64, **kw)
+
+
+def test_unknown_collective_and_bad_size():
+    with pytest.raises(PlanError, match="unknown collective"):
+        plan(T.switch(2), "gather", 64)
+    with pytest.raises(PlanError, match="nbytes"):
+        plan(T.switch(2), "allreduce", -1)
+
+
+def test_make_schedule_for_the_runtime():
+    s = make_schedule(T.host(4), "allreduce", 4, 1 << 20)
+    assert s.nranks == 4 and s.collective == "allreduce"
+    assert make_schedule(None, "reduce", 3, 64, root=1).root == 1
+    with pytest.raises(PlanError, match="ranks"):
+        make_schedule(T.switch(2), "allreduce", 3, 64)
+
+
+def test_one_hop_detection():
+    assert is_one_hop(T.switch(6), tuple(T.gpus(T.switch(6))))
+    assert is_one_hop(T.fully_connected(5), tuple(T.gpus(T.fully_connected(5))))
+    assert not is_one_hop(T.ring(5), tuple(T.gpus(T.ring(5))))
+    host = T.host(4)
+    assert choose_analytic(host, tuple(T.gpus(host)), "allreduce", 1 << 30) == "direct"
+
+
+def test_registry_has_direct_for_every_collective():
+    from collectx.planner import candidates
+    from collectx.schedule.ir import COLLECTIVES
+    assert "direct" in ALGORITHMS
+    assert all("direct" in candidates(c) for c in COLLECTIVES)
