@@ -1,0 +1,232 @@
+"""How close to optimal a plan is: bandwidth bounds of a collective on a GPU allocation.
+
+All numbers are bus bandwidths (nccl-tests conventions) in GB/s per direction, at the topology's
+``bw_gbps`` (line rates for the presets). GPUs outside the allocation are removed; switches, CPUs
+and NICs stay as relays that forward but never copy or reduce.
+
+* allgather / reduce_scatter: the ForestColl cut bound
+  ``busbw* = (N-1) * min_S B+(S) / |S ∩ C|`` over node sets ``S`` holding some but not all GPUs
+  (reduce_scatter: ``B+`` of the reversed graph, as its in-trees are reversed out-trees).
+  Computed exactly by Dinkelbach's parametric max-flow (:func:`cut_rate`), never by enumeration.
+* broadcast / reduce from ``root``: ``min_v maxflow(root -> v)`` (``v -> root`` for reduce).
+* alltoall: the maximum concurrent multicommodity flow (one LP, flows aggregated per source),
+  ``busbw = (N-1) * rate per GPU pair``; it is at most the cut form
+  ``(N-1) * min_S B+(S) / (|S ∩ C| |C \\ S|)``.
+* allreduce: *reference* = max(cut bound, tree optimum). Its cut bound is reduce-scatter then
+  allgather at their cut rates ``x_rs``, ``x_ag``: ``busbw = 2(N-1) / (1/x_rs + 1/x_ag)``. The tree optimum is the optimal
+  fractional packing of spanning trees used both ways (reduce up, broadcast down;
+  Nash-Williams–Tutte), ``busbw = 2(N-1)/N * T``, with relays handled by the relay-path LP of
+  :mod:`collectx.planner.edge_split`. *Ceiling* = ``2(N-1)/N * min over GPU pairs maxflow``:
+  every cut between GPUs carries all M bytes, so no algorithm without in-network reduction beats it.
+
+>>> G = nx.DiGraph()
+>>> for a, b in [("GPU0", "GPU1"), ("GPU1", "GPU2")]:
+...     G.add_node(a, kind="gpu"); G.add_node(b, kind="gpu")
+...     G.add_edge(a, b, bw_gbps=100.0); G.add_edge(b, a, bw_gbps=100.0)
+>>> b = bounds(G, "allreduce")
+>>> round(b.cut_busbw, 1), round(b.tree_busbw, 1), round(b.ceiling_busbw, 1)
+(100.0, 133.3, 133.3)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import networkx as nx
+import numpy as np
+import scipy.sparse as sp
+from scipy.optimize import linprog
+
+from ..errors import ArgumentError, PlanError
+from .edge_split import LinkIndex, job_gpus, job_graph, require_connected
+from .treepack import pack_undirected_trees
+
+KINDS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall")
+_SOURCE = ("__cx_source__",)
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """Bus-bandwidth bounds (GB/s) of one collective on one allocation.
+
+    ``bound_busbw`` is what plans are measured against: the cut bound (allgather,
+    reduce_scatter, alltoall), the max-flow bound (broadcast, reduce), or for allreduce the
+    reference max(cut, tree). ``ceiling_busbw`` (allreduce only) no algorithm can exceed.
+    """
+
+    kind: str
+    bound_busbw: float
+    ceiling_busbw: float | None
+    cut_busbw: float
+    tree_busbw: float | None
+    notes: str
+    gpus: tuple = ()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["gpus"] = list(self.gpus)
+        return d
+
+
+def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bounds:
+    """Bandwidth bounds of ``collective`` on the GPUs ``gpus`` of ``topo``.
+
+    Parameters
+    ----------
+    topo : networkx.DiGraph
+        Topology (edges carry ``bw_gbps``); not modified.
+    collective : str
+        One of allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall.
+    gpus : sequence of node ids, optional
+        The allocation; default every GPU. Other GPUs are removed, relays stay.
+    root : int
+        Index into ``gpus`` of the broadcast/reduce root.
+
+    Returns
+    -------
+    Bounds
+
+    Raises
+    ------
+    ArgumentError
+        Unknown collective, bad GPU ids or root.
+    TopologyError
+        Some GPU cannot reach another.
+
+    Examples
+    --------
+    >>> G = nx.DiGraph()
+    >>> G.add_nodes_from(["GPU0", "GPU1"], kind="gpu")
+    >>> G.add_edge("GPU0", "GPU1", bw_gbps=25.0); G.add_edge("GPU1", "GPU0", bw_gbps=25.0)
+    >>> bounds(G, "allgather").bound_busbw
+    25.0
+    """
+    if collective not in KINDS:
+        raise ArgumentError(f"bounds for {collective!r}: expected one of {', '.join(KINDS)}")
+    gpus = job_gpus(topo, gpus)
+    n = len(gpus)
+    if not 0 <= root < max(n, 1):
+        raise ArgumentError(f"root={root} with {n} GPUs: expected 0 <= root < {n}")
+    G = job_graph(topo, gpus)
+    require_connected(G, gpus)
+    if n < 2:
+        return Bounds(collective, float("inf"), float("inf") if collective == "allreduce" else None,
+                      float("inf"), None, "one GPU: nothing to move", gpus)
+    # reduce-scatter runs allgather's trees reversed, so its cuts are those of the reversed graph
+    x_ag = cut_rate(G, gpus)[0]
+    x_rs = cut_rate(G.reverse(copy=True), gpus)[0]
+    if collective in ("allgather", "reduce_scatter"):
+        cut = (n - 1) * (x_ag if collective == "allgather" else x_rs)
+        graph = "" if collective == "allgather" else " of the reversed graph"
+        return Bounds(collective, cut, None, cut, None,
+                      f"ForestColl cut bound (N-1)*min_S B+(S)/|S∩C|{graph}", gpus)
+    cut = (n - 1) * x_ag      # broadcast/reduce/alltoall report the allgather cut alongside
+    if collective in ("broadcast", "reduce"):
+        flow = rooted_flow(G, gpus, gpus[root], inbound=collective == "reduce")
+        return Bounds(collective, flow, None, cut, None,
+                      f"min over v of maxflow {'v -> root' if collective == 'reduce' else 'root -> v'}",
+                      gpus)
+    if collective == "alltoall":
+        a2a = (n - 1) * alltoall_rate(G, gpus)
+        return Bounds(collective, a2a, None, a2a, None,
+                      "max concurrent multicommodity flow (N-1)*rate per pair", gpus)
+    factor = 2 * (n - 1) / n
+    cut = 2 * (n - 1) / (1 / x_rs + 1 / x_ag)   # reduce-scatter then allgather, times add up
+    tree = factor * pack_undirected_trees(LinkIndex.of(G), gpus).rate
+    ceiling = factor * min_pair_flow(G, gpus)
+    ref = max(cut, tree)
+    which = "trees" if tree > cut else "reduce-scatter + allgather"
+    return Bounds(collective, ref, ceiling, cut, tree,
+                  f"reference = {which}; ceiling = 2(N-1)/N * min pair maxflow", gpus)
+
+
+def cut_rate(G: nx.DiGraph, gpus) -> tuple[float, frozenset]:
+    """``min_S B+(S) / |S ∩ C|`` over sets ``S`` with some but not all GPUs, and a minimizer.
+
+    Notes
+    -----
+    For a rate ``x`` add a source with an arc of capacity ``x`` to every GPU. A cut separating
+    the source from GPU ``v`` with source side ``{s} ∪ S`` costs ``x |C \\ S| + B+(S)``, so
+    ``maxflow(s -> v) >= N x`` for every ``v`` iff ``B+(S) >= x |S ∩ C|`` for every ``S``.
+    Dinkelbach's iteration starts from a valid ratio, takes the most violated cut at that
+    ``x`` and moves to its ratio; it stops at the exact minimum after a few rounds of N max-flows.
+    """
+    C = tuple(gpus)
+    x, S = _start_ratio(G, C)
+    for _ in range(100):
+        worst, worst_S = 0.0, None
+        H = G.copy()
+        for g in C:
+            H.add_edge(_SOURCE, g, cap=x)
+        for v in C:
+            value, (side, _) = nx.minimum_cut(H, _SOURCE, v, capacity="cap")
+            gap = value - len(C) * x
+            if gap < worst:
+                worst, worst_S = gap, frozenset(side) - {_SOURCE}
+        if worst_S is None or worst > -1e-9 * x:
+            return x, S
+        x, S = _ratio(G, worst_S, C), worst_S
+    raise PlanError("cut bound search did not converge in 100 rounds; report this topology")
+
+
+def _start_ratio(G, C) -> tuple[float, frozenset]:
+    v = min(C, key=lambda g: sum(d["cap"] for _, _, d in G.in_edges(g, data=True)))
+    S = frozenset(G.nodes) - {v}
+    return _ratio(G, S, C), S
+
+
+def _ratio(G, S, C) -> float:
+    out = sum(d["cap"] for u, w, d in G.edges(data=True) if u in S and w not in S)
+    return out / len([g for g in C if g in S])
+
+
+def rooted_flow(G: nx.DiGraph, gpus, root, inbound: bool = False) -> float:
+    """``min_v maxflow(root -> v)`` over the other GPUs (``v -> root`` when ``inbound``)."""
+    flows = [nx.maximum_flow_value(G, v if inbound else root, root if inbound else v,
+                                   capacity="cap") for v in gpus if v != root]
+    return float(min(flows))
+
+
+def min_pair_flow(G: nx.DiGraph, gpus) -> float:
+    """Min over ordered GPU pairs of maxflow, with 2(N-1) max-flows.
+
+    Any cut between GPUs either keeps ``gpus[0]`` inside (then some ``maxflow(g0 -> v)`` meets
+    it) or outside (some ``maxflow(v -> g0)`` does).
+    """
+    g0 = gpus[0]
+    return float(min(min(nx.maximum_flow_value(G, g0, v, capacity="cap"),
+                         nx.maximum_flow_value(G, v, g0, capacity="cap"))
+                     for v in gpus[1:]))
+
+
+def alltoall_rate(G: nx.DiGraph, gpus) -> float:
+    """Largest rate every ordered GPU pair can exchange at once (max concurrent flow LP).
+
+    Flows of one source are merged into one commodity (exact for multicommodity flow). Rows:
+    conservation per (source, node), capacity per link. Variables: flow per (source, link), t.
+    """
+    index = LinkIndex.of(G)
+    nodes = {v: i for i, v in enumerate(index.nodes)}
+    m, n_src, nv = len(index.links), len(gpus), len(index.nodes)
+    nvar = n_src * m + 1
+    eq_r, eq_c, eq_v = [], [], []
+    for s, src in enumerate(gpus):
+        for e, (u, w) in enumerate(index.links):
+            col = s * m + e
+            eq_r += [s * nv + nodes[u], s * nv + nodes[w]]
+            eq_c += [col, col]
+            eq_v += [-1.0, 1.0]           # net inflow per node
+        for g in gpus:                    # every other GPU absorbs t, the source emits (N-1) t
+            eq_r.append(s * nv + nodes[g])
+            eq_c.append(nvar - 1)
+            eq_v.append(-(1.0 if g != src else -(n_src - 1.0)))
+    A_eq = sp.csr_matrix((eq_v, (eq_r, eq_c)), shape=(n_src * nv, nvar))
+    ub_r = [e for s in range(n_src) for e in range(m)]
+    A_ub = sp.csr_matrix((np.ones(len(ub_r)), (ub_r, range(len(ub_r)))), shape=(m, nvar))
+    c = np.zeros(nvar)
+    c[-1] = -1.0
+    res = linprog(c, A_ub=A_ub, b_ub=np.asarray(index.caps), A_eq=A_eq,
+                  b_eq=np.zeros(n_src * nv), bounds=(0, None), method="highs")
+    if res.status != 0:
+        raise PlanError(f"alltoall flow LP failed: {res.message}")
+    return float(res.x[-1])

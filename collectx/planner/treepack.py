@@ -1,0 +1,337 @@
+"""Fractional packing of GPU trees into link capacities (LP with column generation).
+
+How it works
+------------
+A *column* is one GPU tree: an out-arborescence from a root GPU (broadcast, allgather forests), or
+an undirected spanning tree used both ways (Blink allreduce: reduce up, broadcast down). Each tree
+edge is a relay path (see :mod:`collectx.planner.edge_split`), so a column uses a multiset of
+directed links. Columns are grouped (one group per root for ForestColl forests); the LP is
+
+    maximize x   s.t.   sum_{k in group g} lam_k = x  (every g),   sum_k lam_k * use_k(e) <= cap(e)
+
+HiGHS solves the restricted LP; its duals price the links, and the most improving column of each
+group is a minimum-cost arborescence (Chu–Liu/Edmonds) or minimum spanning tree (Prim) over the
+cheapest relay-path costs between GPUs. Columns are added until none improves, which is the exact
+LP optimum (Edmonds' branching theorem / Nash-Williams–Tutte make it equal the cut values). A
+basic optimal solution has at most one nonzero column per link, so packings stay small.
+
+Rates are GB/s; ``x`` is the rate at which *each* group delivers its data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.optimize import linprog
+
+from ..errors import NoFeasiblePlan, PlanError
+from .edge_split import LinkIndex, relay_paths
+
+_MAX_ROUNDS = 400
+_INF = float("inf")
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One packed tree: ``edges`` are ``(parent, child)`` GPU pairs, top-down.
+
+    ``paths[i]`` holds the link ids edge ``i`` takes (for undirected trees: from ``edges[i][0]``
+    to ``edges[i][1]``); ``rate`` is the GB/s the packing gives it.
+    """
+
+    group: object
+    root: object
+    edges: tuple
+    paths: tuple
+    rate: float
+
+    def depth(self) -> int:
+        level = {self.root: 0}
+        for p, c in self.edges:
+            level[c] = level[p] + 1
+        return max(level.values())
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Result of a packing: ``rate`` per group (GB/s) and the trees with ``rate > 0``."""
+
+    rate: float
+    trees: tuple
+    rounds: int
+
+
+def min_arborescence(W: np.ndarray, root: int) -> list[int] | None:
+    """Parent of each node in a minimum-cost spanning arborescence rooted at ``root``.
+
+    ``W[u, v]`` is the cost of arc ``u -> v`` (``inf`` = no arc). Returns ``None`` if some node
+    is unreachable. Chu–Liu/Edmonds with contraction, O(n^3) for the small dense graphs here.
+
+    >>> W = np.array([[np.inf, 1, 5], [np.inf, np.inf, 1], [np.inf, 1, np.inf]])
+    >>> min_arborescence(W, 0)
+    [-1, 0, 1]
+    """
+    n = len(W)
+    W = W.copy()
+    np.fill_diagonal(W, _INF)
+    W[:, root] = _INF
+    parent = [-1] * n
+    for v in range(n):
+        if v != root:
+            parent[v] = int(np.argmin(W[:, v]))
+            if W[parent[v], v] == _INF:
+                return None
+    cycle = _find_cycle(parent, root)
+    if cycle is None:
+        return parent
+    return _contract_and_solve(W, root, parent, cycle)
+
+
+def _find_cycle(parent: list[int], root: int) -> list[int] | None:
+    color = [0] * len(parent)   # 0 new, 1 on current walk, 2 done
+    for start in range(len(parent)):
+        walk, v = [], start
+        while v != -1 and v != root and color[v] == 0:
+            color[v] = 1
+            walk.append(v)
+            v = parent[v]
+        if v != -1 and v != root and color[v] == 1:
+            return walk[walk.index(v):]
+        for w in walk:
+            color[w] = 2
+    return None
+
+
+def _contract_and_solve(W, root, parent, cycle):
+    n = len(W)
+    in_cycle = set(cycle)
+    rest = [v for v in range(n) if v not in in_cycle]
+    c = len(rest)                       # index of the contracted node
+    pos = {v: i for i, v in enumerate(rest)}
+    W2 = np.full((c + 1, c + 1), _INF)
+    W2[:c, :c] = W[np.ix_(rest, rest)]
+    enter, leave = {}, {}
+    for u in rest:
+        gains = [W[u, v] - W[parent[v], v] for v in cycle]
+        k = int(np.argmin(gains))
+        W2[pos[u], c], enter[pos[u]] = gains[k], cycle[k]
+        outs = [W[v, u] for v in cycle]
+        k = int(np.argmin(outs))
+        W2[c, pos[u]], leave[pos[u]] = outs[k], cycle[k]
+    sub = min_arborescence(W2, pos[root])
+    if sub is None:
+        return None
+    result = list(parent)
+    for u in rest:
+        p = sub[pos[u]]
+        if p == -1:
+            continue
+        result[u] = leave[pos[u]] if p == c else rest[p]
+    entry_from = sub[c]
+    v_in = enter[entry_from]
+    result[v_in] = rest[entry_from]
+    return result
+
+
+def min_spanning_tree(C: np.ndarray) -> list[tuple[int, int]] | None:
+    """Edges ``(u, v)`` of a minimum spanning tree of the symmetric cost matrix ``C`` (Prim).
+
+    >>> C = np.array([[0, 1, 4], [1, 0, 2], [4, 2, 0]], dtype=float)
+    >>> min_spanning_tree(C)
+    [(0, 1), (1, 2)]
+    """
+    n = len(C)
+    best = C[0].astype(float).copy()
+    link = [0] * n
+    done = np.zeros(n, dtype=bool)
+    done[0] = True
+    best[0] = _INF
+    edges = []
+    for _ in range(n - 1):
+        v = int(np.argmin(np.where(done, _INF, best)))
+        if done[v] or best[v] == _INF:
+            return None
+        done[v] = True
+        edges.append((link[v], v))
+        closer = (~done) & (C[v] < best)
+        best[closer] = C[v][closer]
+        for u in np.flatnonzero(closer):
+            link[u] = v
+    return edges
+
+
+def pack_out_trees(index: LinkIndex, gpus, roots) -> Packing:
+    """Pack out-arborescences spanning ``gpus`` from every root in ``roots`` at a common rate.
+
+    One root gives Blink's broadcast packing (rate = min over v of maxflow(root -> v)); all
+    GPUs as roots give a ForestColl allgather forest (rate = the cut bound).
+    """
+    gpus = tuple(gpus)
+    at = {g: i for i, g in enumerate(gpus)}
+
+    def price(y):
+        cost, path = relay_paths(index, gpus, y)
+        W = _cost_matrix(gpus, cost)
+        cols = []
+        for r in roots:
+            parent = min_arborescence(W, at[r])
+            if parent is None:
+                raise NoFeasiblePlan(f"{r} cannot reach every GPU of {gpus}; no tree exists")
+            edges = _top_down(gpus, parent, at[r])
+            paths = tuple(path[e] for e in edges)
+            cols.append((r, Tree(r, r, edges, paths, 0.0), _usage(paths)))
+        return cols
+
+    return _column_generation(index, tuple(roots), price)
+
+
+def pack_undirected_trees(index: LinkIndex, gpus) -> Packing:
+    """Pack spanning trees each used in both directions (reduce up, broadcast down).
+
+    The tree of each column is rooted at its centre to keep pipelines short.
+    """
+    gpus = tuple(gpus)
+
+    def price(y):
+        y2 = [y[e] + y[r] if r >= 0 else _INF for e, r in enumerate(index.rev)]
+        cost, path = relay_paths(index, gpus, y2)
+        C = np.minimum(W := _cost_matrix(gpus, cost), W.T)
+        und = min_spanning_tree(C)
+        if und is None:
+            raise NoFeasiblePlan(f"GPUs {gpus} are not connected both ways; no spanning tree")
+        directed = [(u, v) if W[u, v] <= W[v, u] else (v, u) for u, v in und]
+        root = _centre(len(gpus), directed)
+        edges = _orient(gpus, directed, root)
+        paths = tuple(_undirected_path(index, path, e) for e in edges)
+        usage = _usage(paths + tuple(tuple(index.rev[x] for x in p) for p in paths))
+        return [(0, Tree(0, gpus[root], edges, paths, 0.0), usage)]
+
+    return _column_generation(index, (0,), price)
+
+
+def _cost_matrix(gpus, cost) -> np.ndarray:
+    n = len(gpus)
+    W = np.full((n, n), _INF)
+    for i, u in enumerate(gpus):
+        for j, t in enumerate(gpus):
+            if (u, t) in cost:
+                W[i, j] = cost[u, t]
+    return W
+
+
+def _top_down(gpus, parent, root) -> tuple:
+    kids: dict = {}
+    for v, p in enumerate(parent):
+        if p >= 0:
+            kids.setdefault(p, []).append(v)
+    order, edges = [root], []
+    for p in order:
+        for c in kids.get(p, ()):
+            edges.append((gpus[p], gpus[c]))
+            order.append(c)
+    return tuple(edges)
+
+
+def _centre(n, edges) -> int:
+    adj: dict = {i: [] for i in range(n)}
+    for u, v in edges:
+        adj[u].append(v)
+        adj[v].append(u)
+
+    def ecc(s):
+        seen, frontier, d = {s}, [s], 0
+        while frontier:
+            frontier = [w for x in frontier for w in adj[x] if w not in seen]
+            seen.update(frontier)
+            d += bool(frontier)
+        return d
+    return min(range(n), key=lambda s: (ecc(s), s))
+
+
+def _orient(gpus, und, root) -> tuple:
+    parent = [-1] * len(gpus)
+    adj: dict = {}
+    for u, v in und:
+        adj.setdefault(u, []).append(v)
+        adj.setdefault(v, []).append(u)
+    order = [root]
+    seen = {root}
+    for p in order:
+        for c in adj.get(p, ()):
+            if c not in seen:
+                seen.add(c)
+                parent[c] = p
+                order.append(c)
+    return _top_down(gpus, parent, root)
+
+
+def _undirected_path(index, path, edge) -> tuple:
+    if edge in path:
+        return path[edge]
+    back = path[edge[1], edge[0]]
+    return tuple(index.rev[x] for x in reversed(back))
+
+
+def _usage(paths) -> dict:
+    use: dict = {}
+    for p in paths:
+        for link in p:
+            use[link] = use.get(link, 0) + 1
+    return use
+
+
+def _column_generation(index: LinkIndex, groups: tuple, price) -> Packing:
+    """Solve the packing LP over the columns ``price`` proposes until none improves."""
+    caps = np.asarray(index.caps, dtype=float)
+    gid = {g: i for i, g in enumerate(groups)}
+    cols: list = []
+    seen: set = set()
+    y = 1.0 / caps                       # start from short, fat paths
+    for rounds in range(1, _MAX_ROUNDS + 1):
+        added = 0
+        for g, tree, use in price(y):
+            key = (g, tree.edges, tree.paths)
+            if key in seen or (cols and _cost(use, y) >= mu[gid[g]] * (1 - 1e-9) - 1e-12):
+                continue
+            seen.add(key)
+            cols.append((g, tree, use))
+            added += 1
+        if not added:
+            break
+        x, lam, y, mu = _solve(caps, gid, cols)
+    else:
+        raise PlanError(f"tree packing did not converge in {_MAX_ROUNDS} rounds on "
+                        f"{len(index.links)} links; report this topology")
+    trees = tuple(Tree(t.group, t.root, t.edges, t.paths, float(v))
+                  for (g, t, _), v in zip(cols, lam) if v > 1e-9 * max(x, 1e-300))
+    return Packing(rate=float(x), trees=trees, rounds=rounds)
+
+
+def _cost(use: dict, y) -> float:
+    return float(sum(y[e] * k for e, k in use.items()))
+
+
+def _solve(caps, gid, cols):
+    m, k, ng = len(caps), len(cols), len(gid)
+    rows, cix, vals = [], [], []
+    for j, (_, _, use) in enumerate(cols):
+        for e, cnt in use.items():
+            rows.append(e)
+            cix.append(j)
+            vals.append(cnt)
+    A_ub = sp.csr_matrix((vals, (rows, cix)), shape=(m, k + 1))
+    A_eq = sp.lil_matrix((ng, k + 1))
+    for j, (g, _, _) in enumerate(cols):
+        A_eq[gid[g], j] = 1.0
+    A_eq[:, k] = -1.0
+    c = np.zeros(k + 1)
+    c[k] = -1.0
+    res = linprog(c, A_ub=A_ub, b_ub=caps, A_eq=A_eq.tocsr(), b_eq=np.zeros(ng),
+                  bounds=(0, None), method="highs")
+    if res.status != 0:
+        raise PlanError(f"packing LP failed: {res.message}")
+    y = np.maximum(-np.asarray(res.ineqlin.marginals), 0.0)
+    mu = np.asarray(res.eqlin.marginals)
+    return res.x[k], res.x[:k], y, mu

@@ -1,0 +1,176 @@
+"""Bounds: preset numbers, brute force on small graphs, the line-of-3 example, DGX-1 allocations."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import networkx as nx
+import pytest
+
+import collectx.topology as topo
+from collectx.errors import ArgumentError, TopologyError
+from collectx.planner.bounds import Bounds, bounds, cut_rate
+from collectx.planner.edge_split import job_graph
+
+# From the topology README: ForestColl cut bound, allgather / reduce-scatter busbw at line rates.
+PRESET_CUT = {"dgx1p": 95.75, "dgx1v": 165.75, "dgx2": 150.0, "dgx_a100": 300.0,
+              "dgx_h100": 450.0, "mi250_16gcd": 321.43, "mi300x": 448.0, "pcie_gen4_8gpu": 31.5}
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_CUT))
+def test_preset_cut_bound_matches_reference(name):
+    b = bounds(topo.load(name), "allgather")
+    assert b.bound_busbw == pytest.approx(PRESET_CUT[name], abs=0.01)
+    assert b.kind == "allgather" and b.ceiling_busbw is None
+
+
+def test_line_of_three_needs_trees():
+    b = bounds(topo.line(3, bw=100.0), "allreduce")
+    assert b.cut_busbw == pytest.approx(100.0)
+    assert b.tree_busbw == pytest.approx(400 / 3)
+    assert b.ceiling_busbw == pytest.approx(400 / 3)
+    assert b.bound_busbw == pytest.approx(400 / 3)
+
+
+def test_rooted_bounds_on_line():
+    G = topo.line(3, bw=100.0)
+    assert bounds(G, "broadcast", root=0).bound_busbw == pytest.approx(100.0)
+    assert bounds(G, "reduce", root=1).bound_busbw == pytest.approx(100.0)
+
+
+def test_alltoall_full_mesh_is_link_rate():
+    # each GPU sends (N-1) pair payloads over its N-1 direct links
+    b = bounds(topo.fully_connected(4, bw=25.0), "alltoall")
+    assert b.bound_busbw == pytest.approx(75.0, rel=1e-6)
+
+
+def test_alltoall_below_cut_form_on_switch():
+    G = topo.switch(4, bw=30.0)
+    b = bounds(G, "alltoall")
+    # single-GPU cut: 30 GB/s out for 3 pair payloads -> rate 10, busbw 3 * 10
+    assert b.bound_busbw == pytest.approx(30.0, rel=1e-6)
+
+
+def _random_graph(seed: int, n_gpu: int, n_relay: int) -> nx.DiGraph:
+    rng = random.Random(seed)
+    G = nx.DiGraph()
+    names = [f"GPU{i}" for i in range(n_gpu)] + [f"SW{i}" for i in range(n_relay)]
+    for v in names:
+        G.add_node(v, kind="gpu" if v.startswith("GPU") else "nvswitch")
+    for a, b in itertools.combinations(names, 2):
+        if rng.random() < 0.55:
+            bw = rng.choice([10.0, 25.0, 50.0, 15.75])
+            G.add_edge(a, b, bw_gbps=bw)
+            G.add_edge(b, a, bw_gbps=bw if rng.random() < 0.7 else bw / 2)
+    for i in range(len(names)):      # keep it strongly connected: a thin ring under everything
+        a, b = names[i], names[(i + 1) % len(names)]
+        for u, v in ((a, b), (b, a)):
+            if not G.has_edge(u, v):
+                G.add_edge(u, v, bw_gbps=5.0)
+    return G
+
+
+def _brute_cut(G: nx.DiGraph, gpus) -> float:
+    nodes = list(G.nodes)
+    best = float("inf")
+    for k in range(1, len(nodes) + 1):
+        for S in itertools.combinations(nodes, k):
+            S = set(S)
+            inside = sum(g in S for g in gpus)
+            if inside == 0 or inside == len(gpus):
+                continue
+            out = sum(d["cap"] for u, v, d in G.edges(data=True) if u in S and v not in S)
+            best = min(best, out / inside)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_cut_rate_matches_brute_force(seed):
+    n_gpu, n_relay = 3 + seed % 3, seed % 3
+    G0 = _random_graph(seed, n_gpu, n_relay)
+    gpus = tuple(f"GPU{i}" for i in range(n_gpu))
+    G = job_graph(G0, gpus)
+    x, S = cut_rate(G, gpus)
+    assert x == pytest.approx(_brute_cut(G, gpus), rel=1e-9)
+    assert 0 < sum(g in S for g in gpus) < n_gpu
+
+
+def _partitions(items):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in _partitions(rest):
+        for i in range(len(part)):
+            yield part[:i] + [[first] + part[i]] + part[i + 1:]
+        yield [[first]] + part
+
+
+def _brute_tree_rate(G: nx.DiGraph, gpus) -> float:
+    """Nash-Williams–Tutte: min over partitions of crossing capacity / (parts - 1)."""
+    best = float("inf")
+    for part in _partitions(list(gpus)):
+        if len(part) < 2:
+            continue
+        where = {v: i for i, block in enumerate(part) for v in block}
+        cross = sum(min(G[u][v]["bw_gbps"], G[v][u]["bw_gbps"])
+                    for u, v in itertools.combinations(gpus, 2)
+                    if G.has_edge(u, v) and G.has_edge(v, u) and where[u] != where[v])
+        best = min(best, cross / (len(part) - 1))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_tree_optimum_matches_nash_williams(seed):
+    n = 3 + seed % 3
+    G = _random_graph(100 + seed, n, 0)
+    for u, v in list(G.edges):           # undirected capacities: make both directions equal
+        G[v][u]["bw_gbps"] = G[u][v]["bw_gbps"] = min(G[u][v]["bw_gbps"], G[v][u]["bw_gbps"])
+    b = bounds(G, "allreduce")
+    assert b.tree_busbw == pytest.approx(2 * (n - 1) / n * _brute_tree_rate(G, b.gpus), rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reference_never_above_ceiling(seed):
+    G = _random_graph(200 + seed, 3 + seed % 3, seed % 2 + 1)
+    b = bounds(G, "allreduce")
+    assert b.cut_busbw <= b.bound_busbw <= b.ceiling_busbw * (1 + 1e-9)
+
+
+def test_dgx1v_trees_beat_cut_bound_on_fragmented_allocations():
+    G = topo.load("dgx1v")
+    ratios = [bounds(G, "allreduce", gpus=c).tree_busbw / bounds(G, "allgather", gpus=c).cut_busbw
+              for c in [("GPU0", "GPU1", "GPU3"), ("GPU0", "GPU1", "GPU2", "GPU3"),
+                        ("GPU1", "GPU2", "GPU3", "GPU4", "GPU5", "GPU6")]]
+    assert all(r > 1.1 for r in ratios)
+    assert max(ratios) == pytest.approx(5 / 3, rel=1e-6)
+
+
+def test_other_gpus_are_not_relays():
+    # GPU0 and GPU2 meet only through GPU1: without GPU1 they are disconnected
+    with pytest.raises(TopologyError):
+        bounds(topo.line(3), "allgather", gpus=["GPU0", "GPU2"])
+
+
+def test_does_not_mutate_topology():
+    G = topo.load("dgx1v")
+    before = nx.to_dict_of_dicts(G)
+    bounds(G, "allreduce", gpus=["GPU0", "GPU1", "GPU5"])
+    assert nx.to_dict_of_dicts(G) == before
+
+
+def test_bad_arguments_raise():
+    G = topo.ring(4)
+    with pytest.raises(ArgumentError, match="expected one of"):
+        bounds(G, "allscatter")
+    with pytest.raises(ArgumentError, match="not a GPU"):
+        bounds(G, "allgather", gpus=["GPU0", "CPU9"])
+    with pytest.raises(ArgumentError, match="root"):
+        bounds(G, "broadcast", root=7)
+
+
+def test_bounds_serialize():
+    d = bounds(topo.ring(4), "allreduce").to_dict()
+    assert d["kind"] == "allreduce" and d["gpus"] == ["GPU0", "GPU1", "GPU2", "GPU3"]
+    assert isinstance(Bounds(**{**d, "gpus": tuple(d["gpus"])}), Bounds)
