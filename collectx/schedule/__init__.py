@@ -8,7 +8,8 @@ __all__ = ["BUFFERS", "COLLECTIVES", "SCHEMA", "Dep", "Instr", "Lane", "Ref", "S
 
 from .builder import ScheduleBuilder
 from .metrics import algbw, bus_factor, busbw, unit_bytes
+from .simulate import SimResult, simulate
 from .verify import VerifyReport, verify
 
-__all__ += ["ScheduleBuilder", "VerifyReport", "algbw", "bus_factor", "busbw", "unit_bytes",
-            "verify"]
+__all__ += ["ScheduleBuilder", "SimResult", "VerifyReport", "algbw", "bus_factor", "busbw",
+            "simulate", "unit_bytes", "verify"]

@@ -1,0 +1,187 @@
+"""simulate(): link-model timings checked against hand computations and bounds."""
+
+import time
+
+import networkx as nx
+import pytest
+
+import collectx.topology as topo
+from collectx.errors import ArgumentError
+from collectx.schedule import Ref, ScheduleBuilder, simulate, verify
+from collectx.schedule._fairshare import fair_rates
+
+MB = 1_000_000
+
+
+def two_gpus(bw=25.0, latency=1.0):
+    G = nx.DiGraph()
+    for g in ("GPU0", "GPU1"):
+        G.add_node(g, kind="gpu")
+    for a, b in (("GPU0", "GPU1"), ("GPU1", "GPU0")):
+        G.add_edge(a, b, type="nvlink", bw_gbps=bw, count=1, latency_us=latency)
+    return G
+
+
+def star(n, bw=25.0, latency=1.0):
+    """n GPUs, each with one link to a switch."""
+    G = nx.DiGraph()
+    G.add_node("NVS0", kind="nvswitch")
+    for i in range(n):
+        G.add_node(f"GPU{i}", kind="gpu")
+        for a, b in ((f"GPU{i}", "NVS0"), ("NVS0", f"GPU{i}")):
+            G.add_edge(a, b, type="nvlink", bw_gbps=bw, count=1, latency_us=latency)
+    return G
+
+
+def ring_allgather(n, nchunks=1, directions=(1,)):
+    """Push ring allgather; with directions (1, -1) half of each slot goes each way round."""
+    assert nchunks % len(directions) == 0
+    per = nchunks // len(directions)
+    b = ScheduleBuilder("allgather", n, nchunks, algorithm="ring")
+    for r in range(n):
+        b.copy(r, 0, Ref(r, "output", r * nchunks, nchunks), Ref(r, "input", 0, nchunks))
+    for lane, step in enumerate(directions):
+        for c in range(per * lane, per * (lane + 1)):
+            prev = {}
+            for t in range(n - 1):
+                for r in range(n):
+                    origin, nxt = (r - step * t) % n, (r + step) % n
+                    chunk = origin * nchunks + c
+                    src = Ref(r, "input", c) if t == 0 else Ref(r, "output", chunk)
+                    prev[nxt, t] = b.copy(r, 1 + lane, Ref(nxt, "output", chunk), src,
+                                          deps=[prev.get((r, t - 1))])
+    return b.build()
+
+
+def test_fair_rates_never_exceed_capacity():
+    rates = fair_rates([0, 1, 2, 3], [(0,), (0, 1), (1,), (1, 2)], [10.0, 6.0, 1.0])
+    assert rates[3] == pytest.approx(1.0)      # bottlenecked by link 2
+    assert rates[1] == pytest.approx(2.5) and rates[2] == pytest.approx(2.5)
+    assert rates[0] == pytest.approx(7.5)
+    assert rates[0] + rates[1] <= 10.0 + 1e-9 and rates[1] + rates[2] + rates[3] <= 6.0 + 1e-9
+
+
+def test_one_copy_over_a_link_is_bytes_over_bandwidth_plus_latency():
+    b = ScheduleBuilder("sendrecv", 2, 1)
+    b.copy(1, 0, Ref(1, "output", 0), Ref(0, "input", 0))
+    r = simulate(b.build(), two_gpus(25.0, latency=1.0), 100 * MB)
+    assert r.time_us == pytest.approx(100 * MB / 25e9 * 1e6 + 1.0)
+    assert r.link_bytes == {("GPU0", "GPU1"): 100 * MB}
+    assert r.link_util["GPU0", "GPU1"] == pytest.approx(4000 / 4001)
+    assert r.busbw_GBps == pytest.approx(r.algbw_GBps) and r.algbw_GBps < 25.0
+
+
+def test_two_concurrent_flows_share_a_link():
+    single = ScheduleBuilder("sendrecv", 2, 2)
+    single.copy(1, 0, Ref(1, "output", 0), Ref(0, "input", 0))
+    both = ScheduleBuilder("sendrecv", 2, 2)
+    both.copy(1, 0, Ref(1, "output", 0), Ref(0, "input", 0))
+    both.copy(1, 1, Ref(1, "output", 1), Ref(0, "input", 1))
+    G = two_gpus(latency=0.0)
+    t1 = simulate(single.build(), G, 50 * MB).time_us
+    t2 = simulate(both.build(), G, 50 * MB).time_us
+    assert t2 == pytest.approx(2 * t1)
+
+
+def test_dependent_copies_run_one_after_the_other():
+    b = ScheduleBuilder("broadcast", 3, 1)
+    d = b.copy(0, 0, Ref(0, "output", 0), Ref(0, "input", 0))
+    d = b.copy(1, 0, Ref(1, "output", 0), Ref(0, "output", 0), deps=[d])
+    b.copy(2, 0, Ref(2, "output", 0), Ref(1, "output", 0), deps=[d])
+    s = b.build()
+    verify(s)
+    r = simulate(s, topo.line(3, bw=25.0), 25 * MB, local_bw_gbps=1000.0)
+    local = 25 * MB / 1000e3
+    hop = 25 * MB / 25e3 + topo.DEFAULT_LATENCY_US["nvlink"]
+    assert r.time_us == pytest.approx(local + 2 * hop)
+
+
+def test_reduce_counts_every_remote_stream():
+    # Rank 0 pulls two remote sources through its single switch link: 2x the bytes of a copy.
+    b = ScheduleBuilder("reduce", 3, 1, root=0)
+    b.reduce(0, 0, Ref(0, "output", 0), [Ref(0, "input", 0), Ref(1, "input", 0),
+                                         Ref(2, "input", 0)])
+    r = simulate(b.build(), star(3, latency=0.0), 25 * MB)
+    assert r.time_us == pytest.approx(2 * 25 * MB / 25e3)
+    assert r.link_bytes["NVS0", "GPU0"] == 2 * 25 * MB
+
+
+def test_push_copy_between_third_parties_moves_data_twice():
+    b = ScheduleBuilder("sendrecv", 3, 1, root=1)
+    b.copy(0, 0, Ref(2, "output", 0), Ref(1, "input", 0))   # rank 0 relays 1 -> 2
+    r = simulate(b.build(), star(3, latency=0.0), 25 * MB)
+    assert r.link_bytes["GPU1", "NVS0"] == r.link_bytes["NVS0", "GPU2"] == 25 * MB
+    assert r.link_bytes["NVS0", "GPU0"] == r.link_bytes["GPU0", "NVS0"] == 25 * MB
+
+
+@pytest.mark.parametrize("directions,expect", [((1,), 25.0), ((1, -1), 50.0)])
+def test_ring_allgather_approaches_but_never_beats_the_cut_bound(directions, expect):
+    # Cut bound on ring(4) at 25 GB/s: S = 3 GPUs has B+(S) = 50 into the 4th, so
+    # busbw* = (N-1) * 50 / 3 = 50. One ring direction uses half of it.
+    s = ring_allgather(4, nchunks=2, directions=directions)
+    verify(s)
+    r = simulate(s, topo.ring(4, bw=25.0), 1 << 30)
+    assert r.busbw_GBps <= 50.0
+    assert r.busbw_GBps == pytest.approx(expect, rel=0.01)
+    assert all(u <= 1.0 + 1e-9 for u in r.link_util.values())
+
+
+def test_direct_allgather_respects_the_cut_bound_on_a_ring():
+    b = ScheduleBuilder("allgather", 4, 1)
+    for r in range(4):
+        for q in range(4):
+            b.copy(r, 0 if q == r else q, Ref(q, "output", r), Ref(r, "input", 0))
+    res = simulate(b.build(), topo.ring(4), 1 << 28)
+    assert 0 < res.busbw_GBps <= 50.0
+
+
+def test_engine_allreduce_is_a_ring_over_its_group():
+    G = nx.DiGraph()
+    for i in range(2):
+        G.add_node(f"GPU{i}", kind="gpu")
+    for a, b in (("GPU0", "GPU1"), ("GPU1", "GPU0")):
+        G.add_edge(a, b, type="net", bw_gbps=12.5, count=1, latency_us=0.0)
+    b = ScheduleBuilder("allreduce", 2, 1)
+    for r in range(2):
+        b.engine(r, 0, Ref(r, "output", 0), [Ref(r, "input", 0)], "allreduce", (0, 1))
+    s = b.build()
+    verify(s)
+    r = simulate(s, G, 25 * MB)
+    assert r.time_us == pytest.approx(25 * MB / 12.5e3)   # each member sends 2(G-1)/G = 1x
+    assert r.busbw_GBps == pytest.approx(12.5)
+
+
+def test_rank_mapping_and_errors():
+    b = ScheduleBuilder("sendrecv", 2, 1)
+    b.copy(1, 0, Ref(1, "output", 0), Ref(0, "input", 0))
+    s = b.build()
+    G = topo.load("dgx1v")
+    near = simulate(s, G, 50 * MB, ranks=["GPU0", "GPU3"]).time_us   # doubled NVLink
+    far = simulate(s, G, 50 * MB, ranks=["GPU0", "GPU1"]).time_us    # single NVLink
+    assert far == pytest.approx(2 * near, rel=0.01)
+    with pytest.raises(ArgumentError, match="2-rank schedule"):
+        simulate(s, G, MB, ranks=["GPU0"])
+    with pytest.raises(ArgumentError, match="not nodes"):
+        simulate(s, G, MB, ranks=["GPU0", "GPU99"])
+
+
+def test_zero_bytes_costs_only_latency():
+    b = ScheduleBuilder("sendrecv", 2, 1)
+    b.copy(1, 0, Ref(1, "output", 0), Ref(0, "input", 0))
+    r = simulate(b.build(), two_gpus(latency=2.0), 0)
+    assert r.time_us == pytest.approx(2.0) and r.algbw_GBps == 0.0
+
+
+def test_eight_gpu_schedule_of_hundreds_of_instructions_is_fast():
+    from test_verify import ring_allreduce
+
+    s = ring_allreduce(8, seg=4, lanes=2)
+    G = topo.load("dgx1v")
+    simulate(s, G, 1 << 26)   # warm the route cache, as a planner benchmark does
+    t = time.perf_counter()
+    r = simulate(s, G, 1 << 26)
+    elapsed = time.perf_counter() - t
+    assert s.n_instructions == 448
+    assert elapsed < 0.5, f"{elapsed * 1e3:.0f} ms"
+    # GPU0->GPU1 is a single 25 GB/s NVLink on DGX-1V: the ring can not beat it.
+    assert r.busbw_GBps <= 25.0 and r.busbw_GBps == pytest.approx(25.0, rel=0.01)
