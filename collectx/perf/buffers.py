@@ -1,0 +1,91 @@
+"""Buffers the sweep runs on: numpy arrays, or torch tensors where numpy has no dtype.
+
+Communicators that own memory (collectx's shared windows, torch's devices) allocate through their
+``empty``; the sweep only needs to write known values in and read results out as float64, which
+:func:`write` and :func:`read` do for either kind.
+
+>>> buf = alloc(None, 3, "int32")
+>>> write(buf, [1, 2, 3]); read(buf).tolist()
+[1.0, 2.0, 3.0]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import DTypeError
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise DTypeError("bfloat16 buffers need torch (numpy has no bfloat16); install it with "
+                         "`pip install collectx[torch]` or pick another -d") from None
+    return torch
+
+
+def alloc(comm, n: int, dtype: str):
+    """An ``n``-element buffer of ``dtype`` from ``comm.empty`` when it has one, else numpy."""
+    maker = getattr(comm, "empty", None)
+    if maker is not None:
+        try:
+            return maker((n,), dtype)
+        except (TypeError, DTypeError):
+            if dtype != "bfloat16":
+                raise
+    if dtype == "bfloat16":
+        torch = _torch()
+        return torch.empty(n, dtype=torch.bfloat16)
+    return np.empty(n, dtype=dtype)
+
+
+def read(buf) -> np.ndarray:
+    """A float64 numpy copy of ``buf`` (numpy array or torch tensor, any device)."""
+    if isinstance(buf, np.ndarray):
+        return buf.astype(np.float64)
+    return buf.detach().to("cpu").double().numpy()
+
+
+def write(buf, values) -> None:
+    """Copy ``values`` (any array-like) into ``buf``, converting to its dtype."""
+    values = np.asarray(values, dtype=np.float64)
+    if isinstance(buf, np.ndarray):
+        buf[...] = values.astype(buf.dtype)
+        return
+    torch = _torch()
+    buf.copy_(torch.from_numpy(values).to(buf.dtype))
+
+
+def fill_garbage(buf) -> None:
+    """Overwrite ``buf`` with a value no collective produces here, so stale output is wrong."""
+    write(buf, np.full(int(buf.shape[0]), -3.0 if _signed(buf) else 251.0))
+
+
+def _signed(buf) -> bool:
+    name = str(buf.dtype)
+    return "uint" not in name
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a canonical dtype name (bfloat16 included)."""
+    return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+
+
+def wrong_count(got: np.ndarray, ref: np.ndarray, dtype: str, op: str) -> int:
+    """Elements of ``got`` that differ from ``ref``; exact except for ``avg`` (a division).
+
+    >>> wrong_count(np.array([1.0, 2.0, 5.0]), np.array([1.0, 2.0, 3.0]), "float32", "sum")
+    1
+    """
+    if got.shape != ref.shape:
+        return int(max(got.size, ref.size))
+    expected = np.asarray(ref, dtype=np.float64)
+    if op == "avg":
+        if dtype.startswith(("int", "uint")):
+            tol = 1.0
+        else:
+            tol = 4 * (2.0 ** -7 if dtype == "bfloat16" else float(np.finfo(dtype).eps))
+            tol = tol * np.maximum(np.abs(expected), 1.0)
+        return int(np.count_nonzero(~(np.abs(got - expected) <= tol)))
+    return int(np.count_nonzero(got != expected))

@@ -1,0 +1,163 @@
+"""``collectx-perf`` from arguments to exit status.
+
+Stages, one function each: parse options -> simulate, or measure (on ranks started here, or on the
+ranks of mpirun / torchrun / ``python -m collectx.run``) -> run peers -> print the table -> write
+JSON / CSV / plot / HTML. The exit status is 1 when any element was wrong, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..errors import CollectXError, ConfigError
+from . import peers as peer_runners
+from .options import Options, parse_args
+from .report import library_versions, machine_info, write_csv, write_json
+from .sweep import run_sweep, stderr_progress
+from .table import format_table, total_wrong
+
+# Variables by which a launcher tells a process its rank: then the sweep uses those ranks.
+LAUNCHER_VARS = (("OMPI_COMM_WORLD_SIZE",), ("WORLD_SIZE", "RANK"), ("COLLECTX_RANK",))
+
+
+def launched_externally(env=None) -> bool:
+    """True when mpirun, torchrun or ``python -m collectx.run`` started this process.
+
+    >>> launched_externally({"WORLD_SIZE": "2", "RANK": "0"}), launched_externally({})
+    (True, False)
+    """
+    env = os.environ if env is None else env
+    return any(all(name in env for name in names) for names in LAUNCHER_VARS)
+
+
+def _collectx_rank(spec: dict) -> list[dict]:
+    # Runs in every rank process that collectx.launch starts; must stay a module-level function.
+    import collectx
+    comm = collectx.init()
+    try:
+        return run_sweep(comm, spec, progress=stderr_progress if spec.get("progress") else None)
+    finally:
+        comm.close()
+
+
+def require_device(opts: Options) -> None:
+    """Fail early and clearly when ``--device cuda`` has no GPU or CUDA runtime behind it."""
+    if opts.device != "cuda":
+        return
+    import collectx
+    try:
+        ok = bool(collectx.cuda_available())
+    except (CollectXError, ImportError, AttributeError) as exc:
+        raise ConfigError(f"--device cuda: the CUDA runtime could not be checked ({exc}); "
+                          "use --device cpu, or --simulate to predict a GPU machine") from None
+    if not ok:
+        raise ConfigError("--device cuda: no NVIDIA GPU or CUDA runtime found on this machine; "
+                          "use --device cpu, or --simulate SOURCE to predict a GPU machine")
+
+
+def _preamble(opts: Options, nranks: int) -> list[str]:
+    auto = "by size"
+    return [f"# collectx-perf  nranks {nranks}  minBytes {min(opts.sizes)}  maxBytes "
+            f"{max(opts.sizes)}  sizes {len(opts.sizes)}  warmup iters: {opts.warmup or auto}  "
+            f"iters: {opts.iters or auto}  validation: {opts.check}  device: {opts.device}  "
+            f"algo: {opts.algo or 'auto'}",
+            f"# host {machine_info()['hostname']}  cpu {machine_info()['cpu_model']}"]
+
+
+def _result(opts: Options, nranks: int, mode: str, peers: dict, skipped: dict) -> dict:
+    return {"mode": mode, "nranks": nranks, "machine": machine_info(),
+            "versions": library_versions(), "options": opts.spec() | {"device": opts.device},
+            "peers": peers, "skipped": skipped}
+
+
+def write_outputs(opts: Options, result: dict, table_text: str, topo=None) -> None:
+    """Write whichever of --json, --csv, --plot and --html were asked for."""
+    if opts.json:
+        write_json(opts.json, result)
+    if opts.csv:
+        write_csv(opts.csv, result)
+    if opts.plot:
+        from .plot import plot_result
+        plot_result(result, opts.plot)
+    if opts.html:
+        from .html import write_html
+        write_html(opts.html, result, table_text, topo)
+
+
+def run_simulated(opts: Options, out=sys.stdout) -> int:
+    """``--simulate``: predict the table with the planner; nothing runs on this machine."""
+    from .simulate import format_simulated, load_allocation, simulate_rows
+    topo, gpu_ids = load_allocation(opts.simulate, opts.gpus)
+    rows = simulate_rows(topo, gpu_ids, opts.spec())
+    text = format_simulated(rows, opts.simulate, gpu_ids)
+    out.write(text)
+    result = _result(opts, len(gpu_ids), "simulated", {"collectx": rows}, {})
+    from ..topology import subset
+    write_outputs(opts, result, text, subset(topo, list(gpu_ids)))
+    return 0
+
+
+def run_measured(opts: Options, out=sys.stdout, launch=None) -> int:
+    """Measure collectx on ``opts.nprocs`` local ranks, then the peers, and report."""
+    if launch is None:
+        import collectx
+        launch = collectx.launch
+    spec = opts.spec()
+    rows = launch(_collectx_rank, opts.nprocs, args=(spec,))[0]
+    peers, skipped = {"collectx": rows}, {}
+    for name in opts.compare:
+        got = peer_runners.run_peer(name, spec, opts.nprocs)
+        if got.rows is None:
+            skipped[name] = {"reason": got.skipped, "hint": got.hint}
+        else:
+            peers[name] = got.rows
+    return report_measured(opts, opts.nprocs, peers, skipped, out)
+
+
+def report_measured(opts: Options, nranks: int, peers: dict, skipped: dict, out) -> int:
+    """Print the table (and skipped peers), write the files; 1 if any result was wrong."""
+    lines = _preamble(opts, nranks)
+    for name, info in skipped.items():
+        hint = f"; install: {info['hint']}" if info.get("hint") else ""
+        lines.append(f"# peer {name} skipped: {info['reason']}{hint}")
+    others = {k: v for k, v in peers.items() if k != "collectx"}
+    text = format_table(peers["collectx"], others, lines)
+    out.write(text)
+    out.flush()
+    from ..topology import host
+    write_outputs(opts, _result(opts, nranks, "measured", peers, skipped), text, host(nranks))
+    return 1 if total_wrong(peers["collectx"]) else 0
+
+
+def run_as_rank(opts: Options, out=sys.stdout) -> int:
+    """Under an external launcher: this process is one rank; rank 0 reports."""
+    import collectx
+    comm = collectx.init()
+    try:
+        progress = stderr_progress if opts.progress and comm.rank == 0 else None
+        rows = run_sweep(comm, opts.spec(), progress=progress)
+        status = 1 if total_wrong(rows) else 0
+        if comm.rank == 0:
+            skipped = {name: {"reason": "--compare needs collectx-perf to start its own ranks "
+                                        "(run it without a launcher)", "hint": None}
+                       for name in opts.compare}
+            report_measured(opts, comm.size, {"collectx": rows}, skipped, out)
+        return status
+    finally:
+        comm.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``collectx-perf``; returns the process exit status."""
+    try:
+        opts = parse_args(argv)
+        if opts.simulate:
+            return run_simulated(opts)
+        require_device(opts)
+        if launched_externally():
+            return run_as_rank(opts)
+        return run_measured(opts)
+    except CollectXError as exc:
+        sys.stderr.write(f"collectx-perf: error: {exc}\n")
+        return 2
