@@ -1,0 +1,244 @@
+"""Import NCCL / RCCL topology XML (``NCCL_TOPO_DUMP_FILE``, ``NCCL_TOPO_FILE``).
+
+How it works: the ``<system>`` tree is walked once. Each ``<cpu>`` becomes a ``CPU<numaid>``
+node; each ``<pci>`` bridge (class 0x0604xx, or any ``<pci>`` holding further ``<pci>``) becomes a
+``pci_switch``; a ``<pci>`` holding ``<gpu>`` becomes ``GPU<dev>`` and one holding ``<nic>`` one
+``NIC<dev>`` per ``<net>``, each linked to its parent by PCIe at the line rate of its
+``link_speed`` x ``link_width``. NVLinks (``<nvlink>``) and RCCL's xGMI links (``<xgmi>``,
+``<system version="2">``) are resolved at the end, once every GPU's bus id is known: a target that
+is another GPU gives a GPU-GPU link, one with tclass 0x068000 (or any other unknown bus id) an
+NVSwitch ``NVS<k>`` (numbered in bus-id order), one with tclass 0x068001 the GPU's CPU.
+
+Tolerated quirks: ``link_width="0"`` or missing (VMs) counts as x16 and a missing speed as Gen3,
+as NCCL does; a virtual bridge reporting a narrower link than its children (VMs show 2.5 GT/s x1)
+gets the width of its widest child; a missing ``dev`` numbers devices in file order; NCCL's
+hidden-NVSwitch sentinel ``fffffff:ff:ff.0`` becomes one NVSwitch. CPU-CPU links get NCCL's
+inter-socket figures by vendor and model (topo.h: BDW/SKL/SRP/ERP QPI, AMD, ARM, POWER9).
+
+>>> G = from_nccl_xml('''<system version="1"><cpu numaid="0" vendor="GenuineIntel" modelid="85">
+...   <pci busid="0000:17:00.0" class="0x030200" link_speed="8.0 GT/s PCIe" link_width="16">
+...     <gpu dev="0" sm="70"><nvlink target="0000:18:00.0" count="2" tclass="0x030200"/></gpu></pci>
+...   <pci busid="0000:18:00.0" class="0x030200" link_speed="8.0 GT/s PCIe" link_width="16">
+...     <gpu dev="1" sm="70"><nvlink target="0000:17:00.0" count="2" tclass="0x030200"/></gpu></pci>
+... </cpu></system>''')
+>>> G.edges["GPU0", "GPU1"]["bw_gbps"], G.edges["GPU1", "CPU0"]["bw_gbps"]
+(50.0, 15.75)
+"""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import networkx as nx
+
+from ..errors import TopologyError
+from .model import add_link, add_node, new_graph
+from .pcie import nvlink_bw_for_sm, normalize_busid, pcie_bw, xgmi_bw_for_arch
+
+NVSWITCH_CLASS = "0x068000"
+CPU_CLASS = "0x068001"
+_BRIDGE_PREFIX = "0x0604"
+DEFAULT_NET_GBPS = 12.5  # NCCL treats an unknown NIC speed as 100 Gb/s-class
+
+
+def _smp_bw(cpu: ET.Element) -> float:
+    """Inter-socket bandwidth as NCCL sets it (topo.h *_QPI_BW, AMD_BW, ARM_BW, P9_BW)."""
+    vendor, arch = cpu.get("vendor", ""), cpu.get("arch", "")
+    if arch == "ppc64":
+        return 32.0
+    if arch == "arm64":
+        return 6.0
+    if "AMD" in vendor:
+        return 16.0
+    try:
+        model = int(cpu.get("modelid", "0"), 0)
+    except ValueError:
+        model = 0
+    return 40.0 if model >= 0xCF else 22.0 if model >= 0x8F else 10.0 if model >= 0x55 else 6.0
+
+
+def _read_text(source) -> str:
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and "<" not in source):
+        try:
+            return Path(source).read_text()
+        except OSError as exc:
+            raise TopologyError(f"cannot read NCCL topology XML {str(source)!r}: {exc}") from None
+    return source
+
+
+def _parse(text: str) -> ET.Element:
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        line, col = exc.position
+        raise TopologyError(f"NCCL topology XML does not parse at line {line} column {col} "
+                            f"({exc.msg.split(':')[0]}); is the file truncated?") from None
+    if root.tag != "system":
+        raise TopologyError(f"NCCL topology XML has root <{root.tag}>; expected <system>")
+    return root
+
+
+class _Builder:
+    """Walks the XML tree into a graph; links to NVLink targets wait until all GPUs are known."""
+
+    def __init__(self) -> None:
+        self.G = new_graph("nccl_xml")
+        self.gpu_by_busid: dict[str, str] = {}
+        self.cpu_of_gpu: dict[str, str] = {}
+        self.pending: list[tuple[str, str, str, str, int, float]] = []
+        self.counters = {"PSW": 0, "NIC": 0, "GPU": 0, "CPU": 0}
+
+    def fresh(self, prefix: str, wanted=None) -> str:
+        """``prefix<wanted>`` if that is a free id, else the next free number."""
+        if wanted is not None and str(wanted).lstrip("-").isdigit() and int(wanted) >= 0 \
+                and f"{prefix}{int(wanted)}" not in self.G:
+            return f"{prefix}{int(wanted)}"
+        while f"{prefix}{self.counters[prefix]}" in self.G:
+            self.counters[prefix] += 1
+        return f"{prefix}{self.counters[prefix]}"
+
+    def cpu(self, el: ET.Element) -> None:
+        cid = self.fresh("CPU", el.get("numaid"))
+        attrs = {k: el.get(k) for k in ("arch", "vendor") if el.get(k)}
+        add_node(self.G, cid, "cpu", smp_bw=_smp_bw(el), **attrs)
+        self.children(el, cid, cid)
+
+    def children(self, el: ET.Element, parent: str, cpu: str) -> None:
+        for child in el:
+            if child.tag == "pci":
+                self.pci(child, parent, cpu)
+            elif child.tag == "nic":
+                self.nic(child, parent, None)
+            elif child.tag == "gpu":
+                self.gpu(child, parent, cpu, None, None)
+
+    def pci(self, el: ET.Element, parent: str, cpu: str) -> None:
+        busid = normalize_busid(el.get("busid"))
+        bw = pcie_bw(el.get("link_speed"), el.get("link_width"))
+        cls = (el.get("class") or "").lower()
+        if el.find("gpu") is not None:
+            self.gpu(el.find("gpu"), parent, cpu, busid, bw)
+        elif el.find("nic") is not None:
+            self.nic(el.find("nic"), parent, bw)
+        elif cls.startswith(_BRIDGE_PREFIX) or el.find("pci") is not None:
+            widest_child = max((pcie_bw(c.get("link_speed"), c.get("link_width"))
+                                for c in el.findall("pci")), default=bw)
+            sw = self.fresh("PSW")
+            add_node(self.G, sw, "pci_switch", busid=busid)
+            add_link(self.G, sw, parent, "pcie", max(bw, widest_child))
+            self.children(el, sw, cpu)
+        # Any other endpoint (NVMe, an NVSwitch's own PCI function, ...) carries no traffic.
+
+    def gpu(self, el: ET.Element, parent: str, cpu: str, busid, bw) -> None:
+        gid = self.fresh("GPU", el.get("dev", el.get("rank")))
+        attrs = {k: el.get(k) for k in ("sm", "gcn") if el.get(k)}
+        add_node(self.G, gid, "gpu", **({"busid": busid} if busid else {}), **attrs)
+        add_link(self.G, gid, parent, "pcie", bw or pcie_bw(None, None))
+        self.cpu_of_gpu[gid] = cpu
+        if busid:
+            self.gpu_by_busid[busid] = gid
+        for tag, kind in (("nvlink", "nvlink"), ("xgmi", "xgmi")):
+            for link in el.findall(tag):
+                self.remember_link(gid, el, link, kind)
+
+    def remember_link(self, gid: str, gpu_el: ET.Element, link: ET.Element, kind: str) -> None:
+        target = link.get("target")
+        if not target:
+            raise TopologyError(f"<{link.tag}> of {gid} has no 'target' attribute; expected the "
+                                f"bus id of the peer GPU or NVSwitch")
+        try:
+            count = int(link.get("count", "1"))
+        except ValueError:
+            raise TopologyError(f"<{link.tag} target={target!r}> of {gid} has count="
+                                f"{link.get('count')!r}; expected an integer") from None
+        per_link = (nvlink_bw_for_sm(gpu_el.get("sm")) if kind == "nvlink"
+                    else xgmi_bw_for_arch(gpu_el.get("gcn")))
+        self.pending.append((gid, kind, normalize_busid(target),
+                             (link.get("tclass") or "").lower(), count, per_link))
+
+    def nic(self, el: ET.Element, parent: str, bw) -> None:
+        nets = el.findall("net") or [el]
+        for net in nets:
+            speed = net.get("speed")
+            net_gbps = float(speed) / 8000 if speed and float(speed) > 0 else DEFAULT_NET_GBPS
+            nid = self.fresh("NIC", net.get("dev"))
+            attrs = {"name": net.get("name")} if net.get("name") else {}
+            add_node(self.G, nid, "nic", net_gbps=net_gbps, **attrs)
+            add_link(self.G, nid, parent, "pcie", bw or net_gbps)
+
+    def resolve_links(self) -> None:
+        switch_ids = sorted({t for _, _, t, c, _, _ in self.pending if self.is_switch(t, c)})
+        for k, busid in enumerate(switch_ids):
+            add_node(self.G, f"NVS{k}", "nvswitch", busid=busid)
+        per_side: dict[tuple[str, str], list] = {}
+        for gid, kind, target, tclass, count, per_link in self.pending:
+            peer = self.peer_of(gid, target, tclass, switch_ids)
+            entry = per_side.setdefault((gid, peer), [kind, 0, per_link])
+            entry[1] += count  # several <nvlink> lines to one target add up
+        for (a, b), (kind, count, per_link) in per_side.items():
+            if (b, a) in per_side and self.G.has_edge(b, a):
+                continue  # a GPU-GPU bundle is listed by both GPUs: written once
+            count = max(count, per_side.get((b, a), [kind, 0])[1])
+            add_link(self.G, a, b, kind, count * per_link, count)
+
+    def peer_of(self, gid: str, target: str, tclass: str, switch_ids: list[str]) -> str:
+        if target in switch_ids:
+            return f"NVS{switch_ids.index(target)}"
+        if tclass == CPU_CLASS:
+            return self.cpu_of_gpu[gid]
+        return self.gpu_by_busid[target]
+
+    def is_switch(self, target: str, tclass: str) -> bool:
+        if tclass == NVSWITCH_CLASS:
+            return True
+        return tclass != CPU_CLASS and target not in self.gpu_by_busid
+
+    def join_cpus(self) -> None:
+        cpus = [n for n, k in self.G.nodes(data="kind") if k == "cpu"]
+        for i, a in enumerate(cpus):
+            for b in cpus[i + 1:]:
+                bw = min(self.G.nodes[a]["smp_bw"], self.G.nodes[b]["smp_bw"])
+                add_link(self.G, a, b, "smp", bw)
+
+
+def from_nccl_xml(source) -> nx.DiGraph:
+    """Build a topology from NCCL topology XML text or a path to such a file.
+
+    Parameters
+    ----------
+    source : str or os.PathLike
+        XML text (anything containing ``<``) or a file path.
+
+    Raises
+    ------
+    TopologyError
+        The XML does not parse (the message gives line and column) or an element lacks what
+        it needs (the message names it).
+
+    See Also
+    --------
+    from_nvidia_smi, collectx.topology.load
+
+    Notes
+    -----
+    See the module docstring for the mapping and the tolerated quirks. Bandwidths are line
+    rates: NVLink 25 GB/s per link (20 on sm60, 50 on sm100), PCIe from GT/s x width.
+    """
+    root = _parse(_read_text(source))
+    b = _Builder()
+    for cpu in root.findall("cpu"):
+        b.cpu(cpu)
+    for stray in (el for el in root if el.tag in ("pci", "gpu", "nic")):
+        raise TopologyError(f"<{stray.tag}> directly under <system>; expected it inside a <cpu>")
+    b.resolve_links()
+    b.join_cpus()
+    for node in b.G.nodes.values():
+        node.pop("smp_bw", None)
+    kinds = [k for _, k in b.G.nodes(data="kind")]
+    b.G.graph["description"] = (f"imported from NCCL topology XML (version "
+                                f"{root.get('version', '?')}): {kinds.count('gpu')} GPUs, "
+                                f"{kinds.count('nvswitch')} NVSwitches, {kinds.count('nic')} NICs, "
+                                f"{kinds.count('cpu')} CPUs")
+    return b.G

@@ -1,0 +1,252 @@
+"""Import the matrix printed by ``nvidia-smi topo -m``.
+
+How it works: the header row names the devices (``GPU<i>``, NICs as ``mlx5_0`` or ``NIC0``) and
+then the affinity columns (``CPU Affinity``, ``NUMA Affinity``, ``GPU NUMA ID``). Every device
+row must follow, cells separated by tabs or spaces. From the cells:
+
+* ``NV#`` between two GPUs: a bundle of # NVLinks (``nvlink_bw`` GB/s each, default 25);
+* NUMA nodes: devices related by PIX/PXB/PHB/NODE, or with the same NUMA (else CPU) affinity,
+  share a ``CPU<k>`` node; CPUs are joined pairwise by ``smp`` links;
+* PCIe switches: devices related by PIX share a ``pci_switch``; groups related by PXB hang
+  below one more switch; everything else (PHB, NODE) attaches to its CPU.
+
+The matrix cannot show the PCIe placement of two NVLinked GPUs (nvidia-smi prints ``NV#``
+instead), so such GPUs end up on their CPU unless a NIC ties them to a switch. PCIe links get
+``pcie_bw`` (default Gen3 x16 = 15.75 GB/s), CPU-CPU links ``smp_bw`` (default 10 GB/s, NCCL's
+Skylake UPI figure): the matrix carries no speeds. ``NIC Legend`` lines (``NIC0: mlx5_0``)
+name NIC columns; the ``Legend`` block and anything after it is ignored.
+
+>>> G = from_nvidia_smi('''
+...         GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity
+... GPU0     X      NV4     PIX     0-15    0
+... GPU1    NV4      X      PIX     0-15    0
+... NIC0    PIX     PIX      X
+...
+... NIC Legend:
+...   NIC0: mlx5_0
+... ''')
+>>> G.edges["GPU0", "GPU1"]["count"], sorted(G.successors("PSW0")), G.nodes["NIC0"]["name"]
+(4, ['CPU0', 'GPU0', 'GPU1', 'NIC0'], 'mlx5_0')
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import networkx as nx
+
+from ..errors import TopologyError
+from .model import add_link, add_node, new_graph
+
+_MULTIWORD = (("CPU Affinity", "CPU_Affinity"), ("NUMA Affinity", "NUMA_Affinity"),
+              ("GPU NUMA ID", "GPU_NUMA_ID"))
+_EXTRA_COLUMNS = {"CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID"}
+_RELATIONS = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
+_GPU = re.compile(r"^GPU\d+$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+
+
+def _read_text(source) -> str:
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
+                                           and "\t" not in source and Path(source).is_file()):
+        try:
+            return Path(source).read_text()
+        except OSError as exc:
+            raise TopologyError(f"cannot read nvidia-smi topology {str(source)!r}: {exc}") from None
+    return source
+
+
+def _tokens(line: str) -> list[str]:
+    line = _ANSI.sub("", line)
+    for words, joined in _MULTIWORD:
+        line = line.replace(words, joined)
+    return line.split()
+
+
+def _parse_matrix(text: str):
+    """(devices, extra column names, {device: (line number, relations, extras)}, nic names)."""
+    header_at, devices, extras, in_legend = None, [], [], False
+    rows: dict[str, tuple[int, list[str], list[str]]] = {}
+    nic_names = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if (legend := _NIC_LEGEND.match(line)):
+            nic_names[legend.group(1)] = legend.group(2)
+            continue
+        toks = _tokens(line)
+        if not toks or toks[0].startswith("#"):
+            continue
+        if header_at is None:
+            if _GPU.match(toks[0]) and "X" not in toks:
+                header_at = number
+                split = next((i for i, t in enumerate(toks) if t in _EXTRA_COLUMNS), len(toks))
+                devices, extras = toks[:split], toks[split:]
+            continue
+        in_legend = in_legend or toks[0].rstrip(":") == "Legend"
+        if toks[0] in devices and not in_legend:
+            _add_row(rows, devices, number, toks)
+    if header_at is None:
+        raise TopologyError("nvidia-smi topology: no header row naming GPU0, GPU1, ...; expected "
+                            "the output of 'nvidia-smi topo -m'")
+    missing = [d for d in devices if d not in rows]
+    if missing:
+        raise TopologyError(f"nvidia-smi topology: the header at line {header_at} lists "
+                            f"{', '.join(devices)} but the row for {', '.join(missing)} is "
+                            f"missing; expected one row per column")
+    return devices, extras, rows, nic_names
+
+
+def _add_row(rows: dict, devices: list[str], number: int, toks: list[str]) -> None:
+    name, cells = toks[0], toks[1:1 + len(devices)]
+    if name in rows:
+        raise TopologyError(f"nvidia-smi topology line {number}: second row for {name}")
+    if len(cells) < len(devices):
+        raise TopologyError(f"nvidia-smi topology line {number}: row {name} has {len(cells)} "
+                            f"cells; expected {len(devices)} (one per device column)")
+    for column, cell in zip(devices, cells):
+        if not _RELATIONS.match(cell):
+            raise TopologyError(f"nvidia-smi topology line {number}: cell {name}/{column} is "
+                                f"{cell!r}; expected X, NV#, PIX, PXB, PHB, NODE or SYS")
+    rows[name] = (number, cells, toks[1 + len(devices):])
+
+
+class _UnionFind:
+    def __init__(self, items):
+        self.parent = {x: x for x in items}
+
+    def find(self, x):
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a, b):
+        self.parent[self.find(a)] = self.find(b)
+
+    def groups(self, order):
+        out: dict = {}
+        for x in order:
+            out.setdefault(self.find(x), []).append(x)
+        return list(out.values())
+
+
+def from_nvidia_smi(source, nvlink_bw: float = 25.0, pcie_bw: float = 15.75,
+                    smp_bw: float = 10.0) -> nx.DiGraph:
+    """Build a topology from ``nvidia-smi topo -m`` output (text or a file path).
+
+    Parameters
+    ----------
+    source : str or os.PathLike
+        The matrix text, or a path to a file holding it.
+    nvlink_bw, pcie_bw, smp_bw : float
+        Line rates (GB/s per direction) to give NVLinks (per link), PCIe links and CPU-CPU
+        links, which the matrix does not show.
+
+    Raises
+    ------
+    TopologyError
+        No header, a missing or short row, or an unknown cell (the message gives the line).
+
+    See Also
+    --------
+    from_nccl_xml, collectx.topology.load
+    """
+    devices, extras, rows, nic_names = _parse_matrix(_read_text(source))
+    ids = _device_ids(devices)
+    G = new_graph("nvidia_smi", "imported from nvidia-smi topo -m")
+    for dev in devices:
+        attrs = _device_attrs(dev, extras, rows[dev][2], nic_names)
+        add_node(G, ids[dev], "gpu" if _GPU.match(dev) else "nic", **attrs)
+    rel = {(a, b): rows[a][1][j] for a in devices for j, b in enumerate(devices)}
+    _add_nvlinks(G, devices, ids, rel, nvlink_bw)
+    _add_pcie_tree(G, devices, ids, rel, rows, extras, pcie_bw)
+    cpus = [n for n, k in G.nodes(data="kind") if k == "cpu"]
+    for i, a in enumerate(cpus):
+        for b in cpus[i + 1:]:
+            add_link(G, a, b, "smp", smp_bw)
+    return G
+
+
+def _device_ids(devices: list[str]) -> dict[str, str]:
+    nics = [d for d in devices if not _GPU.match(d)]
+    return {d: d if _GPU.match(d) else f"NIC{nics.index(d)}" for d in devices}
+
+
+def _device_attrs(dev: str, extras: list[str], values: list[str], nic_names: dict) -> dict:
+    attrs = {}
+    if not _GPU.match(dev):
+        attrs["name"] = nic_names.get(dev, dev)
+    for column, value in zip(extras, values):
+        if value == "N/A":
+            continue
+        if column == "CPU_Affinity":
+            attrs["cpu_affinity"] = value
+        elif value.lstrip("-").isdigit():
+            attrs["numa" if column == "NUMA_Affinity" else "gpu_numa_id"] = int(value)
+    return attrs
+
+
+def _add_nvlinks(G, devices, ids, rel, nvlink_bw) -> None:
+    for i, a in enumerate(devices):
+        for b in devices[i + 1:]:
+            counts = [int(c[2:]) for c in (rel[a, b], rel[b, a]) if c.startswith("NV")]
+            if counts and _GPU.match(a) and _GPU.match(b):
+                add_link(G, ids[a], ids[b], "nvlink", max(counts) * nvlink_bw, max(counts))
+
+
+def _add_pcie_tree(G, devices, ids, rel, rows, extras, pcie_bw) -> None:
+    numa, pxb, pix = (_UnionFind(devices) for _ in range(3))
+    for (a, b), cell in rel.items():
+        if cell in ("PIX", "PXB", "PHB", "NODE"):
+            numa.union(a, b)
+        if cell in ("PIX", "PXB"):
+            pxb.union(a, b)
+        if cell == "PIX":
+            pix.union(a, b)
+    _join_by_affinity(numa, devices, rows, extras)
+    switches = 0
+    for group in numa.groups(devices):
+        cpu = _cpu_for(G, group, ids)
+        for cluster in pxb.groups(group):
+            pix_groups = pix.groups(cluster)
+            top = cpu
+            if len(pix_groups) > 1:
+                top, switches = f"PSW{switches}", switches + 1
+                add_node(G, top, "pci_switch")
+                add_link(G, top, cpu, "pcie", pcie_bw)
+            for members in pix_groups:
+                parent = top
+                # Devices PXB apart cross several bridges: each side gets its own leaf switch.
+                if len(members) > 1 or top != cpu:
+                    parent, switches = f"PSW{switches}", switches + 1
+                    add_node(G, parent, "pci_switch")
+                    add_link(G, parent, top, "pcie", pcie_bw)
+                for dev in members:
+                    add_link(G, ids[dev], parent, "pcie", pcie_bw)
+
+
+def _join_by_affinity(numa: _UnionFind, devices, rows, extras) -> None:
+    column = "NUMA_Affinity" if "NUMA_Affinity" in extras else "CPU_Affinity"
+    if column not in extras:
+        return
+    seen: dict[str, str] = {}
+    for dev in devices:
+        values = rows[dev][2]
+        k = extras.index(column)
+        if k < len(values) and values[k] != "N/A":
+            numa.union(dev, seen.setdefault(values[k], dev))
+
+
+def _cpu_for(G, group, ids) -> str:
+    numas = {G.nodes[ids[d]].get("numa") for d in group} - {None}
+    wanted = numas.pop() if len(numas) == 1 else None
+    cid = f"CPU{wanted}" if wanted is not None and wanted >= 0 else None
+    if cid is None or cid in G:
+        k = 0
+        while f"CPU{k}" in G:
+            k += 1
+        cid = f"CPU{k}"
+    add_node(G, cid, "cpu", **({"numa": wanted} if wanted is not None else {}))
+    return cid

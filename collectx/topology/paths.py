@@ -1,0 +1,245 @@
+"""GPU-to-GPU paths: NCCL-style path classes and widest-path bandwidths.
+
+How it works: for each source, a max-min Dijkstra finds the best bottleneck bandwidth to every
+node (the *widest path*); among paths with that bottleneck, a breadth-first search over links at
+least that wide picks one with the fewest hops. The path's class is the worst over its hops.
+
+Classes (lower is better), following NCCL's ``PATH_*`` (src/include/graph.h) with one change:
+
+===== ==========================================================================================
+LOC   the same endpoint
+NVL   one direct NVLink / xGMI link
+NVB   NVLink all the way, but through an NVSwitch or an intermediate GPU (NCCL counts a path
+      through an NVSwitch as NVL; collectx keeps NVL for a direct link so that "NVL" always
+      means "one hop")
+PIX   PCIe through at most one PCIe switch
+PXB   PCIe through several PCIe switches, not through a CPU
+PHB   through a CPU / host bridge (also shared memory within one NUMA node)
+SYS   across the inter-socket link (any CPU-CPU link, e.g. UPI or AMD's socket xGMI)
+NET   across the network
+===== ==========================================================================================
+
+A GPU is used as a relay only between two NVLink/xGMI hops (as NCCL's NVB paths do) or between
+NVLink and a NIC on its PCIe side (NCCL's PXN); a PCIe-only route never goes through a GPU. Bandwidths are the line rates of the graph.
+
+>>> from collectx.topology import load
+>>> G = load("dgx1v")
+>>> p = widest_path(G, "GPU0", "GPU3")
+>>> p.cls.name, p.bw_gbps, p.hops
+('NVL', 50.0, ('GPU0', 'GPU3'))
+>>> path_class(G, "GPU0", "GPU5").name
+'NVB'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import heapq
+from collections import deque
+from itertools import count
+
+import networkx as nx
+
+from ..errors import TopologyError
+from .model import gpus, natural_key
+
+_NVLINK_TYPES = ("nvlink", "xgmi")
+
+
+class PathClass(enum.IntEnum):
+    """How two endpoints are connected; lower is better."""
+
+    LOC = 0
+    NVL = 1
+    NVB = 2
+    PIX = 3
+    PXB = 4
+    PHB = 5
+    SYS = 6
+    NET = 7
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Path:
+    """A route between two endpoints.
+
+    ``cls`` is the path class, ``bw_gbps`` the bottleneck line rate (GB/s per direction) and
+    ``hops`` the node ids from source to destination, both included.
+    """
+
+    cls: PathClass
+    bw_gbps: float
+    hops: tuple[str, ...]
+
+
+def _tag(G: nx.DiGraph, prev: str, kind: str) -> str:
+    """How a hop enters its node: over NVLink, from a NIC over PCIe, or another link type."""
+    if kind in _NVLINK_TYPES:
+        return "nv"
+    return "nic" if G.nodes[prev].get("kind") == "nic" else kind
+
+
+def _may_relay(G: nx.DiGraph, node: str, arrived: str | None, nxt: str, kind: str) -> bool:
+    """Whether a route may pass through ``node``: only GPUs are restricted.
+
+    A GPU forwards NVLink to NVLink (NCCL's NVB) and between NVLink and its own NIC (NCCL's
+    PXN: a GPU reaches a rail's NIC through the peer GPU that sits next to it).
+    """
+    if G.nodes[node].get("kind") != "gpu":
+        return True
+    leaving = _tag(G, node, kind)
+    to_nic = G.nodes[nxt].get("kind") == "nic"
+    if arrived == "nv":
+        return leaving == "nv" or to_nic
+    return arrived == "nic" and leaving == "nv"
+
+
+def _widest_bottlenecks(G: nx.DiGraph, src: str) -> dict[str, float]:
+    """Best bottleneck bandwidth from ``src`` to every reachable node (max-min Dijkstra).
+
+    The search state is (node, how it was entered; see ``_tag``), because whether a GPU may
+    relay depends on how the route reached it.
+    """
+    best_state: dict[tuple[str, str | None], float] = {(src, None): float("inf")}
+    best_node: dict[str, float] = {}
+    tie = count()
+    heap = [(-float("inf"), next(tie), src, None)]
+    while heap:
+        neg_bw, _, node, arrived_by = heapq.heappop(heap)
+        bw = -neg_bw
+        if bw < best_state.get((node, arrived_by), 0.0):
+            continue
+        best_node[node] = max(best_node.get(node, 0.0), bw)
+        for nxt, data in G[node].items():
+            if node != src and not _may_relay(G, node, arrived_by, nxt, data["type"]):
+                continue
+            width = min(bw, data["bw_gbps"])
+            tag = _tag(G, node, data["type"])
+            if width > best_state.get((nxt, tag), 0.0):
+                best_state[(nxt, tag)] = width
+                heapq.heappush(heap, (-width, next(tie), nxt, tag))
+    best_node.pop(src, None)
+    return best_node
+
+
+def _fewest_hops(G: nx.DiGraph, src: str, targets: set[str], width: float) -> dict[str, tuple]:
+    """Shortest routes (in hops) from ``src`` over links at least ``width`` wide."""
+    start = (src, None)
+    parent: dict[tuple, tuple | None] = {start: None}
+    found: dict[str, tuple] = {}
+    queue = deque([start])
+    while queue and len(found) < len(targets):
+        node, arrived_by = state = queue.popleft()
+        if node in targets and node not in found:
+            found[node] = _unwind(parent, state)
+        for nxt in sorted(G[node], key=natural_key):
+            data = G[node][nxt]
+            nxt_state = (nxt, _tag(G, node, data["type"]))
+            if data["bw_gbps"] < width or nxt_state in parent:
+                continue
+            if node != src and not _may_relay(G, node, arrived_by, nxt, data["type"]):
+                continue
+            parent[nxt_state] = state
+            queue.append(nxt_state)
+    return found
+
+
+def _unwind(parent: dict, state: tuple) -> tuple[str, ...]:
+    hops = []
+    while state is not None:
+        hops.append(state[0])
+        state = parent[state]
+    return tuple(reversed(hops))
+
+
+def classify(G: nx.DiGraph, hops: tuple[str, ...]) -> PathClass:
+    """The class of a route given as node ids (see the module docstring for the rules).
+
+    >>> from collectx.topology import load
+    >>> classify(load("dgx1v"), ("GPU0", "PLX0", "CPU0", "PLX1", "GPU2")).name
+    'PHB'
+    """
+    if len(hops) < 2:
+        return PathClass.LOC
+    worst = PathClass.NVL if len(hops) == 2 else PathClass.NVB
+    pci_switches = sum(G.nodes[n].get("kind") == "pci_switch" for n in hops[1:-1])
+    for a, b in zip(hops, hops[1:]):
+        worst = max(worst, _hop_class(G, a, b, pci_switches))
+    return worst
+
+
+def _hop_class(G: nx.DiGraph, a: str, b: str, pci_switches: int) -> PathClass:
+    kind = G.edges[a, b]["type"]
+    if G.nodes[a].get("kind") == G.nodes[b].get("kind") == "cpu":
+        return PathClass.SYS  # socket to socket, whatever the wire (UPI, AMD xGMI)
+    if kind in _NVLINK_TYPES:
+        return PathClass.NVL
+    if kind == "pcie":
+        if "cpu" in (G.nodes[a].get("kind"), G.nodes[b].get("kind")):
+            return PathClass.PHB
+        return PathClass.PXB if pci_switches > 1 else PathClass.PIX
+    return {"shm": PathClass.PHB, "smp": PathClass.SYS, "net": PathClass.NET}[kind]
+
+
+def _paths_from(G: nx.DiGraph, src: str, targets: list[str]) -> dict[str, Path]:
+    widths = _widest_bottlenecks(G, src)
+    by_width: dict[float, set[str]] = {}
+    for t in targets:
+        if t != src and t in widths:
+            by_width.setdefault(widths[t], set()).add(t)
+    out = {}
+    for width, group in by_width.items():
+        for t, hops in _fewest_hops(G, src, group, width).items():
+            out[t] = Path(classify(G, hops), width, hops)
+    return out
+
+
+def widest_path(G: nx.DiGraph, a: str, b: str) -> Path:
+    """The widest route from ``a`` to ``b`` (fewest hops among equally wide ones).
+
+    Raises
+    ------
+    TopologyError
+        If a node is unknown or ``b`` cannot be reached from ``a``.
+    """
+    for end in (a, b):
+        if end not in G:
+            raise TopologyError(f"{end!r} is not a node of {G.graph.get('name', 'the topology')!r}")
+    if a == b:
+        return Path(PathClass.LOC, float("inf"), (a,))
+    found = _paths_from(G, a, [b])
+    if b not in found:
+        raise TopologyError(f"no route from {a} to {b}: the topology is disconnected there")
+    return found[b]
+
+
+def path_class(G: nx.DiGraph, a: str, b: str) -> PathClass:
+    """The :class:`PathClass` of the widest route from ``a`` to ``b``.
+
+    >>> from collectx.topology import load
+    >>> path_class(load("dgx_h100"), "GPU0", "GPU7").name
+    'NVB'
+    """
+    return widest_path(G, a, b).cls
+
+
+def paths(G: nx.DiGraph, endpoints: list[str] | None = None) -> dict[tuple[str, str], Path]:
+    """Widest paths between every ordered pair of distinct endpoints (default: :func:`gpus`).
+
+    Pairs with no route are left out. Cost: one Dijkstra plus one BFS per distinct bottleneck
+    value per source, so O(n * k * E log V) for n endpoints and k distinct widths.
+
+    Examples
+    --------
+    >>> from collectx.topology import load
+    >>> P = paths(load("dgx1v"))
+    >>> len(P), P["GPU0", "GPU3"].bw_gbps, P["GPU0", "GPU5"].cls > PathClass.NVL
+    (56, 50.0, True)
+    """
+    ends = gpus(G) if endpoints is None else list(endpoints)
+    out = {}
+    for src in ends:
+        for dst, p in _paths_from(G, src, ends).items():
+            out[src, dst] = p
+    return out

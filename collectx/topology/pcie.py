@@ -1,0 +1,89 @@
+"""PCIe and NVLink line rates, shared by the NCCL XML importer and the probe.
+
+>>> pcie_bw("8.0 GT/s PCIe", 16), pcie_bw("16 GT/s", "0"), pcie_bw(None, None)
+(15.75, 31.51, 15.75)
+"""
+
+from __future__ import annotations
+
+import re
+
+# A VM often reports link_width 0 or nothing; NCCL then assumes x16 (topo.cc), and so do we.
+DEFAULT_WIDTH = 16
+# Unknown speed: NCCL falls back to Gen3 (8 GT/s); so do we.
+DEFAULT_GTS = 8.0
+
+# NVLink line rate per link per direction, GB/s, by compute capability major*10+minor:
+# NVLink1 (P100, sm60) 20; NVLink2/3/4 (V100 sm70, A100 sm80, H100 sm90) 25; NVLink5
+# (B200, sm100) 50; the GA10x NVLink bridge (sm86) runs 4 links at 112.5 GB/s both ways together.
+NVLINK_GBPS_BY_SM = {60: 20.0, 70: 25.0, 80: 25.0, 86: 14.0625, 89: 25.0, 90: 25.0, 100: 50.0}
+# NVML reports the NVLink version per link: 1..5 (line rate per link per direction, GB/s).
+NVLINK_GBPS_BY_VERSION = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+DEFAULT_NVLINK_GBPS = 25.0
+
+# xGMI (Infinity Fabric) per link per direction: MI250 (gfx90a) 50 GB/s, MI300X (gfx942) 64 GB/s.
+XGMI_GBPS_BY_ARCH = {"gfx90a": 50.0, "gfx942": 64.0}
+DEFAULT_XGMI_GBPS = 50.0
+
+_GTS = re.compile(r"([0-9]+(?:\.[0-9]+)?)")
+
+
+def pcie_bw(link_speed, link_width) -> float:
+    """Line rate in GB/s per direction of a PCIe link from sysfs/NCCL-style speed and width.
+
+    ``link_speed`` is like ``"16.0 GT/s PCIe"`` (a number of GT/s); Gen1/Gen2 (2.5, 5 GT/s)
+    use 8b/10b encoding, Gen3 and later 128b/130b.
+    """
+    gts = DEFAULT_GTS
+    if link_speed is not None:
+        found = _GTS.search(str(link_speed))
+        if found and float(found.group(1)) > 0:
+            gts = float(found.group(1))
+    try:
+        width = int(str(link_width).strip())
+    except (TypeError, ValueError):
+        width = 0
+    width = width if width > 0 else DEFAULT_WIDTH
+    efficiency = 0.8 if gts <= 5.0 else 128 / 130
+    return round(gts * width * efficiency / 8, 2)
+
+
+def nvlink_bw_for_sm(sm) -> float:
+    """Per-link NVLink line rate for a compute capability such as ``"90"`` (default 25)."""
+    try:
+        sm = int(sm)
+    except (TypeError, ValueError):
+        return DEFAULT_NVLINK_GBPS
+    known = [k for k in NVLINK_GBPS_BY_SM if k <= sm]
+    if sm in NVLINK_GBPS_BY_SM:
+        return NVLINK_GBPS_BY_SM[sm]
+    # Unlisted minor versions take the rate of their major generation.
+    return NVLINK_GBPS_BY_SM[max(k for k in known if k % 10 == 0)] if known else DEFAULT_NVLINK_GBPS
+
+
+def xgmi_bw_for_arch(arch) -> float:
+    """Per-link xGMI line rate for a gfx architecture name (default 50)."""
+    for prefix, bw in XGMI_GBPS_BY_ARCH.items():
+        if str(arch or "").startswith(prefix):
+            return bw
+    return DEFAULT_XGMI_GBPS
+
+
+def normalize_busid(busid) -> str:
+    """Canonical PCI bus id ``dddd:bb:dd.f`` in lower case (NVML pads the domain to 8 digits).
+
+    >>> normalize_busid("00000000:A4:00.0"), normalize_busid("0000:a4:00.0")
+    ('0000:a4:00.0', '0000:a4:00.0')
+    """
+    text = str(busid or "").strip().lower()
+    if isinstance(busid, bytes):
+        text = busid.decode(errors="replace").strip().lower()
+    parts = text.split(":")
+    if len(parts) == 3:
+        try:
+            parts[0] = f"{int(parts[0], 16):04x}"
+        except ValueError:
+            pass
+    elif len(parts) == 2:
+        parts.insert(0, "0000")
+    return ":".join(parts)

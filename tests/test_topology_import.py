@@ -1,0 +1,148 @@
+"""Importers: NCCL/RCCL topology XML and nvidia-smi topo -m matrices (real and hand-made)."""
+
+from pathlib import Path
+
+import pytest
+
+import collectx.topology as topo
+from collectx.errors import TopologyError
+from collectx.topology.nccl_xml import from_nccl_xml
+from collectx.topology.nvsmi import from_nvidia_smi
+from collectx.topology.paths import PathClass, path_class
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL = ROOT / "topology" / "real"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "topology"
+
+
+def _nvlink_bundles(G):
+    return {(frozenset((a, b)), d["count"]) for a, b, d in G.edges(data=True)
+            if d["type"] == "nvlink"}
+
+
+def test_hgx_h100_dump_gives_8_gpus_with_18_nvlinks_to_4_nvswitches():
+    G = topo.load(REAL / "hgx_h100_nccl_topo.xml")
+    assert topo.gpus(G) == [f"GPU{i}" for i in range(8)]
+    assert len(topo.nodes_of_kind(G, "nvswitch")) == 4
+    for g in topo.gpus(G):
+        nv = [(peer, d) for peer, d in G[g].items() if d["type"] == "nvlink"]
+        assert {G.nodes[p]["kind"] for p, _ in nv} == {"nvswitch"}
+        assert sum(d["count"] for _, d in nv) == 18
+        assert sum(d["bw_gbps"] for _, d in nv) == 450.0  # 18 x 25 GB/s line rate
+        assert sorted(d["count"] for _, d in nv) == [4, 4, 5, 5]
+    assert len(topo.nodes_of_kind(G, "nic")) == 8
+    assert len(topo.nodes_of_kind(G, "cpu")) == 2
+    # link_width="0" in the VM dump counts as x16: Gen5 x16 line rate.
+    assert G.edges["GPU0", "PSW0"]["bw_gbps"] == pytest.approx(63.02)
+    # the virtual bridge claims 2.5 GT/s x1; its uplink takes its children's width instead
+    assert G.edges["PSW0", "CPU0"]["bw_gbps"] == pytest.approx(63.02)
+    assert G.edges["CPU0", "CPU1"]["bw_gbps"] == 22.0  # Sapphire Rapids (model 143)
+
+
+def test_hgx_h100_dump_matches_the_preset_nvlink_counts_per_gpu():
+    G = topo.load(REAL / "hgx_h100_nccl_topo.xml")
+    P = topo.load("dgx_h100")
+    per_gpu = lambda H, g: sorted(d["count"] for d in H[g].values() if d["type"] == "nvlink")  # noqa: E731
+    assert all(per_gpu(G, g) == per_gpu(P, g) for g in topo.gpus(P))
+
+
+def test_dgx1v_nvidia_smi_gives_the_preset_nvlink_pairs_and_counts():
+    G = topo.load(REAL / "dgx1v_nvidia-smi-topo.txt")
+    assert _nvlink_bundles(G) == _nvlink_bundles(topo.load("dgx1v"))
+    assert topo.gpus(G) == [f"GPU{i}" for i in range(8)]
+    assert G.nodes["NIC0"]["name"] == "mlx5_0"
+    # GPU2, GPU3 and the NIC share a PCIe switch (PIX); GPU0 reaches it through CPU0 (NODE)
+    switch = next(iter(set(G["GPU2"]) & set(G["NIC0"])))
+    assert G.nodes[switch]["kind"] == "pci_switch" and G.has_edge("GPU3", switch)
+    assert set(G["GPU0"]) & {"CPU0"} and set(G["GPU5"]) & {"CPU1"}
+    assert path_class(G, "GPU0", "GPU3") == PathClass.NVL
+
+
+def test_rccl_v2_xml_reads_xgmi_links_once_per_pair():
+    G = from_nccl_xml(FIXTURES / "rccl_v2_xgmi.xml")
+    assert topo.gpus(G) == ["GPU0", "GPU1", "GPU2", "GPU3"]
+    xgmi = {(frozenset((a, b)), d["count"], d["bw_gbps"]) for a, b, d in G.edges(data=True)
+            if d["type"] == "xgmi"}
+    assert xgmi == {(frozenset(("GPU0", "GPU1")), 4, 200.0), (frozenset(("GPU2", "GPU3")), 4, 200.0),
+                    (frozenset(("GPU0", "GPU2")), 2, 100.0), (frozenset(("GPU1", "GPU3")), 2, 100.0)}
+    assert G.edges["CPU0", "CPU1"]["bw_gbps"] == 16.0  # AMD inter-socket, as NCCL
+    assert G.nodes["NIC0"]["name"] == "mlx5_0"
+    assert path_class(G, "GPU0", "GPU1") == PathClass.NVL
+
+
+def test_vm_dump_with_zero_widths_and_hidden_nvswitch():
+    G = from_nccl_xml(FIXTURES / "vm_hidden_nvswitch.xml")
+    assert topo.gpus(G) == ["GPU0", "GPU1"]  # the GPU without dev gets the next free number
+    assert topo.nodes_of_kind(G, "nvswitch") == ["NVS0"]
+    assert G.edges["GPU1", "NVS0"]["count"] == 12 and G.edges["GPU0", "NVS0"]["bw_gbps"] == 300.0
+    assert G.edges["GPU0", "CPU0"]["bw_gbps"] == pytest.approx(31.51)  # width 0 -> x16 Gen4
+    assert G.edges["GPU1", "CPU0"]["bw_gbps"] == pytest.approx(15.75)  # no speed -> Gen3
+    assert G.edges["NIC0", "CPU0"]["bw_gbps"] == pytest.approx(25000 / 8000)
+
+
+def test_nested_pcie_switches_give_pix_and_pxb_paths():
+    G = from_nccl_xml(FIXTURES / "nested_pcie.xml")
+    assert len(topo.nodes_of_kind(G, "pci_switch")) == 3
+    assert path_class(G, "GPU0", "GPU1") == PathClass.PIX
+    assert path_class(G, "GPU0", "GPU2") == PathClass.PXB
+    assert path_class(G, "GPU0", "GPU4") == PathClass.SYS
+    assert G.edges["CPU0", "CPU1"]["bw_gbps"] == 10.0  # Skylake (model 85)
+    assert len(topo.gpus(G)) == 5  # the NVMe endpoint is not a node
+
+
+def test_truncated_xml_names_the_line():
+    with pytest.raises(TopologyError, match=r"line \d+ column \d+.*truncated"):
+        topo.load(FIXTURES / "truncated.xml")
+
+
+@pytest.mark.parametrize("xml, message", [
+    ("<graphs version='1'/>", "root <graphs>"),
+    ("<system><cpu><pci busid='0000:01:00.0' class='0x030200'><gpu dev='0'><nvlink count='2'/>"
+     "</gpu></pci></cpu></system>", "<nvlink> of GPU0 has no 'target'"),
+    ("<system><cpu><pci busid='0000:01:00.0' class='0x030200'><gpu dev='0'>"
+     "<nvlink target='0000:02:00.0' count='two'/></gpu></pci></cpu></system>", "count='two'"),
+    ("<system><pci busid='0000:01:00.0'/></system>", "directly under <system>"),
+])
+def test_bad_xml_is_a_topology_error(xml, message):
+    with pytest.raises(TopologyError, match=message):
+        from_nccl_xml(xml)
+
+
+def test_tab_separated_matrix_with_numa_columns_and_nic_legend():
+    G = topo.load(FIXTURES / "smi_tabs_numa.txt")
+    assert topo.gpus(G) == ["GPU0", "GPU1", "GPU2", "GPU3"]
+    assert [G.nodes[n]["name"] for n in topo.nodes_of_kind(G, "nic")] == ["mlx5_0", "mlx5_1"]
+    assert G.edges["GPU0", "GPU1"]["count"] == 12 and G.edges["GPU0", "GPU1"]["bw_gbps"] == 300.0
+    assert not G.has_edge("GPU0", "GPU3")
+    assert G.nodes["GPU2"]["numa"] == 1 and G.nodes["GPU2"]["cpu_affinity"] == "32-63,96-127"
+    assert topo.nodes_of_kind(G, "cpu") == ["CPU0", "CPU1"]
+    assert path_class(G, "NIC1", "GPU2") == PathClass.PIX
+    assert path_class(G, "NIC0", "GPU0") == PathClass.PXB
+    assert path_class(G, "NIC0", "NIC1") == PathClass.SYS
+
+
+def test_space_separated_matrix_without_affinity_columns():
+    text = ("     GPU0  GPU1  GPU2\n"
+            "GPU0  X    PHB   SYS\n"
+            "GPU1  PHB   X    SYS\n"
+            "GPU2  SYS  SYS    X\n")
+    G = from_nvidia_smi(text, pcie_bw=31.5, smp_bw=16.0)
+    assert len(topo.nodes_of_kind(G, "cpu")) == 2
+    assert G.edges["GPU0", "CPU0"]["bw_gbps"] == 31.5
+    assert path_class(G, "GPU0", "GPU1") == PathClass.PHB
+    assert path_class(G, "GPU0", "GPU2") == PathClass.SYS
+
+
+def test_matrix_with_a_missing_row_names_it():
+    with pytest.raises(TopologyError, match="row for GPU2 is missing"):
+        topo.load(FIXTURES / "smi_missing_row.txt")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nothing to see\n", "no header row"),
+    ("    GPU0  GPU1\nGPU0  X  NV2\nGPU1  NV2\n", "line 3: row GPU1 has 1 cells"),
+    ("    GPU0  GPU1\nGPU0  X  NVX\nGPU1  NV2  X\n", "line 2: cell GPU0/GPU1 is 'NVX'"),
+])
+def test_bad_matrices_name_the_line(text, message):
+    with pytest.raises(TopologyError, match=message):
+        from_nvidia_smi(text)

@@ -1,0 +1,102 @@
+"""Path classes and widest-path bandwidths."""
+
+import pytest
+
+import collectx.topology as topo
+from collectx.errors import TopologyError
+from collectx.topology.paths import PathClass, classify, path_class, paths, widest_path
+
+
+def test_path_classes_are_ordered_lower_is_better():
+    order = [PathClass.LOC, PathClass.NVL, PathClass.NVB, PathClass.PIX, PathClass.PXB,
+             PathClass.PHB, PathClass.SYS, PathClass.NET]
+    assert sorted(order) == order
+
+
+def test_dgx1v_direct_double_nvlink_is_nvl_50():
+    p = widest_path(topo.load("dgx1v"), "GPU0", "GPU3")
+    assert (p.cls, p.bw_gbps, p.hops) == (PathClass.NVL, 50.0, ("GPU0", "GPU3"))
+
+
+def test_dgx1v_gpu0_to_gpu5_is_not_nvl_and_relays_over_nvlink():
+    G = topo.load("dgx1v")
+    p = widest_path(G, "GPU0", "GPU5")
+    assert p.cls == PathClass.NVB
+    assert p.bw_gbps == 50.0  # GPU0-GPU3-GPU2-GPU1-GPU5 are all double links
+    assert all(G.edges[a, b]["type"] == "nvlink" for a, b in zip(p.hops, p.hops[1:]))
+
+
+def test_widest_path_prefers_bandwidth_then_fewer_hops():
+    G = topo.line(4, bw=25.0)
+    topo.add_link(G, "GPU0", "GPU3", "pcie", 10.0)
+    assert widest_path(G, "GPU0", "GPU3").hops == ("GPU0", "GPU1", "GPU2", "GPU3")
+    G2 = topo.ring(6)
+    assert len(widest_path(G2, "GPU0", "GPU2").hops) == 3  # not the long way round
+
+
+def test_pcie_only_classes_on_a_pcie_box():
+    G = topo.load("pcie_gen4_8gpu")
+    P = paths(G)
+    assert P["GPU0", "GPU1"].cls == PathClass.PIX and P["GPU0", "GPU1"].bw_gbps == 31.5
+    assert P["GPU0", "GPU2"].cls == PathClass.PHB
+    assert P["GPU0", "GPU4"].cls == PathClass.SYS  # the AMD sockets' xGMI link is SYS
+    assert P["GPU0", "GPU4"].bw_gbps == G.edges["CPU0", "CPU1"]["bw_gbps"]
+
+
+def test_cross_socket_pcie_is_sys_with_the_smp_bottleneck():
+    G = topo.subset(topo.load("dgx1v"), [0, 1, 2, 3, 4, 5])
+    # without NVLink between GPU0 and GPU6/7's side, a PCIe route crosses the sockets
+    H = G.copy()
+    H.remove_edges_from([(a, b) for a, b, d in G.edges(data=True) if d["type"] == "nvlink"])
+    p = widest_path(H, "GPU0", "GPU5")
+    assert p.cls == PathClass.SYS and p.bw_gbps == 6.0
+    assert path_class(H, "GPU0", "GPU1") == PathClass.PIX
+
+
+def test_nvswitch_paths_are_nvb_at_the_gpu_bandwidth():
+    P = paths(topo.load("dgx_a100"))
+    assert {(p.cls, p.bw_gbps) for p in P.values()} == {(PathClass.NVB, 50.0)}
+    assert len(P) == 56
+
+
+def test_pcie_never_relays_through_a_gpu():
+    G = topo.line(3)
+    topo.add_node(G, "CPU0", "cpu")
+    topo.add_link(G, "GPU0", "CPU0", "pcie", 100.0)
+    topo.add_link(G, "GPU1", "CPU0", "pcie", 100.0)
+    topo.add_link(G, "GPU2", "CPU0", "pcie", 1.0)
+    # GPU0 -> CPU0 -> GPU1 -> GPU2 would mix PCIe into an NVLink relay: not allowed
+    p = widest_path(G, "GPU0", "GPU2")
+    assert p.hops == ("GPU0", "GPU1", "GPU2") and p.bw_gbps == 25.0
+
+
+def test_multi_node_paths_cross_the_network_via_the_rail_nic():
+    G = topo.multi_node(topo.switch(4, bw=100.0), 2, nic_bw=50.0)
+    p = widest_path(G, "n0/GPU0", "n1/GPU3")
+    assert p.cls == PathClass.NET and p.bw_gbps == 50.0
+    assert "RAIL0" in p.hops or "RAIL3" in p.hops
+    assert len(paths(G)) == 8 * 7
+
+
+def test_host_ranks_share_memory_within_a_numa_node():
+    G = topo.host(4, numa_nodes=2)
+    assert path_class(G, "RANK0", "RANK2") == PathClass.PHB
+    assert path_class(G, "RANK0", "RANK1") == PathClass.SYS
+
+
+def test_classify_and_loc():
+    G = topo.load("dgx1v")
+    assert classify(G, ("GPU0",)) == PathClass.LOC
+    assert path_class(G, "GPU2", "GPU2") == PathClass.LOC
+    assert classify(G, ("GPU0", "PLX0", "GPU1")) == PathClass.PIX
+
+
+def test_unreachable_and_unknown_nodes():
+    G = topo.new_graph("split")
+    topo.add_node(G, "GPU0", "gpu")
+    topo.add_node(G, "GPU1", "gpu")
+    assert paths(G) == {}
+    with pytest.raises(TopologyError, match="no route from GPU0 to GPU1"):
+        widest_path(G, "GPU0", "GPU1")
+    with pytest.raises(TopologyError, match="'GPU7' is not a node"):
+        path_class(G, "GPU0", "GPU7")
