@@ -31,7 +31,7 @@ def _make_communicator(store, rank: int, size: int, timeout: datetime.timedelta 
     import collectx
     kwargs = {"store": store}
     params = inspect.signature(collectx.init).parameters
-    if timeout is not None and timeout.total_seconds() > 0 and "timeout" in params:
+    if _explicit_timeout(timeout) and "timeout" in params:
         kwargs["timeout"] = timeout.total_seconds()
     if device != "cpu":
         if not collectx.cuda_available() or "device" not in params:
@@ -41,6 +41,22 @@ def _make_communicator(store, rank: int, size: int, timeout: datetime.timedelta 
                 f"(COLLECTX_CUDA=ON and nvcc), or use 'cpu:collectx,cuda:nccl' as the backend")
         kwargs["device"] = device
     return collectx.init(rank, size, **kwargs)
+
+
+def _explicit_timeout(timeout) -> bool:
+    """Whether the user chose ``timeout``: torch passes its 30-minute default otherwise.
+
+    With torch's default, ``COLLECTX_TIMEOUT`` (5 minutes unless set) decides how long a
+    collective may wait for a dead or diverged peer, so failures surface in minutes, not half an
+    hour.
+    """
+    if timeout is None or timeout.total_seconds() <= 0:
+        return False
+    try:
+        from torch.distributed.constants import default_pg_timeout
+    except ImportError:     # moved or renamed in some release: treat every value as chosen
+        return True
+    return timeout != default_pg_timeout
 
 
 class CollectxProcessGroup(Collectives, dist.ProcessGroup):
