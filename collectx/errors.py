@@ -101,6 +101,17 @@ class CollectiveMismatch(CommError):
     """Ranks called different collectives, dtypes, ops, sizes or roots."""
 
 
+class RankFailed(CommError):
+    """A rank started by collectx.launch / collectx.run failed; carries its remote traceback."""
+
+    def __init__(self, message: str, rank: int | None = None, exc_type: str = "",
+                 remote_traceback: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.exc_type = exc_type
+        self.remote_traceback = remote_traceback
+
+
 class EngineError(CommError):
     """The inter-node engine (MPI, torch.distributed, NCCL) failed."""
 

@@ -1,1 +1,51 @@
-"""collectx.runtime."""
+"""collectx.runtime: run planned collectives across processes over shared memory.
+
+``init()`` joins the ranks (rendezvous from the launcher's environment), ``launch()`` starts
+them, :class:`Communicator` runs the collectives, :class:`Work` is an asynchronous handle.
+"""
+
+from __future__ import annotations
+
+from .communicator import Communicator
+from .launcher import launch
+from .work import Work
+
+__all__ = ["init", "launch", "Communicator", "Work"]
+
+
+def init(rank: int | None = None, world_size: int | None = None, *, store=None, topology=None,
+         timeout: float | None = None) -> Communicator:
+    """Join the communicator of all ranks and return it.
+
+    Parameters
+    ----------
+    rank, world_size : int, optional
+        Default: from the launcher's environment (collectx.launch / python -m collectx.run,
+        torchrun, mpirun, srun); a lone process is a world of one.
+    store : Store or torch.distributed.Store, optional
+        Rendezvous to use instead of the launcher's (then rank and world_size are required).
+    topology : networkx.DiGraph, optional
+        The host topology to plan on; default ``collectx.topology.host(world_size)`` (or
+        ``COLLECTX_TOPO_FILE``).
+    timeout : float, optional
+        Seconds before a collective raises Timeout; default ``COLLECTX_TIMEOUT`` (300).
+
+    Returns
+    -------
+    Communicator
+
+    Examples
+    --------
+    >>> import numpy as np, collectx
+    >>> comm = collectx.init()
+    >>> comm.rank, comm.size
+    (0, 1)
+    >>> comm.close()
+    """
+    from ..config import get_config
+    from .bootstrap import bootstrap
+    t = float(timeout if timeout is not None else get_config().timeout_s)
+    rank, world_size, store, done = bootstrap(rank, world_size, store, t)
+    comm = Communicator(rank, world_size, store, topology=topology, timeout=t)
+    done()
+    return comm

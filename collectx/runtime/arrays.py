@@ -1,0 +1,87 @@
+"""What the communicator accepts as a buffer: numpy arrays, torch CPU tensors, DLPack and
+buffer-protocol objects, seen as C-contiguous numpy arrays plus a native dtype code.
+
+bfloat16 has no numpy dtype: torch bfloat16 tensors (and ``ml_dtypes.bfloat16`` arrays) are
+viewed as uint16 with the ``CX_BFLOAT16`` code, so the kernels still reduce them as bfloat16.
+
+>>> import numpy as np
+>>> a, code = as_array(np.ones(3, np.float32), "x")
+>>> a.dtype, code == DTYPE_CODES["float32"]
+(dtype('float32'), True)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ArgumentError, DTypeError
+
+DTYPE_CODES = {"int8": 0, "uint8": 1, "int32": 2, "int64": 3, "float16": 4, "bfloat16": 5,
+               "float32": 6, "float64": 7}
+OP_CODES = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
+_TORCH_BF16 = "torch.bfloat16"
+
+
+def as_array(x, what: str, writable: bool = False) -> tuple[np.ndarray, int]:
+    """``x`` as a 1-D C-contiguous numpy view (no copy) and its dtype code.
+
+    Raises :class:`~collectx.errors.ArgumentError` for non-contiguous or read-only buffers
+    (``writable``), :class:`~collectx.errors.DTypeError` for unsupported dtypes.
+    """
+    arr, bf16 = _to_numpy(x, what)
+    if not arr.flags.c_contiguous:
+        raise ArgumentError(f"{what}: got a non-contiguous array (strides {arr.strides}); "
+                            f"expected a C-contiguous buffer; pass np.ascontiguousarray(x) or "
+                            f"x.contiguous()")
+    if writable and not arr.flags.writeable:
+        raise ArgumentError(f"{what}: got a read-only buffer; expected a writable one for the "
+                            f"result; pass a copy (x.copy())")
+    name = "bfloat16" if bf16 else arr.dtype.name
+    if name not in DTYPE_CODES:
+        raise DTypeError(f"{what}: dtype {name} is not supported; expected one of "
+                         f"{', '.join(DTYPE_CODES)}")
+    return arr.reshape(-1), DTYPE_CODES[name]
+
+
+def _to_numpy(x, what: str) -> tuple[np.ndarray, bool]:
+    if isinstance(x, np.ndarray):
+        if x.dtype.name == "bfloat16":   # ml_dtypes
+            return x.view(np.uint16), True
+        return x, False
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        return _torch_to_numpy(x, what)
+    if hasattr(x, "__dlpack__"):
+        try:
+            return np.from_dlpack(x), False
+        except (BufferError, TypeError, RuntimeError) as e:
+            raise ArgumentError(f"{what}: DLPack export failed ({e}); expected a CPU array") from e
+    try:
+        return np.asarray(memoryview(x)), False
+    except TypeError:
+        raise ArgumentError(f"{what}: got {type(x).__name__}; expected a numpy array, a torch "
+                            f"CPU tensor, or an object with the buffer protocol or DLPack") from None
+
+
+def _torch_to_numpy(t, what: str) -> tuple[np.ndarray, bool]:
+    import torch
+    if t.device.type != "cpu":
+        raise ArgumentError(f"{what}: tensor on {t.device}; the CPU communicator takes CPU tensors")
+    t = t.detach()
+    if str(t.dtype) == _TORCH_BF16:
+        return t.view(torch.int16).numpy().view(np.uint16), True
+    try:
+        return t.numpy(), False
+    except TypeError as e:
+        raise DTypeError(f"{what}: torch dtype {t.dtype} is not supported; expected one of "
+                         f"{', '.join(DTYPE_CODES)}") from e
+
+
+def empty_like_shape(x, n: int, arr: np.ndarray, code: int):
+    """A fresh buffer of ``n`` elements of ``x``'s kind (torch tensor for torch input)."""
+    if type(x).__module__.startswith("torch"):
+        import torch
+        return torch.empty(n, dtype=x.dtype)
+    if code == DTYPE_CODES["bfloat16"] and isinstance(x, np.ndarray):
+        return np.empty(n, dtype=x.dtype)
+    return np.empty(n, dtype=arr.dtype)

@@ -1,0 +1,120 @@
+"""Who am I, how many are we, and where do we meet: rank, world size and store from the launcher.
+
+Detected from the environment, first match wins:
+
+========================  =========================================  ===========================
+launcher                  variables                                  rendezvous
+========================  =========================================  ===========================
+collectx (launch, run)    COLLECTX_RANK, COLLECTX_WORLD_SIZE,        FileStore on the directory
+                          COLLECTX_RDZV_DIR
+torchrun / env://         RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT  torch TCPStore (client)
+mpirun / srun             OMPI_COMM_WORLD_RANK, PMI_RANK,            FileStore in a directory
+                          SLURM_PROCID                               rank 0 makes and broadcasts
+                                                                     over mpi4py COMM_WORLD
+none                      --                                         a world of one rank
+========================  =========================================  ===========================
+
+>>> detect({"COLLECTX_RANK": "0", "COLLECTX_WORLD_SIZE": "2", "COLLECTX_RDZV_DIR": "/tmp/x"})
+'collectx'
+>>> detect({"OMPI_COMM_WORLD_RANK": "1"}), detect({})
+('mpi', 'single')
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Callable, Mapping
+
+from ..errors import ArgumentError, ConfigError
+from .store import FileStore, HashStore, Store, TorchStore
+
+_MPI_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def detect(env: Mapping[str, str] | None = None) -> str:
+    """Name of the launcher that started this process: collectx, torch, mpi or single."""
+    env = os.environ if env is None else env
+    if "COLLECTX_RANK" in env and "COLLECTX_RDZV_DIR" in env:
+        return "collectx"
+    if all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return "torch"
+    if any(k in env for k in _MPI_VARS):
+        return "mpi"
+    return "single"
+
+
+def bootstrap(rank: int | None, world_size: int | None, store, timeout: float
+              ) -> tuple[int, int, Store, Callable[[], None]]:
+    """``(rank, world_size, store, done)``; call ``done()`` once the windows are mapped."""
+    if store is not None:
+        rank = _int(rank, "RANK", "rank")
+        world_size = _int(world_size, "WORLD_SIZE", "world_size")
+        return rank, world_size, store, _nothing
+    kind = detect()
+    env = os.environ
+    if kind == "collectx":
+        return (_pick(rank, env["COLLECTX_RANK"]), _pick(world_size, env["COLLECTX_WORLD_SIZE"]),
+                FileStore(env["COLLECTX_RDZV_DIR"]), _nothing)
+    if kind == "torch":
+        return _torch(rank, world_size, timeout)
+    if kind == "mpi":
+        return _mpi(timeout)
+    if world_size not in (None, 1):
+        raise ArgumentError(f"world_size={world_size} with no store and no launcher variables; "
+                            f"expected a store=..., or start the ranks with collectx.launch, "
+                            f"python -m collectx.run, torchrun or mpirun")
+    return rank or 0, 1, HashStore(), _nothing
+
+
+def _nothing() -> None:
+    pass
+
+
+def _pick(given: int | None, env_value: str) -> int:
+    return int(env_value) if given is None else int(given)
+
+
+def _int(value, env_name: str, what: str) -> int:
+    if value is not None:
+        return int(value)
+    if env_name in os.environ:
+        return int(os.environ[env_name])
+    raise ArgumentError(f"{what} is required with an explicit store (or set {env_name})")
+
+
+def _torch(rank, world_size, timeout):
+    from datetime import timedelta
+    try:
+        import torch.distributed as dist
+    except ImportError as e:
+        raise ConfigError("torchrun variables are set (RANK, MASTER_ADDR, ...) but torch is not "
+                          "importable; install torch or launch with python -m collectx.run") from e
+    env = os.environ
+    rank = _pick(rank, env["RANK"])
+    world_size = _pick(world_size, env["WORLD_SIZE"])
+    # Under torchrun the agent already serves the store at MASTER_ADDR:MASTER_PORT.
+    agent = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    tcp = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size,
+                        is_master=(rank == 0 and not agent), timeout=timedelta(seconds=timeout),
+                        wait_for_workers=False)
+    run_id = env.get("TORCHELASTIC_RUN_ID", "default")
+    return rank, world_size, TorchStore(dist.PrefixStore(f"collectx/{run_id}", tcp)), _nothing
+
+
+def _mpi(timeout):
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ConfigError("MPI launcher variables are set but mpi4py is not importable; install "
+                          "mpi4py or launch with python -m collectx.run") from e
+    world = MPI.COMM_WORLD
+    path = tempfile.mkdtemp(prefix="collectx-rdzv-") if world.rank == 0 else None
+    path = world.bcast(path, root=0)
+
+    def done():
+        world.Barrier()  # every rank has finished reading the store
+        if world.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+    return world.rank, world.size, FileStore(path), done

@@ -1,0 +1,185 @@
+"""The Communicator: NCCL / torch.distributed-style collectives among the ranks of one host.
+
+>>> import numpy as np, collectx
+>>> with collectx.init(0, 1) as comm:          # a world of one rank
+...     x = np.arange(4, dtype=np.float32)
+...     comm.allreduce(x) is x, x.tolist(), comm.allgather(x).shape
+(True, [0.0, 1.0, 2.0, 3.0], (4,))
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import numpy as np
+
+from ..config import get_config
+from ..errors import ArgumentError, DTypeError
+from .arrays import OP_CODES, as_array, empty_like_shape
+from .engine import Engine
+from .store import HashStore, Store, as_store
+from .window import Window, sweep_stale
+from .work import Work, Worker
+
+_COMM_IDS = itertools.count()
+
+
+class Communicator:
+    """``size`` ranks exchanging data through shared-memory windows and planned schedules.
+
+    Collectives take numpy arrays, torch CPU tensors, or DLPack / buffer-protocol objects, all
+    C-contiguous. Every rank must make the same calls in the same order (checked: ranks that
+    disagree raise :class:`~collectx.errors.CollectiveMismatch`). ``async_op=True`` returns a
+    :class:`~collectx.runtime.work.Work`; async calls run in order on a background thread.
+    """
+
+    def __init__(self, rank: int, size: int, store: Store, *, topology=None,
+                 timeout: float | None = None, config=None):
+        cfg = config or get_config()
+        if not (isinstance(size, int) and size >= 1 and isinstance(rank, int)
+                and 0 <= rank < size):
+            raise ArgumentError(f"rank={rank!r}, size={size!r}: expected 0 <= rank < size")
+        self.rank, self.size = rank, size
+        self.timeout = float(timeout if timeout is not None else cfg.timeout_s)
+        sweep_stale()
+        prefix = f"collectx/comm{next(_COMM_IDS)}"
+        self._window = Window(rank, size, as_store(store), prefix, cfg.window_bytes, self.timeout)
+        self._engine = Engine(self._window, cfg, topology, self.timeout)
+        self._worker: Worker | None = None
+        self._finalizer = weakref.finalize(self, _release, self._window)
+
+    # -- collectives --------------------------------------------------------------------------
+    def allreduce(self, x, out=None, op: str = "sum", async_op: bool = False):
+        """Reduce ``x`` over all ranks; result in ``out`` (default: in place in ``x``)."""
+        def prepare():
+            src, dt = self._input(x)
+            res = x if out is None else out
+            dst = self._output(res, src.size, dt, "out")
+            return ("allreduce", src, dst, src.size, dt, self._op(op), 0, res)
+        return self._submit(prepare, async_op)
+
+    def reduce_scatter(self, x, out=None, op: str = "sum", async_op: bool = False):
+        """Reduce ``x`` (``size * n`` elements) and leave block ``rank`` (``n``) in ``out``."""
+        def prepare():
+            src, dt = self._input(x)
+            if src.size % self.size:
+                raise ArgumentError(f"reduce_scatter input has {src.size} elements; expected a "
+                                    f"multiple of the world size {self.size}")
+            n = src.size // self.size
+            res = empty_like_shape(x, n, src, dt) if out is None else out
+            return ("reduce_scatter", src, self._output(res, n, dt, "out"), n, dt,
+                    self._op(op), 0, res)
+        return self._submit(prepare, async_op)
+
+    def allgather(self, x, out=None, async_op: bool = False):
+        """Gather every rank's ``x`` into ``out`` (``size * len(x)``, rank-major)."""
+        def prepare():
+            src, dt = self._input(x)
+            res = empty_like_shape(x, src.size * self.size, src, dt) if out is None else out
+            return ("allgather", src, self._output(res, src.size * self.size, dt, "out"),
+                    src.size, dt, 0, 0, res)
+        return self._submit(prepare, async_op)
+
+    def alltoall(self, x, out=None, async_op: bool = False):
+        """Block ``j`` of rank ``i``'s ``x`` lands in block ``i`` of rank ``j``'s ``out``."""
+        def prepare():
+            src, dt = self._input(x)
+            if src.size % self.size:
+                raise ArgumentError(f"alltoall input has {src.size} elements; expected a "
+                                    f"multiple of the world size {self.size}")
+            res = empty_like_shape(x, src.size, src, dt) if out is None else out
+            return ("alltoall", src, self._output(res, src.size, dt, "out"),
+                    src.size // self.size, dt, 0, 0, res)
+        return self._submit(prepare, async_op)
+
+    def broadcast(self, x, root: int = 0, async_op: bool = False):
+        """Copy root's ``x`` into every rank's ``x`` (in place)."""
+        def prepare():
+            self._root(root)
+            buf, dt = as_array(x, "x", writable=True)
+            return ("broadcast", buf if self.rank == root else None, buf, buf.size, dt, 0,
+                    root, x)
+        return self._submit(prepare, async_op)
+
+    def reduce(self, x, root: int = 0, out=None, op: str = "sum", async_op: bool = False):
+        """Reduce ``x`` onto ``root``: into ``out`` there (default: in place in ``x``)."""
+        def prepare():
+            self._root(root)
+            src, dt = self._input(x)
+            res = (x if out is None else out) if self.rank == root else None
+            dst = None if res is None else self._output(res, src.size, dt, "out")
+            return ("reduce", src, dst, src.size, dt, self._op(op), root, res)
+        return self._submit(prepare, async_op)
+
+    def barrier(self, async_op: bool = False):
+        """Return once every rank has entered the barrier."""
+        return self._submit(lambda: ("barrier", None, None, 0, 1, 0, 0, None), async_op)
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def _submit(self, prepare, async_op: bool):
+        try:
+            coll, src, dst, count, dt, op, root, res = prepare()
+        except (ArgumentError, DTypeError) as e:
+            self._engine.abort_call(str(e))
+            raise
+        overlap = src is not None and dst is not None and np.shares_memory(src, dst)
+        itemsize = (src if src is not None else dst).itemsize if count or src is not None else 1
+
+        def go():
+            self._engine.run(coll, src, dst, count, dt, itemsize, op, root, overlap)
+            return res
+        if async_op:
+            if self._worker is None:
+                self._worker = Worker(f"collectx-comm-rank{self.rank}")
+            return self._worker.submit(go)
+        if self._worker is not None and self._worker.busy:
+            self._worker.drain()
+        return go()
+
+    def _input(self, x):
+        return as_array(x, "x")
+
+    def _output(self, out, n: int, dt: int, what: str):
+        arr, code = as_array(out, what, writable=True)
+        if code != dt:
+            raise DTypeError(f"{what} has dtype code {code}, input {dt}; expected the same dtype")
+        if arr.size != n:
+            raise ArgumentError(f"{what} has {arr.size} elements; expected {n}")
+        return arr
+
+    def _op(self, op: str) -> int:
+        if op not in OP_CODES:
+            raise ArgumentError(f"op={op!r}: expected one of {', '.join(OP_CODES)}")
+        return OP_CODES[op]
+
+    def _root(self, root: int) -> None:
+        if not (isinstance(root, int) and 0 <= root < self.size):
+            raise ArgumentError(f"root={root!r}: expected a rank in 0..{self.size - 1}")
+
+    def close(self) -> None:
+        """Finish queued work and unmap the windows. Idempotent."""
+        if self._worker is not None:
+            self._worker.drain()
+            self._worker.stop()
+            self._worker = None
+        self._engine.detach()
+        self._finalizer()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, size={self.size})"
+
+
+def _release(window: Window) -> None:
+    window.close()
+
+
+def single_process_store() -> Store:
+    """The store of a world of one rank."""
+    return HashStore()

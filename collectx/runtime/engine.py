@@ -1,0 +1,185 @@
+"""The call path under the Communicator: plan cache, call descriptor, one native call, statuses.
+
+Per call: look up (or plan once) the :class:`~collectx.runtime.executor.FlatPlan` of this
+(collective, dtype, size class, root); write the call descriptor into this rank's control block;
+run ``cx_exec_run`` (GIL released); advance the sequence number and epoch; map a failure status
+to the collectx exception. Failures that leave ranks out of step (timeout, dead peer) poison the
+communicator and raise this rank's abort word so peers stop waiting promptly; mismatches and
+aborted calls are detected by every rank at the same point and leave the communicator usable.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from ..errors import (CollectiveMismatch, CommError, NativeError, PeerAborted, PeerFailure,
+                      Timeout)
+from ..schedule.ir import Lane, Schedule
+from ._lib import native
+from .arrays import DTYPE_CODES, OP_CODES
+from .executor import FlatPlan
+from .window import ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, W_READY, Window
+
+COLL_CODES = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3, "broadcast": 4, "reduce": 5,
+              "alltoall": 6, "barrier": 7}
+_COLL_NAMES = {v: k for k, v in COLL_CODES.items()} | {ABORTED_CALL: "<aborted>"}
+_DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
+_OP_NAMES = {v: k for k, v in OP_CODES.items()}
+_AVG = OP_CODES["avg"]
+_EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4}
+
+
+class Engine:
+    """Runs collectives for one rank of a communicator over its :class:`Window`."""
+
+    def __init__(self, window: Window, config, topology, timeout: float):
+        self.win, self.rank, self.size = window, window.rank, window.size
+        self.config, self.timeout = config, timeout
+        self._topology = topology
+        self._ctl = window.ctl[self.rank]
+        self._plans: dict[tuple, tuple[FlatPlan, int]] = {}
+        self._seq, self._epoch = 0, 1
+        self._poisoned: str | None = None
+        self._lock = threading.Lock()
+        ffi, self._lib = native()
+        self._call = ffi.new("cx_exec_call*")
+        self._res = ffi.new("cx_exec_result*")
+        self._ffi = ffi
+
+    # -- planning -------------------------------------------------------------------------------
+    def _flat(self, coll: str, dtype: int, itemsize: int, count: int, root: int):
+        nbytes = count * itemsize
+        key = (coll, dtype, nbytes.bit_length(), root)
+        hit = self._plans.get(key)
+        if hit is None:
+            schedule = self._schedule(coll, nbytes, root)
+            fp = FlatPlan(schedule, self.rank)
+            hit = self._plans[key] = (fp, fp.tile_count(self.win.set_bytes, itemsize))
+        return hit
+
+    def _schedule(self, coll: str, nbytes: int, root: int) -> Schedule:
+        if coll == "barrier":  # no data: only the descriptor check and the ready barrier
+            return Schedule("allreduce", self.size, 1, tuple((Lane(()),) for _ in
+                                                             range(self.size)), algorithm="none")
+        from ..planner import make_schedule
+        s = make_schedule(self.topology(), coll, self.size, nbytes, algo=self.config.algo,
+                          root=root)
+        if self.config.plan_dump_file and self.rank == 0:
+            with open(self.config.plan_dump_file, "a") as f:
+                f.write(json.dumps({"nbytes": nbytes, "schedule": s.to_dict()}) + "\n")
+        return s
+
+    def topology(self):
+        if self._topology is None:
+            from .. import topology as T
+            self._topology = (T.load(self.config.topo_file) if self.config.topo_file
+                              else T.host(self.size))
+        return self._topology
+
+    # -- running --------------------------------------------------------------------------------
+    def run(self, coll: str, src, dst, count: int, dtype: int, itemsize: int, op: int = 0,
+            root: int = 0, in_overlaps_out: bool = False) -> None:
+        """One collective; ``src``/``dst`` are numpy arrays or None (nothing to stage / copy out)."""
+        with self._lock:
+            self._check_usable()
+            fp, tile = self._flat(coll, dtype, itemsize, count, root)
+            seq = self._seq
+            base = W_DESC + DESC_WORDS * (seq & 1)
+            self._ctl[base:base + 6] = (seq, COLL_CODES[coll], dtype, op, count, root)
+            c = self._call
+            c.dtype, c.op, c.count, c.tile_count = dtype, op, count, tile
+            c.user_in = self._ffi.cast("void*", _addr(src))
+            c.user_out = self._ffi.cast("void*", _addr(dst))
+            c.in_private = int(fp.in_private and not in_overlaps_out)
+            c.out_private = int(fp.out_private)
+            c.scale = 1.0 / self.size if op == _AVG else 1.0
+            c.seq, c.epoch = seq, self._epoch
+            c.deadline_ns = self._lib.cx_exec_now_ns() + int(self.timeout * 1e9)
+            self._lib.cx_exec_run(fp.native, self.win.native, c, self._res)
+            res = self._res
+            self._seq += 1
+            self._epoch += res.epochs_used
+            if res.status:
+                raise self._failure(coll, seq, res.status, res.rank, res.lane, res.index)
+
+    def abort_call(self, reason: str) -> None:
+        """This rank rejects its part of the next call: peers raise PeerAborted, not hang.
+
+        The aborted call still consumes one epoch on every rank (peers pass the first tile's
+        barrier or see the abort word there), so the communicator stays in step.
+        """
+        with self._lock:
+            if self._poisoned:
+                return
+            seq = self._seq
+            base = W_DESC + DESC_WORDS * (seq & 1)
+            self._ctl[base:base + 2] = (seq, ABORTED_CALL)
+            self._ctl[W_ABORT] = seq + 1
+            self._ctl[W_READY] = self._epoch
+            self._seq += 1
+            self._epoch += 1
+
+    def poison(self, why: str) -> None:
+        """Mark the communicator unusable here and tell every peer (fatal abort word)."""
+        if self._poisoned is None:
+            self._poisoned = why
+        if len(self._ctl):
+            self._ctl[W_ABORT] = ABORT_FATAL | self.rank
+
+    def detach(self) -> None:
+        """Drop every view of the window (so it can be unmapped); later calls raise."""
+        with self._lock:
+            self._poisoned = self._poisoned or "closed"
+            self._ctl = self._ctl[:0].copy()
+            self.win = None
+
+    def _check_usable(self) -> None:
+        if self._poisoned:
+            raise CommError(f"rank {self.rank}: communicator unusable after an earlier failure "
+                            f"({self._poisoned}); expected a healthy communicator; create a new "
+                            f"one with collectx.init()")
+
+    def _failure(self, coll, seq, status, peer, lane, index) -> Exception:
+        me = f"rank {self.rank}, {coll} #{seq}"
+        if status == _EXEC["MISMATCH"]:
+            return CollectiveMismatch(f"{me}: ranks called different collectives: "
+                                      f"{self._describe_all(seq)}; expected every rank to make "
+                                      f"the same call (collective, dtype, op, count, root) in the "
+                                      f"same order")
+        if status == _EXEC["ABORTED"]:
+            fatal = bool(int(self.win.ctl[peer][W_ABORT]) & ABORT_FATAL)
+            if fatal:
+                self.poison(f"rank {peer} failed")
+            return PeerAborted(f"{me}: rank {peer} aborted "
+                               f"{'the communicator after a failure' if fatal else 'this call'}"
+                               f" (see the error raised on rank {peer}); expected it to run the "
+                               f"collective; fix the error there", rank=peer)
+        if status == _EXEC["PEER_DEAD"]:
+            self.poison(f"rank {peer} died")
+            return PeerFailure(f"{me}: rank {peer} (pid {self.win.pids[peer]}) died during the "
+                               f"collective; expected it alive; check its log for the crash",
+                               rank=peer)
+        if status == _EXEC["TIMEOUT"]:
+            self.poison(f"timeout in {coll} #{seq}")
+            return Timeout(f"{me}: no progress within {self.timeout:g} s (waiting in lane "
+                           f"{lane}, instruction {index}); expected every rank to call {coll}; "
+                           f"a rank may be missing or stuck, or raise COLLECTX_TIMEOUT")
+        self.poison(f"native status {status}")
+        return NativeError(f"{me}: the executor rejected the plan or call (status {status}); "
+                           f"expected a valid schedule; report this with COLLECTX_PLAN_DUMP_FILE",
+                           code=status)
+
+    def _describe_all(self, seq: int) -> str:
+        base = W_DESC + DESC_WORDS * (seq & 1)
+        parts = []
+        for r in range(self.size):
+            d = [int(v) for v in self.win.ctl[r][base:base + 6]]
+            parts.append(f"rank {r}: {_COLL_NAMES.get(d[1], d[1])}(dtype="
+                         f"{_DTYPE_NAMES.get(d[2], d[2])}, op={_OP_NAMES.get(d[3], d[3])}, "
+                         f"count={d[4]}, root={d[5]})")
+        return "; ".join(parts)
+
+
+def _addr(arr) -> int:
+    return 0 if arr is None else arr.__array_interface__["data"][0]

@@ -1,0 +1,110 @@
+"""Lowering a :class:`~collectx.schedule.ir.Schedule` to the native executor's flat arrays.
+
+The executor (native/src/executor.cpp) runs one rank's lanes; it needs, per rank:
+
+* its lanes as int32 records (op, dst ref, source range, dep range), refs already resolved
+  through :func:`~collectx.schedule.ir.alias` for in-place schedules;
+* ``fin_deps``: the last instruction of every lane (of any rank) that writes this rank's output,
+  so it knows when the output is final and may be copied out;
+* whether any *other* rank touches this rank's input or output. If none does, the executor reads
+  the user's input / writes the user's output in place instead of staging it in the window.
+
+A :class:`FlatPlan` is built once per (schedule, rank) and cached by the communicator.
+
+>>> from collectx.planner import make_schedule
+>>> fp = FlatPlan(make_schedule(None, "allgather", 2, 64), rank=0)
+>>> fp.in_private, fp.out_private, fp.units
+(False, True, (1, 2, 0))
+"""
+
+from __future__ import annotations
+
+from ..errors import PlanError, ScheduleError
+from ..schedule.ir import Dep, Ref, Schedule, alias
+from ._lib import native
+
+BUF_CODE = {"input": 0, "output": 1, "scratch": 2}
+OP_CODE = {"copy": 0, "reduce": 1}
+MAX_LANES = 32
+INSTR_WORDS = 9
+
+
+class FlatPlan:
+    """One rank's part of a schedule as the ``cx_exec_plan`` struct (arrays kept alive here)."""
+
+    def __init__(self, schedule: Schedule, rank: int):
+        if not 0 <= rank < schedule.nranks:
+            raise ScheduleError(f"rank {rank} outside a schedule of {schedule.nranks} ranks")
+        self.schedule, self.rank = schedule, rank
+        lanes = schedule.lanes[rank]
+        if len(lanes) > MAX_LANES:
+            raise PlanError(f"{schedule.algorithm} schedule gives rank {rank} {len(lanes)} lanes; "
+                            f"the CPU executor runs at most {MAX_LANES}")
+        instrs, srcs, deps, lane_off = [], [], [], [0]
+        for lane in lanes:
+            for ins in lane.instrs:
+                instrs += self._record(ins, srcs, deps)
+            lane_off.append(len(instrs) // INSTR_WORDS)
+        fin = self._fin_deps()
+        self.in_private = not self._touched_by_peers("input")
+        self.out_private = not self._touched_by_peers("output")
+        scratch = max(schedule.scratch_units) if schedule.scratch_units else 0
+        self.units = (schedule.units(rank, "input"), schedule.units(rank, "output"), scratch)
+        self._struct(lane_off, instrs, srcs, deps, fin)
+
+    def _record(self, ins, srcs: list, deps: list) -> list[int]:
+        if ins.op not in OP_CODE:
+            raise PlanError(f"instruction op {ins.op!r}: the CPU executor runs copy and reduce "
+                            f"only; plan without inter-node engine steps for one host")
+        s = self.schedule
+        dst = alias(s, ins.dst)
+        rec = [OP_CODE[ins.op], dst.rank, BUF_CODE[dst.buf], dst.chunk, dst.count,
+               len(srcs) // 4, len(ins.srcs), len(deps) // 3, len(ins.deps)]
+        for ref in ins.srcs:
+            a = alias(s, ref)
+            if a.count != dst.count:
+                raise ScheduleError(f"source {ref} spans {a.count} chunks, destination {dst} "
+                                    f"spans {dst.count}; expected equal spans")
+            srcs += [a.rank, BUF_CODE[a.buf], a.chunk, a.count]
+        for d in ins.deps:
+            deps += [d.rank, d.lane, d.index]
+        return rec
+
+    def _fin_deps(self) -> list[Dep]:
+        last: dict[tuple[int, int], int] = {}
+        for d, ins in self.schedule.instructions():
+            dst = alias(self.schedule, ins.dst)
+            if dst.rank == self.rank and dst.buf == "output":
+                last[(d.rank, d.lane)] = max(last.get((d.rank, d.lane), -1), d.index)
+        return [Dep(r, lane, i) for (r, lane), i in sorted(last.items())]
+
+    def _touched_by_peers(self, buf: str) -> bool:
+        s, me = self.schedule, self.rank
+        for d, ins in s.instructions():
+            if d.rank == me:
+                continue
+            for ref in (ins.dst, *ins.srcs):
+                a = alias(s, ref)
+                if a.rank == me and a.buf == buf:
+                    return True
+                if s.inplace and a.rank == me and {a.buf, buf} == {"input", "output"}:
+                    return True  # in place, input and output are one storage
+        return False
+
+    def _struct(self, lane_off, instrs, srcs, deps, fin) -> None:
+        ffi, _ = native()
+        arr = lambda v: ffi.new("int[]", list(v) or [0])  # noqa: E731  (never a NULL array)
+        self._keep = [arr(lane_off), arr(instrs), arr(srcs), arr(deps),
+                      arr([x for d in fin for x in (d.rank, d.lane, d.index)])]
+        p = ffi.new("cx_exec_plan*")
+        p.nranks, p.rank, p.nchunks = self.schedule.nranks, self.rank, self.schedule.nchunks
+        p.nlanes = len(lane_off) - 1
+        p.lane_off, p.instrs, p.srcs, p.deps, p.fin_deps = self._keep
+        p.nfin = len(fin)
+        p.units = list(self.units)
+        self.native = p
+
+    def tile_count(self, set_bytes: int, itemsize: int) -> int:
+        """Elements per unit per tile: as many as one staging set holds, a multiple of 64."""
+        per_elem = max(1, sum(self.units)) * itemsize
+        return max(64, (set_bytes // per_elem) // 64 * 64)

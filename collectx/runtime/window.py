@@ -1,0 +1,187 @@
+"""Shared-memory windows: one POSIX shm segment per rank, mapped by every rank of the communicator.
+
+Layout of a rank's segment (the byte offsets are the ``cx_ctl`` struct of cx_executor.h)::
+
+    [0, 4096)                 control block: pid, ready epoch, abort word, call descriptors,
+                              one epoch-stamped flag per lane (each hot word on its own line)
+    [4096, 4096 + set)        staging set 0: input | output | scratch slots of one tile
+    [4096 + set, 4096 + 2set) staging set 1 (tiles alternate sets: double buffering)
+
+One segment per rank (not one shared one) so each rank creates, sizes and first-touches its own
+memory, and a rank's window is named after its creator's pid. Segments are created in /dev/shm
+with ``O_CREAT | O_EXCL`` and mode 0600 under an unguessable name
+(``collectx-<pid>-<random hex>``), published through the rendezvous store, and unlinked by their
+creator as soon as every rank has mapped them, so nothing can leak after that point even on
+SIGKILL. A crash before that point leaves a named segment: :func:`sweep_stale` (run at every
+init and by the launcher) removes segments whose creator pid is gone.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import secrets
+
+import numpy as np
+
+from ..errors import CommError
+from ._lib import native
+from .store import Store
+
+SHM_DIR = "/dev/shm"
+PREFIX = "collectx-"
+CTL_BYTES = 4096
+MAGIC = 0x636F6C6C65637478          # "collectx"
+ABORT_FATAL = 1 << 63                # abort word bit: the communicator is unusable
+ABORTED_CALL = 0xFFFF                # descriptor collective code of a call aborted by its rank
+# word indices (uint64) into the control block, matching cx_ctl
+W_MAGIC, W_PID, W_READY, W_ABORT, W_DESC, W_FLAGS = 0, 1, 8, 16, 32, 128
+DESC_WORDS = 8
+_NAME = re.compile(rf"^{PREFIX}(\d+)-[0-9a-f]+$")
+
+
+def sweep_stale(shm_dir: str = SHM_DIR, pids: set[int] | None = None) -> list[str]:
+    """Remove collectx segments whose creator process is gone (or, given ``pids``, is in it).
+
+    Returns the names removed. Segments of live processes are never touched.
+
+    >>> sweep_stale(pids=set())
+    []
+    """
+    removed = []
+    try:
+        names = os.listdir(shm_dir)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        m = _NAME.match(name)
+        if not m:
+            continue
+        pid = int(m.group(1))
+        if (pids is not None and pid not in pids) or (pids is None and _alive(pid)):
+            continue
+        try:
+            os.unlink(os.path.join(shm_dir, name))
+            removed.append(name)
+        except (FileNotFoundError, PermissionError):
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _create_segment(total: int) -> tuple[str, mmap.mmap]:
+    name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(12)}"
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, total)
+        return name, mmap.mmap(fd, total)
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _map_segment(name: str, total: int) -> mmap.mmap:
+    if not _NAME.match(name):
+        raise CommError(f"rendezvous published segment name {name!r}; expected "
+                        f"'{PREFIX}<pid>-<hex>' (is another program using this store?)")
+    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+    try:
+        if os.fstat(fd).st_size != total:
+            raise CommError(f"segment {name} has {os.fstat(fd).st_size} bytes, expected {total}")
+        return mmap.mmap(fd, total)
+    finally:
+        os.close(fd)
+
+
+class Window:
+    """Every rank's segment mapped in this process, plus the native view of them.
+
+    ``ctl[r]`` is rank r's control block as a uint64 numpy array; ``native`` is the
+    ``cx_exec_window`` struct the executor takes.
+    """
+
+    def __init__(self, rank: int, size: int, store: Store, prefix: str, window_bytes: int,
+                 timeout: float):
+        self.rank, self.size = rank, size
+        self._maps: list[mmap.mmap | None] = [None] * size
+        self._name = None
+        try:
+            self._rendezvous(store, prefix, window_bytes, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _rendezvous(self, store, prefix, window_bytes, timeout):
+        # Rank 0 decides the size so every rank computes the same tile layout.
+        if self.rank == 0:
+            store.set(f"{prefix}/window_bytes", str(int(window_bytes)))
+        agreed = int(store.get(f"{prefix}/window_bytes", timeout))
+        self.set_bytes = max(1 << 16, (agreed // 2) & ~4095)
+        total = CTL_BYTES + 2 * self.set_bytes
+        self._name, self._maps[self.rank] = _create_segment(total)
+        self._init_ctl(self._maps[self.rank])
+        store.set(f"{prefix}/seg/{self.rank}", self._name)
+        for r in range(self.size):
+            if r != self.rank:
+                self._maps[r] = _map_segment(store.get(f"{prefix}/seg/{r}", timeout).decode(),
+                                             total)
+        store.set(f"{prefix}/mapped/{self.rank}", "1")
+        store.wait([f"{prefix}/mapped/{r}" for r in range(self.size)], timeout)
+        self._unlink_own()
+        self._build_views()
+
+    def _init_ctl(self, mm: mmap.mmap) -> None:
+        ctl = np.frombuffer(mm, dtype=np.uint64, count=CTL_BYTES // 8)
+        ctl[W_PID] = os.getpid()
+        ctl[W_MAGIC] = MAGIC
+        del ctl
+
+    def _unlink_own(self) -> None:
+        if self._name:
+            try:
+                os.unlink(os.path.join(SHM_DIR, self._name))
+            except FileNotFoundError:
+                pass
+            self._name = None
+
+    def _build_views(self) -> None:
+        ffi, _ = native()
+        self.ctl = [np.frombuffer(m, dtype=np.uint64, count=CTL_BYTES // 8) for m in self._maps]
+        self.pids = [int(c[W_PID]) for c in self.ctl]
+        self._bufs = [ffi.from_buffer(m) for m in self._maps]
+        self._ctl_ptrs = ffi.new("cx_ctl*[]", [ffi.cast("cx_ctl*", b) for b in self._bufs])
+        self._data_ptrs = ffi.new("char*[]", [ffi.cast("char*", b) + CTL_BYTES
+                                              for b in self._bufs])
+        self.native = ffi.new("cx_exec_window*")
+        self.native.nranks, self.native.rank = self.size, self.rank
+        self.native.ctl, self.native.data = self._ctl_ptrs, self._data_ptrs
+        self.native.set_bytes = self.set_bytes
+        self.native.spin = 2000 if self.size <= (os.cpu_count() or 1) else 50
+
+    def close(self) -> None:
+        """Unmap every segment (and unlink ours if setup never got that far). Idempotent."""
+        self._unlink_own()
+        ffi = native()[0] if hasattr(self, "_bufs") else None
+        for b in getattr(self, "_bufs", ()):
+            ffi.release(b)
+        self._bufs, self.ctl, self.native = [], [], None
+        for i, m in enumerate(self._maps):
+            if m is not None:
+                try:
+                    m.close()
+                except BufferError:  # a numpy view still exists: unmapped when it dies
+                    pass
+                self._maps[i] = None

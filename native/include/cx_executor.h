@@ -1,0 +1,51 @@
+/* CPU executor: runs one rank's part of a planned collective over shared-memory windows.
+ *
+ * Internal header: the window's control-block layout, shared with collectx/runtime/window.py (which
+ * addresses the same words by byte offset). The entry points and their structs are declared in
+ * collectx.h (section "CPU executor") so cffi sees them.
+ *
+ * Window layout (per rank, one POSIX shm segment each, see collectx/runtime/window.py):
+ *   [0, CX_CTL_BYTES)          control block, struct cx_ctl below
+ *   [CX_CTL_BYTES, +2*set)     two staging sets (double buffer by epoch parity), each holding
+ *                              input | output | scratch slots of one tile
+ *
+ * Flags are 64-bit words (epoch << 32 | instruction index + 1) published with release stores and
+ * read with acquire loads, so a schedule replays call after call without any reset.
+ */
+#ifndef CX_EXECUTOR_H
+#define CX_EXECUTOR_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#include "collectx.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CX_EXEC_MAX_LANES 32
+#define CX_EXEC_DESC_WORDS 8
+#define CX_CTL_BYTES 4096
+
+#define CX_ABORT_FATAL (1ull << 63) /* abort_word bit: the communicator is unusable */
+
+/* Control block at offset 0 of every rank's segment; each hot word on its own cache line. */
+struct cx_ctl {
+    uint64_t magic;           /* set by the owner once the block is initialised */
+    uint64_t pid;             /* owner's pid, for liveness checks (kill(pid, 0)) */
+    uint64_t pad0[6];
+    uint64_t ready;           /* epoch whose tile this rank has staged (barrier word) */
+    uint64_t pad1[7];
+    uint64_t abort_word;      /* 0, seq+1 of an aborted call, or CX_ABORT_FATAL|rank */
+    uint64_t pad2[7];
+    uint64_t p2p_pad[8];
+    uint64_t desc[2][CX_EXEC_DESC_WORDS]; /* call descriptors, slot = seq parity */
+    uint64_t pad3[80];
+    uint64_t lane_flag[CX_EXEC_MAX_LANES][8]; /* [lane][0] used; one cache line per lane */
+};
+
+#ifdef __cplusplus
+}
+#endif
+#endif
