@@ -21,6 +21,7 @@ from .generators import fully_connected, host, line, multi_node, ring, switch
 from .jsonio import from_json, load, parse_text, preset_path, presets, to_json, write_json
 from .nccl_xml import from_nccl_xml
 from .nvsmi import from_nvidia_smi
+from .probe import local_topology, probe, probe_host
 from .paths import Path, PathClass, classify, path_class, paths, widest_path
 from .model import (DEFAULT_LATENCY_US, LINK_TYPES, NODE_KINDS, SCHEMA, add_link, add_node,
                     gpu_index, gpus, natural_key, new_graph, nodes_of_kind, subset)
@@ -30,5 +31,5 @@ __all__ = [
     "gpus", "gpu_index", "subset", "nodes_of_kind", "natural_key", "new_graph", "add_node",
     "add_link", "ring", "line", "fully_connected", "switch", "multi_node", "host",
     "from_nccl_xml", "from_nvidia_smi", "Path", "PathClass", "classify", "path_class", "paths",
-    "widest_path", "SCHEMA", "NODE_KINDS", "LINK_TYPES", "DEFAULT_LATENCY_US",
+    "widest_path", "probe", "probe_host", "local_topology", "SCHEMA", "NODE_KINDS", "LINK_TYPES", "DEFAULT_LATENCY_US",
 ]
