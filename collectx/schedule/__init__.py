@@ -8,8 +8,11 @@ __all__ = ["BUFFERS", "COLLECTIVES", "SCHEMA", "Dep", "Instr", "Lane", "Ref", "S
 
 from .builder import ScheduleBuilder
 from .metrics import algbw, bus_factor, busbw, unit_bytes
+from .msccl import lower_to_msccl, to_msccl_xml
+from .msccl_xml import parse_msccl_xml
 from .simulate import SimResult, simulate
 from .verify import VerifyReport, verify
 
 __all__ += ["ScheduleBuilder", "SimResult", "VerifyReport", "algbw", "bus_factor", "busbw",
-            "simulate", "unit_bytes", "verify"]
+            "lower_to_msccl", "parse_msccl_xml", "simulate", "to_msccl_xml", "unit_bytes",
+            "verify"]
