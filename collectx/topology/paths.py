@@ -19,6 +19,10 @@ SYS   across the inter-socket link (any CPU-CPU link, e.g. UPI or AMD's socket x
 NET   across the network
 ===== ==========================================================================================
 
+``bw_gbps`` is one route's bottleneck: on NVSwitch systems a GPU pair reaches more over all
+switches together (e.g. 450 GB/s on an HGX H100, where one switch route gives 125); the
+planner's cut and flow bounds count that, paths do not.
+
 A GPU is used as a relay only between two NVLink/xGMI hops (as NCCL's NVB paths do) or between
 NVLink and a NIC on its PCIe side (NCCL's PXN); a PCIe-only route never goes through a GPU. Bandwidths are the line rates of the graph.
 
