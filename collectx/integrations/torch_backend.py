@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from .. import errors
 from .torch_collectives import Collectives
+from .torch_p2p import StoreP2P
 from .torch_work import SerialRunner
 
 BACKEND_NAME = "collectx"
@@ -84,6 +85,7 @@ class CollectxProcessGroup(Collectives, dist.ProcessGroup):
         self._timeout = timeout
         self._comms = {"cpu": _make_communicator(store, rank, size, timeout)}
         self._runner = SerialRunner(f"{BACKEND_NAME}:{rank}/{size}")
+        self._store_p2p: StoreP2P | None = None
 
     def getBackendName(self) -> str:  # noqa: N802 -- torch's name
         return BACKEND_NAME
@@ -103,6 +105,19 @@ class CollectxProcessGroup(Collectives, dist.ProcessGroup):
             self._comms[device] = _make_communicator(store, self.group_rank, self.group_size,
                                                      self._timeout, device)
         return self._comms[device]
+
+    def _p2p(self, device: str):
+        """Something with send(x, dst)/recv(x, src): the communicator's own, else the store's."""
+        comm = self._comm(device)
+        if hasattr(comm, "send") and hasattr(comm, "recv"):
+            return comm
+        if device != "cpu":
+            raise errors.ArgumentError(f"send/recv of {device} tensors is not supported by this "
+                                       f"collectx build; expected cpu tensors")
+        if self._store_p2p is None:
+            seconds = getattr(comm, "timeout", None) or 300.0
+            self._store_p2p = StoreP2P(self._store, self.group_rank, seconds)
+        return self._store_p2p
 
     def _submit(self, run, outputs, opts):
         return self._runner.submit(run, outputs, bool(getattr(opts, "asyncOp", True)))

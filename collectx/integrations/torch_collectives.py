@@ -18,7 +18,8 @@ from .torch_ops import (Flat, concat, device_type, premultiply, reduce_op, same_
 
 
 class Collectives:
-    """Mixin: needs ``_comm(device)``, ``_submit(run, outputs, opts)``, ``group_size``."""
+    """Mixin: needs ``_comm(device)``, ``_p2p(device)``, ``_submit(run, outputs, opts)``,
+    ``group_rank`` and ``group_size``."""
 
     # -- allreduce -----------------------------------------------------------------------------
     def allreduce(self, tensors, opts):
@@ -198,20 +199,20 @@ class Collectives:
 
     # -- point to point and barrier ------------------------------------------------------------
     def send(self, tensors, dstRank, tag):  # noqa: N803 -- torch's names
-        comm = self._comm(device_type(tensors))
+        p2p = self._p2p(device_type(tensors))
 
         def run():
             for tensor in tensors:
-                comm.send(Flat(tensor).data, dstRank)
+                p2p.send(Flat(tensor).data, dstRank)
         return self._submit(run, tensors, None)
 
     def recv(self, tensors, srcRank, tag):  # noqa: N803
-        comm = self._comm(device_type(tensors))
+        p2p = self._p2p(device_type(tensors))
 
         def run():
             for tensor in tensors:
                 flat = Flat(tensor, read=False)
-                comm.recv(flat.data, srcRank)
+                p2p.recv(flat.data, srcRank)
                 flat.commit()
         return self._submit(run, tensors, None)
 
