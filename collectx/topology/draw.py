@@ -185,8 +185,10 @@ def _legend(ax, G, lanes) -> None:
     types = sorted({d["type"] for *_, d in G.edges(data=True)})
     handles += [Line2D([], [], color=LINK_COLOURS[t], lw=3, label=t) for t in types]
     handles += [Line2D([], [], color=c, lw=2, marker=">", label=label) for label, _, c in lanes]
+    widest = max((d["bw_gbps"] for *_, d in G.edges(data=True)), default=0.0)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
-              frameon=False, title="width ~ GB/s", title_fontsize=8)
+              frameon=False, title=f"link width ∝ GB/s\n(widest {widest:g} GB/s)",
+              title_fontsize=8)
 
 
 def draw(G: nx.DiGraph, path: str | os.PathLike, highlight: list[Highlight] | None = None,
