@@ -6,6 +6,7 @@ about collectives, so each algorithm module stays a readable list of copies and 
 
 from __future__ import annotations
 
+import json
 from typing import Iterable
 
 from ..errors import PlanError
@@ -91,4 +92,9 @@ class Builder:
                       for rank_lanes in self._lanes)
         return Schedule(self.collective, self.nranks, self.nchunks, lanes, root=self.root,
                         inplace=self.inplace, scratch_units=scratch_units, algorithm=algorithm,
-                        meta=_freeze(meta or {}))
+                        meta=_freeze(_as_json(meta or {})))
+
+
+def _as_json(meta: dict) -> dict:
+    """Meta as JSON would give it back, so that ``from_dict(to_dict(s)) == s``."""
+    return json.loads(json.dumps(meta))

@@ -7,8 +7,8 @@ and declares the collectives it serves in a ``collectives`` attribute (or its mo
 
 >>> "direct" in ALGORITHMS and supports("direct", "alltoall")
 True
->>> supports(lambda *a, **k: None, "alltoall")  # undeclared callables claim everything
-True
+>>> supports("tree", "alltoall"), supports(lambda *a, **k: None, "alltoall")
+(False, True)
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from ..schedule.ir import COLLECTIVES, Schedule
 
 PlannerFn = Callable[..., Schedule]
 
-_CORE = {"direct": ("direct", "plan_direct")}
-_OPTIONAL = {"ring": ("ring", "plan_ring"), "tree": ("tree", "plan_tree"), "blink": ("blink", "plan_blink"), "forest": ("forest", "plan_forest")}
+_CORE = {"direct": ("direct", "plan_direct"), "ring": ("ring", "plan_ring"),
+         "tree": ("tree", "plan_tree")}
+_OPTIONAL = {"blink": ("blink", "plan_blink"), "forest": ("forest", "plan_forest")}
 
 
 def _load(table: dict, optional: bool) -> dict[str, PlannerFn]:

@@ -1,9 +1,9 @@
 """Pick the algorithm (and chunking) per message size with the cost model.
 
 Candidates are every registered algorithm that supports the collective (blink and forest too,
-when present), each tried at a few chunk counts: one chunk per shard for small messages, where
-every extra step costs a latency term, and deeper pipelines for large ones, where it hides the
-fill time. Each candidate is scored by :func:`predict` (simulated transfer time plus the cost
+when present). Chunking follows the message size inside each planner (one piece per shard or
+tree for small messages, where every extra step costs a latency term; deeper pipelines for large
+ones, where they hide the fill time), unless ``nchunks`` is forced. Each candidate is scored by :func:`predict` (simulated transfer time plus the cost
 table's per-step latency) and the fastest wins; ties keep registry order (direct, ring, tree,
 ...), i.e. the simpler schedule.
 """
@@ -19,14 +19,6 @@ from ..schedule.ir import Schedule
 from . import cost, registry
 from .cost_tables import ONE_HOP_MIN_FRACTION, TREE_MAX_BYTES
 
-# Pipelined algorithms (ring, tree, forests) get this many chunks per pipeline stage at most;
-# more only adds per-step latency once the pipeline is full.
-PIPELINE_DEPTHS = (1, 4)
-# Below this size a deeper pipeline cannot pay for its extra steps (a step costs ~3-6 us,
-# 64 KiB moves in ~1-3 us on NVLink), so only the shallowest chunking is tried.
-PIPELINE_MIN_BYTES = 1 << 20
-
-
 def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: int, *,
            root: int = 0, inplace: bool = False, nchunks: int | None = None,
            algorithms: list[str] | None = None) -> tuple[str, Schedule, object]:
@@ -38,17 +30,16 @@ def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: in
     best = None
     failures = []
     for name in names:
-        for chunks in _chunk_options(name, len(ranks), nbytes, nchunks):
-            try:
-                s = registry.call(name, topo, ranks, collective, nbytes, root=root,
-                                  inplace=inplace, nchunks=chunks)
-            except PlanError as e:  # this algorithm cannot serve this allocation: skip it
-                failures.append(f"{name}: {e}")
-                break
-            pred = predict(s, topo, nbytes, ranks, name)
-            score = pred.time_us if pred is not None else None
-            if best is None or (score is not None and score < best[0]):
-                best = (score, name, s, pred)
+        try:
+            s = registry.call(name, topo, ranks, collective, nbytes, root=root,
+                              inplace=inplace, nchunks=nchunks)
+        except (PlanError, NotImplementedError) as e:  # cannot serve this request: skip it
+            failures.append(f"{name}: {e}")
+            continue
+        pred = predict(s, topo, nbytes, ranks, name)
+        score = pred.time_us if pred is not None else None
+        if best is None or (score is not None and (best[0] is None or score < best[0])):
+            best = (score, name, s, pred)
     if best is None:
         raise NoFeasiblePlan(f"no algorithm can plan {collective} on {len(ranks)} ranks: "
                              + "; ".join(failures or ["no candidate supports it"]))
@@ -57,12 +48,6 @@ def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: in
         return name, registry.call(name, topo, ranks, collective, nbytes, root=root,
                                    inplace=inplace, nchunks=nchunks), None
     return best[1], best[2], best[3]
-
-
-def _chunk_options(name: str, nranks: int, nbytes: int, nchunks: int | None) -> list:
-    if nchunks is not None or name == "direct" or nbytes < PIPELINE_MIN_BYTES:
-        return [nchunks]
-    return [None] + [nranks * d for d in PIPELINE_DEPTHS if d > 1]
 
 
 def predict(schedule: Schedule, topo: nx.DiGraph, nbytes: int, ranks: tuple[str, ...],

@@ -1,0 +1,151 @@
+"""Ring packing: find rings (Hamiltonian cycles of the ranks) that share the links' capacity.
+
+How it works. Each *hop* of a ring (rank ``a`` to the next rank ``b``) is routed along the
+widest physical path from ``a`` to ``b`` that does not pass through another rank (GPUs do not
+forward on a ring; switches, CPUs and PCIe bridges do). Rings are found greedily in the
+*residual* graph: find the ring whose narrowest hop is widest (thresholds tried from the widest
+hop bandwidth down, a depth-first Hamiltonian search at each), give it the bottleneck capacity
+of its routes (a link crossed by k hops of the ring counts k times), subtract that from every
+link it uses, and repeat up to ``max_channels`` rings or until a ring would get less than
+:data:`MIN_RING_FRACTION` of the first one. NVLink rings come first because their hops are the
+widest; PCIe/socket routes are only used where no wider ring remains, which is what a ring-only
+library does. A ring and its reverse are distinct (links are full duplex), so a fabric is
+typically covered by rings in both directions.
+
+Complexity: per ring, one widest-path search per ordered rank pair (``O(n^2 E log V)``) plus a
+Hamiltonian search bounded by :data:`SEARCH_BUDGET` expansions per threshold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections import Counter
+
+import networkx as nx
+
+from ..errors import NoFeasiblePlan
+
+MAX_CHANNELS = 16
+MIN_RING_FRACTION = 0.1   # rings this much thinner than the first add steps, not bandwidth
+SEARCH_BUDGET = 20000     # DFS expansions per threshold before relaxing it
+_EPS = 1e-9
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ring:
+    """A ring over schedule ranks: ``order[i]`` sends to ``order[i+1]``; ``bw_gbps`` per hop."""
+
+    order: tuple[int, ...]
+    bw_gbps: float
+    routes: tuple[tuple[str, ...], ...]
+
+
+def find_rings(topo: nx.DiGraph, ranks: tuple[str, ...],
+               max_channels: int = MAX_CHANNELS) -> list[Ring]:
+    """Greedy ring packing over ``ranks`` (node ids) of ``topo``; see the module docstring.
+
+    Raises
+    ------
+    NoFeasiblePlan
+        No ring exists at all (some rank cannot reach the next without relaying through a rank).
+
+    Examples
+    --------
+    >>> from collectx.topology import ring
+    >>> [(r.order, r.bw_gbps) for r in find_rings(ring(4), ("GPU0", "GPU1", "GPU2", "GPU3"))]
+    [((0, 1, 2, 3), 25.0), ((0, 3, 2, 1), 25.0)]
+    """
+    n = len(ranks)
+    if n == 1:
+        return [Ring((0,), 0.0, ())]  # nothing to send: no hop, no bandwidth
+    residual = {(u, v): float(bw or 0.0) for u, v, bw in topo.edges(data="bw_gbps")}
+    rings: list[Ring] = []
+    while len(rings) < max_channels:
+        ring = _best_ring(topo, ranks, residual)
+        if ring is None or (rings and ring.bw_gbps < MIN_RING_FRACTION * rings[0].bw_gbps):
+            break
+        for edge, k in _link_use(ring.routes).items():
+            residual[edge] -= k * ring.bw_gbps
+        rings.append(ring)
+    if not rings:
+        raise NoFeasiblePlan(f"no ring through {', '.join(ranks)}: some rank cannot reach "
+                             f"another without relaying through a third; use tree or direct")
+    return rings
+
+
+def _link_use(routes) -> Counter:
+    return Counter((a, b) for route in routes for a, b in zip(route, route[1:]))
+
+
+def _best_ring(topo, ranks, residual) -> Ring | None:
+    n = len(ranks)
+    avoid = frozenset(ranks)
+    hops = {}
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                bw, route = _widest(topo, residual, ranks[i], ranks[j], avoid)
+                if bw > _EPS:
+                    hops[i, j] = (bw, route)
+    for t in sorted({bw for bw, _ in hops.values()}, reverse=True):
+        order = _hamiltonian(n, {k: v[0] for k, v in hops.items() if v[0] >= t - _EPS})
+        if order is not None:
+            routes = tuple(hops[a, b][1] for a, b in zip(order, order[1:] + order[:1]))
+            bw = min(residual[e] / k for e, k in _link_use(routes).items())
+            return Ring(order, bw, routes) if bw > _EPS else None
+    return None
+
+
+def _hamiltonian(n: int, hop_bw: dict[tuple[int, int], float]) -> tuple[int, ...] | None:
+    """A Hamiltonian cycle from rank 0 using the given hops, widest hops tried first."""
+    succ = {i: sorted((j for (a, j) in hop_bw if a == i), key=lambda j: (-hop_bw[i, j], j))
+            for i in range(n)}
+    if any(not succ[i] for i in range(n)):
+        return None
+    path, seen, budget = [0], {0}, [SEARCH_BUDGET]
+
+    def extend() -> bool:
+        if len(path) == n:
+            return (path[-1], 0) in hop_bw
+        budget[0] -= 1
+        if budget[0] < 0:
+            return False
+        for j in succ[path[-1]]:
+            if j not in seen:
+                path.append(j)
+                seen.add(j)
+                if extend():
+                    return True
+                seen.discard(path.pop())
+        return False
+
+    return tuple(path) if extend() else None
+
+
+def _widest(topo, residual, a, b, avoid) -> tuple[float, tuple[str, ...]]:
+    """Widest ``a -> b`` path in the residual graph, fewest hops among equally wide ones."""
+    best = {a: (float("inf"), 0)}
+    prev: dict[str, str] = {}
+    heap = [(-float("inf"), 0, a)]
+    while heap:
+        neg, hops, u = heapq.heappop(heap)
+        if (-neg, hops) != best.get(u):
+            continue
+        if u == b:
+            route = [b]
+            while route[-1] != a:
+                route.append(prev[route[-1]])
+            return -neg, tuple(reversed(route))
+        for v in topo[u]:
+            if v in avoid and v != b:
+                continue
+            cand = (min(-neg, residual[u, v]), hops + 1)
+            if cand[0] <= _EPS:
+                continue
+            old = best.get(v)
+            if old is None or cand[0] > old[0] + _EPS or (abs(cand[0] - old[0]) <= _EPS
+                                                          and cand[1] < old[1]):
+                best[v], prev[v] = cand, u
+                heapq.heappush(heap, (-cand[0], cand[1], v))
+    return 0.0, ()

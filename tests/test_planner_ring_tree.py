@@ -1,0 +1,100 @@
+"""Ring packing and the double binary tree: structure, not just correctness."""
+
+import pytest
+
+import collectx.topology as T
+from collectx.errors import NoFeasiblePlan, PlanError
+from collectx.planner.ring import plan_ring
+from collectx.planner.ring_search import find_rings
+from collectx.planner.tree import double_tree, plan_tree, rooted_trees, tree_neighbors
+
+
+def _ranks(G):
+    return tuple(T.gpus(G))
+
+
+def test_ring_topology_gets_both_directions():
+    rings = find_rings(T.ring(5), _ranks(T.ring(5)))
+    assert [r.order for r in rings] == [(0, 1, 2, 3, 4), (0, 4, 3, 2, 1)]
+    assert all(r.bw_gbps == 25.0 for r in rings)
+
+
+def test_dgx1v_prefers_nvlink_rings_and_falls_back_to_pcie():
+    G = T.load("dgx1v")
+    rings = find_rings(G, _ranks(G))
+    bws = [r.bw_gbps for r in rings]
+    assert bws[:4] == [50.0, 50.0, 25.0, 25.0]       # the doubled-NVLink rings come first
+    for r in rings[:4]:                                # ...and use only NVLink hops
+        assert all(G.edges[u, v]["type"] == "nvlink" for route in r.routes
+                   for u, v in zip(route, route[1:]))
+    # GPUs 0, 3, 5: no NVLink ring exists; the ring crosses the CPU socket link (6 GB/s)
+    S = T.subset(G, [0, 3, 5])
+    (only,) = find_rings(S, _ranks(S))
+    assert only.bw_gbps == 6.0
+
+
+def test_rings_never_oversubscribe_a_link():
+    G = T.load("dgx1v")
+    use = {}
+    for r in find_rings(G, _ranks(G)):
+        for route in r.routes:
+            for e in zip(route, route[1:]):
+                use[e] = use.get(e, 0.0) + r.bw_gbps
+    assert all(use[e] <= G.edges[e]["bw_gbps"] + 1e-9 for e in use)
+
+
+def test_ring_shares_follow_bandwidth():
+    G = T.load("dgx1v")
+    s = plan_ring(G, _ranks(G), "allgather", 1 << 30)
+    rings = s.meta_dict()["rings"]
+    chunks = [k for _, _, _, k in rings]
+    assert sum(chunks) == s.nchunks and chunks[0] > chunks[2] > chunks[-1] > 0
+
+
+def test_no_ring_without_a_path():
+    G = T.line(3)  # the ends reach each other only through the middle rank
+    with pytest.raises(NoFeasiblePlan, match="no ring"):
+        find_rings(G, _ranks(G))
+
+
+def test_ring_rejects_alltoall():
+    with pytest.raises(PlanError, match="ring does not support alltoall"):
+        plan_ring(T.ring(3), _ranks(T.ring(3)), "alltoall", 64)
+
+
+def test_ring_allreduce_has_2n_minus_2_steps_per_lane():
+    s = plan_ring(T.ring(6), _ranks(T.ring(6)), "allreduce", 1 << 20)
+    assert all(len(lane) == 2 * (6 - 1) for lanes in s.lanes for lane in lanes)
+
+
+@pytest.mark.parametrize("n", range(1, 40))
+def test_tree_neighbors_form_one_tree(n):
+    parents = [tree_neighbors(r, n)[0] for r in range(n)]
+    for r in range(n):
+        assert set(tree_neighbors(r, n)[1]) == {c for c in range(n) if parents[c] == r}
+    assert parents.count(-1) == 1 and parents[0] == -1
+
+
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_double_tree_interiors_are_disjoint_for_powers_of_two(n):
+    for t0, t1 in (double_tree(n), rooted_trees(n, 0)):
+        interior0 = {p for p in t0 if p >= 0}
+        interior1 = {p for p in t1 if p >= 0}
+        assert len(interior0 & interior1) <= 1  # at most the shared root
+
+
+def test_rooted_trees_have_the_requested_root():
+    for t in rooted_trees(7, 3):
+        assert t[3] == -1 and t.count(-1) == 1
+
+
+def test_tree_depth_is_logarithmic():
+    from collectx.planner.cost import steps
+    s = plan_tree(None, tuple(map(str, range(16))), "allreduce", 64)
+    assert steps(s) <= 2 * 5 + 1  # up log2(16)+1 levels, then down
+
+
+def test_tree_pieces_grow_with_size():
+    names = tuple(map(str, range(8)))
+    assert plan_tree(None, names, "allreduce", 8 << 10).nchunks == 2
+    assert plan_tree(None, names, "allreduce", 1 << 30).nchunks == 64
