@@ -9,7 +9,10 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import sys
+import threading
 import weakref
 
 import numpy as np
@@ -43,6 +46,7 @@ class Communicator:
         self.rank, self.size = rank, size
         self.timeout = float(timeout if timeout is not None else cfg.timeout_s)
         sweep_stale()
+        _warm_planner()
         prefix = f"collectx/comm{next(_COMM_IDS)}"
         self._window = Window(rank, size, as_store(store), prefix, cfg.window_bytes, self.timeout)
         self._engine = Engine(self._window, cfg, topology, self.timeout)
@@ -174,6 +178,13 @@ class Communicator:
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size})"
+
+
+def _warm_planner() -> None:
+    """Import the planner in the background while the ranks rendezvous (scipy takes seconds)."""
+    if "collectx.planner" not in sys.modules:
+        threading.Thread(target=importlib.import_module, args=("collectx.planner",),
+                         name="collectx-planner-import", daemon=True).start()
 
 
 def _release(window: Window) -> None:

@@ -1,0 +1,109 @@
+"""Rank functions for the runtime tests (module level so launch() can pickle them)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import collectx
+
+REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce, "min": np.minimum.reduce,
+          "max": np.maximum.reduce}
+
+
+def rank_input(seed: int, rank: int, n: int, dtype: str) -> np.ndarray:
+    """Deterministic per-rank data every rank can recompute for the reference."""
+    rng = np.random.default_rng([seed, rank])
+    if dtype.startswith("float"):
+        return rng.integers(-4, 5, n).astype(dtype)   # small ints: exact sums and products
+    return rng.integers(-3, 4 if dtype != "uint8" else 3, n).astype(dtype)
+
+
+def reference(coll: str, op: str, inputs: list[np.ndarray], rank: int, root: int):
+    size = len(inputs)
+    stack = np.stack(inputs)
+    red = None
+    if coll in ("allreduce", "reduce_scatter", "reduce"):
+        base = "sum" if op == "avg" else op
+        red = REDUCE[base](stack, axis=0).astype(stack.dtype)
+        if op == "avg":
+            # floats are multiplied by 1/size (like the kernels); integers truncate (NCCL)
+            red = (red * stack.dtype.type(1.0 / size)).astype(stack.dtype) \
+                if stack.dtype.kind == "f" else np.trunc(red / size).astype(stack.dtype)
+    if coll == "allreduce":
+        return red
+    if coll == "reduce":
+        return red if rank == root else inputs[rank]
+    if coll == "reduce_scatter":
+        n = len(red) // size
+        return red[rank * n:(rank + 1) * n]
+    if coll == "allgather":
+        return np.concatenate(inputs)
+    if coll == "broadcast":
+        return inputs[root]
+    if coll == "alltoall":
+        n = len(inputs[0]) // size
+        return np.concatenate([inputs[j][rank * n:(rank + 1) * n] for j in range(size)])
+    raise ValueError(coll)
+
+
+def call(comm, coll: str, x: np.ndarray, op: str, root: int):
+    if coll == "allreduce":
+        return comm.allreduce(x, op=op)
+    if coll == "reduce_scatter":
+        return comm.reduce_scatter(x, op=op)
+    if coll == "allgather":
+        return comm.allgather(x)
+    if coll == "broadcast":
+        return comm.broadcast(x, root=root)
+    if coll == "reduce":
+        return comm.reduce(x, root=root, op=op)
+    if coll == "alltoall":
+        return comm.alltoall(x)
+    raise ValueError(coll)
+
+
+def run_cases(cases: list[tuple]) -> list[str]:
+    """Run (coll, dtype, op, n, root, seed) cases; return a description of each failure."""
+    comm = collectx.init()
+    bad = []
+    for coll, dtype, op, n, root, seed in cases:
+        if coll in ("reduce_scatter", "alltoall"):
+            n = n * comm.size
+        inputs = [rank_input(seed, r, n, dtype) for r in range(comm.size)]
+        x = inputs[comm.rank].copy()
+        got = call(comm, coll, x, op, root)
+        want = reference(coll, op, inputs, comm.rank, root)
+        if got is not None and not np.array_equal(np.asarray(got), want):
+            bad.append(f"rank {comm.rank}: {coll} {dtype} {op} n={n} root={root}: "
+                       f"got {np.asarray(got)[:6]} want {want[:6]}")
+    comm.close()
+    return bad
+
+
+def async_and_torch(n: int) -> list[str]:
+    """Async work, torch tensors (bf16 included), out= buffers and the plan cache."""
+    import torch
+    comm = collectx.init()
+    bad = []
+    r, s = comm.rank, comm.size
+    works = [comm.allreduce(np.full(n, float(r + i), np.float32), async_op=True)
+             for i in range(4)]
+    for i, w in enumerate(works):
+        want = sum(range(s)) + s * i
+        if not np.all(w.result() == want):
+            bad.append(f"async {i}: {w.result()[:3]} != {want}")
+    t = torch.full((n,), float(r + 1), dtype=torch.bfloat16)
+    comm.allreduce(t)
+    if not bool((t == float(s * (s + 1) // 2)).all()):
+        bad.append(f"bf16 allreduce: {t[:3]}")
+    t32 = torch.arange(n, dtype=torch.float32) + r
+    g = comm.allgather(t32)
+    if not isinstance(g, torch.Tensor) or g.shape != (n * s,):
+        bad.append(f"torch allgather returned {type(g)} {getattr(g, 'shape', None)}")
+    out = np.empty(n, np.float32)
+    comm.allreduce(np.ones(n, np.float32), out=out, op="avg")
+    if not np.allclose(out, 1.0):
+        bad.append(f"avg into out: {out[:3]}")
+    comm.barrier()
+    comm.close()
+    return bad

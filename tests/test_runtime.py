@@ -1,0 +1,110 @@
+"""Communicator collectives against numpy references, across processes (collectx.launch).
+
+To stay fast, each launched group runs many cases: one group per rank count.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import _runtime_workers as W
+import collectx
+from collectx.errors import ArgumentError, CommError, DTypeError
+
+COLLS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall")
+DTYPES = ("float32", "float64", "float16", "int32", "int64", "int8", "uint8")
+OPS = ("sum", "prod", "min", "max", "avg")
+
+# sizes: mostly small and odd, sometimes up to a couple of MiB of float32
+sizes = st.one_of(st.integers(0, 40), st.integers(41, 5000), st.integers(5001, 600_000))
+
+
+@st.composite
+def case(draw, nranks: int):
+    coll = draw(st.sampled_from(COLLS))
+    dtype = draw(st.sampled_from(DTYPES))
+    op = draw(st.sampled_from(OPS))
+    if dtype in ("float16", "int8", "uint8") and op in ("sum", "prod", "avg"):
+        op = "max"  # keep references exact: tiny types overflow/round on sums of many ranks
+    n = draw(sizes)
+    if coll in ("reduce_scatter", "alltoall"):
+        n = n // max(1, nranks)
+    root = draw(st.integers(0, nranks - 1))
+    return coll, dtype, op, n, root, draw(st.integers(0, 2**16))
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4, pytest.param(8, marks=pytest.mark.slow)])
+@settings(max_examples=1, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_random_collectives_match_numpy(nranks, data):
+    cases = data.draw(st.lists(case(nranks), min_size=16, max_size=16), label="cases")
+    failures = collectx.launch(W.run_cases, nranks, args=(cases,), timeout=240)
+    assert [f for per_rank in failures for f in per_rank] == []
+
+
+def test_every_collective_dtype_and_op_on_three_ranks_with_tiny_tiles(monkeypatch):
+    # A 256 KiB window forces many tiles (and both staging sets) for the larger sizes.
+    monkeypatch.setenv("COLLECTX_WINDOW_BYTES", str(256 << 10))
+    cases = [(c, d, o, n, 2 if c in ("broadcast", "reduce") else 0, 7)
+             for c in COLLS
+             for d, o, n in (("float32", "sum", 100_003), ("int32", "max", 17),
+                             ("float64", "avg", 3), ("int8", "prod", 0), ("int64", "avg", 7),
+                             ("float16", "min", 5), ("uint8", "min", 70_001))]
+    failures = collectx.launch(W.run_cases, 3, args=(cases,), timeout=240)
+    assert [f for per_rank in failures for f in per_rank] == []
+
+
+def test_async_torch_bf16_and_out_buffers():
+    pytest.importorskip("torch")
+    assert collectx.launch(W.async_and_torch, 2, args=(1000,), timeout=240) == [[], []]
+
+
+def test_single_rank_world_runs_in_process():
+    with collectx.init() as comm:
+        x = np.arange(6, dtype=np.int64)
+        assert comm.allreduce(x, op="max") is x
+        assert comm.reduce_scatter(x).tolist() == x.tolist()
+        assert comm.alltoall(x).tolist() == x.tolist()
+        work = comm.allgather(x, async_op=True)
+        assert work.wait() and work.result().tolist() == x.tolist()
+
+
+@pytest.mark.parametrize("call, err", [
+    (lambda c: c.allreduce(np.ones(4, np.float32), out=np.ones(3, np.float32)), ArgumentError),
+    (lambda c: c.allreduce(np.ones(4, np.complex64)), DTypeError),
+    (lambda c: c.allreduce(np.ones((4, 4), np.float32)[:, 0]), ArgumentError),
+    (lambda c: c.allreduce(np.ones(4, np.float32), op="xor"), ArgumentError),
+    (lambda c: c.broadcast(np.ones(4, np.float32), root=3), ArgumentError),
+    (lambda c: c.reduce_scatter(np.ones(4, np.float32), out=np.ones(2, np.float64)), DTypeError),
+])
+def test_bad_arguments_raise_value_and_type_errors(call, err):
+    with collectx.init() as comm:
+        ro = np.ones(4, np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(err):
+            call(comm)
+        with pytest.raises(ArgumentError, match="read-only"):
+            comm.allreduce(ro)
+        x = np.ones(3, np.float32)
+        assert comm.allreduce(x).tolist() == [1.0, 1.0, 1.0]  # still usable afterwards
+
+
+def test_closed_communicator_refuses_calls():
+    comm = collectx.init()
+    comm.close()
+    comm.close()
+    with pytest.raises(CommError, match="unusable"):
+        comm.allreduce(np.ones(2, np.float32))
+
+
+def test_no_segments_left_after_single_rank_use():
+    before = {f for f in os.listdir("/dev/shm") if f.startswith("collectx-")}
+    with collectx.init() as comm:
+        comm.allreduce(np.ones(10, np.float32))
+    after = {f for f in os.listdir("/dev/shm") if f.startswith("collectx-")}
+    assert after <= before
