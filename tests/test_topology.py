@@ -151,3 +151,28 @@ def test_host_spreads_ranks_round_robin_over_numa_nodes():
                                         "latency_us": 0.3}
     assert G.edges["CPU0", "CPU1"]["type"] == "smp"
     assert G.nodes["CPU0"]["kind"] == "cpu"
+
+
+def test_to_json_of_a_plain_networkx_graph():
+    G = nx.DiGraph(name="handmade")
+    G.add_node("GPU0", kind="gpu")
+    G.add_node("GPU1", kind="gpu")
+    G.add_edge("GPU0", "GPU1", type="nvlink", bw_gbps=25.0)
+    G.add_edge("GPU1", "GPU0", type="nvlink", bw_gbps=25.0)
+    doc = topo.to_json(G)
+    assert doc["links"] == [{"a": "GPU0", "b": "GPU1", "type": "nvlink", "count": 1,
+                             "bw_gbps": 25.0}]
+    G.add_node("X")
+    with pytest.raises(TopologyError, match="'X' has no 'kind'"):
+        topo.to_json(G)
+    G.nodes["X"]["kind"] = "cpu"
+    G.add_edge("X", "GPU0")
+    with pytest.raises(TopologyError, match="X->GPU0 lacks"):
+        topo.to_json(G)
+
+
+def test_write_json_then_load_sniffs_json(tmp_path):
+    path = tmp_path / "t.json"
+    topo.write_json(topo.load("mi250_16gcd"), path)
+    assert topo.to_json(topo.load(path)) == topo.to_json(topo.load("mi250_16gcd"))
+    assert topo.gpus(topo.load(str(path)))[:2] == ["GCD0", "GCD1"]

@@ -146,3 +146,13 @@ def test_matrix_with_a_missing_row_names_it():
 def test_bad_matrices_name_the_line(text, message):
     with pytest.raises(TopologyError, match=message):
         from_nvidia_smi(text)
+
+
+def test_xml_with_missing_attributes_is_read_with_defaults():
+    G = from_nccl_xml("<system><cpu><pci><gpu><nvlink target='0000:99:00.0'/></gpu></pci>"
+                      "<pci class='0x030200'><gpu/></pci></cpu><cpu/></system>")
+    assert topo.gpus(G) == ["GPU0", "GPU1"]
+    assert topo.nodes_of_kind(G, "cpu") == ["CPU0", "CPU1"]
+    assert G.edges["GPU0", "NVS0"]["count"] == 1 and G.edges["GPU0", "NVS0"]["bw_gbps"] == 25.0
+    assert G.edges["GPU1", "CPU0"]["bw_gbps"] == 15.75  # no speed, no width: Gen3 x16
+    assert G.edges["CPU0", "CPU1"]["type"] == "smp"

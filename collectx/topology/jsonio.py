@@ -21,7 +21,7 @@ from pathlib import Path
 import networkx as nx
 
 from ..errors import TopologyError
-from .model import (DEFAULT_LATENCY_US, SCHEMA, UNITS, add_link, add_node, gpus,
+from .model import (DEFAULT_LATENCY_US, NODE_KINDS, SCHEMA, UNITS, add_link, add_node, gpus,
                     natural_key, new_graph)
 
 _NODE_KEYS = ("id", "kind")
@@ -30,9 +30,9 @@ _LINK_KEYS = ("a", "b", "type", "count", "bw_gbps", "latency_us", "directed")
 
 def _preset_dirs() -> list[Path]:
     here = Path(__file__).resolve().parent
-    # A source checkout keeps the catalogue at the repository root; an installed package may
-    # carry a copy next to this module.
-    return [here.parent.parent / "topology", here / "presets"]
+    # A source checkout keeps the catalogue at the repository root; the wheel build installs
+    # a copy as collectx/_presets (CMakeLists.txt).
+    return [here.parent.parent / "topology", here.parent / "_presets"]
 
 
 def presets() -> list[str]:
@@ -146,6 +146,9 @@ def to_json(G: nx.DiGraph) -> dict:
     >>> doc["schema"], len(doc["nodes"]), doc["links"][0]
     ('collectx.topology/1', 3, {'a': 'GPU0', 'b': 'GPU1', 'type': 'nvlink', 'count': 1, 'bw_gbps': 25.0})
     """
+    for n, d in G.nodes(data=True):
+        if "kind" not in d:
+            raise TopologyError(f"node {n!r} has no 'kind'; expected one of {', '.join(NODE_KINDS)}")
     nodes = [{"id": n, "kind": d["kind"], **{k: v for k, v in d.items() if k != "kind"}}
              for n, d in G.nodes(data=True)]
     return {"schema": SCHEMA, "name": G.graph.get("name", "topology"),
@@ -172,10 +175,13 @@ def _links_of(G: nx.DiGraph) -> list[dict]:
 
 
 def _link_dict(a: str, b: str, data: dict) -> dict:
+    if "type" not in data or "bw_gbps" not in data:
+        raise TopologyError(f"edge {a}->{b} lacks 'type' or 'bw_gbps'; every edge needs both "
+                            f"(use collectx.topology.add_link)")
     link = {"a": a, "b": b, "type": data["type"], "count": data.get("count", 1),
             "bw_gbps": data["bw_gbps"]}
     lat = data.get("latency_us")
-    if lat is not None and lat != DEFAULT_LATENCY_US[data["type"]]:
+    if lat is not None and lat != DEFAULT_LATENCY_US.get(data["type"]):
         link["latency_us"] = lat
     link.update({k: v for k, v in data.items() if k not in _LINK_KEYS})
     return link
@@ -229,7 +235,11 @@ def load(source) -> nx.DiGraph:
         raise TopologyError(f"cannot load a topology from a {type(source).__name__}; expected "
                             f"a preset name, a file path or an nx.DiGraph")
     path = Path(source)
-    if not path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:  # e.g. a name too long to be a path
+        is_file = False
+    if not is_file:
         path = preset_path(str(source))
     try:
         text = path.read_text()
