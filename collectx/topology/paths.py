@@ -77,29 +77,39 @@ class Path:
     hops: tuple[str, ...]
 
 
-def _tag(G: nx.DiGraph, prev: str, kind: str) -> str:
+class _Links:
+    """The graph's out-links, prepared once per query: (next node, GB/s, entry tag, to a NIC),
+    in natural order so that ties between equal routes break the same way every time."""
+
+    def __init__(self, G: nx.DiGraph) -> None:
+        kind = dict(G.nodes(data="kind"))
+        self.is_gpu = {n: k == "gpu" for n, k in kind.items()}
+        self.out = {
+            n: [(m, d["bw_gbps"], _tag(kind[n], d["type"]), kind.get(m) == "nic")
+                for m, d in sorted(G[n].items(), key=lambda item: natural_key(item[0]))]
+            for n in G}
+
+    def may_relay(self, node: str, arrived: str | None, leaving: str, to_nic: bool) -> bool:
+        """Whether a route may pass through ``node``: only GPUs are restricted.
+
+        A GPU forwards NVLink to NVLink (NCCL's NVB) and between NVLink and its own NIC
+        (NCCL's PXN: a GPU reaches a rail's NIC through the peer GPU that sits next to it).
+        """
+        if not self.is_gpu[node]:
+            return True
+        if arrived == "nv":
+            return leaving == "nv" or to_nic
+        return arrived == "nic" and leaving == "nv"
+
+
+def _tag(from_kind: str | None, link_type: str) -> str:
     """How a hop enters its node: over NVLink, from a NIC over PCIe, or another link type."""
-    if kind in _NVLINK_TYPES:
+    if link_type in _NVLINK_TYPES:
         return "nv"
-    return "nic" if G.nodes[prev].get("kind") == "nic" else kind
+    return "nic" if from_kind == "nic" else link_type
 
 
-def _may_relay(G: nx.DiGraph, node: str, arrived: str | None, nxt: str, kind: str) -> bool:
-    """Whether a route may pass through ``node``: only GPUs are restricted.
-
-    A GPU forwards NVLink to NVLink (NCCL's NVB) and between NVLink and its own NIC (NCCL's
-    PXN: a GPU reaches a rail's NIC through the peer GPU that sits next to it).
-    """
-    if G.nodes[node].get("kind") != "gpu":
-        return True
-    leaving = _tag(G, node, kind)
-    to_nic = G.nodes[nxt].get("kind") == "nic"
-    if arrived == "nv":
-        return leaving == "nv" or to_nic
-    return arrived == "nic" and leaving == "nv"
-
-
-def _widest_bottlenecks(G: nx.DiGraph, src: str) -> dict[str, float]:
+def _widest_bottlenecks(L: _Links, src: str) -> dict[str, float]:
     """Best bottleneck bandwidth from ``src`` to every reachable node (max-min Dijkstra).
 
     The search state is (node, how it was entered; see ``_tag``), because whether a GPU may
@@ -110,16 +120,15 @@ def _widest_bottlenecks(G: nx.DiGraph, src: str) -> dict[str, float]:
     tie = count()
     heap = [(-float("inf"), next(tie), src, None)]
     while heap:
-        neg_bw, _, node, arrived_by = heapq.heappop(heap)
+        neg_bw, _, node, arrived = heapq.heappop(heap)
         bw = -neg_bw
-        if bw < best_state.get((node, arrived_by), 0.0):
+        if bw < best_state.get((node, arrived), 0.0):
             continue
         best_node[node] = max(best_node.get(node, 0.0), bw)
-        for nxt, data in G[node].items():
-            if node != src and not _may_relay(G, node, arrived_by, nxt, data["type"]):
+        for nxt, link_bw, tag, to_nic in L.out[node]:
+            if node != src and not L.may_relay(node, arrived, tag, to_nic):
                 continue
-            width = min(bw, data["bw_gbps"])
-            tag = _tag(G, node, data["type"])
+            width = min(bw, link_bw)
             if width > best_state.get((nxt, tag), 0.0):
                 best_state[(nxt, tag)] = width
                 heapq.heappush(heap, (-width, next(tie), nxt, tag))
@@ -127,22 +136,21 @@ def _widest_bottlenecks(G: nx.DiGraph, src: str) -> dict[str, float]:
     return best_node
 
 
-def _fewest_hops(G: nx.DiGraph, src: str, targets: set[str], width: float) -> dict[str, tuple]:
+def _fewest_hops(L: _Links, src: str, targets: set[str], width: float) -> dict[str, tuple]:
     """Shortest routes (in hops) from ``src`` over links at least ``width`` wide."""
     start = (src, None)
     parent: dict[tuple, tuple | None] = {start: None}
     found: dict[str, tuple] = {}
     queue = deque([start])
     while queue and len(found) < len(targets):
-        node, arrived_by = state = queue.popleft()
+        node, arrived = state = queue.popleft()
         if node in targets and node not in found:
             found[node] = _unwind(parent, state)
-        for nxt in sorted(G[node], key=natural_key):
-            data = G[node][nxt]
-            nxt_state = (nxt, _tag(G, node, data["type"]))
-            if data["bw_gbps"] < width or nxt_state in parent:
+        for nxt, link_bw, tag, to_nic in L.out[node]:
+            nxt_state = (nxt, tag)
+            if link_bw < width or nxt_state in parent:
                 continue
-            if node != src and not _may_relay(G, node, arrived_by, nxt, data["type"]):
+            if node != src and not L.may_relay(node, arrived, tag, to_nic):
                 continue
             parent[nxt_state] = state
             queue.append(nxt_state)
@@ -186,15 +194,15 @@ def _hop_class(G: nx.DiGraph, a: str, b: str, pci_switches: int) -> PathClass:
     return {"shm": PathClass.PHB, "smp": PathClass.SYS, "net": PathClass.NET}[kind]
 
 
-def _paths_from(G: nx.DiGraph, src: str, targets: list[str]) -> dict[str, Path]:
-    widths = _widest_bottlenecks(G, src)
+def _paths_from(G: nx.DiGraph, L: _Links, src: str, targets: list[str]) -> dict[str, Path]:
+    widths = _widest_bottlenecks(L, src)
     by_width: dict[float, set[str]] = {}
     for t in targets:
         if t != src and t in widths:
             by_width.setdefault(widths[t], set()).add(t)
     out = {}
     for width, group in by_width.items():
-        for t, hops in _fewest_hops(G, src, group, width).items():
+        for t, hops in _fewest_hops(L, src, group, width).items():
             out[t] = Path(classify(G, hops), width, hops)
     return out
 
@@ -212,7 +220,7 @@ def widest_path(G: nx.DiGraph, a: str, b: str) -> Path:
             raise TopologyError(f"{end!r} is not a node of {G.graph.get('name', 'the topology')!r}")
     if a == b:
         return Path(PathClass.LOC, float("inf"), (a,))
-    found = _paths_from(G, a, [b])
+    found = _paths_from(G, _Links(G), a, [b])
     if b not in found:
         raise TopologyError(f"no route from {a} to {b}: the topology is disconnected there")
     return found[b]
@@ -243,7 +251,8 @@ def paths(G: nx.DiGraph, endpoints: list[str] | None = None) -> dict[tuple[str, 
     """
     ends = gpus(G) if endpoints is None else list(endpoints)
     out = {}
+    links = _Links(G)
     for src in ends:
-        for dst, p in _paths_from(G, src, ends).items():
+        for dst, p in _paths_from(G, links, src, ends).items():
             out[src, dst] = p
     return out
