@@ -108,3 +108,13 @@ def test_front_door_registers_topo_and_build_info():
 def test_no_subcommand_prints_help_and_returns_2(capsys):
     rc, out, _ = run_main(capsys)
     assert rc == 2 and "topo" in out
+
+
+def test_build_info_runs_without_a_traceback():
+    proc = subprocess.run([sys.executable, "-m", "collectx.cli.main", "build-info"],
+                          capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode in (0, 1, 2), proc.stderr
+    assert "Traceback" not in proc.stderr
+    if proc.returncode == 0:
+        assert "version" in proc.stdout

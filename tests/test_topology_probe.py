@@ -54,6 +54,9 @@ class FakeNVML:
     def nvmlDeviceGetCudaComputeCapability(self, h):
         return (7, 0)
 
+    def nvmlDeviceGetCpuAffinity(self, h, words):
+        return [0x0F if h < 2 else 0xF0] + [0] * (words - 1)
+
     def nvmlDeviceGetNvLinkState(self, h, link):
         if link >= self.links_supported:
             raise FakeNVMLError("NVML_ERROR_INVALID_ARGUMENT")
@@ -137,6 +140,7 @@ def test_nvlink_system(tmp_path):
     assert G.edges["GPU2", "PSW1"]["bw_gbps"] == 15.75
     assert G.edges["CPU0", "CPU1"]["type"] == "smp"
     assert G.nodes["GPU0"]["p2p"] == ["GPU1", "GPU2", "GPU3"]
+    assert G.nodes["GPU0"]["cpu_affinity"] == "0-3" and G.nodes["GPU3"]["cpu_affinity"] == "4-7"
 
 
 def test_pcie_only_system_with_p2p_blocked_and_a_nic(tmp_path):

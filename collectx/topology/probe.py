@@ -30,6 +30,7 @@ from .pcie import NVLINK_GBPS_BY_VERSION, DEFAULT_NVLINK_GBPS, normalize_busid, 
 _BUSID = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$")
 _NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
 _DEVICE_TYPE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
+_AFFINITY_WORDS = 16  # 1024 CPUs in 64-bit words, as NCCL asks NVML
 
 
 def _read(path: Path, default: str | None = None) -> str | None:
@@ -145,6 +146,23 @@ class _PcieTree:
         add_link(self.G, node, parent, "pcie", self.sysfs.link_bw(busid))
 
 
+def cpulist_of_mask(words, bits_per_word: int = 64) -> str:
+    """A CPU bitmask (NVML's array of unsigned longs, lowest CPUs first) as a cpulist string.
+
+    >>> cpulist_of_mask([0b1111, 0]), cpulist_of_mask([1 << 63, 0b11])
+    ('0-3', '63-65')
+    """
+    cpus = [w * bits_per_word + b for w, word in enumerate(words)
+            for b in range(bits_per_word) if int(word) >> b & 1]
+    ranges, start = [], None
+    for i, cpu in enumerate(cpus):
+        start = cpu if start is None else start
+        if i + 1 == len(cpus) or cpus[i + 1] != cpu + 1:
+            ranges.append(f"{start}-{cpu}" if cpu != start else str(cpu))
+            start = None
+    return ",".join(ranges)
+
+
 def _text(value) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -188,6 +206,9 @@ def _probe_gpus(nvml, sysfs: _Sysfs) -> nx.DiGraph:
         cc = _optional(nvml.nvmlDeviceGetCudaComputeCapability, h)
         if cc:
             attrs["sm"] = str(cc[0] * 10 + cc[1])
+        mask = _optional(getattr(nvml, "nvmlDeviceGetCpuAffinity", None), h, _AFFINITY_WORDS)
+        if mask:
+            attrs["cpu_affinity"] = cpulist_of_mask(mask)
         add_node(G, f"GPU{i}", "gpu", **attrs)
         handles.append(h)
         busids[busid] = f"GPU{i}"
