@@ -156,3 +156,13 @@ def test_xml_with_missing_attributes_is_read_with_defaults():
     assert G.edges["GPU0", "NVS0"]["count"] == 1 and G.edges["GPU0", "NVS0"]["bw_gbps"] == 25.0
     assert G.edges["GPU1", "CPU0"]["bw_gbps"] == 15.75  # no speed, no width: Gen3 x16
     assert G.edges["CPU0", "CPU1"]["type"] == "smp"
+
+
+def test_links_to_gpus_missing_from_a_partial_dump_are_skipped():
+    G = from_nccl_xml("<system><cpu numaid='0'><pci busid='0000:01:00.0' class='0x030200'>"
+                      "<gpu dev='0' sm='80'><nvlink target='0000:02:00.0' count='4' tclass='0x030200'/>"
+                      "<nvlink target='0000:03:00.0' count='2'/></gpu></pci>"
+                      "<nic><net dev='0' speed='fast'/></nic></cpu></system>")
+    assert [p for p in G["GPU0"] if G.nodes[p]["kind"] != "cpu"] == ["NVS0"]
+    assert G.edges["GPU0", "NVS0"]["count"] == 2  # no tclass, unknown bus id: an NVSwitch
+    assert G.nodes["NIC0"]["net_gbps"] == 12.5  # unreadable speed: NCCL's 100 Gb/s default

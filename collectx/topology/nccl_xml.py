@@ -6,8 +6,9 @@ node; each ``<pci>`` bridge (class 0x0604xx, or any ``<pci>`` holding further ``
 ``NIC<dev>`` per ``<net>``, each linked to its parent by PCIe at the line rate of its
 ``link_speed`` x ``link_width``. NVLinks (``<nvlink>``) and RCCL's xGMI links (``<xgmi>``,
 ``<system version="2">``) are resolved at the end, once every GPU's bus id is known: a target that
-is another GPU gives a GPU-GPU link, one with tclass 0x068000 (or any other unknown bus id) an
-NVSwitch ``NVS<k>`` (numbered in bus-id order), one with tclass 0x068001 the GPU's CPU.
+is another GPU gives a GPU-GPU link, one with tclass 0x068000 (or an unknown bus id without a
+tclass) an NVSwitch ``NVS<k>`` (numbered in bus-id order), one with tclass 0x068001 the GPU's
+CPU; a GPU-class target missing from the file (a partial dump) is skipped.
 
 Tolerated quirks: ``link_width="0"`` or missing (VMs) counts as x16 and a missing speed as Gen3,
 as NCCL does; a virtual bridge reporting a narrower link than its children (VMs show 2.5 GT/s x1)
@@ -57,6 +58,15 @@ def _smp_bw(cpu: ET.Element) -> float:
     except ValueError:
         model = 0
     return 40.0 if model >= 0xCF else 22.0 if model >= 0x8F else 10.0 if model >= 0x55 else 6.0
+
+
+def _net_gbps(speed) -> float:
+    """NIC line rate from NCCL's ``speed`` (Mb/s); unknown or <= 0 gives the default."""
+    try:
+        mbps = float(speed)
+    except (TypeError, ValueError):
+        return DEFAULT_NET_GBPS
+    return mbps / 8000 if mbps > 0 else DEFAULT_NET_GBPS
 
 
 def _read_text(source) -> str:
@@ -161,20 +171,22 @@ class _Builder:
     def nic(self, el: ET.Element, parent: str, bw) -> None:
         nets = el.findall("net") or [el]
         for net in nets:
-            speed = net.get("speed")
-            net_gbps = float(speed) / 8000 if speed and float(speed) > 0 else DEFAULT_NET_GBPS
+            net_gbps = _net_gbps(net.get("speed"))
             nid = self.fresh("NIC", net.get("dev"))
             attrs = {"name": net.get("name")} if net.get("name") else {}
             add_node(self.G, nid, "nic", net_gbps=net_gbps, **attrs)
             add_link(self.G, nid, parent, "pcie", bw or net_gbps)
 
     def resolve_links(self) -> None:
-        switch_ids = sorted({t for _, _, t, c, _, _ in self.pending if self.is_switch(t, c)})
+        switch_ids = sorted({t for _, kind, t, c, _, _ in self.pending
+                             if kind == "nvlink" and self.is_switch(t, c)})
         for k, busid in enumerate(switch_ids):
             add_node(self.G, f"NVS{k}", "nvswitch", busid=busid)
         per_side: dict[tuple[str, str], list] = {}
         for gid, kind, target, tclass, count, per_link in self.pending:
             peer = self.peer_of(gid, target, tclass, switch_ids)
+            if peer is None:
+                continue  # a GPU outside this (partial) dump: nothing to link to
             entry = per_side.setdefault((gid, peer), [kind, 0, per_link])
             entry[1] += count  # several <nvlink> lines to one target add up
         for (a, b), (kind, count, per_link) in per_side.items():
@@ -188,12 +200,13 @@ class _Builder:
             return f"NVS{switch_ids.index(target)}"
         if tclass == CPU_CLASS:
             return self.cpu_of_gpu[gid]
-        return self.gpu_by_busid[target]
+        return self.gpu_by_busid.get(target)
 
     def is_switch(self, target: str, tclass: str) -> bool:
+        """NVSwitch by class; with no class, any bus id that is none of our GPUs."""
         if tclass == NVSWITCH_CLASS:
             return True
-        return tclass != CPU_CLASS and target not in self.gpu_by_busid
+        return not tclass and target not in self.gpu_by_busid
 
     def join_cpus(self) -> None:
         cpus = [n for n, k in self.G.nodes(data="kind") if k == "cpu"]
