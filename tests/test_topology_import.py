@@ -118,7 +118,8 @@ def test_tab_separated_matrix_with_numa_columns_and_nic_legend():
     assert topo.nodes_of_kind(G, "cpu") == ["CPU0", "CPU1"]
     assert path_class(G, "NIC1", "GPU2") == PathClass.PIX
     assert path_class(G, "NIC0", "GPU0") == PathClass.PXB
-    assert path_class(G, "NIC0", "NIC1") == PathClass.SYS
+    # with the NVLinked peers gone, the only way between the sockets' NICs is the SMP link
+    assert path_class(topo.subset(G, [0, 3]), "NIC0", "NIC1") == PathClass.SYS
 
 
 def test_space_separated_matrix_without_affinity_columns():

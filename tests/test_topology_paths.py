@@ -100,3 +100,21 @@ def test_unreachable_and_unknown_nodes():
         widest_path(G, "GPU0", "GPU1")
     with pytest.raises(TopologyError, match="'GPU7' is not a node"):
         path_class(G, "GPU0", "GPU7")
+
+
+def test_pxn_a_gpu_reaches_another_rail_nic_through_its_nvlink_peer():
+    G = topo.multi_node("dgx1v", 2, nic_bw=12.5)
+    p = widest_path(G, "n0/GPU0", "n1/GPU5")
+    assert p.cls == PathClass.NET and p.bw_gbps == 12.5  # not the 6 GB/s socket link
+    relays = [h for h in p.hops[1:-1] if G.nodes[h]["kind"] == "gpu"]
+    assert relays and all(G.nodes[h]["kind"] != "cpu" for h in p.hops)
+
+
+def test_pxn_leg_never_reaches_a_cpu():
+    G = topo.multi_node("dgx1v", 2, nic_bw=12.5)
+    for path in paths(G).values():
+        for i, hop in enumerate(path.hops[1:-1], start=1):
+            if G.nodes[hop]["kind"] == "gpu" and G.edges[hop, path.hops[i + 1]]["type"] == "pcie":
+                rest = path.hops[i + 1:]
+                nic = next(j for j, h in enumerate(rest) if G.nodes[h]["kind"] == "nic")
+                assert all(G.nodes[h]["kind"] == "pci_switch" for h in rest[:nic])

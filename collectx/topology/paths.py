@@ -24,7 +24,8 @@ switches together (e.g. 450 GB/s on an HGX H100, where one switch route gives 12
 planner's cut and flow bounds count that, paths do not.
 
 A GPU is used as a relay only between two NVLink/xGMI hops (as NCCL's NVB paths do) or between
-NVLink and a NIC on its PCIe side (NCCL's PXN); a PCIe-only route never goes through a GPU. Bandwidths are the line rates of the graph.
+NVLink and a NIC reached through PCIe switches (NCCL's PXN); a PCIe-only route never goes
+through a GPU. Bandwidths are the line rates of the graph.
 
 >>> from collectx.topology import load
 >>> G = load("dgx1v")
@@ -78,41 +79,48 @@ class Path:
 
 
 class _Links:
-    """The graph's out-links, prepared once per query: (next node, GB/s, entry tag, to a NIC),
+    """The graph's out-links, prepared once per query: (next node, GB/s, link type, next kind),
     in natural order so that ties between equal routes break the same way every time."""
 
     def __init__(self, G: nx.DiGraph) -> None:
-        kind = dict(G.nodes(data="kind"))
-        self.is_gpu = {n: k == "gpu" for n, k in kind.items()}
+        self.kind = dict(G.nodes(data="kind"))
         self.out = {
-            n: [(m, d["bw_gbps"], _tag(kind[n], d["type"]), kind.get(m) == "nic")
+            n: [(m, d["bw_gbps"], d["type"], self.kind.get(m))
                 for m, d in sorted(G[n].items(), key=lambda item: natural_key(item[0]))]
             for n in G}
 
-    def may_relay(self, node: str, arrived: str | None, leaving: str, to_nic: bool) -> bool:
-        """Whether a route may pass through ``node``: only GPUs are restricted.
+    def step(self, node: str, arrived: str | None, link_type: str, nxt_kind) -> str | None:
+        """The state a route enters the next node in, or None if it may not take this link.
 
-        A GPU forwards NVLink to NVLink (NCCL's NVB) and between NVLink and its own NIC
-        (NCCL's PXN: a GPU reaches a rail's NIC through the peer GPU that sits next to it).
+        States: "nv" (over NVLink), "nic" (PCIe coming from a NIC, kept through PCIe switches
+        down to a GPU), "pxn" (PCIe leg from a relaying GPU, which must reach a NIC through
+        PCIe switches only), else the link type. Only GPUs and that PXN leg restrict routes:
+        a GPU forwards NVLink to NVLink (NCCL's NVB) and between NVLink and a NIC on its PCIe
+        side (NCCL's PXN: a GPU reaches a rail's NIC through the peer GPU next to it).
         """
-        if not self.is_gpu[node]:
-            return True
-        if arrived == "nv":
-            return leaving == "nv" or to_nic
-        return arrived == "nic" and leaving == "nv"
-
-
-def _tag(from_kind: str | None, link_type: str) -> str:
-    """How a hop enters its node: over NVLink, from a NIC over PCIe, or another link type."""
-    if link_type in _NVLINK_TYPES:
-        return "nv"
-    return "nic" if from_kind == "nic" else link_type
+        kind, nv = self.kind[node], link_type in _NVLINK_TYPES
+        toward_nic = nxt_kind in ("pci_switch", "nic")
+        relaying_gpu = kind == "gpu" and arrived is not None
+        if relaying_gpu and not (arrived == "nv" and (nv or (link_type == "pcie" and toward_nic))
+                                 or arrived == "nic" and nv):
+            return None
+        if arrived == "pxn" and kind == "pci_switch" and not toward_nic:
+            return None
+        if nv:
+            return "nv"
+        if link_type != "pcie":
+            return link_type
+        if kind == "nic" or (arrived == "nic" and nxt_kind in ("pci_switch", "gpu")):
+            return "nic"
+        if relaying_gpu or arrived == "pxn":
+            return "pxn"
+        return "pcie"
 
 
 def _widest_bottlenecks(L: _Links, src: str) -> dict[str, float]:
     """Best bottleneck bandwidth from ``src`` to every reachable node (max-min Dijkstra).
 
-    The search state is (node, how it was entered; see ``_tag``), because whether a GPU may
+    The search state is (node, how it was entered; see ``_Links.step``), because whether a GPU may
     relay depends on how the route reached it.
     """
     best_state: dict[tuple[str, str | None], float] = {(src, None): float("inf")}
@@ -125,8 +133,9 @@ def _widest_bottlenecks(L: _Links, src: str) -> dict[str, float]:
         if bw < best_state.get((node, arrived), 0.0):
             continue
         best_node[node] = max(best_node.get(node, 0.0), bw)
-        for nxt, link_bw, tag, to_nic in L.out[node]:
-            if node != src and not L.may_relay(node, arrived, tag, to_nic):
+        for nxt, link_bw, link_type, nxt_kind in L.out[node]:
+            tag = L.step(node, arrived, link_type, nxt_kind)
+            if tag is None:
                 continue
             width = min(bw, link_bw)
             if width > best_state.get((nxt, tag), 0.0):
@@ -146,11 +155,10 @@ def _fewest_hops(L: _Links, src: str, targets: set[str], width: float) -> dict[s
         node, arrived = state = queue.popleft()
         if node in targets and node not in found:
             found[node] = _unwind(parent, state)
-        for nxt, link_bw, tag, to_nic in L.out[node]:
+        for nxt, link_bw, link_type, nxt_kind in L.out[node]:
+            tag = L.step(node, arrived, link_type, nxt_kind) if link_bw >= width else None
             nxt_state = (nxt, tag)
-            if link_bw < width or nxt_state in parent:
-                continue
-            if node != src and not L.may_relay(node, arrived, tag, to_nic):
+            if tag is None or nxt_state in parent:
                 continue
             parent[nxt_state] = state
             queue.append(nxt_state)
