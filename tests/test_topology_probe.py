@@ -4,8 +4,6 @@ import json
 import os
 from types import SimpleNamespace
 
-import pytest
-
 import collectx.topology as topo
 from collectx.config import Config
 from collectx.topology.paths import PathClass, path_class

@@ -11,7 +11,7 @@ from __future__ import annotations
 import networkx as nx
 
 from ..errors import TopologyError
-from .model import add_link, add_node, gpus, natural_key, new_graph, nodes_of_kind
+from .model import add_link, add_node, gpus, new_graph, nodes_of_kind
 
 # One core's memcpy bandwidth between two buffers in DRAM is ~8-12 GB/s on current x86 server
 # cores (STREAM copy per core); one shm link per rank models what a single worker can move.
@@ -183,4 +183,4 @@ def host(nranks: int, numa_nodes: int = 1, shm_bw: float = DEFAULT_SHM_BW,
     return G
 
 
-__all__ = ["ring", "line", "fully_connected", "switch", "multi_node", "host", "natural_key"]
+__all__ = ["ring", "line", "fully_connected", "switch", "multi_node", "host"]
