@@ -21,7 +21,7 @@ def _check_all(algo, G, nbytes=1 << 20):
         for inplace in (False, True):
             if inplace and coll == "alltoall":
                 continue
-            for root in sorted({0, n - 1}) if coll in ROOTED else (0,):
+            for root in sorted({0, n - 1}) if coll in (*ROOTED, "sendrecv") else (0,):
                 s = ALGORITHMS[algo](G, ranks, coll, nbytes, root=root, inplace=inplace)
                 assert s.nranks == n and s.collective == coll and s.inplace == inplace
                 verify(s)

@@ -114,7 +114,7 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
         name = registry.name_of(algo)
         schedule = registry.call(algo, view, ranks, collective, nbytes, root=root,
                                  inplace=inplace, nchunks=nchunks)
-        predicted = select.simulate_or_none(schedule, view, nbytes, ranks)
+        predicted = select.predict(schedule, view, nbytes, ranks, name)
     verified = _verify(schedule) if verify else False           # verify
     bound = _bound(view, collective, ranks, root)               # bound
     return Plan(collective=collective, algorithm=name, ranks=ranks, nbytes=int(nbytes),

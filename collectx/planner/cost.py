@@ -1,10 +1,10 @@
 """The cost model: ``t = base + steps * alpha + bytes / busbw``.
 
 ``steps`` is the schedule's critical path (longest chain of dependent instructions), ``alpha``
-the per-step latency of the allocation's link class (:mod:`.cost_tables`). With the simulator,
-the bandwidth term (including link contention and per-hop latency) is the simulated time; without
-it, an analytic busbw is used. Either way the same three terms are added, so the choice made
-by :mod:`.select` and the predicted time it reports are one number.
+the per-step latency of the allocation's link class (:mod:`.cost_tables`). The bandwidth term
+comes from the simulator (link contention, per-hop wire latency), which :func:`.select.predict`
+combines with the latency terms; the choice made by :mod:`.select` and the predicted time it
+reports are one number.
 """
 
 from __future__ import annotations
@@ -73,11 +73,24 @@ def device_kind(topo: nx.DiGraph | None, ranks: tuple[str, ...]) -> str:
     return "cpu" if topo.nodes[ranks[0]].get("device") == "cpu" else "gpu"
 
 
+def latency_terms(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ...],
+                  algorithm: str) -> tuple[float, float]:
+    """``(base, alpha)`` in microseconds for one schedule on one allocation."""
+    return BASE_US[device_kind(topo, ranks)], alpha_us(link_class(schedule, topo, ranks),
+                                                       algorithm)
+
+
 def overhead_us(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ...],
                 algorithm: str) -> float:
-    """The latency terms ``base + steps * alpha`` of one schedule on one allocation."""
-    alpha = alpha_us(link_class(schedule, topo, ranks), algorithm)
-    return BASE_US[device_kind(topo, ranks)] + steps(schedule) * alpha
+    """The latency terms ``base + steps * alpha`` of one schedule on one allocation.
+
+    >>> from collectx.planner.direct import plan_direct
+    >>> round(overhead_us(plan_direct(None, ("A", "B"), "allreduce", 64), None, ("A", "B"),
+    ...                   "direct"), 1)  # CPU base 2 us + 2 steps of 1 us over shared memory
+    4.0
+    """
+    base, alpha = latency_terms(schedule, topo, ranks, algorithm)
+    return base + steps(schedule) * alpha
 
 
 def transfer_us(nbytes: int, busbw_GBps: float, factor: float) -> float:

@@ -52,20 +52,24 @@ def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: in
 
 def predict(schedule: Schedule, topo: nx.DiGraph, nbytes: int, ranks: tuple[str, ...],
             algorithm: str):
-    """Simulated result with the cost table's latency terms added (None without simulator).
+    """Simulated result with the cost table's latency terms folded in (None without simulator).
 
-    The simulator models link bandwidth, contention and per-hop wire latency; the per-step
-    synchronisation cost of real executors (flags, launches) comes from the cost table, and
-    the bandwidths are recomputed from the total time so that all fields agree.
+    ``t = base + max(simulated, steps * alpha)``: the simulator models link bandwidth,
+    contention and per-hop wire latency; the per-step synchronisation of real executors (flags,
+    polling) comes from the cost table. Pipelined executors overlap one piece's
+    synchronisation with other pieces' transfers, so the two terms overlap rather than add:
+    the max is right at both ends (latency-bound small messages, bandwidth-bound large ones)
+    and optimistic by at most 2x where they are equal. Bandwidths are recomputed from the
+    total time so that all fields agree.
     """
     sim = simulate_or_none(schedule, topo, nbytes, ranks)
     if sim is None:
         return None
-    extra = cost.overhead_us(schedule, topo, ranks, algorithm)
-    t = sim.time_us + extra
+    base, alpha = cost.latency_terms(schedule, topo, ranks, algorithm)
+    t = base + max(sim.time_us, cost.steps(schedule) * alpha)
     if not dataclasses.is_dataclass(sim) or t <= 0:
         return sim
-    scale = sim.time_us / t if sim.time_us > 0 else 0.0
+    scale = sim.time_us / t
     return dataclasses.replace(sim, time_us=t, algbw_GBps=sim.algbw_GBps * scale,
                                busbw_GBps=sim.busbw_GBps * scale)
 

@@ -1,0 +1,156 @@
+"""``collectx plan SOURCE --collective C --gpus LIST --size BYTES``: plan and judge a collective.
+
+Prints the chosen algorithm, its rings/trees, the predicted time and bandwidths, the bound
+(for allreduce: the reference and the ceiling), the efficiency and the planning time; ``--json``
+prints :meth:`collectx.planner.Plan.to_dict` instead. ``--draw`` overlays the rings/trees and
+the predicted link utilisation on the topology drawing; ``--export-msccl`` writes MSCCL XML.
+
+>>> parse_size("8K"), parse_size("1GiB"), parse_size("1536")
+(8192, 1073741824, 1536)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from ..config import get_config
+from ..errors import ArgumentError
+from ..topology import load, local_topology
+from .topo import parse_gpu_list
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"1048576"``, ``"8K"``, ``"64M"``, ``"1G"`` (binary multiples; B/iB optional)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ArgumentError(f"--size {text!r}: expected a byte count such as 1048576, 8K, 64M "
+                            f"or 1G (K/M/G are powers of 1024)")
+    return int(m.group(1)) * _SCALE[m.group(2).lower()]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``collectx plan``."""
+    p = subparsers.add_parser(
+        "plan", help="plan a collective on a topology and predict how fast it is",
+        description="Plan COLLECTIVE on GPUs of SOURCE (a preset name, a collectx JSON file, "
+                    "an NCCL topology XML or 'nvidia-smi topo -m' output; default this "
+                    "machine), simulate it and compare it with the cut bound.")
+    p.add_argument("source", nargs="?", metavar="SOURCE", help="preset name or file")
+    p.add_argument("--collective", "-c", required=True, metavar="C",
+                   help="allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, "
+                        "sendrecv")
+    p.add_argument("--gpus", metavar="LIST", help="GPUs to use, e.g. 0,1,2,5 or 0-3 "
+                                                  "(default: all)")
+    p.add_argument("--size", default="1G", metavar="BYTES",
+                   help="message size in bytes, K/M/G suffixes allowed (default 1G)")
+    p.add_argument("--algo", metavar="A", help="force an algorithm (default: COLLECTX_ALGO, "
+                                               "else the cost model chooses)")
+    p.add_argument("--root", type=int, default=0, help="root rank of broadcast/reduce")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--draw", metavar="OUT", help="draw the plan on the topology (.svg/.png)")
+    p.add_argument("--export-msccl", metavar="OUT", help="write the schedule as MSCCL XML")
+    return p
+
+
+def run(args) -> int:
+    """Carry out ``collectx plan``; errors propagate as CollectXError (one line, exit 2)."""
+    from ..planner import plan
+    G = load(args.source) if args.source else local_topology()
+    gpus = parse_gpu_list(args.gpus) if args.gpus else None
+    algo = args.algo or get_config().algo
+    p = plan(G, args.collective, parse_size(args.size), gpus=gpus, algo=algo, root=args.root)
+    if args.export_msccl:
+        from ..schedule.msccl import to_msccl_xml
+        with open(args.export_msccl, "w") as f:
+            f.write(to_msccl_xml(p.schedule))
+    if args.draw:
+        _draw(G, p, args.draw)
+    if args.json:
+        print(json.dumps(p.to_dict(), indent=1))
+    else:
+        print(format_plan(p))
+        for what, out in (("MSCCL XML", args.export_msccl), ("Drawing", args.draw)):
+            if out:
+                print(f"{what} written to {out}")
+    return 0
+
+
+def format_plan(p) -> str:
+    """The human-readable summary ``collectx plan`` prints."""
+    d = p.to_dict()
+    lines = [f"collective   {p.collective} of {_bytes(p.nbytes)} on {len(p.ranks)} GPUs: "
+             f"{', '.join(p.ranks)}",
+             f"algorithm    {p.algorithm} ({p.schedule.nchunks} chunks, "
+             f"{max(len(lanes) for lanes in p.schedule.lanes)} lanes, "
+             f"{p.schedule.n_instructions} instructions)"]
+    lines += [f"  {label}" for label, _ in overlays(p)]
+    if d["predicted_time_us"] is not None:
+        lines.append(f"predicted    {d['predicted_time_us']:.1f} us, algbw "
+                     f"{d['predicted_algbw_GBps']:.2f} GB/s, busbw "
+                     f"{d['predicted_busbw_GBps']:.2f} GB/s")
+    else:
+        lines.append("predicted    (no simulator available)")
+    if d["bound_busbw_GBps"] is not None:
+        if p.collective == "allreduce" and d["ceiling_busbw_GBps"] is not None:
+            lines.append(f"bound        reference busbw {d['bound_busbw_GBps']:.2f} GB/s, "
+                         f"ceiling {d['ceiling_busbw_GBps']:.2f} GB/s")
+        else:
+            lines.append(f"bound        busbw {d['bound_busbw_GBps']:.2f} GB/s")
+    if d["efficiency"] is not None:
+        lines.append(f"efficiency   {d['efficiency']:.3f} of the bound")
+    lines.append(f"verified     {'yes' if p.verified else 'no'}; planned in "
+                 f"{p.planning_time_s:.3f} s")
+    return "\n".join(lines)
+
+
+def overlays(p) -> list[tuple[str, list[tuple[str, str]]]]:
+    """(label, directed node-id edges) for each ring and tree named in the schedule's meta."""
+    meta = p.schedule.meta_dict()
+    out = []
+    for k, ring in enumerate(meta.get("rings", ())):
+        order, bw = list(ring[0]), ring[1]
+        if len(order) > 1:
+            edges = list(zip(order, order[1:] + order[:1]))
+            out.append((f"ring {k}: {' > '.join(order)} ({bw:g} GB/s)", edges))
+    for k, tree in enumerate(meta.get("trees", ())):
+        edges = _tree_edges(tree, p.ranks)
+        if edges:
+            tag = " ".join(str(x) for x in tree if isinstance(x, str))
+            out.append((f"tree {k}{' (' + tag + ')' if tag else ''}: "
+                        f"{', '.join(f'{a}>{b}' for a, b in edges)}", edges))
+    return out
+
+
+def _tree_edges(tree, ranks) -> list[tuple[str, str]]:
+    """Edges of a tree given as a parent array (ring/tree planners) or as a tuple of
+    (from, to) rank pairs inside a record (the packed-tree planners)."""
+    if all(isinstance(x, int) for x in tree):
+        return [(ranks[par], ranks[r]) for r, par in enumerate(tree) if par >= 0]
+    for item in tree:
+        if isinstance(item, (tuple, list)) and item and all(
+                isinstance(e, (tuple, list)) and len(e) == 2 for e in item):
+            return [(ranks[a], ranks[b]) for a, b in item]
+    return []
+
+
+def _draw(G, p, path: str) -> None:
+    from ..topology import subset
+    from ..topology.draw import PALETTE, draw
+    view = subset(G, list(p.ranks))
+    highlight = [(label.split(":")[0], edges, PALETTE[k % len(PALETTE)])
+                 for k, (label, edges) in enumerate(overlays(p))]
+    util = getattr(p.predicted, "link_util", None)
+    draw(view, path, highlight=highlight, utilization=util,
+         title=f"{p.collective} {p.algorithm} on {len(p.ranks)} GPUs")
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"

@@ -1,0 +1,88 @@
+"""``collectx plan``: JSON fields, text summary, drawing/export, one-line errors."""
+
+import json
+
+import pytest
+
+from collectx.cli.main import main
+from collectx.cli.plan import overlays, parse_size
+from collectx.errors import ArgumentError
+from collectx.schedule.ir import Schedule
+
+FIELDS = {"collective", "ranks", "algorithm", "nbytes", "predicted_time_us",
+          "predicted_algbw_GBps", "predicted_busbw_GBps", "bound_busbw_GBps",
+          "ceiling_busbw_GBps", "efficiency", "planning_time_s", "verified", "schedule"}
+
+
+def test_json_fields(capsys):
+    rc = main(["plan", "dgx1v", "--collective", "allgather", "--gpus", "0,1,2,3",
+               "--size", "1M", "--algo", "ring", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and set(d) == FIELDS
+    assert d["ranks"] == ["GPU0", "GPU1", "GPU2", "GPU3"] and d["nbytes"] == 1 << 20
+    assert d["algorithm"] == "ring" and d["verified"] is True
+    assert Schedule.from_dict(d["schedule"]).collective == "allgather"
+    if d["predicted_busbw_GBps"] is not None and d["bound_busbw_GBps"]:
+        assert d["efficiency"] == pytest.approx(d["predicted_busbw_GBps"] /
+                                                d["bound_busbw_GBps"])
+
+
+def test_text_summary_names_rings(capsys):
+    assert main(["plan", "dgx1v", "-c", "allreduce", "--gpus", "0-3",
+                 "--size", "64M", "--algo", "ring"]) == 0
+    out = capsys.readouterr().out
+    assert "algorithm    ring" in out and "ring 0:" in out and "verified     yes" in out
+
+
+def test_env_algo_is_used_when_no_flag(capsys, monkeypatch):
+    import collectx.cli.plan as cli_plan
+    from collectx.config import Config
+    monkeypatch.setattr(cli_plan, "get_config",
+                        lambda: Config.from_env({"COLLECTX_ALGO": "tree"}))
+    assert main(["plan", "dgx1v", "-c", "broadcast", "--gpus", "0-3", "--size", "8K",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["algorithm"] == "tree"
+
+
+def test_draw_and_msccl_export(tmp_path, capsys):
+    svg, xml = tmp_path / "plan.svg", tmp_path / "plan.xml"
+    assert main(["plan", "dgx1v", "-c", "allreduce", "--gpus", "0,3,2,1", "--size", "8K",
+                 "--algo", "tree", "--draw", str(svg), "--export-msccl", str(xml)]) == 0
+    assert svg.read_text().startswith("<?xml") and "<algo" in xml.read_text()
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["-c", "allscatter"], "unknown collective"),
+    (["-c", "allreduce", "--gpus", "0,0"], "twice"),
+    (["-c", "allreduce", "--gpus", "0,42"], "out of range"),
+    (["-c", "allreduce", "--gpus", "GPU0,GPU9"], "GPU9"),
+    (["-c", "allreduce", "--size", "12Q"], "--size"),
+    (["-c", "allreduce", "--algo", "magic"], "unknown algorithm"),
+])
+def test_bad_input_is_one_line_exit_2(argv, match, capsys):
+    assert main(["plan", "dgx1v", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err and "Traceback" not in err
+
+
+def test_disconnected_allocation(tmp_path, capsys):
+    from collectx.topology import line, write_json
+    path = tmp_path / "line.json"
+    write_json(line(3), path)
+    assert main(["plan", str(path), "-c", "allreduce", "--gpus", "0,2"]) == 2
+    assert "cannot reach" in capsys.readouterr().err
+
+
+def test_parse_size():
+    assert parse_size("8K") == 8192 and parse_size("64MiB") == 64 << 20
+    assert parse_size("1g") == 1 << 30
+    with pytest.raises(ArgumentError):
+        parse_size("-5")
+
+
+def test_overlays_from_tree_meta():
+    import collectx.topology as T
+    from collectx.planner import plan
+    p = plan(T.switch(4), "broadcast", 64, algo="tree", verify=False)
+    labels = [label for label, _ in overlays(p)]
+    assert labels[0].startswith("tree 0") and all(len(e) == 3 for _, e in overlays(p))
