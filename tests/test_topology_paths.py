@@ -118,3 +118,38 @@ def test_pxn_leg_never_reaches_a_cpu():
                 rest = path.hops[i + 1:]
                 nic = next(j for j, h in enumerate(rest) if G.nodes[h]["kind"] == "nic")
                 assert all(G.nodes[h]["kind"] == "pci_switch" for h in rest[:nic])
+
+
+def _brute_force_widest(G, a, b):
+    import networkx as nx
+    best = (0.0, 0)
+    for route in nx.all_simple_paths(G, a, b):
+        width = min(G.edges[u, v]["bw_gbps"] for u, v in zip(route, route[1:]))
+        best = max(best, (width, -len(route)))
+    return best[0], -best[1]
+
+
+def test_widest_path_matches_brute_force_on_random_nvlink_meshes():
+    import random
+    rng = random.Random(7)
+    for trial in range(25):
+        n = rng.randint(3, 6)
+        G = topo.new_graph(f"random{trial}")
+        for i in range(n):
+            topo.add_node(G, f"GPU{i}", "gpu")
+        for i in range(n):
+            for j in range(i + 1, n):
+                if rng.random() < 0.6:
+                    topo.add_link(G, f"GPU{i}", f"GPU{j}", "nvlink", 25.0 * rng.randint(1, 4))
+        P = paths(G)
+        for a in topo.gpus(G):
+            for b in topo.gpus(G):
+                if a == b:
+                    continue
+                width, hops = _brute_force_widest(G, a, b)
+                if width == 0.0:
+                    assert (a, b) not in P
+                    continue
+                p = P[a, b]
+                assert (p.bw_gbps, len(p.hops)) == (width, hops), (trial, a, b)
+                assert all(G.has_edge(u, v) for u, v in zip(p.hops, p.hops[1:]))
