@@ -1,12 +1,14 @@
 """Buffers the sweep runs on: numpy arrays, or torch tensors where numpy has no dtype.
 
 Communicators that own memory (collectx's shared windows, torch's devices) allocate through their
-``empty``; the sweep only needs to write known values in and read results out as float64, which
-:func:`write` and :func:`read` do for either kind.
+``empty``; the sweep only needs to write known values in and read results out, which the functions here
+do for either kind.
 
 >>> buf = alloc(None, 3, "int32")
 >>> write(buf, [1, 2, 3]); read(buf).tolist()
 [1.0, 2.0, 3.0]
+>>> fill_tiled(buf, np.array([7.0, 8.0]), start=1); buf.tolist()
+[8, 7, 8]
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DTypeError
+from .collectives import tile
 
 
 def _torch():
@@ -47,6 +50,11 @@ def read(buf) -> np.ndarray:
     return buf.detach().to("cpu").double().numpy()
 
 
+def comparable(buf) -> np.ndarray:
+    """``buf`` as numpy without a copy where possible (torch tensors: float64 on the host)."""
+    return buf if isinstance(buf, np.ndarray) else read(buf)
+
+
 def write(buf, values) -> None:
     """Copy ``values`` (any array-like) into ``buf``, converting to its dtype."""
     values = np.asarray(values, dtype=np.float64)
@@ -57,14 +65,23 @@ def write(buf, values) -> None:
     buf.copy_(torch.from_numpy(values).to(buf.dtype))
 
 
+def fill_tiled(buf, pattern: np.ndarray, start: int = 0) -> None:
+    """Fill ``buf`` with the endless repetition of ``pattern`` from element ``start``, in place."""
+    n = int(buf.shape[0])
+    if isinstance(buf, np.ndarray):
+        tile(pattern, start, n, out=buf)
+        return
+    torch = _torch()
+    buf.copy_(torch.from_numpy(tile(pattern, start, n, np.float32)).to(buf.dtype))
+
+
 def fill_garbage(buf) -> None:
     """Overwrite ``buf`` with a value no collective produces here, so stale output is wrong."""
-    write(buf, np.full(int(buf.shape[0]), -3.0 if _signed(buf) else 251.0))
-
-
-def _signed(buf) -> bool:
-    name = str(buf.dtype)
-    return "uint" not in name
+    value = 251 if "uint" in str(buf.dtype) else -3
+    if isinstance(buf, np.ndarray):
+        buf.fill(value)
+    else:
+        buf.fill_(value)
 
 
 def itemsize(dtype: str) -> int:
@@ -80,12 +97,12 @@ def wrong_count(got: np.ndarray, ref: np.ndarray, dtype: str, op: str) -> int:
     """
     if got.shape != ref.shape:
         return int(max(got.size, ref.size))
-    expected = np.asarray(ref, dtype=np.float64)
-    if op == "avg":
-        if dtype.startswith(("int", "uint")):
-            tol = 1.0
-        else:
-            tol = 4 * (2.0 ** -7 if dtype == "bfloat16" else float(np.finfo(dtype).eps))
-            tol = tol * np.maximum(np.abs(expected), 1.0)
-        return int(np.count_nonzero(~(np.abs(got - expected) <= tol)))
-    return int(np.count_nonzero(got != expected))
+    if op != "avg":
+        return int(np.count_nonzero(got != ref))
+    expected, got = np.asarray(ref, dtype=np.float64), np.asarray(got, dtype=np.float64)
+    if dtype.startswith(("int", "uint")):
+        tol = 1.0
+    else:
+        tol = 4 * (2.0 ** -7 if dtype == "bfloat16" else float(np.finfo(dtype).eps))
+        tol = tol * np.maximum(np.abs(expected), 1.0)
+    return int(np.count_nonzero(~(np.abs(got - expected) <= tol)))

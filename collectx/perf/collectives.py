@@ -8,14 +8,15 @@ float64 from the known inputs of :func:`input_values`.
 >>> b = BENCHES["allgather"]
 >>> b.layout(1024, itemsize=4, nranks=4)
 Layout(count=256, in_elems=64, out_elems=256, nbytes=1024)
->>> expected = b.expected(lambda q: input_values("allgather", "sum", q, 2), 0, 2, "sum", 0)
->>> expected.tolist()
+>>> inputs = lambda q, start, n: input_values("allgather", "sum", q, n, start)
+>>> b.expected(inputs, rank=0, nranks=2, op="sum", root=0, n_in=2).tolist()
 [1.0, 2.0, 18.0, 19.0]
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import numpy as np
@@ -36,20 +37,59 @@ class Layout:
     nbytes: int
 
 
-def input_values(collective: str, op: str, rank: int, n: int) -> np.ndarray:
-    """Known inputs of ``rank`` (float64): small integers, so every result is exact.
+# Every input pattern repeats with this period (lcm of 4, 7 and 60 below), so inputs and
+# references are computed on one period and tiled: a 64 MiB check costs a memcpy, not a loop.
+PERIOD = 420
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern(collective: str, op: str, rank: int) -> np.ndarray:
+    i = np.arange(PERIOD, dtype=np.int64)
+    if collective in REDUCING and op == "prod":
+        values = np.where((i + rank) % 4 == 0, 2.0, 1.0)
+    elif collective in REDUCING:
+        values = ((i * 3 + rank * 5) % 7 + 1).astype(np.float64)
+    else:
+        values = ((rank * 17 + i) % 60 + 1).astype(np.float64)
+    values.flags.writeable = False
+    return values
+
+
+def tile(pattern: np.ndarray, start: int, n: int, dtype=np.float64, out=None) -> np.ndarray:
+    """Elements ``start .. start+n`` of the endless repetition of a one-period ``pattern``.
+
+    Writes into ``out`` when given (its dtype wins), by doubling copies: one pass over memory,
+    no temporaries, which matters when a check fills 64 MiB buffers on a busy machine.
+
+    >>> tile(np.array([1.0, 2.0, 3.0]), 1, 7).tolist()
+    [2.0, 3.0, 1.0, 2.0, 3.0, 1.0, 2.0]
+    """
+    out = np.empty(n, dtype) if out is None else out
+    period = len(pattern)
+    k = min(n, period)
+    out[:k] = np.roll(pattern, -(start % period))[:k]
+    while k < n:  # out[:k] holds whole periods, so copying it on keeps the phase
+        m = min(k, n - k)
+        out[k:k + m] = out[:m]
+        k += m
+    return out
+
+
+def input_values(collective: str, op: str, rank: int, n: int, start: int = 0,
+                 dtype=np.float64) -> np.ndarray:
+    """Known inputs of ``rank`` (float64), elements ``start .. start+n``: small integers.
 
     Reductions get values 1..7 (1 or 2 for ``prod``, at most one 2 in four ranks per element) so
     that sums and products stay exactly representable even in bfloat16 and int8 for the rank
-    counts a machine runs. Data movement gets values that differ between ranks at every index, so
-    a block landing in the wrong slot is counted as wrong.
+    counts a machine runs. Data movement gets values 1..60 that differ between ranks at every
+    index (17 is coprime to 60), so a block landing in the wrong slot is counted as wrong.
     """
-    i = np.arange(n, dtype=np.int64)
-    if collective in REDUCING and op == "prod":
-        return np.where((i + rank) % 4 == 0, 2.0, 1.0)
-    if collective in REDUCING:
-        return ((i * 3 + rank * 5) % 7 + 1).astype(np.float64)
-    return ((rank * 17 + i) % 61 + 1).astype(np.float64)
+    return tile(_pattern(collective, op, rank), start, n, dtype)
+
+
+def input_pattern(collective: str, op: str, rank: int) -> np.ndarray:
+    """One period of ``rank``'s inputs (read-only float64), for filling buffers in place."""
+    return _pattern(collective, op, rank)
 
 
 def reduce_all(arrays: list[np.ndarray], op: str) -> np.ndarray:
@@ -65,7 +105,7 @@ def reduce_all(arrays: list[np.ndarray], op: str) -> np.ndarray:
     return total / len(arrays) if op == "avg" else total
 
 
-Inputs = Callable[[int], np.ndarray]
+Inputs = Callable[..., np.ndarray]  # inputs(rank, start, n) -> float64 elements
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -88,9 +128,15 @@ class Bench:
         n = max(size // itemsize, 1)
         return Layout(n, n, n, n * itemsize)
 
-    def expected(self, inputs: Inputs, rank: int, nranks: int, op: str, root: int):
-        """Reference output of ``rank`` (float64), or None where the output is unspecified."""
-        return self.reference(inputs, rank, nranks, op, root)
+    def expected(self, inputs: Inputs, rank: int, nranks: int, op: str, root: int, n_in: int,
+                 dtype=np.float64):
+        """Reference output of ``rank`` in ``dtype``, or None where the output is unspecified.
+
+        ``inputs(q, start, n)`` gives rank ``q``'s input elements ``start .. start+n`` in
+        ``dtype``; each rank's input has ``n_in`` elements. Reductions are computed in float64
+        on one period and cast once, so exact results stay exact.
+        """
+        return self.reference(inputs, rank, nranks, op, root, n_in, dtype)
 
     def ip_views(self, y, rank: int, nranks: int) -> tuple:
         """(where the input goes, where the result is read) in the in-place buffer ``y``.
@@ -114,33 +160,39 @@ def _slot(buf, rank: int, nranks: int):
     return buf[rank * per:(rank + 1) * per]
 
 
-def _ref_allreduce(inputs, rank, nranks, op, root):
-    return reduce_all([inputs(q) for q in range(nranks)], op)
+def _reduced(inputs, nranks, op):
+    # Inputs share the period, so the reduction of one period is the reduction's pattern.
+    return reduce_all([inputs(q, 0, PERIOD).astype(np.float64) for q in range(nranks)], op)
 
 
-def _ref_reduce_scatter(inputs, rank, nranks, op, root):
-    full = reduce_all([inputs(q) for q in range(nranks)], op)
-    return _slot(full, rank, nranks)
+def _ref_allreduce(inputs, rank, nranks, op, root, n_in, dtype):
+    return tile(_reduced(inputs, nranks, op), 0, n_in, dtype)
 
 
-def _ref_allgather(inputs, rank, nranks, op, root):
-    return np.concatenate([inputs(q) for q in range(nranks)])
+def _ref_reduce_scatter(inputs, rank, nranks, op, root, n_in, dtype):
+    per = n_in // nranks
+    return tile(_reduced(inputs, nranks, op), rank * per, per, dtype)
 
 
-def _ref_broadcast(inputs, rank, nranks, op, root):
-    return inputs(root)
+def _ref_allgather(inputs, rank, nranks, op, root, n_in, dtype):
+    return np.concatenate([inputs(q, 0, n_in) for q in range(nranks)])
 
 
-def _ref_reduce(inputs, rank, nranks, op, root):
-    return reduce_all([inputs(q) for q in range(nranks)], op) if rank == root else None
+def _ref_broadcast(inputs, rank, nranks, op, root, n_in, dtype):
+    return inputs(root, 0, n_in)
 
 
-def _ref_alltoall(inputs, rank, nranks, op, root):
-    return np.concatenate([_slot(inputs(q), rank, nranks) for q in range(nranks)])
+def _ref_reduce(inputs, rank, nranks, op, root, n_in, dtype):
+    return _ref_allreduce(inputs, rank, nranks, op, root, n_in, dtype) if rank == root else None
 
 
-def _ref_sendrecv(inputs, rank, nranks, op, root):
-    return inputs((rank - 1) % nranks)
+def _ref_alltoall(inputs, rank, nranks, op, root, n_in, dtype):
+    per = n_in // nranks
+    return np.concatenate([inputs(q, rank * per, per) for q in range(nranks)])
+
+
+def _ref_sendrecv(inputs, rank, nranks, op, root, n_in, dtype):
+    return inputs((rank - 1) % nranks, 0, n_in)
 
 
 def _sendrecv(comm, x, y, op, root):

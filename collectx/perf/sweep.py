@@ -5,41 +5,54 @@ The same function runs on every rank of any communicator that has collectx's met
 peers are measured by identical code. Per size and variant (out of place, in place):
 
 1. warm up, barrier, then time ``iters`` back-to-back calls on the same buffers;
-2. the row's time is the *slowest* rank's mean, gathered with the communicator itself (max);
-3. with checking on, fill the inputs with :func:`~collectx.perf.collectives.input_values`, run
-   once more, compare every rank's output with the float64 reference, and sum the wrong elements
-   over ranks (so every rank knows whether the run failed).
+2. with checking on, fill the inputs with :func:`~collectx.perf.collectives.input_values`, run
+   once more, and compare this rank's output with the float64 reference;
+3. gather, with the communicator itself, the *slowest* rank's mean time (the row's time) and the
+   wrong elements summed over ranks (so every rank knows whether the run failed).
 """
 
 from __future__ import annotations
 
 import sys
 import time
+
+import numpy as np
 from typing import Callable
 
 from ..errors import ArgumentError
 from . import buffers
-from .collectives import BENCHES, REDUCING, ROOTED, input_values
+from .collectives import BENCHES, REDUCING, ROOTED, input_pattern, input_values
 from ..schedule.metrics import bus_factor
 
 # Fewer iterations for big messages keeps the default 8 B..64 MiB sweep within seconds while
 # small sizes (microseconds each) still average over enough calls to be stable.
 _ITER_TABLE = ((64 << 10, 5, 20), (1 << 20, 3, 10), (16 << 20, 1, 5), (None, 1, 3))
+# Seconds of timed calls aimed for per size and variant when iterations are chosen
+# automatically; on a loaded machine a call can take far longer than its size suggests, and this
+# keeps the whole default sweep under a minute even then.
+TIMED_BUDGET_S = 0.3
 
 # Collectives whose in-place variant a communicator supports unless it says otherwise.
 DEFAULT_INPLACE = frozenset({"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"})
 
 
-def iterations_for(nbytes: int, iters: int | None = None, warmup: int | None = None):
+def iterations_for(nbytes: int, iters: int | None = None, warmup: int | None = None,
+                   estimate_us: float | None = None):
     """(warm-up, timed) iteration counts for a size; explicit values win.
+
+    ``estimate_us`` (the expected time of one call, from the previous size) caps the automatic
+    count so the timed calls take about :data:`TIMED_BUDGET_S`.
 
     >>> iterations_for(8), iterations_for(64 << 20), iterations_for(64 << 20, iters=7)
     ((5, 20), (1, 3), (1, 7))
+    >>> iterations_for(8, estimate_us=100_000.0)
+    (1, 3)
     """
-    for limit, w, n in _ITER_TABLE:
-        if limit is None or nbytes <= limit:
-            return (w if warmup is None else warmup), (n if iters is None else iters)
-    raise AssertionError("unreachable: the table ends with a catch-all")
+    w, n = next((w, n) for limit, w, n in _ITER_TABLE if limit is None or nbytes <= limit)
+    if estimate_us:
+        n = max(1, min(n, int(TIMED_BUDGET_S * 1e6 / estimate_us)))
+        w = min(w, max(1, n // 4))  # warm-up shrinks with the timed count
+    return (w if warmup is None else warmup), (n if iters is None else iters)
 
 
 def run_sweep(comm, spec: dict, *, corrupt: Callable | None = None,
@@ -71,11 +84,15 @@ def run_sweep(comm, spec: dict, *, corrupt: Callable | None = None,
     if spec.get("root", 0) >= comm.size:
         raise ArgumentError(f"-r {spec['root']}: expected a root rank in [0, {comm.size})")
     jobs = [(c, s) for c in spec["collectives"] for s in spec["sizes"]]
-    rows, seen = [], set()
+    rows, seen, last, pool = [], set(), {}, {}
     for done, (collective, size) in enumerate(jobs):
         if progress is not None and comm.rank == 0:
             progress(done, len(jobs), f"{collective} {size} B")
-        row = _run_size(comm, spec, collective, size, corrupt)
+        if collective not in pool:  # one pair of buffers per collective, as nccl-tests does
+            pool = {collective: _buffers(comm, spec, collective)}
+        row = _run_size(comm, spec, collective, size, corrupt, pool[collective],
+                        _estimate(last.get(collective), size))
+        last[collective] = row
         key = (collective, row["size"])
         if key not in seen:  # tiny sizes round up to one element per rank: keep one row each
             seen.add(key)
@@ -85,15 +102,41 @@ def run_sweep(comm, spec: dict, *, corrupt: Callable | None = None,
     return rows
 
 
-def _run_size(comm, spec, collective, size, corrupt) -> dict:
+def _estimate(previous: dict | None, size: int) -> float | None:
+    """Expected microseconds per call at ``size``: the previous size's slowest time, scaled.
+
+    Every rank computes the same value (row times are gathered), so all agree on the counts.
+    """
+    if previous is None:
+        return None
+    times = [previous[v]["time_us"] for v in ("oop", "ip") if previous.get(v)]
+    return max(times) * max(1.0, size / max(previous["size"], 1)) if times else None
+
+
+def _buffers(comm, spec, collective) -> tuple:
+    """Input and output buffers big enough for the sweep's largest size of ``collective``.
+
+    Every size runs on leading slices of these, so the timed calls reuse memory that is already
+    mapped (no page faults) and the runtime sees the same buffers call after call.
+    """
+    bench, itemsize = BENCHES[collective], buffers.itemsize(spec["dtype"])
+    lays = [bench.layout(size, itemsize, comm.size) for size in spec["sizes"]]
+    n_in = max(lay.in_elems for lay in lays)
+    n_out = max(max(lay.in_elems, lay.out_elems) for lay in lays)
+    return buffers.alloc(comm, n_in, spec["dtype"]), buffers.alloc(comm, n_out, spec["dtype"])
+
+
+def _run_size(comm, spec, collective, size, corrupt, pool, estimate_us=None) -> dict:
     bench, dtype, op, root = BENCHES[collective], spec["dtype"], spec["op"], spec["root"]
     lay = bench.layout(size, buffers.itemsize(dtype), comm.size)
-    warmup, iters = iterations_for(lay.nbytes, spec.get("iters"), spec.get("warmup"))
-    x = buffers.alloc(comm, lay.in_elems, dtype)
-    y = buffers.alloc(comm, max(lay.in_elems, lay.out_elems), dtype)
+    warmup, iters = iterations_for(lay.nbytes, spec.get("iters"), spec.get("warmup"),
+                                   estimate_us)
+    x = pool[0][:lay.in_elems]
+    y = pool[1][:max(lay.in_elems, lay.out_elems)]
     y_oop = y[:lay.out_elems]
-    buffers.write(x, input_values(collective, op, comm.rank, lay.in_elems))
-    buffers.write(y, input_values(collective, op, comm.rank, int(y.shape[0])))
+    pattern = input_pattern(collective, op, comm.rank)
+    buffers.fill_tiled(x, pattern)
+    buffers.fill_tiled(y, pattern)
     variants = {}
     if bench.run_oop is not None:
         run = lambda: bench.run_oop(comm, x, y_oop, op, root)  # noqa: E731
@@ -112,10 +155,11 @@ def _run_size(comm, spec, collective, size, corrupt) -> dict:
             row[name] = None
             continue
         run, x_view, out_view = variants[name]
-        usec = _slowest(comm, _time(comm, run, warmup, iters))
+        mine = _time(comm, run, warmup, iters)
         wrong = None
         if spec.get("check", 1):
             wrong = _check(comm, spec, collective, name, run, x_view, out_view, corrupt)
+        usec, wrong = _gather(comm, mine, wrong)
         algbw = lay.nbytes / usec / 1e3 if usec > 0 else 0.0
         row[name] = {"time_us": usec, "algbw": algbw, "busbw": algbw * factor, "wrong": wrong}
     return row
@@ -139,32 +183,40 @@ def _sync(comm) -> None:
         sync()
 
 
-def _slowest(comm, value: float) -> float:
-    return _reduce_scalar(comm, value, "max")
+def _gather(comm, usec: float, wrong: int | None) -> tuple[float, int | None]:
+    """(slowest rank's time, wrong elements summed over ranks), in one collective call.
 
-
-def _reduce_scalar(comm, value: float, op: str) -> float:
-    buf = buffers.alloc(comm, 1, "float64")
-    buffers.write(buf, [value])
-    comm.allreduce(buf, op=op)
+    Each rank writes its time into its own slot and its wrong count into the last one; a sum
+    then gives every rank all the times (take the max) and the total wrong count.
+    """
+    values = [0.0] * (comm.size + 1)
+    values[comm.rank], values[-1] = usec, float(wrong or 0)
+    buf = buffers.alloc(comm, comm.size + 1, "float64")
+    buffers.write(buf, values)
+    comm.allreduce(buf, op="sum")
     _sync(comm)
-    return float(buffers.read(buf)[0])
+    got = buffers.read(buf)
+    return float(got[:-1].max()), (None if wrong is None else int(got[-1]))
 
 
 def _check(comm, spec, collective, variant, run, x_view, out_view, corrupt) -> int:
     op, root, bench = spec["op"], spec["root"], BENCHES[collective]
     n_in = int(x_view.shape[0])
     buffers.fill_garbage(out_view)
-    buffers.write(x_view, input_values(collective, op, comm.rank, n_in))
+    buffers.fill_tiled(x_view, input_pattern(collective, op, comm.rank))
     run()
     _sync(comm)
     if corrupt is not None:
         corrupt(collective, variant, out_view)
-    ref = bench.expected(lambda q: input_values(collective, op, q, n_in), comm.rank,
-                         comm.size, op, root)
-    mine = 0 if ref is None else buffers.wrong_count(buffers.read(out_view), ref,
-                                                     spec["dtype"], op)
-    return int(_reduce_scalar(comm, float(mine), "sum"))
+    got = buffers.comparable(out_view)
+    # Compare in the buffer's own dtype (exact results are exact there, and no float64 copy of
+    # a 64 MiB buffer is needed); avg rounds, so it is compared in float64 with a tolerance.
+    dtype = np.float64 if op == "avg" else got.dtype
+    ref = bench.expected(lambda q, start, n: input_values(collective, op, q, n, start, dtype),
+                         comm.rank, comm.size, op, root, n_in, dtype)
+    if ref is None:
+        return 0
+    return buffers.wrong_count(got, ref, spec["dtype"], op)
 
 
 def stderr_progress(done: int, total: int, label: str, width: int = 30) -> None:

@@ -1,0 +1,160 @@
+"""collectx-perf: argument parsing, the nccl-tests table format, and the driver's exit status."""
+
+import io
+
+import pytest
+
+from collectx.errors import ArgumentError
+from collectx.perf import driver, table
+from collectx.perf.options import dtype_name, parse_args, parse_size, size_sweep
+from collectx.perf.sweep import iterations_for, run_sweep
+from collectx.perf.threadcomm import run_threads
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("8", 8), ("1K", 1024), ("1k", 1024), ("64M", 64 << 20), ("1G", 1 << 30), ("2KB", 2048),
+    ("1MiB", 1 << 20), ("0.5K", 512)])
+def test_sizes_take_nccl_tests_suffixes(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "abc", "1X", "-4", "1.2.3"])
+def test_bad_sizes_are_argument_errors(text):
+    with pytest.raises(ArgumentError, match="expected a byte count"):
+        parse_size(text)
+
+
+def test_default_sweep_is_allreduce_float_8B_to_64MiB_by_two_on_two_ranks():
+    opts = parse_args([])
+    assert opts.collectives == ("allreduce",) and opts.dtype == "float32" and opts.op == "sum"
+    assert opts.sizes[0] == 8 and opts.sizes[-1] == 64 << 20 and len(opts.sizes) == 24
+    assert all(b == 2 * a for a, b in zip(opts.sizes, opts.sizes[1:]))
+    assert opts.nprocs == 2 and opts.check == 1
+
+
+def test_sweep_steps_by_factor_or_fixed_increment():
+    assert size_sweep(1, 1 << 20, 4)[-1] == 1 << 20 and len(size_sweep(1, 1 << 20, 4)) == 11
+    assert size_sweep(1024, 4096, step=1024) == (1024, 2048, 3072, 4096)
+    assert size_sweep(0, 4, 2) == (0, 1, 2, 4)
+
+
+@pytest.mark.parametrize("name,canonical", [
+    ("float", "float32"), ("half", "float16"), ("bfloat16", "bfloat16"), ("bf16", "bfloat16"),
+    ("double", "float64"), ("int32", "int32"), ("int", "int32"), ("char", "int8"),
+    ("uint8", "uint8"), ("FLOAT", "float32")])
+def test_dtype_names_of_nccl_tests_and_numpy(name, canonical):
+    assert dtype_name(name) == canonical
+
+
+def test_n_is_ranks_and_iters_is_capital_i():
+    opts = parse_args(["--collective", "all", "-n", "3", "-b", "1", "-e", "1M", "-f", "4",
+                       "-I", "7", "-w", "2", "-c", "0", "-o", "max", "-r", "2", "-d", "half"])
+    assert opts.nprocs == 3 and opts.iters == 7 and opts.warmup == 2 and opts.check == 0
+    assert opts.collectives[0] == "allreduce" and len(opts.collectives) == 7
+    assert (opts.op, opts.root, opts.dtype) == ("max", 2, "float16")
+
+
+def test_flag_lists_and_outputs():
+    opts = parse_args(["--compare", "mpi,gloo", "--collective", "allgather,reduce-scatter",
+                       "--simulate", "dgx1v", "--gpus", "0,1,2,5", "--json", "a.json",
+                       "--csv", "a.csv", "--plot", "a.png", "--html", "a.html", "--algo", "ring"])
+    assert opts.compare == ("mpi", "gloo")
+    assert opts.collectives == ("allgather", "reduce_scatter")
+    assert opts.simulate == "dgx1v" and opts.gpus == (0, 1, 2, 5) and opts.algo == "ring"
+    assert (opts.json, opts.csv, opts.plot, opts.html) == ("a.json", "a.csv", "a.png", "a.html")
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["-d", "float8"], "-d 'float8'"), (["-o", "xor"], "-o 'xor'"),
+    (["--collective", "gather"], "unknown"), (["--compare", "hccl"], "unknown"),
+    (["-n", "0"], "-n 0"), (["-b", "1M", "-e", "1K"], "min <= max"), (["-f", "1"], "-f"),
+    (["--gpus", "0,x"], "--gpus")])
+def test_bad_arguments_say_what_was_expected(argv, match):
+    with pytest.raises(ArgumentError, match=match):
+        parse_args(argv)
+
+
+def test_iterations_shrink_with_size_and_explicit_values_win():
+    small, large = iterations_for(8), iterations_for(64 << 20)
+    assert small[1] > large[1] and small[0] >= large[0]
+    assert iterations_for(1 << 30, iters=9, warmup=0) == (0, 9)
+
+
+GOLDEN_HEADER = """\
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"""
+
+
+def test_header_lines_match_nccl_tests():
+    assert "\n".join(table.header_lines()) == GOLDEN_HEADER
+
+
+def test_row_columns_line_up_with_the_header():
+    row = {"size": 8, "count": 2, "type": "float32", "redop": "sum", "root": -1,
+           "oop": {"time_us": 42.56, "algbw": 0.0, "busbw": 0.0, "wrong": 0},
+           "ip": {"time_us": 40.06, "algbw": 0.0, "busbw": 0.0, "wrong": 0}}
+    line = table.format_row(row)
+    assert line == ("           8             2     float     sum      -1    42.56    0.00    0.00"
+                    "      0    40.06    0.00    0.00      0")
+    assert len(line) == len(GOLDEN_HEADER.splitlines()[1])
+
+
+def test_footer_reports_wrong_elements_and_mean_busbw():
+    cell = lambda bw, wrong: {"time_us": 1.0, "algbw": bw, "busbw": bw, "wrong": wrong}  # noqa
+    rows = [{"oop": cell(1.0, 0), "ip": cell(3.0, 0)}, {"oop": cell(2.0, 5), "ip": None}]
+    lines = table.footer_lines(rows)
+    assert lines[0] == "# Out of bounds values : 5 FAILED"
+    assert lines[1].startswith("# Avg bus bandwidth    : 2 ")
+    assert table.footer_lines(rows[:1])[0] == "# Out of bounds values : 0 OK"
+
+
+def test_peer_columns_show_their_busbw_and_our_ratio():
+    ours = {"size": 8, "count": 2, "type": "float32", "redop": "sum", "root": -1,
+            "oop": {"time_us": 1.0, "algbw": 4.0, "busbw": 4.0, "wrong": 0}, "ip": None}
+    theirs = dict(ours, oop={"time_us": 2.0, "algbw": 2.0, "busbw": 2.0, "wrong": 0})
+    assert table.format_row(ours, (theirs, None)).endswith(
+        "          2.00   2.00           N/A    N/A")
+    assert "mpi busbw  ratio" in table.header_lines(("mpi", "gloo"))[1]
+
+
+def _thread_launch(fn, nprocs, args=()):
+    return run_threads(run_sweep, nprocs, args)
+
+
+def test_driver_prints_the_table_and_exits_zero_when_all_is_right():
+    out = io.StringIO()
+    opts = parse_args(["-b", "8", "-e", "64", "-I", "1", "-w", "0", "--no-progress"])
+    assert driver.run_measured(opts, out=out, launch=_thread_launch) == 0
+    text = out.getvalue()
+    assert GOLDEN_HEADER in text and "# Out of bounds values : 0 OK" in text
+    assert len([ln for ln in text.splitlines() if not ln.startswith("#")]) == 4
+
+
+def test_driver_exits_nonzero_when_a_result_is_wrong(monkeypatch):
+    def corrupting_launch(fn, nprocs, args=()):
+        def body(comm, spec):
+            return run_sweep(comm, spec, corrupt=lambda c, v, out: out.__setitem__(0, -7))
+        return run_threads(body, nprocs, args)
+    out = io.StringIO()
+    opts = parse_args(["-b", "8", "-e", "16", "-I", "1", "-w", "0", "--no-progress"])
+    assert driver.run_measured(opts, out=out, launch=corrupting_launch) == 1
+    assert "FAILED" in out.getvalue()
+
+
+def test_usage_errors_exit_two_with_the_reason(capsys):
+    assert driver.main(["-d", "float8"]) == 2
+    assert "collectx-perf: error: -d 'float8'" in capsys.readouterr().err
+
+
+def test_cuda_device_without_a_gpu_is_a_clear_error(monkeypatch, capsys):
+    import collectx
+    monkeypatch.setattr(collectx, "cuda_available", lambda: False, raising=False)
+    assert driver.main(["--device", "cuda"]) == 2
+    assert "no NVIDIA GPU or CUDA runtime" in capsys.readouterr().err
+
+
+def test_launcher_environment_is_detected():
+    assert driver.launched_externally({"OMPI_COMM_WORLD_SIZE": "2"})
+    assert driver.launched_externally({"COLLECTX_RANK": "1"})
+    assert not driver.launched_externally({"WORLD_SIZE": "2"})  # RANK missing: not torchrun
