@@ -118,3 +118,14 @@ def test_build_info_runs_without_a_traceback():
     assert "Traceback" not in proc.stderr
     if proc.returncode == 0:
         assert "version" in proc.stdout
+
+
+def test_probing_run_dumps_what_it_probed(tmp_path):
+    dump = tmp_path / "probed.json"
+    env = {"COLLECTX_TOPO_DUMP_FILE": str(dump), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-m", "collectx.cli.main", "topo", "--json"],
+                          capture_output=True, text=True, env=env, timeout=60,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(dump.read_text()) == json.loads(proc.stdout)
+    assert topo.gpus(topo.load(dump))  # one endpoint per GPU, or per CPU rank without GPUs
