@@ -35,6 +35,15 @@ def test_matrix_shows_direct_nvlinks_and_path_classes(capsys):
     assert "Legend:" in out
 
 
+def test_nvswitch_pairs_show_all_shared_switch_links_like_nvidia_smi(capsys):
+    rc, out, _ = run_main(capsys, "topo", "dgx_h100")
+    row = next(line for line in out.splitlines() if line.startswith("GPU3"))
+    assert rc == 0 and row.split("X")[1].split() == ["NV18", "450"] * 4
+    rc, out, _ = run_main(capsys, "topo", "dgx2", "--gpus", "0,1,8")
+    row = next(line for line in out.splitlines() if line.startswith("GPU0"))
+    assert "NV6 150" in row and "NVB 25" in row  # GPU8 is on the other baseboard's switches
+
+
 def test_gpus_option_shows_only_the_subset(capsys):
     rc, out, _ = run_main(capsys, "topo", "dgx1v", "--gpus", "0,1,2,5")
     header = next(line for line in out.splitlines() if line.lstrip().startswith("GPU0"))

@@ -1,8 +1,9 @@
 """``collectx topo [SOURCE] [--gpus LIST] [--json] [--draw OUT]``: show a machine's wiring.
 
 The text output is a GPU x GPU matrix in the spirit of ``nvidia-smi topo -m``: ``NV#`` (``XG#``
-for xGMI) where # links join the pair directly, otherwise the class of the widest route (see
-:mod:`collectx.topology.paths`), each followed by its GB/s per direction (line rate). Then one
+for xGMI) where # links join the pair directly or through NVSwitches both GPUs are wired to,
+otherwise the class of the widest route (see :mod:`collectx.topology.paths`), each followed by
+its GB/s per direction (line rate). Then one
 line per NIC (its nearest GPUs) and per CPU (the GPUs it hosts).
 
 >>> print(format_topology(load("dgx1v"), legend=False).splitlines()[1])
@@ -24,7 +25,8 @@ from ..topology.paths import PathClass, paths
 LEGEND = """\
 Legend:
   X    = self
-  NV#  = # bonded NVLinks joining the pair directly (XG# = xGMI links); GB/s of the bundle
+  NV#  = # NVLinks joining the pair directly or through NVSwitches both GPUs are wired to
+         (XG# = xGMI links); GB/s of all of them together
   NVB  = NVLink all the way, through an NVSwitch or another GPU
   PIX  = PCIe through one PCIe switch          PXB = PCIe through several PCIe switches
   PHB  = through a CPU (PCIe host bridge, or shared memory)
@@ -61,9 +63,28 @@ def _cell(G: nx.DiGraph, a: str, b: str, P: dict) -> str:
     if edge and edge["type"] in ("nvlink", "xgmi"):
         tag = "NV" if edge["type"] == "nvlink" else "XG"
         return f"{tag}{edge['count']} {edge['bw_gbps']:g}"
+    count, bw = _via_shared_nvswitches(G, a, b)
+    if count:
+        return f"NV{count} {bw:g}"
     if (a, b) not in P:
         return "-"
     return f"{P[a, b].cls.name} {P[a, b].bw_gbps:g}"
+
+
+def _via_shared_nvswitches(G: nx.DiGraph, a: str, b: str) -> tuple[int, float]:
+    """Links and GB/s from ``a`` to ``b`` through NVSwitches both are wired to, all together.
+
+    This is what ``nvidia-smi topo -m`` reports as NV# on NVSwitch systems (NV18 on an HGX
+    H100): every switch both GPUs reach carries min(a's bundle, b's bundle) between them.
+    """
+    count, bw = 0, 0.0
+    for sw in G.successors(a):
+        if G.nodes[sw].get("kind") == "nvswitch" and G.has_edge(sw, b):
+            up, down = G.edges[a, sw], G.edges[sw, b]
+            if up["type"] == down["type"] == "nvlink":
+                count += min(up["count"], down["count"])
+                bw += min(up["bw_gbps"], down["bw_gbps"])
+    return count, bw
 
 
 def _matrix(G: nx.DiGraph, P: dict) -> list[str]:
