@@ -90,14 +90,21 @@ def test_no_source_uses_collectx_topo_file(tmp_path):
     (["topo", "dgx1v", "--gpus", "3-1"], "cannot read '3-1'"),
     (["topo", "dgx1v", "--gpus", "0,0"], "listed twice"),
 ])
-def test_bad_input_is_one_line_on_stderr_with_status_2(argv, message):
-    proc = subprocess.run([sys.executable, "-m", "collectx.cli.main", *argv], capture_output=True,
-                          text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
+def test_bad_input_is_one_line_on_stderr_with_status_2(argv, message, capsys):
+    rc, out, err = run_main(capsys, *argv)
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("collectx: error: ")
-    assert message in lines[0] and "Traceback" not in proc.stderr
+    assert message in lines[0]
+
+
+def test_bad_input_from_the_command_line_has_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "collectx.cli.main", "topo",
+                           str(FIXTURES / "truncated.xml")], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("collectx: error: NCCL topology XML does not parse at line")
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
 def test_parse_gpu_list():
