@@ -158,3 +158,23 @@ def test_launcher_environment_is_detected():
     assert driver.launched_externally({"OMPI_COMM_WORLD_SIZE": "2"})
     assert driver.launched_externally({"COLLECTX_RANK": "1"})
     assert not driver.launched_externally({"WORLD_SIZE": "2"})  # RANK missing: not torchrun
+
+
+def test_a_collective_the_communicator_lacks_is_reported_not_fatal():
+    class NoPointToPoint:
+        def __init__(self, comm):
+            self._comm = comm
+
+        def __getattr__(self, name):
+            if name in ("send", "recv"):
+                raise AttributeError(name)
+            return getattr(self._comm, name)
+
+    def launch(fn, nprocs, args=()):
+        return run_threads(lambda comm, spec: run_sweep(NoPointToPoint(comm), spec), nprocs, args)
+
+    out = io.StringIO()
+    opts = parse_args(["--collective", "allreduce,sendrecv", "-b", "8", "-e", "8", "-I", "1",
+                       "--no-progress"])
+    assert driver.run_measured(opts, out=out, launch=launch) == 0
+    assert "# sendrecv: not run, this communicator does not provide it" in out.getvalue()

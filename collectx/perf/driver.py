@@ -121,6 +121,9 @@ def report_measured(opts: Options, nranks: int, peers: dict, skipped: dict, out)
     for name, info in skipped.items():
         hint = f"; install: {info['hint']}" if info.get("hint") else ""
         lines.append(f"# peer {name} skipped: {info['reason']}{hint}")
+    measured = {row["collective"] for row in peers["collectx"]}
+    lines += [f"# {c}: not run, this communicator does not provide it"
+              for c in opts.collectives if c not in measured]
     others = {k: v for k, v in peers.items() if k != "collectx"}
     text = format_table(peers["collectx"], others, lines)
     out.write(text)

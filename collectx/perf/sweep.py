@@ -36,6 +36,16 @@ TIMED_BUDGET_S = 0.3
 DEFAULT_INPLACE = frozenset({"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"})
 
 
+def missing_methods(comm, collective: str) -> list[str]:
+    """Methods ``collective`` needs that ``comm`` lacks (the sweep leaves it out then).
+
+    >>> missing_methods(object(), "sendrecv")
+    ['send', 'recv']
+    """
+    needs = ("send", "recv") if collective == "sendrecv" else (collective,)
+    return [name for name in needs if not callable(getattr(comm, name, None))]
+
+
 def iterations_for(nbytes: int, iters: int | None = None, warmup: int | None = None,
                    estimate_us: float | None = None):
     """(warm-up, timed) iteration counts for a size; explicit values win.
@@ -83,7 +93,8 @@ def run_sweep(comm, spec: dict, *, corrupt: Callable | None = None,
     """
     if spec.get("root", 0) >= comm.size:
         raise ArgumentError(f"-r {spec['root']}: expected a root rank in [0, {comm.size})")
-    jobs = [(c, s) for c in spec["collectives"] for s in spec["sizes"]]
+    jobs = [(c, s) for c in spec["collectives"] if not missing_methods(comm, c)
+            for s in spec["sizes"]]
     rows, seen, last, pool = [], set(), {}, {}
     for done, (collective, size) in enumerate(jobs):
         if progress is not None and comm.rank == 0:
