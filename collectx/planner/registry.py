@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import warnings
 from typing import Callable
 
 import networkx as nx
@@ -34,11 +35,19 @@ def _load(table: dict, optional: bool) -> dict[str, PlannerFn]:
     found = {}
     for name, (module, attr) in table.items():
         full = f"{__package__}.{module}"
-        # Only a missing module is skipped; a module that exists but fails to import is a bug
-        # that must surface, not a silently smaller candidate set.
         if optional and importlib.util.find_spec(full) is None:
             continue
-        fn = getattr(importlib.import_module(full), attr, None)
+        try:
+            fn = getattr(importlib.import_module(full), attr, None)
+        except ImportError as exc:
+            if not optional:
+                raise
+            # An optional algorithm that fails to import must not take the baseline planners
+            # down with it (the runtime plans with them); say so loudly instead.
+            warnings.warn(f"planner algorithm {name!r} is unavailable: {module}.py failed to "
+                          f"import ({exc}); planning continues without it", RuntimeWarning,
+                          stacklevel=2)
+            continue
         if fn is not None:
             found[name] = fn
     return found

@@ -1,0 +1,185 @@
+"""Planner quality benchmark (simulated): efficiency vs the cut bound, ring-only baseline,
+small-message choice, planning time.
+
+Sections (``--sections``, default all):
+
+a. quality at ``--size`` (1 GiB) for allreduce, allgather, broadcast on every allocation of
+   2..8 GPUs of dgx1v and dgx1p (247 each) and on the full dgx2, dgx_a100, dgx_h100,
+   mi250_16gcd, mi300x and pcie_gen4_8gpu: min/median efficiency and the count below 0.95;
+   also checks that allgather/broadcast never beat 1.001 x bound and allreduce never beats
+   1.001 x ceiling (a violation means the simulator or the bound is wrong);
+b. the dgx1v allocations of 3..8 GPUs with no NVLink ring: chosen busbw / ring-only busbw
+   (min and median; target median >= 3x, never below 1x);
+c. at 8 KiB the chosen predicted time is <= ring's and tree's on every preset;
+d. median planning time per allocation size on dgx1v, and for the full dgx2 and mi250_16gcd
+   (targets <= 1 s for 8-GPU allocations, <= 5 s for dgx2/mi250).
+
+Every plan is made with ``collectx.planner.plan`` exactly as users get it (cost-model choice,
+simulated prediction); ``--limit`` samples allocations evenly when the full sweep is too slow.
+``--jsonl FILE`` also writes one JSON line per plan (algbw/busbw included) for later plotting.
+
+Run: ``python perf/planner.py`` (full), or e.g.
+``python perf/planner.py --sections a,b --limit 10 --presets dgx1v``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+
+import collectx.topology as T
+from collectx.planner import plan
+from collectx.planner.ring_search import _hamiltonian
+
+ALLOC_PRESETS = ("dgx1v", "dgx1p")
+FULL_PRESETS = ("dgx2", "dgx_a100", "dgx_h100", "mi250_16gcd", "mi300x", "pcie_gen4_8gpu")
+COLLECTIVES = ("allreduce", "allgather", "broadcast")
+SMALL = 8 << 10
+
+
+def allocations(G, sizes, limit=None):
+    """Every GPU subset of the given sizes (evenly sampled down to ``limit`` per size)."""
+    ids = T.gpus(G)
+    for k in sizes:
+        combos = list(itertools.combinations(range(len(ids)), k))
+        if limit and len(combos) > limit:
+            step = len(combos) / limit
+            combos = [combos[int(i * step)] for i in range(limit)]
+        yield from combos
+
+
+def has_nvlink_ring(G, gpus) -> bool:
+    """Whether the GPUs can be ordered in a ring of direct NVLink/xGMI links."""
+    ids = [T.gpus(G)[g] for g in gpus]
+    hops = {(i, j): 1.0 for i, a in enumerate(ids) for j, b in enumerate(ids)
+            if i != j and G.has_edge(a, b) and G.edges[a, b]["type"] in ("nvlink", "xgmi")}
+    return len(ids) < 3 or _hamiltonian(len(ids), hops) is not None
+
+
+def record(G, name, gpus, coll, nbytes, algo=None, verify=False) -> dict:
+    p = plan(G, coll, nbytes, gpus=list(gpus) if gpus is not None else None, algo=algo,
+             verify=verify)
+    d = {k: v for k, v in p.to_dict().items() if k != "schedule"}
+    d.update(topology=name, gpus=list(gpus) if gpus is not None else "all")
+    return d
+
+
+def quality(args, out) -> list[dict]:
+    rows = []
+    jobs = [(n, tuple(g)) for n in args.presets if n in ALLOC_PRESETS
+            for g in allocations(T.load(n), range(2, 9), args.limit)]
+    jobs += [(n, None) for n in args.presets if n in FULL_PRESETS]
+    for name, gpus in jobs:
+        G = T.load(name)
+        for coll in COLLECTIVES:
+            rows.append(record(G, name, gpus, coll, args.size, verify=args.verify))
+            out(rows[-1])
+    print("\n(a) quality at %d bytes (simulated), efficiency = predicted busbw / bound" % args.size)
+    print(f"{'topology':<16}{'collective':<11}{'plans':>6}{'min':>8}{'median':>8}{'<0.95':>7}"
+          f"{'over':>6}  algorithms")
+    for name in args.presets:
+        for coll in COLLECTIVES:
+            sel = [r for r in rows if r["topology"] == name and r["collective"] == coll]
+            if sel:
+                _quality_row(name, coll, sel)
+    return rows
+
+
+def _quality_row(name, coll, sel):
+    eff = [r["efficiency"] for r in sel if r["efficiency"] is not None]
+    cap = "ceiling_busbw_GBps" if coll == "allreduce" else "bound_busbw_GBps"
+    over = sum(1 for r in sel if r[cap] and r["predicted_busbw_GBps"] > 1.001 * r[cap])
+    algos = statistics.multimode([r["algorithm"] for r in sel])
+    counts = {a: sum(r["algorithm"] == a for r in sel) for a in sorted({r["algorithm"]
+                                                                        for r in sel})}
+    print(f"{name:<16}{coll:<11}{len(sel):>6}{min(eff, default=0):>8.3f}"
+          f"{statistics.median(eff) if eff else 0:>8.3f}{sum(e < 0.95 for e in eff):>7}"
+          f"{over:>6}  {counts if len(counts) > 1 else algos[0]}")
+
+
+def ring_only(args, rows, out):
+    print("\n(b) dgx1v allocations of 3..8 GPUs with no NVLink ring: chosen / ring-only busbw")
+    G = T.load("dgx1v")
+    by_key = {(tuple(r["gpus"]), r["collective"]): r for r in rows if r["topology"] == "dgx1v"}
+    allocs = [g for g in allocations(G, range(3, 9), args.limit) if not has_nvlink_ring(G, g)]
+    for coll in COLLECTIVES:
+        ratios = []
+        for g in allocs:
+            chosen = by_key.get((g, coll)) or record(G, "dgx1v", g, coll, args.size)
+            ring = record(G, "dgx1v", g, coll, args.size, algo="ring")
+            out(ring)
+            ratios.append(chosen["predicted_busbw_GBps"] / ring["predicted_busbw_GBps"])
+        if ratios:
+            print(f"  {coll:<10} {len(ratios):>4} allocations  min {min(ratios):6.2f}x  "
+                  f"median {statistics.median(ratios):6.2f}x  below 1x: "
+                  f"{sum(x < 1 for x in ratios)}")
+
+
+def small_messages(args, out):
+    print(f"\n(c) {SMALL} bytes on every preset (full machine): chosen time vs ring and tree")
+    worse = 0
+    for name in ALLOC_PRESETS + FULL_PRESETS:
+        G = T.load(name)
+        for coll in COLLECTIVES:
+            chosen = record(G, name, None, coll, SMALL)
+            line = [f"  {name:<15}{coll:<10} chosen {chosen['algorithm']:<7}"
+                    f"{chosen['predicted_time_us']:9.1f} us"]
+            for base in ("ring", "tree"):
+                if base == "tree" and coll == "allgather":
+                    continue
+                b = record(G, name, None, coll, SMALL, algo=base)
+                out(b)
+                ok = chosen["predicted_time_us"] <= b["predicted_time_us"] * (1 + 1e-9)
+                worse += not ok
+                line.append(f"{base} {b['predicted_time_us']:9.1f} us{'' if ok else ' (!)'}")
+            print("  ".join(line))
+    print(f"  chosen slower than a baseline: {worse}")
+
+
+def planning_time(args, out):
+    print("\n(d) median planning time (plan(), simulation of every candidate included)")
+    G = T.load("dgx1v")
+    for k in range(2, 9):
+        times = [record(G, "dgx1v", g, "allreduce", args.size)["planning_time_s"]
+                 for g in allocations(G, [k], args.limit or 8)]
+        print(f"  dgx1v {k} GPUs: {statistics.median(times):7.3f} s over {len(times)}")
+    for name in ("dgx2", "mi250_16gcd"):
+        r = record(T.load(name), name, None, "allreduce", args.size)
+        out(r)
+        print(f"  {name} full: {r['planning_time_s']:7.3f} s ({r['algorithm']})")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sections", default="a,b,c,d")
+    ap.add_argument("--presets", default=",".join(ALLOC_PRESETS + FULL_PRESETS))
+    ap.add_argument("--size", type=int, default=1 << 30)
+    ap.add_argument("--limit", type=int, default=None, help="allocations per size (sampled)")
+    ap.add_argument("--verify", action="store_true", help="also verify every schedule")
+    ap.add_argument("--jsonl", help="write one JSON line per plan here")
+    args = ap.parse_args(argv)
+    args.presets = args.presets.split(",")
+    sink = open(args.jsonl, "w") if args.jsonl else None
+
+    def out(row):
+        if sink:
+            sink.write(json.dumps(row) + "\n")
+    t0 = time.perf_counter()
+    sections = set(args.sections.split(","))
+    rows = quality(args, out) if "a" in sections else []
+    if "b" in sections:
+        ring_only(args, rows, out)
+    if "c" in sections:
+        small_messages(args, out)
+    if "d" in sections:
+        planning_time(args, out)
+    print(f"\nbenchmark wall time {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
