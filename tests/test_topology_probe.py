@@ -196,3 +196,14 @@ def test_topo_file_replaces_probing_and_dump_file_records_it(tmp_path):
     assert topo.to_json(again) == doc
     preset = local_topology(Config(topo_file=str(topo.preset_path("dgx2"))))
     assert len(topo.gpus(preset)) == 16
+
+
+def test_unreadable_remote_ends_are_one_hidden_nvswitch(tmp_path):
+    class HiddenSwitchNVML(FakeNVML):
+        def nvmlDeviceGetNvLinkRemotePciInfo(self, h, link):
+            raise FakeNVMLError("NVML_ERROR_NOT_SUPPORTED")
+
+    gpus = [(b, {k: (None, 3, False) for k in range(12)}) for b in BUS[:2]]
+    G = probe(nvml=HiddenSwitchNVML(gpus), sysfs_root=make_sysfs(tmp_path, SWITCHED))
+    assert topo.nodes_of_kind(G, "nvswitch") == ["NVS0"]
+    assert G.edges["GPU1", "NVS0"]["count"] == 12 and G.edges["GPU1", "NVS0"]["bw_gbps"] == 300.0

@@ -186,7 +186,9 @@ def _nvlinks(nvml, handle) -> dict[str, list]:
             break  # links are numbered densely; the first unsupported one ends the list
         if state != enabled:
             continue
-        remote = normalize_busid(_text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
+        info = _optional(nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
+        # An unreadable remote end is an NVSwitch hidden from us (VMs), as NCCL assumes.
+        remote = normalize_busid(_text(info.busId)) if info is not None else "hidden-nvswitch"
         version = _optional(nvml.nvmlDeviceGetNvLinkVersion, handle, link)
         kind = _optional(getattr(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", None), handle, link)
         entry = out.setdefault(remote, [0, NVLINK_GBPS_BY_VERSION.get(version, DEFAULT_NVLINK_GBPS),
