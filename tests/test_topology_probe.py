@@ -207,3 +207,16 @@ def test_unreadable_remote_ends_are_one_hidden_nvswitch(tmp_path):
     G = probe(nvml=HiddenSwitchNVML(gpus), sysfs_root=make_sysfs(tmp_path, SWITCHED))
     assert topo.nodes_of_kind(G, "nvswitch") == ["NVS0"]
     assert G.edges["GPU1", "NVS0"]["count"] == 12 and G.edges["GPU1", "NVS0"]["bw_gbps"] == 300.0
+
+
+def test_link_rate_from_nvml_version_when_the_compute_capability_is_unknown(tmp_path):
+    class NoCapabilityNVML(FakeNVML):
+        def nvmlDeviceGetCudaComputeCapability(self, h):
+            raise FakeNVMLError("NVML_ERROR_FUNCTION_NOT_FOUND")
+
+    # nvmlNvlinkVersion_t 7 is NVLink 5.0 (50 GB/s per link), 6 is 4.0 (25 GB/s)
+    gpus = [(BUS[0], {0: (BUS[1], 7, False), 1: (BUS[1], 7, False)}),
+            (BUS[1], {0: (BUS[0], 7, False), 1: (BUS[0], 7, False)})]
+    G = probe(nvml=NoCapabilityNVML(gpus), sysfs_root=make_sysfs(tmp_path, SWITCHED))
+    assert "sm" not in G.nodes["GPU0"]
+    assert G.edges["GPU0", "GPU1"]["count"] == 2 and G.edges["GPU0", "GPU1"]["bw_gbps"] == 100.0

@@ -17,8 +17,10 @@ DEFAULT_GTS = 8.0
 # NVLink1 (P100, sm60) 20; NVLink2/3/4 (V100 sm70, A100 sm80, H100 sm90) 25; NVLink5
 # (B200, sm100) 50; the GA10x NVLink bridge (sm86) runs 4 links at 112.5 GB/s both ways together.
 NVLINK_GBPS_BY_SM = {60: 20.0, 70: 25.0, 80: 25.0, 86: 14.0625, 89: 25.0, 90: 25.0, 100: 50.0}
-# NVML reports the NVLink version per link: 1..5 (line rate per link per direction, GB/s).
-NVLINK_GBPS_BY_VERSION = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+# NVML's nvmlDeviceGetNvLinkVersion answers an nvmlNvlinkVersion_t: 1 = 1.0, 2 = 2.0, 3 = 2.2,
+# 4 = 3.0, 5 = 3.1, 6 = 4.0, 7 = 5.0 (pynvml NVML_NVLINK_VERSION_*). Line rate per link per
+# direction, GB/s. The probe prefers the compute capability, which is unambiguous.
+NVLINK_GBPS_BY_VERSION = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 25.0, 6: 25.0, 7: 50.0}
 DEFAULT_NVLINK_GBPS = 25.0
 
 # xGMI (Infinity Fabric) per link per direction: MI250 (gfx90a) 50 GB/s, MI300X (gfx942) 64 GB/s.

@@ -25,7 +25,8 @@ import networkx as nx
 
 from .generators import DEFAULT_SMP_BW, host
 from .model import add_link, add_node, gpus, natural_key, new_graph
-from .pcie import NVLINK_GBPS_BY_VERSION, DEFAULT_NVLINK_GBPS, normalize_busid, pcie_bw
+from .pcie import (DEFAULT_NVLINK_GBPS, NVLINK_GBPS_BY_VERSION, normalize_busid, nvlink_bw_for_sm,
+                   pcie_bw)
 
 _BUSID = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$")
 _NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
@@ -175,7 +176,7 @@ def _optional(fn, *args, default=None):
         return default
 
 
-def _nvlinks(nvml, handle) -> dict[str, list]:
+def _nvlinks(nvml, handle, sm: str | None) -> dict[str, list]:
     """Remote bus id -> [count, per-link GB/s, remote is a switch] over the active links."""
     enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
     out: dict[str, list] = {}
@@ -189,10 +190,13 @@ def _nvlinks(nvml, handle) -> dict[str, list]:
         info = _optional(nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
         # An unreadable remote end is an NVSwitch hidden from us (VMs), as NCCL assumes.
         remote = normalize_busid(_text(info.busId)) if info is not None else "hidden-nvswitch"
-        version = _optional(nvml.nvmlDeviceGetNvLinkVersion, handle, link)
+        if sm:
+            per_link = nvlink_bw_for_sm(sm)
+        else:
+            version = _optional(nvml.nvmlDeviceGetNvLinkVersion, handle, link)
+            per_link = NVLINK_GBPS_BY_VERSION.get(version, DEFAULT_NVLINK_GBPS)
         kind = _optional(getattr(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", None), handle, link)
-        entry = out.setdefault(remote, [0, NVLINK_GBPS_BY_VERSION.get(version, DEFAULT_NVLINK_GBPS),
-                                        kind == _DEVICE_TYPE_SWITCH])
+        entry = out.setdefault(remote, [0, per_link, kind == _DEVICE_TYPE_SWITCH])
         entry[0] += 1
     return out
 
@@ -233,7 +237,8 @@ def _add_nvlinks(G: nx.DiGraph, nvml, handles: list, busids: dict[str, str]) -> 
     switches: dict[str, str] = {}
     for i, h in enumerate(handles):
         gid = f"GPU{i}"
-        for remote, (count, per_link, is_switch) in sorted(_nvlinks(nvml, h).items()):
+        links = _nvlinks(nvml, h, G.nodes[gid].get("sm"))
+        for remote, (count, per_link, is_switch) in sorted(links.items()):
             peer = busids.get(remote)
             if peer is None or is_switch:
                 # Not one of our GPUs: an NVSwitch (hidden ones report an empty or bogus id).
@@ -282,9 +287,10 @@ def probe(nvml=None, sysfs_root: str = "/sys") -> nx.DiGraph:
 
     Notes
     -----
-    NVLink bandwidth is count x the per-link line rate of its NVML version (20 GB/s for
-    NVLink1, 25 for 2-4, 50 for 5); PCIe links use sysfs ``max_link_speed`` x
-    ``max_link_width``; CPU-CPU links NCCL's Skylake UPI figure (10 GB/s).
+    NVLink bandwidth is count x the per-link line rate of the GPU's generation (by compute
+    capability, else by NVML's link version: 20 GB/s for NVLink1, 25 for 2-4, 50 for 5);
+    PCIe links use sysfs ``max_link_speed`` x ``max_link_width``; CPU-CPU links NCCL's
+    Skylake UPI figure (10 GB/s).
     """
     nvml = nvml if nvml is not None else _default_nvml()
     if nvml is None:
