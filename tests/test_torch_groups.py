@@ -1,0 +1,34 @@
+"""Several collectx groups at once: overlapping subgroups, and collectx next to gloo."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+from collectx.integrations.torch_testing import run_ranks  # noqa: E402
+
+
+def _overlapping_subgroups(rank, world):
+    # Every rank must call new_group for every group, members or not (torch's rule); only the
+    # members build a communicator, so the ranks see different numbers of groups.
+    first = dist.new_group([0, 1], backend="collectx")
+    second = dist.new_group([1, 2], backend="collectx")
+    results = {}
+    for name, group, members in (("first", first, (0, 1)), ("second", second, (1, 2))):
+        if rank in members:
+            x = torch.tensor([float(rank + 1)])
+            dist.all_reduce(x, group=group)
+            results[name] = x.item()
+    everyone = torch.tensor([float(rank + 1)])
+    dist.all_reduce(everyone)
+    results["world"] = everyone.item()
+    return results
+
+
+def test_overlapping_subgroups():
+    results = run_ranks(_overlapping_subgroups, 3, timeout_s=120)
+    assert results[0] == {"first": 3.0, "world": 6.0}
+    assert results[1] == {"first": 3.0, "second": 5.0, "world": 6.0}
+    assert results[2] == {"second": 5.0, "world": 6.0}
