@@ -21,7 +21,7 @@ class FakeNVML:
     """
 
     NVML_FEATURE_ENABLED = 1
-    NVML_P2P_CAPS_INDEX_READ = 0
+    NVML_P2P_CAPS_INDEX_READ = (0,)  # as nvidia-ml-py 12.x defines it
     NVML_P2P_STATUS_OK = 0
     NVMLError = FakeNVMLError
 

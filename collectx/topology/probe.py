@@ -29,7 +29,7 @@ from .pcie import (DEFAULT_NVLINK_GBPS, NVLINK_GBPS_BY_VERSION, normalize_busid,
                    pcie_bw)
 
 _BUSID = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$")
-_NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
+_NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS of older bindings (newer ones say 36)
 _DEVICE_TYPE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
 _AFFINITY_WORDS = 16  # 1024 CPUs in 64-bit words, as NCCL asks NVML
 
@@ -180,7 +180,7 @@ def _nvlinks(nvml, handle, sm: str | None) -> dict[str, list]:
     """Remote bus id -> [count, per-link GB/s, remote is a switch] over the active links."""
     enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
     out: dict[str, list] = {}
-    for link in range(_NVLINK_MAX_LINKS):
+    for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", _NVLINK_MAX_LINKS)):
         try:
             state = nvml.nvmlDeviceGetNvLinkState(handle, link)
         except Exception:
@@ -253,6 +253,8 @@ def _add_nvlinks(G: nx.DiGraph, nvml, handles: list, busids: dict[str, str]) -> 
 def _record_p2p(G: nx.DiGraph, nvml, handles: list) -> None:
     """Each GPU's ``p2p`` attribute lists the GPUs it can read from directly (NVML P2P status)."""
     read_caps = getattr(nvml, "NVML_P2P_CAPS_INDEX_READ", 0)
+    if isinstance(read_caps, tuple):  # some nvidia-ml-py releases define it as (0,)
+        read_caps = read_caps[0]
     ok = getattr(nvml, "NVML_P2P_STATUS_OK", 0)
     for i, h in enumerate(handles):
         peers = [f"GPU{j}" for j, other in enumerate(handles) if j != i and
