@@ -70,6 +70,8 @@ class FakeNVML:
         return 2 if self.gpus[h][1][link][2] else 0
 
     def nvmlDeviceGetP2PStatus(self, a, b, caps):
+        if not isinstance(caps, int):  # ctypes would reject it, as the real binding does
+            raise TypeError(f"caps index must be an int, got {caps!r}")
         return 1 if frozenset((a, b)) in self.p2p_blocked else 0
 
 
