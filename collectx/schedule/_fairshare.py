@@ -4,6 +4,10 @@ Progressive filling: raise the rate of every unfrozen flow together until some l
 freeze the flows crossing a full link; repeat. The result is the max-min fair allocation, and no
 link ever carries more than its capacity, which is what keeps the simulator from predicting
 anything faster than the topology allows.
+
+Flows with the same route always get the same rate, so the filling runs over *route classes*
+weighted by how many active flows each has: a schedule with many lanes between the same pair of
+GPUs costs no more than one with a single lane.
 """
 
 from __future__ import annotations
@@ -14,37 +18,56 @@ from typing import Callable
 _EPS = 1e-12
 
 
+def progressive_fill(links: dict[int, tuple[int, ...]], weight: dict[int, int],
+                     capacity: list[float]) -> dict[int, float]:
+    """Max-min fair rate per route class.
+
+    ``links[c]`` are the resources class ``c`` crosses and ``weight[c]`` its number of active
+    flows (each gets the returned rate). Cost: O(levels x (resources + classes)).
+    """
+    users: dict[int, float] = {}
+    for c, w in weight.items():
+        for link in links[c]:
+            users[link] = users.get(link, 0) + w
+    left = {link: capacity[link] for link in users}
+    unfrozen = sorted(weight)
+    rate: dict[int, float] = {}
+    level = 0.0
+    while unfrozen:
+        inc = min(left[link] / n for link, n in users.items() if n > 0)
+        level += inc
+        full = set()
+        for link, n in users.items():
+            if n > 0:
+                left[link] -= inc * n
+                if left[link] <= _EPS * capacity[link] + 1e-9 * inc * n:
+                    full.add(link)
+        still = []
+        for c in unfrozen:
+            if full.isdisjoint(links[c]):
+                still.append(c)
+                continue
+            rate[c] = level
+            for link in links[c]:
+                users[link] -= weight[c]
+        unfrozen = still
+    return rate
+
+
 def fair_rates(active: list[int], routes: list[tuple[int, ...]],
                capacity: list[float]) -> dict[int, float]:
     """Max-min fair rate of each active flow; ``routes[f]`` lists the resources flow ``f`` uses.
 
     >>> fair_rates([0, 1, 2], [(0,), (0, 1), (1,)], [10.0, 4.0])
-    {1: 2.0, 2: 2.0, 0: 8.0}
+    {0: 8.0, 1: 2.0, 2: 2.0}
     """
-    users: dict[int, int] = {}
+    classes: dict[tuple[int, ...], int] = {}
+    weight: dict[int, int] = {}
     for f in active:
-        for link in routes[f]:
-            users[link] = users.get(link, 0) + 1
-    left = {link: capacity[link] for link in users}
-    unfrozen = set(active)
-    rates: dict[int, float] = {}
-    level = 0.0
-    while unfrozen:
-        inc = min(left[link] / n for link, n in users.items() if n)
-        level += inc
-        full = set()
-        for link, n in users.items():
-            if n:
-                left[link] -= inc * n
-                if left[link] <= _EPS * capacity[link]:
-                    full.add(link)
-        for f in sorted(unfrozen):
-            if not full.isdisjoint(routes[f]):
-                rates[f] = level
-                unfrozen.discard(f)
-                for link in routes[f]:
-                    users[link] -= 1
-    return rates
+        c = classes.setdefault(routes[f], len(classes))
+        weight[c] = weight.get(c, 0) + 1
+    rate = progressive_fill({c: r for r, c in classes.items()}, weight, capacity)
+    return {f: rate[classes[routes[f]]] for f in active}
 
 
 class FlowLoop:
@@ -56,35 +79,56 @@ class FlowLoop:
     """
 
     def __init__(self, capacity: list[float], on_done: Callable[[int, float], None]):
-        self.capacity = capacity
+        self.capacity = list(capacity)
         self.on_done = on_done
-        self.routes: list[tuple[int, ...]] = []
-        self.left: list[float] = []
+        self._class_of_route: dict[tuple[int, ...], int] = {}
+        self._links: dict[int, tuple[int, ...]] = {}
+        self._count: dict[int, int] = {}      # active flows per route class (no zeros)
+        self._memo: dict[tuple, dict[int, float]] = {}
+        self.left: list[float] = []           # bytes left per flow
+        self.cls: list[int] = []              # route class per flow
         self._pending: list[tuple[float, int]] = []
         self._active: list[int] = []
         self.now = 0.0
 
     def add(self, nbytes: float, route: tuple[int, ...], latency_us: float) -> int:
         """Queue a flow of ``nbytes`` over ``route`` that starts ``latency_us`` from now."""
-        f = len(self.routes)
-        self.routes.append(route)
+        f = len(self.left)
         self.left.append(float(nbytes))
+        self.cls.append(self._class(route))
         heapq.heappush(self._pending, (self.now + latency_us, f))
         return f
 
+    def _class(self, route: tuple[int, ...]) -> int:
+        c = self._class_of_route.get(route)
+        if c is None:
+            c = self._class_of_route[route] = len(self._links)
+            self._links[c] = route
+        return c
+
+    def _rates(self) -> dict[int, float]:
+        # Schedules repeat the same mix of transfers step after step: memoize on the mix.
+        key = tuple(sorted(self._count.items()))
+        rate = self._memo.get(key)
+        if rate is None:
+            rate = self._memo[key] = progressive_fill(self._links, self._count, self.capacity)
+        return rate
+
     def run(self) -> float:
         """Advance until no flow is left; returns the time of the last completion."""
+        # Plain lists, not numpy: a step touches tens of flows, below numpy's break-even.
+        left, cls = self.left, self.cls
         while self._pending or self._active:
             self._start_due()
             if not self._active:
                 if self._pending:
                     self.now = self._pending[0][0]
                 continue
-            rates = fair_rates(self._active, self.routes, self.capacity)
-            step = min(self.left[f] / rates[f] for f in self._active)
+            rate = self._rates()
+            step = min(left[f] / rate[cls[f]] for f in self._active)
             if self._pending:
-                step = min(step, self._pending[0][0] - self.now)
-            self._advance(rates, max(step, 0.0))
+                step = max(min(step, self._pending[0][0] - self.now), 0.0)
+            self._advance(rate, step)
         return self.now
 
     def _start_due(self) -> None:
@@ -95,18 +139,27 @@ class FlowLoop:
                 self.on_done(f, self.now)
             else:
                 self._active.append(f)
+                c = self.cls[f]
+                self._count[c] = self._count.get(c, 0) + 1
 
-    def _advance(self, rates: dict[int, float], step: float) -> None:
+    def _advance(self, rate: dict[int, float], step: float) -> None:
         self.now += step
+        left, cls = self.left, self.cls
         still, done = [], []
         for f in self._active:
-            moved = rates[f] * step
-            if self.left[f] - moved <= _EPS * max(1.0, self.left[f]) * 1e3:
-                self.left[f] = 0.0
+            before = left[f]
+            after = before - rate[cls[f]] * step
+            if after <= 1e-9 * max(before, 1.0):
+                left[f] = 0.0
                 done.append(f)
             else:
-                self.left[f] -= moved
+                left[f] = after
                 still.append(f)
         self._active = still
+        for f in done:
+            c = cls[f]
+            self._count[c] -= 1
+            if not self._count[c]:
+                del self._count[c]
         for f in done:
             self.on_done(f, self.now)

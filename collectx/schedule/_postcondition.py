@@ -23,51 +23,56 @@ from typing import Iterator
 
 from ..errors import WrongResult
 from ._graph import Graph
-from .ir import Ref, Schedule, alias
+from .ir import Ref, Schedule
 
 
-def expected_outputs(s: Schedule) -> Iterator[tuple[int, int, Counter]]:
+def expected_outputs(s: Schedule) -> Iterator[tuple[int, int, list[tuple[int, int]]]]:
     """Yield ``(rank, output chunk, expected contributions)`` for every constrained chunk."""
     n, C, coll, root = s.nranks, s.nchunks, s.collective, s.root
     everyone = range(n)
     if coll == "allreduce":
         for q in everyone:
             for c in range(C):
-                yield q, c, Counter({(r, c): 1 for r in everyone})
+                yield q, c, [(r, c) for r in everyone]
     elif coll == "reduce_scatter":
         for q in everyone:
             for c in range(C):
-                yield q, c, Counter({(r, q * C + c): 1 for r in everyone})
+                yield q, c, [(r, q * C + c) for r in everyone]
     elif coll in ("allgather", "alltoall"):
         for q in everyone:
             for r in everyone:
                 for c in range(C):
-                    j = c if coll == "allgather" else q * C + c
-                    yield q, r * C + c, Counter({(r, j): 1})
+                    yield q, r * C + c, [(r, c if coll == "allgather" else q * C + c)]
     elif coll == "broadcast":
         for q in everyone:
             for c in range(C):
-                yield q, c, Counter({(root, c): 1})
+                yield q, c, [(root, c)]
     elif coll == "reduce":
         for c in range(C):
-            yield root, c, Counter({(r, c): 1 for r in everyone})
+            yield root, c, [(r, c) for r in everyone]
     elif coll == "sendrecv":
         for c in range(C):
-            yield (root + 1) % n, c, Counter({(root, c): 1})
+            yield (root + 1) % n, c, [(root, c)]
 
 
-def check_postcondition(s: Schedule, g: Graph, state: dict) -> None:
-    """Raise :class:`WrongResult` for the first output chunk that differs from its expectation."""
+def check_postcondition(s: Schedule, g: Graph, mem) -> None:
+    """Raise :class:`WrongResult` for the first output chunk that differs from its expectation.
+
+    ``mem`` is the :class:`._symbolic.Memory` after the run.
+    """
+    size = s.units(0, "output") * s.nchunks
+    slots = {q: mem.locs(Ref(q, "output", 0, size)) for q in range(s.nranks)}
+    width = mem.max_in
     for q, k, want in expected_outputs(s):
-        a = alias(s, Ref(q, "output", k))
-        ch = state.get((a.rank, a.buf, a.chunk))
-        have = ch.contents if ch is not None and ch.contents is not None else Counter()
-        if have == want:
+        i = slots[q][k]
+        have = mem.contents[i]
+        if have == tuple(sorted(r * width + j for r, j in want)):
             continue
-        who = ("nothing wrote it" if ch is None or ch.contents is None else
-               "last written by input" if ch.writer < 0 else
-               f"last written by {g.name(ch.writer)}")
-        raise WrongResult(f"{s.collective}: rank {q} output chunk {k} ({who}) {_diff(have, want)}")
+        writer = mem.writer[i]
+        who = ("nothing wrote it" if have is None else
+               "last written by input" if writer < 0 else f"last written by {g.name(writer)}")
+        raise WrongResult(f"{s.collective}: rank {q} output chunk {k} ({who}) "
+                          f"{_diff(mem.decode(have), Counter(want))}")
 
 
 def _diff(have: Counter, want: Counter) -> str:

@@ -39,6 +39,8 @@ class Routes:
         self._routes: dict[tuple, tuple[tuple[int, ...], float]] = {}
         for u, v, bw in topo.edges(data="bw_gbps"):
             self._resource((u, v), bw)
+        for node in topo.nodes:  # every resource exists up front: the flow loop sizes on them
+            self._resource(("local", node), self._local_bw(node))
 
     def _resource(self, key: tuple, bw_gbps: float) -> int:
         if key not in self._index:
@@ -54,11 +56,13 @@ class Routes:
             self._routes[key] = self._local(a) if a == b else self._remote(a, b)
         return self._routes[key]
 
-    def _local(self, node) -> tuple[tuple[int, ...], float]:
+    def _local_bw(self, node) -> float:
         data = self.topo.nodes[node]
-        bw = self.local_bw_gbps or data.get("mem_bw_gbps") or LOCAL_BW_GBPS.get(
+        return self.local_bw_gbps or data.get("mem_bw_gbps") or LOCAL_BW_GBPS.get(
             data.get("device", "gpu"), LOCAL_BW_GBPS["gpu"])
-        return (self._resource(("local", node), bw),), 0.0
+
+    def _local(self, node) -> tuple[tuple[int, ...], float]:
+        return (self._index[("local", node)],), 0.0
 
     def _remote(self, a, b) -> tuple[tuple[int, ...], float]:
         from ..topology.paths import widest_path

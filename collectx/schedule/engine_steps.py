@@ -23,12 +23,11 @@ is read, and its own destination written, by its own step.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter, defaultdict
-from typing import Callable
+from collections import defaultdict
 
 from ..errors import MalformedSchedule
 from ._graph import Graph
-from .ir import Ref, Schedule, alias
+from .ir import Schedule
 
 ENGINE_OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast")
 
@@ -117,36 +116,21 @@ def _check_spans(g: Graph, op: str, call: tuple[int, ...]) -> None:
                 f"-> dst {ins.dst.count} chunks; expected {si * k} -> {di * k} as its peers")
 
 
-Reader = Callable[[int, tuple], Counter]
-Writer = Callable[[int, tuple, Counter], None]
+def apply_engine_group(g: Graph, call: tuple[int, ...], mem) -> None:
+    """Symbolically run one engine call on ``mem`` (a :class:`._symbolic.Memory`)."""
+    from ._symbolic import combine
 
-
-def apply_engine_group(s: Schedule, g: Graph, call: tuple[int, ...], read: Reader,
-                       write: Writer) -> None:
-    """Symbolically run one engine call: read every member's source, write every destination."""
     op = g.instrs[call[0]].engine_op
-    srcs = [[read(v, loc) for loc in _locs(s, g.instrs[v].srcs[0])] for v in call]
-    for i, v in enumerate(call):
+    srcs = [[mem.read(v, i) for i in mem.locs(g.instrs[v].srcs[0])] for v in call]
+    for pos, v in enumerate(call):
         k = g.instrs[v].dst.count // span_ratio(op, len(call))[1]
         if op == "allreduce":
-            out = [_sum(col[c] for col in srcs) for c in range(k)]
+            out = [combine([col[c] for col in srcs]) for c in range(k)]
         elif op == "reduce_scatter":
-            out = [_sum(col[i * k + c] for col in srcs) for c in range(k)]
+            out = [combine([col[pos * k + c] for col in srcs]) for c in range(k)]
         elif op == "allgather":
             out = [srcs[p][c] for p in range(len(call)) for c in range(k)]
         else:  # broadcast
             out = list(srcs[0])
-        for loc, contents in zip(_locs(s, g.instrs[v].dst), out):
-            write(v, loc, contents)
-
-
-def _sum(parts) -> Counter:
-    total: Counter = Counter()
-    for p in parts:
-        total.update(p)
-    return total
-
-
-def _locs(s: Schedule, ref: Ref) -> list[tuple[int, str, int]]:
-    a = alias(s, ref)
-    return [(a.rank, a.buf, c) for c in a.chunks()]
+        for i, contents in zip(mem.locs(g.instrs[v].dst), out):
+            mem.write(v, i, contents)

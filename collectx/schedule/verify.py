@@ -15,16 +15,13 @@ postcondition. In-place schedules are checked on the storage :func:`~.ir.alias` 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 
-from ..errors import DataRace, MalformedSchedule, ReadBeforeWrite
+from ..errors import MalformedSchedule
 from ._graph import Graph, build_graph, depths, fmt_ref, topo_order, vector_clocks
 from ._postcondition import check_postcondition
+from ._symbolic import Memory, combine
 from .engine_steps import EngineGroups, apply_engine_group, engine_groups
 from .ir import BUFFERS, OPS, Ref, Schedule, alias
-
-Loc = tuple[int, str, int]          # (rank, buffer, chunk) after aliasing
-_INITIAL = -1                       # "last writer" of an input chunk nobody wrote yet
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,8 +89,8 @@ def verify(schedule: Schedule) -> VerifyReport:
     groups = engine_groups(s, g)
     order = topo_order(groups.joined_graph(g))
     vc = vector_clocks(groups.joined_graph(g), order)
-    state = _run(s, g, order, vc, groups)
-    check_postcondition(s, g, state)
+    memory = _run(s, g, order, vc, groups)
+    check_postcondition(s, g, memory)
     ins = g.instrs
     return VerifyReport(
         collective=s.collective, nranks=s.nranks, nchunks=s.nchunks, instructions=len(g),
@@ -158,61 +155,8 @@ def _check_overlap(s: Schedule, name: str, ins) -> None:
 
 
 # -- symbolic execution --------------------------------------------------------------------------
-class _Chunk:
-    """One chunk's contents, the node that last wrote it, and who read that write since."""
-
-    __slots__ = ("contents", "writer", "readers")
-
-    def __init__(self, contents: Counter | None, writer: int):
-        self.contents, self.writer, self.readers = contents, writer, []
-
-
-def _initial_state(s: Schedule) -> dict[Loc, _Chunk]:
-    state: dict[Loc, _Chunk] = {}
-    for r in range(s.nranks):
-        for j in range(s.units(r, "input") * s.nchunks):
-            a = alias(s, Ref(r, "input", j))
-            state[(a.rank, a.buf, a.chunk)] = _Chunk(Counter({(r, j): 1}), _INITIAL)
-    return state
-
-
-def _locs(s: Schedule, ref: Ref) -> list[Loc]:
-    a = alias(s, ref)
-    return [(a.rank, a.buf, c) for c in a.chunks()]
-
-
-def _run(s: Schedule, g: Graph, order: list[int], vc, groups: EngineGroups) -> dict[Loc, _Chunk]:
-    state = _initial_state(s)
-    lane_of, ids = g.lane_of, g.ids
-
-    def before(u: int, v: int) -> bool:
-        return u == v or u == _INITIAL or vc[v, lane_of[u]] >= ids[u].index
-
-    def read(v: int, loc: Loc) -> Counter:
-        ch = state.get(loc)
-        if ch is None or ch.contents is None:
-            raise ReadBeforeWrite(f"{g.name(v)} reads {_fmt_loc(loc)}, which nothing has "
-                                  "written; expected a dependency on the instruction filling it")
-        if not before(ch.writer, v):
-            raise ReadBeforeWrite(f"{g.name(v)} reads {_fmt_loc(loc)} written by "
-                                  f"{g.name(ch.writer)} without waiting for it; expected a "
-                                  "dependency on that write")
-        ch.readers.append(v)
-        return ch.contents
-
-    def write(v: int, loc: Loc, contents: Counter) -> None:
-        ch = state.setdefault(loc, _Chunk(None, _INITIAL))
-        if ch.contents is not None and not before(ch.writer, v):
-            raise DataRace(f"{g.name(v)} writes {_fmt_loc(loc)} concurrently with "
-                           f"{g.name(ch.writer)} (write-after-write race); expected one to "
-                           "depend on the other")
-        for u in ch.readers:
-            if not before(u, v):
-                raise DataRace(f"{g.name(v)} overwrites {_fmt_loc(loc)} while {g.name(u)} may "
-                               "still read it (write-after-read race); expected a dependency "
-                               "on that read")
-        ch.contents, ch.writer, ch.readers = contents, v, []
-
+def _run(s: Schedule, g: Graph, order: list[int], vc, groups: EngineGroups) -> Memory:
+    mem = Memory(s, g, vc)
     done_calls: set[int] = set()
     for v in order:
         ins = g.instrs[v]
@@ -221,22 +165,9 @@ def _run(s: Schedule, g: Graph, order: list[int], vc, groups: EngineGroups) -> d
             # finds every member's inputs ready, and every member's successors come after it.
             if groups.call_of[v] not in done_calls:
                 done_calls.add(groups.call_of[v])
-                apply_engine_group(s, g, groups.group_of(v), read, write)
+                apply_engine_group(g, groups.group_of(v), mem)
             continue
-        srcs = [[read(v, loc) for loc in _locs(s, x)] for x in ins.srcs]
-        for k, loc in enumerate(_locs(s, ins.dst)):
-            write(v, loc, _combine([col[k] for col in srcs]))
-    return state
-
-
-def _combine(parts: list[Counter]) -> Counter:
-    if len(parts) == 1:
-        return parts[0]  # copies share the (never mutated) multiset
-    total = Counter(parts[0])
-    for p in parts[1:]:
-        total.update(p)
-    return total
-
-
-def _fmt_loc(loc: Loc) -> str:
-    return f"{loc[0]}:{loc[1]}[{loc[2]}]"
+        srcs = [[mem.read(v, i) for i in mem.locs(x)] for x in ins.srcs]
+        for k, i in enumerate(mem.locs(ins.dst)):
+            mem.write(v, i, combine([col[k] for col in srcs]))
+    return mem
