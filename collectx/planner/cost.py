@@ -52,17 +52,16 @@ def _depth(s: Schedule, d: Dep, memo: dict[Dep, int]) -> int:
 def link_class(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ...]) -> str:
     """The worst link class among the routes the schedule's remote reads and writes take.
 
-    Each route is the widest path between the two ranks that avoids other ranks; its class is
-    its worst link (``shm`` when there is no topology: one host's shared memory).
+    Each route is the widest path between the two ranks (GPUs may relay, as NVLink peers do);
+    its class is its worst link (``shm`` when there is no topology: one host's shared memory).
     """
     if topo is None:
         return "shm"
     pairs = {(ref.rank, d.rank) for d, ins in schedule.instructions()
              for ref in (ins.dst, *ins.srcs) if ref.rank != d.rank}
-    avoid = frozenset(ranks)
     worst = 0
     for a, b in pairs:
-        _, cls = widest_path(topo, ranks[a], ranks[b], avoid)
+        _, cls = widest_path(topo, ranks[a], ranks[b])
         worst = max(worst, LINK_ORDER.index(cls) if cls in LINK_ORDER else len(LINK_ORDER) - 1)
     return LINK_ORDER[worst] if pairs else "shm"
 

@@ -1,0 +1,81 @@
+"""Selection and the cost model: the fastest candidate wins, small messages favour few steps."""
+
+import pytest
+
+import collectx.topology as T
+from collectx.errors import NoFeasiblePlan, PlanError
+from collectx.planner import plan
+from collectx.planner.cost import link_class, overhead_us, steps, transfer_us, widest_path
+from collectx.planner.cost_tables import BASE_US, LAT_US, alpha_us
+from collectx.planner.direct import plan_direct
+from collectx.planner.select import choose, predict
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def _ranks(G):
+    return tuple(T.gpus(G))
+
+
+@pytest.mark.parametrize("coll,nbytes", [("allreduce", 8 << 10), ("allreduce", 64 << 20),
+                                         ("broadcast", 8 << 10), ("allgather", 16 << 20)])
+def test_choice_is_the_fastest_baseline(coll, nbytes):
+    G = T.load("dgx1v")
+    S = T.subset(G, [0, 1, 2, 3])
+    ranks = _ranks(S)
+    names = [a for a in ("direct", "ring", "tree") if coll != "allgather" or a != "tree"]
+    name, sched, pred = choose(S, ranks, coll, nbytes, algorithms=names)
+    assert sched.algorithm == name
+    for other in names:
+        from collectx.planner.registry import call
+        alt = predict(call(other, S, ranks, coll, nbytes), S, nbytes, ranks, other)
+        assert pred.time_us <= alt.time_us * (1 + 1e-9), other
+
+
+def test_small_messages_prefer_fewer_steps_large_prefer_bandwidth():
+    G = T.ring(8)
+    ranks = _ranks(G)
+    small, _, _ = choose(G, ranks, "allreduce", 1 << 10, algorithms=["ring", "tree"])
+    large, _, _ = choose(G, ranks, "allreduce", 1 << 30, algorithms=["ring", "tree"])
+    assert (small, large) == ("tree", "ring")
+
+
+def test_predicted_time_includes_latency_terms():
+    G = T.switch(4)
+    ranks = _ranks(G)
+    s = plan_direct(G, ranks, "allreduce", 0)
+    p = predict(s, G, 0, ranks, "direct")
+    assert p.time_us == pytest.approx(BASE_US["gpu"] + steps(s) * alpha_us("nvlink", "direct"))
+    assert overhead_us(s, G, ranks, "direct") == pytest.approx(p.time_us)
+
+
+def test_plan_reports_a_consistent_prediction():
+    p = plan(T.switch(4), "allgather", 1 << 24, algo="ring")
+    d = p.to_dict()
+    assert d["predicted_algbw_GBps"] == pytest.approx((1 << 24) / d["predicted_time_us"] / 1e3)
+    assert d["predicted_busbw_GBps"] == pytest.approx(d["predicted_algbw_GBps"] * 3 / 4)
+    assert d["efficiency"] == pytest.approx(d["predicted_busbw_GBps"] / d["bound_busbw_GBps"])
+
+
+def test_unservable_request_is_no_feasible_plan():
+    def refuses(topo, ranks, collective, nbytes, **kw):
+        raise PlanError("not today")
+    with pytest.raises(NoFeasiblePlan, match="not today"):
+        choose(T.switch(2), ("GPU0", "GPU1"), "allreduce", 64, algorithms=[refuses])
+
+
+def test_link_class_and_widest_path():
+    G = T.load("dgx1v")
+    ranks = ("GPU0", "GPU5")
+    assert widest_path(G, "GPU0", "GPU3") == (50.0, "nvlink")
+    assert widest_path(G, "GPU0", "GPU5", frozenset(T.gpus(G)))[1] in ("smp", "pcie")
+    s = plan_direct(G, ranks, "allgather", 64)
+    assert link_class(s, T.subset(G, list(ranks)), ranks) in ("smp", "pcie")
+    assert link_class(s, None, ranks) == "shm"
+
+
+def test_cost_table_is_complete_and_ordered():
+    for row in LAT_US.values():
+        assert "default" in row and all(v > 0 for v in row.values())
+    assert alpha_us("shm", "ring") < alpha_us("nvlink", "ring") < alpha_us("pcie", "ring")
+    assert transfer_us(0, 10.0, 1.0) == 0.0
