@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import sys
-import threading
 import weakref
 
 import numpy as np
@@ -181,10 +179,10 @@ class Communicator:
 
 
 def _warm_planner() -> None:
-    """Import the planner in the background while the ranks rendezvous (scipy takes seconds)."""
-    if "collectx.planner" not in sys.modules:
-        threading.Thread(target=importlib.import_module, args=("collectx.planner",),
-                         name="collectx-planner-import", daemon=True).start()
+    """Import the planner now, before the rendezvous, so that its one-time cost (scipy: about a
+    second, more on a busy machine) is paid at init, overlapping the other ranks' start-up,
+    and not inside the first collective where peers would wait for it."""
+    importlib.import_module("collectx.planner")
 
 
 def _release(window: Window) -> None:

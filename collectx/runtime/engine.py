@@ -120,12 +120,17 @@ class Engine:
             self._seq += 1
             self._epoch += 1
 
-    def poison(self, why: str) -> None:
-        """Mark the communicator unusable here and tell every peer (fatal abort word)."""
+    def poison(self, why: str, dead: int | None = None) -> None:
+        """Mark the communicator unusable here and tell every peer (fatal abort word).
+
+        The word carries the rank found dead, if any, so that a peer which sees the abort word
+        before it notices the death itself still names the dead rank.
+        """
         if self._poisoned is None:
             self._poisoned = why
         if len(self._ctl):
-            self._ctl[W_ABORT] = ABORT_FATAL | self.rank
+            culprit = (dead + 1) << 16 if dead is not None else 0
+            self._ctl[W_ABORT] = ABORT_FATAL | culprit | self.rank
 
     def detach(self) -> None:
         """Drop every view of the window (so it can be unmapped); later calls raise."""
@@ -148,15 +153,20 @@ class Engine:
                                       f"the same call (collective, dtype, op, count, root) in the "
                                       f"same order")
         if status == _EXEC["ABORTED"]:
-            fatal = bool(int(self.win.ctl[peer][W_ABORT]) & ABORT_FATAL)
-            if fatal:
+            word = int(self.win.ctl[peer][W_ABORT])
+            fatal = bool(word & ABORT_FATAL)
+            dead = ((word >> 16) & 0xFFFF) - 1 if fatal else -1
+            if dead >= 0:  # the peer gave up because a rank died: report the death
+                status, peer = _EXEC["PEER_DEAD"], dead
+            elif fatal:
                 self.poison(f"rank {peer} failed")
+        if status == _EXEC["ABORTED"]:
             return PeerAborted(f"{me}: rank {peer} aborted "
                                f"{'the communicator after a failure' if fatal else 'this call'}"
                                f" (see the error raised on rank {peer}); expected it to run the "
                                f"collective; fix the error there", rank=peer)
         if status == _EXEC["PEER_DEAD"]:
-            self.poison(f"rank {peer} died")
+            self.poison(f"rank {peer} died", dead=peer)
             return PeerFailure(f"{me}: rank {peer} (pid {self.win.pids[peer]}) died during the "
                                f"collective; expected it alive; check its log for the crash",
                                rank=peer)

@@ -25,6 +25,7 @@ from ..errors import ArgumentError, RankFailed
 from .window import sweep_stale
 
 DEFAULT_GRACE_S = 3.0
+_EOF = object()
 
 
 def rank_env(rank: int, size: int, rdzv: str) -> dict[str, str]:
@@ -135,6 +136,9 @@ def _collect(procs, conns, grace: float, timeout: float | None) -> list:
             if obj in readers:
                 r = readers.pop(obj)
                 got = _receive(obj, r)
+                if got is _EOF:  # died without a report: its exit code says how
+                    procs[r].join(2.0)
+                    got = _died(r, procs[r].exitcode)
                 if isinstance(got, RankFailed):
                     failure, fail_time = failure or got, fail_time or now
                 else:
@@ -163,7 +167,7 @@ def _receive(conn, rank: int):
     try:
         msg = pickle.loads(conn.recv_bytes())
     except (EOFError, OSError):
-        return _died(rank, None)
+        return _EOF
     if msg[0] == "ok":
         return msg[1]
     _, tname, text, tb, blob = msg

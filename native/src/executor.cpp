@@ -50,6 +50,14 @@ constexpr int kDescCompared = 6;           // seq, collective, dtype, op, count,
 inline uint64_t load_acq(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline void store_rel(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+
 int64_t now_ns() {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -91,13 +99,20 @@ struct Waiter {
     int64_t next_check = 0, next_proc = 0;
     explicit Waiter(Ctx& ctx) : c(ctx) {}
 
-    void reset() { polls = 0; }
+    int pending = CX_EXEC_OK;  // failure seen by the last health check, not yet reported
+    int pending_rank = -1;
+
+    void reset() { polls = 0; pending = CX_EXEC_OK; }
 
     // Returns CX_EXEC_OK to keep waiting, or a failure status (res filled in).
+    // A failure is reported only if the caller, having re-checked its condition once more,
+    // still cannot proceed: a peer may publish its last flag and exit (or die) right after our
+    // check, and what it published before dying is still good.
     int wait() {
+        if (pending != CX_EXEC_OK) return fail(pending, pending_rank);
         ++polls;
         if (polls < c.win->spin) {
-            __builtin_ia32_pause();
+            cpu_relax();
             return CX_EXEC_OK;
         }
         if (polls < c.win->spin + 2000) {
@@ -112,24 +127,32 @@ struct Waiter {
         next_check = t + 1000000;
         bool proc = t >= next_proc;
         if (proc) next_proc = t + 10000000;
-        return health(t, proc);
+        pending = health(t, proc);
+        return CX_EXEC_OK;
     }
 
+    // Liveness first: when a peer dies, every survivor should name the dead rank, not the
+    // first survivor that noticed it and raised its abort word.
     int health(int64_t t, bool check_proc) {
         const cx_exec_window* w = c.win;
         for (int r = 0; r < w->nranks; ++r) {
             if (r == w->rank) continue;
-            uint64_t a = load_acq(&w->ctl[r]->abort_word);
-            if ((a & kAbortFatal) || a == c.call->seq + 1) return fail(CX_EXEC_ABORTED, r);
+            int64_t pid = int64_t(load_acq(&w->ctl[r]->pid));
+            bool alive = check_proc ? pid_alive(pid) : !(kill(pid_t(pid), 0) != 0 && errno == ESRCH);
+            if (!alive) return suspect(CX_EXEC_PEER_DEAD, r);
         }
         for (int r = 0; r < w->nranks; ++r) {
             if (r == w->rank) continue;
-            int64_t pid = int64_t(load_acq(&w->ctl[r]->pid));
-            bool alive = check_proc ? pid_alive(pid) : !(kill(pid_t(pid), 0) != 0 && errno == ESRCH);
-            if (!alive) return fail(CX_EXEC_PEER_DEAD, r);
+            uint64_t a = load_acq(&w->ctl[r]->abort_word);
+            if ((a & kAbortFatal) || a == c.call->seq + 1) return suspect(CX_EXEC_ABORTED, r);
         }
-        if (t > c.call->deadline_ns) return fail(CX_EXEC_TIMEOUT, -1);
+        if (t > c.call->deadline_ns) return suspect(CX_EXEC_TIMEOUT, -1);
         return CX_EXEC_OK;
+    }
+
+    int suspect(int status, int rank) {
+        pending_rank = rank;
+        return status;
     }
 
     int fail(int status, int rank) {

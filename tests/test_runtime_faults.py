@@ -1,0 +1,100 @@
+"""Reliability: dead peers, mismatched calls, missing ranks, bad arguments, shm hygiene."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+import _runtime_fault_workers as F
+import collectx
+from collectx.errors import RankFailed
+from collectx.runtime import window
+
+
+def _segments() -> set[str]:
+    return {f for f in os.listdir(window.SHM_DIR) if f.startswith(window.PREFIX)}
+
+
+def test_sigkilled_rank_makes_every_survivor_raise_peer_failure(tmp_path):
+    with pytest.raises(RankFailed, match="rank 2 was killed by signal SIGKILL"):
+        collectx.launch(F.killed_mid_collective, 4, args=(str(tmp_path), 2), grace=20,
+                        timeout=120)
+    for r in (0, 1, 3):
+        rep = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert rep["error"] == "PeerFailure" and rep["rank"] == 2, rep
+        assert rep["seconds"] < 5.0, rep
+
+
+@pytest.mark.parametrize("kind", ["collective", "dtype", "op", "size", "root"])
+def test_mismatched_calls_raise_collective_mismatch_on_every_rank(kind):
+    results = collectx.launch(F.mismatched, 3, args=(kind,), timeout=120)
+    for r, got in enumerate(results):
+        assert got[0] == "CollectiveMismatch", (r, got)
+        assert "rank 1:" in got[1] and "rank 0:" in got[1]
+        assert got[2] == [6.0] * 4
+
+
+def test_rank_that_never_arrives_gives_timeout():
+    results = collectx.launch(F.never_arrives, 2, args=(1.5,), timeout=120)
+    name, seconds = results[0]
+    assert name == "Timeout"
+    assert 1.4 < seconds < 6.0
+    assert results[1] == ["skipped"]
+
+
+def test_bad_arguments_on_one_rank_abort_the_call_on_its_peers():
+    results = collectx.launch(F.bad_args_on_one_rank, 3, timeout=120)
+    assert results[1][0] == "ArgumentError" and results[1][3] is True
+    for r in (0, 2):
+        name, who, seconds, _ = results[r][:4]
+        assert (name, who) == ("PeerAborted", 1)
+        assert seconds < 5.0
+    assert all(res[-1] == [3.0, 3.0, 3.0] for res in results)
+
+
+def test_no_segments_left_after_normal_exit_and_exception():
+    before = _segments()
+    assert collectx.launch(F.mismatched, 2, args=("op",), timeout=120)
+    with pytest.raises(RankFailed, match="KeyError") as info:
+        collectx.launch(F.raise_after_init, 2, timeout=120)
+    assert info.value.exc_type == "KeyError" and "boom" in info.value.remote_traceback
+    assert _segments() <= before
+
+
+@pytest.mark.parametrize("stage", ["setup", "after_init"])
+def test_no_segments_left_when_every_rank_is_sigkilled(stage):
+    before = _segments()
+    with pytest.raises(RankFailed, match="SIGKILL"):
+        collectx.launch(F.sigkill_all, 2, args=(stage,), grace=5, timeout=120)
+    assert _segments() <= before
+
+
+def test_stale_segment_of_a_dead_process_is_swept(tmp_path):
+    import subprocess
+    dead = subprocess.run(["true"]).returncode == 0 and _dead_pid()
+    name = f"{window.PREFIX}{dead}-00ff"
+    fd = os.open(os.path.join(window.SHM_DIR, name), os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+    assert name in window.sweep_stale()
+    assert name not in _segments()
+
+
+def test_segments_are_private_to_the_user():
+    name, mm = window._create_segment(8192)
+    try:
+        mode = os.stat(os.path.join(window.SHM_DIR, name)).st_mode
+        assert stat.S_IMODE(mode) == 0o600
+        assert name.startswith(f"{window.PREFIX}{os.getpid()}-") and len(name) > 30
+    finally:
+        os.unlink(os.path.join(window.SHM_DIR, name))
+        mm.close()
+
+
+def _dead_pid() -> int:
+    import subprocess
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
