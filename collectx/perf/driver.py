@@ -85,9 +85,10 @@ def write_outputs(opts: Options, result: dict, table_text: str, topo=None) -> No
         write_html(opts.html, result, table_text, topo)
 
 
-def run_simulated(opts: Options, out=sys.stdout) -> int:
+def run_simulated(opts: Options, out=None) -> int:
     """``--simulate``: predict the table with the planner; nothing runs on this machine."""
     from .simulate import format_simulated, load_allocation, simulate_rows
+    out = out or sys.stdout
     topo, gpu_ids = load_allocation(opts.simulate, opts.gpus)
     rows = simulate_rows(topo, gpu_ids, opts.spec())
     text = format_simulated(rows, opts.simulate, gpu_ids)
@@ -98,8 +99,9 @@ def run_simulated(opts: Options, out=sys.stdout) -> int:
     return 0
 
 
-def run_measured(opts: Options, out=sys.stdout, launch=None) -> int:
+def run_measured(opts: Options, out=None, launch=None) -> int:
     """Measure collectx on ``opts.nprocs`` local ranks, then the peers, and report."""
+    out = out or sys.stdout
     if launch is None:
         import collectx
         launch = collectx.launch
@@ -133,9 +135,10 @@ def report_measured(opts: Options, nranks: int, peers: dict, skipped: dict, out)
     return 1 if total_wrong(peers["collectx"]) else 0
 
 
-def run_as_rank(opts: Options, out=sys.stdout) -> int:
+def run_as_rank(opts: Options, out=None) -> int:
     """Under an external launcher: this process is one rank; rank 0 reports."""
     import collectx
+    out = out or sys.stdout
     comm = collectx.init()
     try:
         progress = stderr_progress if opts.progress and comm.rank == 0 else None
