@@ -16,6 +16,7 @@ import weakref
 import networkx as nx
 
 from ..topology.model import DEFAULT_LATENCY_US
+from ._fairshare import RouteClasses
 
 LOCAL_BW_GBPS = {"gpu": 1000.0, "cpu": 10.0}
 _FALLBACK_LATENCY_US = 1.0
@@ -37,6 +38,7 @@ class Routes:
         self.names: list[tuple] = []
         self._index: dict[tuple, int] = {}
         self._routes: dict[tuple, tuple[tuple[int, ...], float]] = {}
+        self.classes = RouteClasses()
         for u, v, bw in topo.edges(data="bw_gbps"):
             self._resource((u, v), bw)
         for node in topo.nodes:  # every resource exists up front: the flow loop sizes on them

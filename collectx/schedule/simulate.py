@@ -133,7 +133,7 @@ def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
         if flows_left[t] == 0:
             finish(t, now)
 
-    loop = FlowLoop(routes.capacity, on_flow_done)
+    loop = FlowLoop(routes.capacity, on_flow_done, routes.classes)
     for v in range(len(g)):
         if waiting[v] == 0:
             start(task_of[v])
