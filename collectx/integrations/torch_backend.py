@@ -165,7 +165,9 @@ class CollectxProcessGroup(Collectives, dist.ProcessGroup):
         self._comms.clear()
 
     def abort(self) -> None:
-        self.shutdown()
+        """Refuse new work at once. Communicators stay mapped: a collective may still be using
+        them on the runner thread, and the process is expected to exit or rebuild the group."""
+        self._runner.close(wait=False)
 
 
 def create_process_group(store, rank: int, size: int, timeout=None) -> CollectxProcessGroup:

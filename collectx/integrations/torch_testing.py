@@ -105,6 +105,7 @@ def _rank_main(fn, rank, world_size, args, backend, init_file, env, results) -> 
                                 world_size=world_size)
         value = fn(rank, world_size, *args)
         results.put((rank, True, value))
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 -- reported to the parent with the traceback
         results.put((rank, False, traceback.format_exc()))

@@ -124,14 +124,14 @@ class SerialRunner:
             self._execute(run, work)
         return work
 
-    def close(self) -> None:
-        """Finish what is queued, then stop the background thread."""
+    def close(self, wait: bool = True) -> None:
+        """Stop taking work; with ``wait``, finish what is queued and stop the thread."""
         with self._lock:
             self._closed = True
             thread = self._thread
             if thread is not None:
                 self._queue.put(None)
-        if thread is not None and thread is not threading.current_thread():
+        if wait and thread is not None and thread is not threading.current_thread():
             thread.join()
 
     def _check_usable(self) -> None:

@@ -1,0 +1,159 @@
+"""In-process checks of the torch backend's parts: op mapping, staging, runner, work, p2p."""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+from collectx import errors  # noqa: E402
+from collectx.integrations import torch_backend  # noqa: E402
+from collectx.integrations.torch_ops import (Flat, concat, device_type, reduce_op,  # noqa: E402
+                                             same_dtype, scatter_back, split_rows)
+from collectx.integrations.torch_p2p import StoreP2P  # noqa: E402
+from collectx.integrations.torch_work import CollectxWork, SerialRunner  # noqa: E402
+
+
+def test_import_collectx_does_not_import_torch():
+    import subprocess
+    code = "import sys, collectx; collectx.CollectXError; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_register_is_idempotent_and_names_the_devices():
+    import collectx.torch  # noqa: F401
+    torch_backend.register()
+    assert dist.is_backend_available("collectx")
+    assert dist.Backend.backend_capability["collectx"] == ["cpu", "cuda"]
+
+
+@pytest.mark.parametrize("op, name", [(dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"),
+                                      (dist.ReduceOp.PRODUCT, "prod"), (dist.ReduceOp.MIN, "min"),
+                                      (dist.ReduceOp.MAX, "max")])
+def test_reduce_ops_map_to_collectx_names(op, name):
+    assert reduce_op(op) == (name, None)
+
+
+def test_premul_sum_carries_its_factor_and_bitwise_ops_are_refused():
+    assert reduce_op(dist._make_nccl_premul_sum(3.0)) == ("sum", 3.0)
+    with pytest.raises(errors.DTypeError, match="BAND|bitwise"):
+        reduce_op(dist.ReduceOp.BAND)
+
+
+def test_flat_stages_strided_tensors_and_writes_back():
+    base = torch.zeros(4, 2)
+    column = base[:, 1]
+    flat = Flat(column)
+    assert flat.staged and flat.data.is_contiguous()
+    flat.data.fill_(7)
+    flat.commit()
+    assert base[:, 1].tolist() == [7.0] * 4 and base[:, 0].tolist() == [0.0] * 4
+    dense = torch.ones(3)
+    assert not Flat(dense).staged and Flat(dense).data.data_ptr() == dense.data_ptr()
+
+
+def test_concat_pads_and_scatter_back_inverts():
+    parts = [torch.tensor([1, 2]), torch.tensor([3])]
+    padded = concat(parts, pad_to=3)
+    assert padded.tolist() == [1, 2, 0, 3, 0, 0]
+    outs = [torch.empty(2, dtype=torch.int64), torch.empty(1, dtype=torch.int64)]
+    scatter_back(padded, outs, stride=3)
+    assert [o.tolist() for o in outs] == [[1, 2], [3]]
+
+
+def test_argument_checks_name_what_was_seen():
+    with pytest.raises(errors.ArgumentError, match="split sizes"):
+        split_rows(torch.zeros(5, 2), [1, 1], 2)
+    with pytest.raises(errors.ArgumentError, match="evenly"):
+        split_rows(torch.zeros(5), [], 2)
+    with pytest.raises(errors.DTypeError, match="one dtype"):
+        same_dtype([torch.zeros(1), torch.zeros(1, dtype=torch.int64)], "allgather")
+    with pytest.raises(errors.ArgumentError, match="meta"):
+        device_type([torch.zeros(1, device="meta")])
+
+
+def test_cuda_without_a_cuda_communicator_is_a_clear_error(monkeypatch):
+    import collectx
+    monkeypatch.setattr(collectx, "cuda_available", lambda: False, raising=False)
+    with pytest.raises(errors.NativeUnavailable, match="CUDA"):
+        torch_backend._make_communicator(dist.HashStore(), 0, 1, None, device="cuda")
+
+
+def test_only_an_explicit_timeout_is_forwarded():
+    from torch.distributed.constants import default_pg_timeout
+    assert not torch_backend._explicit_timeout(default_pg_timeout)
+    assert not torch_backend._explicit_timeout(None)
+    assert torch_backend._explicit_timeout(datetime.timedelta(seconds=20))
+
+
+def test_group_store_drops_the_per_process_communicator_number():
+    store = torch_backend._GroupStore(dist.HashStore())
+    store.set("collectx/comm7/seg/0", b"x")
+    assert store.get("collectx/comm2/seg/0") == b"x"
+
+
+def test_runner_runs_async_work_in_order_off_the_caller_thread():
+    runner = SerialRunner("unit")
+    seen, gate = [], threading.Event()
+    first = runner.submit(lambda: (gate.wait(5), seen.append(threading.current_thread().name)),
+                          [], async_op=True)
+    second = runner.submit(lambda: seen.append("second"), [], async_op=False)
+    assert not first.is_completed()          # queued behind the gate: the call returned early
+    gate.set()
+    second.wait()
+    assert first.is_completed() and seen == ["collectx-unit", "second"]
+    runner.close()
+
+
+def test_runner_fails_fast_after_a_failure():
+    runner = SerialRunner("unit")
+    work = runner.submit(lambda: (_ for _ in ()).throw(errors.PeerFailure("rank 1 died", 1)),
+                         [], async_op=False)
+    with pytest.raises(errors.PeerFailure, match="rank 1 died"):
+        work.wait()
+    assert isinstance(work.exception(), errors.PeerFailure) and not work.is_success()
+    with pytest.raises(errors.CommError, match="unusable"):
+        runner.submit(lambda: None, [], async_op=True)
+    runner.close()
+    with pytest.raises(errors.CommError, match="shut down"):
+        runner.submit(lambda: None, [], async_op=True)
+
+
+def test_work_future_holds_the_outputs_and_wait_times_out():
+    out = torch.ones(2)
+    work = CollectxWork([out])
+    with pytest.raises(errors.Timeout, match="0.1 s"):
+        work.wait(datetime.timedelta(seconds=0.1))
+    work._finish()
+    assert work.wait() and work.get_future().value()[0] is out and work.is_success()
+
+
+def test_store_p2p_matches_messages_by_order():
+    store = dist.HashStore()
+    a, b = StoreP2P(store, 0, 5.0), StoreP2P(store, 1, 5.0)
+    for value in (1.5, 2.5):
+        a.send(torch.tensor([value, -value], dtype=torch.bfloat16), 1)
+    got = torch.empty(2, dtype=torch.bfloat16)
+    b.recv(got, 0)
+    assert got.tolist() == [1.5, -1.5]
+    b.recv(got, 0)
+    assert got.tolist() == [2.5, -2.5]
+    with pytest.raises(errors.ArgumentError, match="same size"):
+        a.send(torch.zeros(3), 1)
+        b.recv(torch.zeros(2), 0)
+
+
+def test_store_p2p_recv_times_out_naming_the_peer():
+    p2p = StoreP2P(dist.HashStore(), 1, 0.2)
+    start = time.monotonic()
+    with pytest.raises(errors.Timeout, match="rank 0"):
+        p2p.recv(torch.zeros(1), 0)
+    assert time.monotonic() - start < 5
