@@ -17,7 +17,8 @@ def allgather_direct(n, nchunks=2, inplace=False, skip=None):
         for q in range(n):
             if (r, q) == skip or (inplace and q == r):
                 continue
-            b.copy(r, 0, dst=Ref(q, "output", r * nchunks, nchunks), src=Ref(r, "input", 0, nchunks))
+            b.copy(r, 0, dst=Ref(q, "output", r * nchunks, nchunks),
+                   src=Ref(r, "input", 0, nchunks))
     return b.build()
 
 

@@ -94,7 +94,8 @@ def _check_step(s: Schedule, g: Graph, v: int) -> None:
         raise MalformedSchedule(f"{g.name(v)}: group {group} must list distinct ranks including "
                                 f"the issuing rank {rank}")
     if any(not 0 <= r < s.nranks for r in group):
-        raise MalformedSchedule(f"{g.name(v)}: group {group} names a rank outside 0..{s.nranks - 1}")
+        raise MalformedSchedule(f"{g.name(v)}: group {group} names a rank outside "
+                                f"0..{s.nranks - 1}")
     if len(ins.srcs) != 1:
         raise MalformedSchedule(f"{g.name(v)}: engine step has {len(ins.srcs)} sources; "
                                 "expected exactly 1")

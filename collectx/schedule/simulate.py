@@ -5,10 +5,10 @@ lives on another rank (a flow ``src rank -> e``) and pushes its result when the 
 another rank (a flow ``e -> dst rank``), so an n-ary reduce of k remote sources moves k streams;
 an instruction touching only ``e``'s memory is one flow over ``e``'s local memory. A flow of B
 bytes crosses the direct link between the two nodes, or where there is none the widest route
-(fewest hops among equally wide ones, see :func:`collectx.topology.paths.widest_path`), starts after the route's summed latency, and then
-shares every link on it max-min fairly with the other active flows (:mod:`._fairshare`). An
-instruction starts when its lane predecessor and deps have completed, and completes with its last
-flow. Engine calls run as a ring over their group in group order (see :func:`_engine_flows`).
+(fewest hops among equally wide ones, see :func:`collectx.topology.paths.widest_path`),
+starts after the route's summed latency, and then shares every link on it max-min fairly with
+the other active flows (:mod:`._fairshare`). An instruction starts when its lane predecessor
+and deps have completed, and completes with its last flow. Engine calls run as a ring over their group in group order (see :func:`_engine_flows`).
 
 Units: bytes, microseconds, GB/s = 1e9 B/s. The result never beats the link capacities, because
 no flow is given more than a fair share of any link it crosses.
