@@ -8,7 +8,8 @@ bytes crosses the direct link between the two nodes, or where there is none the 
 (fewest hops among equally wide ones, see :func:`collectx.topology.paths.widest_path`),
 starts after the route's summed latency, and then shares every link on it max-min fairly with
 the other active flows (:mod:`._fairshare`). An instruction starts when its lane predecessor
-and deps have completed, and completes with its last flow. Engine calls run as a ring over their group in group order (see :func:`_engine_flows`).
+and deps have completed, and completes with its last flow. Engine calls run as a ring over their
+group in group order (see :func:`_engine_flows`).
 
 Units: bytes, microseconds, GB/s = 1e9 B/s. The result never beats the link capacities, because
 no flow is given more than a fair share of any link it crosses.
