@@ -86,7 +86,7 @@ class ScheduleBuilder:
         return len(lanes[lane]) if lane < len(lanes) else 0
 
     def build(self) -> Schedule:
-        """Freeze what was added into a :class:`Schedule`; a rank without work gets an empty lane."""
+        """Freeze what was added into a :class:`Schedule` (empty lane for a rank without work)."""
         lanes = tuple(tuple(Lane(tuple(lane)) for lane in rank_lanes) or (Lane(),)
                       for rank_lanes in self._lanes)
         meta = tuple(sorted((k, _deep_tuple(v)) for k, v in self._meta.items()))
