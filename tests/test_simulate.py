@@ -185,3 +185,20 @@ def test_eight_gpu_schedule_of_hundreds_of_instructions_is_fast():
     assert elapsed < 0.5, f"{elapsed * 1e3:.0f} ms"
     # GPU0->GPU1 is a single 25 GB/s NVLink on DGX-1V: the ring can not beat it.
     assert r.busbw_GBps <= 25.0 and r.busbw_GBps == pytest.approx(25.0, rel=0.01)
+
+
+@pytest.mark.parametrize("alloc", [[0, 1, 2], [0, 3, 5], [1, 2, 5, 6], [0, 1, 2, 3, 4, 5, 6, 7]])
+def test_never_beats_the_cut_bound_on_dgx1(alloc):
+    from collectx.planner.bounds import bounds
+
+    G = topo.subset(topo.load("dgx1v"), alloc)   # GPUs outside the job relay nothing
+    n = len(alloc)
+    bound = bounds(G, "allgather").bound_busbw
+    direct = ScheduleBuilder("allgather", n, 1)
+    for r in range(n):
+        for q in range(n):
+            direct.copy(r, q, Ref(q, "output", r), Ref(r, "input", 0))
+    for s in (direct.build(), ring_allgather(n, nchunks=2, directions=(1, -1))):
+        res = simulate(s, G, 1 << 30)
+        assert 0 < res.busbw_GBps <= bound * (1 + 1e-9), (s.algorithm, res.busbw_GBps, bound)
+        assert max(res.link_util.values()) <= 1.0 + 1e-9
