@@ -195,6 +195,14 @@ def test_parser_reads_msccl_generated_xml_and_rejects_bad_input():
         parse_msccl_xml(text.replace('type="re"', 'type="zz"'))
 
 
+def test_unknown_protocol_is_refused(ring8):
+    from collectx.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="protocol 'LL256'"):
+        to_msccl_xml(ring8, proto="LL256")
+    assert 'proto="LL128"' in to_msccl_xml(ring8, proto="LL128")
+
+
 def test_engine_steps_cannot_be_exported():
     b = ScheduleBuilder("allreduce", 2, 1)
     for r in range(2):

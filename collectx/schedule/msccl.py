@@ -20,17 +20,22 @@ instruction its instruction depends on (lane predecessor and deps); steps of one
 one GPU run in order. A dependency on an instruction with no step on that GPU is carried by the
 send/receive that moves the data (a data hazard always shares a GPU with both instructions).
 Refs keep their own buffers; ``inplace`` is written as the schedule says.
+
+Limits of the MSCCL runtime are not enforced here (256 steps per threadblock, ``cnt`` < 72,
+32 threadblocks per channel): plans with thousands of instructions per rank need fewer, larger
+chunks before they load into NCCL.
 """
 
 from __future__ import annotations
 
-from ..errors import ScheduleError
+from ..errors import ArgumentError, ScheduleError
 from ._graph import Graph, build_graph, topo_order
 from .ir import Instr, Ref, Schedule
 from .msccl_xml import MscclAlgo, MscclGpu, MscclStep, MscclTb, parse_msccl_xml, render
 
 _BUF = {"input": "i", "output": "o", "scratch": "s"}
 _COLL = {"sendrecv": "custom"}
+PROTOCOLS = ("Simple", "LL", "LL128")
 
 __all__ = ["to_msccl_xml", "lower_to_msccl", "parse_msccl_xml"]
 
@@ -68,6 +73,8 @@ def to_msccl_xml(schedule: Schedule, name: str | None = None, proto: str = "Simp
 def lower_to_msccl(schedule: Schedule, name: str | None = None,
                    proto: str = "Simple") -> MscclAlgo:
     """The :class:`~.msccl_xml.MscclAlgo` of ``schedule``; each step's ``origin`` is its IR Dep."""
+    if proto not in PROTOCOLS:
+        raise ArgumentError(f"MSCCL protocol {proto!r}; expected one of {', '.join(PROTOCOLS)}")
     s = schedule
     g = build_graph(s)
     engine = [v for v in range(len(g)) if g.instrs[v].op == "engine"]
