@@ -23,13 +23,18 @@ def _torch():
     try:
         import torch
     except ImportError:
-        raise DTypeError("bfloat16 buffers need torch (numpy has no bfloat16); install it with "
-                         "`pip install collectx[torch]` or pick another -d") from None
+        raise DTypeError("bfloat16 and GPU buffers need torch (numpy has no bfloat16); install "
+                         "it with `pip install collectx[torch]`, or pick another -d / --device")\
+            from None
     return torch
 
 
-def alloc(comm, n: int, dtype: str):
-    """An ``n``-element buffer of ``dtype`` from ``comm.empty`` when it has one, else numpy."""
+def alloc(comm, n: int, dtype: str, device: str = "cpu"):
+    """An ``n``-element buffer of ``dtype``: on the current GPU (torch) for ``device="cuda"``,
+    else from ``comm.empty`` when the communicator has one, else numpy (torch for bfloat16)."""
+    if device == "cuda":
+        torch = _torch()
+        return torch.empty(n, dtype=getattr(torch, dtype), device="cuda")
     maker = getattr(comm, "empty", None)
     if maker is not None:
         try:

@@ -34,11 +34,21 @@ def launched_externally(env=None) -> bool:
 def _collectx_rank(spec: dict) -> list[dict]:
     # Runs in every rank process that collectx.launch starts; must stay a module-level function.
     import collectx
+    if spec.get("device") == "cuda":
+        _bind_gpu()
     comm = collectx.init()
     try:
         return run_sweep(comm, spec, progress=stderr_progress if spec.get("progress") else None)
     finally:
         comm.close()
+
+
+def _bind_gpu() -> None:
+    # One GPU per local rank, chosen before any CUDA memory is touched.
+    import torch
+    local = int(os.environ.get("COLLECTX_LOCAL_RANK") or os.environ.get("LOCAL_RANK")
+                or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or 0)
+    torch.cuda.set_device(local % torch.cuda.device_count())
 
 
 def require_device(opts: Options) -> None:
@@ -54,6 +64,14 @@ def require_device(opts: Options) -> None:
     if not ok:
         raise ConfigError("--device cuda: no NVIDIA GPU or CUDA runtime found on this machine; "
                           "use --device cpu, or --simulate SOURCE to predict a GPU machine")
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("--device cuda: GPU buffers are torch tensors and torch is not "
+                          "installed; pip install collectx[torch]") from None
+    if not torch.cuda.is_available():
+        raise ConfigError("--device cuda: this torch build sees no GPU (a CPU-only wheel?); "
+                          "install a CUDA build of torch")
 
 
 def _preamble(opts: Options, nranks: int) -> list[str]:
@@ -90,7 +108,8 @@ def run_simulated(opts: Options, out=None) -> int:
     from .simulate import format_simulated, load_allocation, simulate_rows
     out = out or sys.stdout
     topo, gpu_ids = load_allocation(opts.simulate, opts.gpus)
-    rows = simulate_rows(topo, gpu_ids, opts.spec())
+    rows = simulate_rows(topo, gpu_ids, opts.spec(),
+                         progress=stderr_progress if opts.progress else None)
     text = format_simulated(rows, opts.simulate, gpu_ids)
     out.write(text)
     result = _result(opts, len(gpu_ids), "simulated", {"collectx": rows}, {})
@@ -139,6 +158,8 @@ def run_as_rank(opts: Options, out=None) -> int:
     """Under an external launcher: this process is one rank; rank 0 reports."""
     import collectx
     out = out or sys.stdout
+    if opts.device == "cuda":
+        _bind_gpu()
     comm = collectx.init()
     try:
         progress = stderr_progress if opts.progress and comm.rank == 0 else None

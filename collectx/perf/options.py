@@ -67,7 +67,8 @@ class Options:
     def spec(self) -> dict:
         """The JSON-able subset a rank process needs to run the sweep."""
         return {k: getattr(self, k) for k in ("collectives", "sizes", "dtype", "op", "root",
-                                              "iters", "warmup", "check", "algo", "progress")}
+                                              "iters", "warmup", "check", "algo", "progress",
+                                              "device")}
 
 
 def parse_size(text: str) -> int:

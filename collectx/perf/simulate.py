@@ -35,22 +35,27 @@ def _cell(p) -> dict | None:
     return {"time_us": pred.time_us, "algbw": pred.algbw_GBps, "busbw": pred.busbw_GBps}
 
 
-def simulate_rows(topo, gpu_ids, spec: dict, plan_fn=None) -> list[dict]:
+def simulate_rows(topo, gpu_ids, spec: dict, plan_fn=None, progress=None) -> list[dict]:
     """Predicted rows, one per collective and size (see the module docstring).
 
-    ``plan_fn`` defaults to :func:`collectx.planner.plan` (tests pass a stand-in).
+    ``plan_fn`` defaults to :func:`collectx.planner.plan` (tests pass a stand-in);
+    ``progress(done, total, label)`` is called before each size.
     """
     if plan_fn is None:
         from ..planner import plan as plan_fn
-    nranks, rows = len(gpu_ids), []
-    for collective in spec["collectives"]:
+    nranks, rows, total = len(gpu_ids), [], len(spec["collectives"]) * len(spec["sizes"])
+    for c_index, collective in enumerate(spec["collectives"]):
         seen = set()
-        for size in spec["sizes"]:
+        for s_index, size in enumerate(spec["sizes"]):
+            if progress is not None:
+                progress(c_index * len(spec["sizes"]) + s_index, total, f"{collective} {size} B")
             lay = BENCHES[collective].layout(size, buffers.itemsize(spec["dtype"]), nranks)
             if lay.nbytes in seen:
                 continue
             seen.add(lay.nbytes)
             rows.append(_predict(plan_fn, topo, gpu_ids, spec, collective, lay))
+    if progress is not None:
+        progress(total, total, "done")
     return rows
 
 

@@ -134,7 +134,9 @@ def _buffers(comm, spec, collective) -> tuple:
     lays = [bench.layout(size, itemsize, comm.size) for size in spec["sizes"]]
     n_in = max(lay.in_elems for lay in lays)
     n_out = max(max(lay.in_elems, lay.out_elems) for lay in lays)
-    return buffers.alloc(comm, n_in, spec["dtype"]), buffers.alloc(comm, n_out, spec["dtype"])
+    device = spec.get("device", "cpu")
+    return (buffers.alloc(comm, n_in, spec["dtype"], device),
+            buffers.alloc(comm, n_out, spec["dtype"], device))
 
 
 def _run_size(comm, spec, collective, size, corrupt, pool, estimate_us=None) -> dict:
@@ -189,9 +191,12 @@ def _time(comm, run, warmup: int, iters: int) -> float:
 
 
 def _sync(comm) -> None:
-    sync = getattr(comm, "synchronize", None)  # device communicators finish queued work here
+    """Wait for queued device work, so a timer never stops before a GPU collective finished."""
+    sync = getattr(comm, "synchronize", None)
     if sync is not None:
         sync()
+    elif "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+        sys.modules["torch"].cuda.synchronize()
 
 
 def _gather(comm, usec: float, wrong: int | None) -> tuple[float, int | None]:
