@@ -202,3 +202,14 @@ def test_never_beats_the_cut_bound_on_dgx1(alloc):
         res = simulate(s, G, 1 << 30)
         assert 0 < res.busbw_GBps <= bound * (1 + 1e-9), (s.algorithm, res.busbw_GBps, bound)
         assert max(res.link_util.values()) <= 1.0 + 1e-9
+
+
+def test_links_without_bandwidth_are_refused():
+    from collectx.errors import TopologyError
+
+    G = two_gpus()
+    del G.edges["GPU0", "GPU1"]["bw_gbps"]
+    b = ScheduleBuilder("sendrecv", 2, 1)
+    b.copy(1, 0, Ref(1, "output", 0), Ref(0, "input", 0))
+    with pytest.raises(TopologyError, match="GPU0->GPU1 has bw_gbps=None"):
+        simulate(b.build(), G, MB)

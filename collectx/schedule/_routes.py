@@ -15,6 +15,7 @@ import weakref
 
 import networkx as nx
 
+from ..errors import TopologyError
 from ..topology.model import DEFAULT_LATENCY_US
 from ._fairshare import RouteClasses
 
@@ -45,6 +46,10 @@ class Routes:
             self._resource(("local", node), self._local_bw(node))
 
     def _resource(self, key: tuple, bw_gbps: float) -> int:
+        if not isinstance(bw_gbps, (int, float)) or not bw_gbps > 0:
+            raise TopologyError(f"{key[0]}->{key[1]} has bw_gbps={bw_gbps!r}; expected a "
+                                "positive GB/s per direction on every link (and mem_bw_gbps "
+                                "on nodes, if set)")
         if key not in self._index:
             self._index[key] = len(self.names)
             self.names.append(key)
