@@ -277,3 +277,53 @@ def test_sixteen_ranks_thousands_of_instructions_is_fast():
     elapsed = time.perf_counter() - t
     assert rep.instructions == 2 * 15 * 16 * 16
     assert elapsed < 4.0, f"verify took {elapsed:.2f}s for {rep.instructions} instructions"
+
+
+def test_inplace_reduce_scatter_direct():
+    n = 3
+    b = ScheduleBuilder("reduce_scatter", n, 2, inplace=True)
+    for q in range(n):
+        mine = Ref(q, "input", 2 * q, 2)         # in place, rank q's output is this slot
+        b.reduce(q, 0, Ref(q, "output", 0, 2), [mine] + [Ref(r, "input", 2 * q, 2)
+                                                         for r in range(n) if r != q])
+    assert verify(b.build()).reduces == n
+
+
+@pytest.mark.parametrize("op", ["allgather", "reduce_scatter", "broadcast"])
+def test_engine_collectives_between_two_ranks(op):
+    coll = {"broadcast": "broadcast"}.get(op, op)
+    b = ScheduleBuilder(coll, 2, 1)
+    for r in range(2):
+        if op == "allgather":
+            b.engine(r, 0, Ref(r, "output", 0, 2), [Ref(r, "input", 0)], op, (0, 1))
+        elif op == "reduce_scatter":
+            b.engine(r, 0, Ref(r, "output", 0), [Ref(r, "input", 0, 2)], op, (0, 1))
+        else:
+            b.engine(r, 0, Ref(r, "output", 0), [Ref(r, "input", 0)], op, (0, 1))
+    assert verify(b.build()).engine_steps == 2
+
+
+def test_engine_span_mismatch_is_malformed():
+    b = ScheduleBuilder("allgather", 2, 1)
+    for r in range(2):
+        b.engine(r, 0, Ref(r, "output", 0, 2 - r), [Ref(r, "input", 0)], "allgather", (0, 1))
+    with pytest.raises(MalformedSchedule, match="expected 1 -> 2"):
+        verify(b.build())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dropping_any_ring_dependency_is_caught(seed):
+    # Every dependency of this ring is needed: removing one must raise a ScheduleError
+    # subclass (never another exception, never a silent pass with a wrong result).
+    import random
+
+    s = ring_allreduce(4, seg=2, lanes=2)
+    deps = [(d, k) for d, ins in s.instructions() for k in range(len(ins.deps))]
+    d, k = random.Random(seed).choice(deps)
+    lanes = [list(list(lane.instrs) for lane in rl) for rl in s.lanes]
+    ins = lanes[d.rank][d.lane][d.index]
+    lanes[d.rank][d.lane][d.index] = Instr(ins.op, ins.dst, ins.srcs,
+                                           ins.deps[:k] + ins.deps[k + 1:])
+    broken = raw("allreduce", 4, lanes, nchunks=s.nchunks)
+    with pytest.raises((ReadBeforeWrite, DataRace)):
+        verify(broken)
