@@ -184,9 +184,23 @@ def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
+def _buffer(ffi, a: np.ndarray):
+    """Zero-copy ``char[]`` over an array's bytes (cheaper than reading its address)."""
+    try:
+        return ffi.from_buffer(a)
+    except (TypeError, ValueError, BufferError):
+        # numpy cannot export buffers of user dtypes (ml_dtypes.bfloat16): view the bytes.
+        return ffi.from_buffer(a.reshape(-1).view(np.uint8))
+
+
+# Fast path for the common numpy dtypes; dtype_code handles the rest (and the errors).
+_CODE_OF_DTYPE = {np.dtype(name): code for name, code in DTYPES.items() if name != "bfloat16"}
+
+
 def _array_code(a: np.ndarray, override: str | None) -> int:
     if override is None:
-        return dtype_code(a.dtype)
+        code = _CODE_OF_DTYPE.get(a.dtype)
+        return dtype_code(a.dtype) if code is None else code
     code = dtype_code(override)
     if a.dtype.itemsize != np.dtype(np.uint16 if override == "bfloat16" else override).itemsize:
         raise DTypeError(f"dtype={override!r} was asked for arrays of {a.dtype}: the element "
@@ -195,14 +209,16 @@ def _array_code(a: np.ndarray, override: str | None) -> int:
 
 
 # ---- argument checks (all before any native call, so bad input touches nothing) ---------------
-def _as_array(x, role: str) -> np.ndarray:
+def _as_array(x, role) -> np.ndarray:
+    """``x`` if it is a C-contiguous ndarray; ``role`` (str or callable) names it in errors."""
+    if isinstance(x, np.ndarray) and x.flags.c_contiguous:
+        return x
+    role = role() if callable(role) else role
     if not isinstance(x, np.ndarray):
         raise ArgumentError(f"{role} is a {type(x).__name__}; expected a numpy.ndarray "
                             f"(convert with numpy.asarray)")
-    if not x.flags.c_contiguous:
-        raise ArgumentError(f"{role} is not C-contiguous (strides {x.strides}); pass "
-                            f"numpy.ascontiguousarray({role}) or a contiguous view")
-    return x
+    raise ArgumentError(f"{role} is not C-contiguous (strides {x.strides}); pass "
+                        f"numpy.ascontiguousarray({role}) or a contiguous view")
 
 
 def _check_output(dst, role: str = "dst") -> np.ndarray:
@@ -223,26 +239,34 @@ def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
     return _address(a) == _address(b) and a.nbytes == b.nbytes
 
 
-def _check_sources(dst: np.ndarray, srcs) -> list:
+def _source_buffers(ffi, dst: np.ndarray, out, srcs) -> list:
+    """Check ``srcs`` against ``dst`` (whose buffer is ``out``) and return their buffers.
+
+    Overlap is tested on the cffi pointers: cheaper than reading each array's address.
+    """
     if isinstance(srcs, np.ndarray) or not hasattr(srcs, "__len__"):
         raise ArgumentError("srcs must be a list of arrays; wrap a single array as [a]")
-    srcs = [_as_array(s, f"srcs[{i}]") for i, s in enumerate(srcs)]
-    if not srcs:
+    if not len(srcs):
         raise ArgumentError("srcs is empty; expected at least one source array (k >= 1)")
+    nbytes, bufs = dst.nbytes, []
     for i, s in enumerate(srcs):
+        _as_array(s, lambda: f"srcs[{i}]")
         if s.dtype != dst.dtype or s.size != dst.size:
             raise ArgumentError(f"srcs[{i}] is {s.size} x {s.dtype} but dst is {dst.size} x "
                                 f"{dst.dtype}; every source must match dst in dtype and length")
-        if _overlaps(dst, s) and not (i == 0 and _same_memory(dst, s)):
+        buf = _buffer(ffi, s)
+        if nbytes and buf < out + nbytes and out < buf + nbytes and not (i == 0 and buf == out):
             raise ArgumentError(f"dst overlaps srcs[{i}]; only srcs[0] may be dst itself "
                                 f"(in-place accumulate). Use a separate output array")
-    return srcs
+        bufs.append(buf)
+    return bufs
 
 
 def _op_code(op: str) -> int:
-    if op not in OPS:
+    code = OPS.get(op) if isinstance(op, str) else None
+    if code is None:
         raise DTypeError(f"op {op!r} is not supported; expected one of {', '.join(OPS)}")
-    return OPS[op]
+    return code
 
 
 # ---- numpy-level kernels -----------------------------------------------------------------------
@@ -258,8 +282,8 @@ def copy(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
                             f"{dst.dtype}; copy needs the same dtype and length")
     if _overlaps(dst, src) and not _same_memory(dst, src):
         raise ArgumentError("dst and src overlap partially; copy through a temporary array")
-    _, lib, _ = load()
-    check_rc(lib.cx_copy(ptr(dst), ptr(src), dst.nbytes), "cx_copy")
+    ffi, lib, _ = load()
+    check_rc(lib.cx_copy(_buffer(ffi, dst), _buffer(ffi, src), dst.nbytes), "cx_copy")
     return dst
 
 
@@ -305,14 +329,12 @@ def reduce(dst: np.ndarray, srcs, op: str = "sum", *, dtype: str | None = None) 
     """
     dst = _check_output(dst)
     code, op_code = _array_code(dst, dtype), _op_code(op)
-    srcs = _check_sources(dst, srcs)
     ffi, lib, _ = load()
-    pointers = ffi.new("void *[]", [ffi.cast("void *", _address(s)) for s in srcs])
-    check_rc(lib.cx_reduce(ffi.cast("void *", _address(dst)), pointers, len(srcs), dst.size,
-                           code, op_code), "cx_reduce")
-    if op == "avg" and len(srcs) > 1:
-        check_rc(lib.cx_scale(ffi.cast("void *", _address(dst)), dst.size, code,
-                              1.0 / len(srcs)), "cx_scale")
+    out = _buffer(ffi, dst)
+    bufs = _source_buffers(ffi, dst, out, srcs)
+    check_rc(lib.cx_reduce(out, bufs, len(bufs), dst.size, code, op_code), "cx_reduce")
+    if op == "avg" and len(bufs) > 1:
+        check_rc(lib.cx_scale(out, dst.size, code, 1.0 / len(bufs)), "cx_scale")
     return dst
 
 
@@ -333,8 +355,8 @@ def scale(dst: np.ndarray, factor: float, *, dtype: str | None = None) -> np.nda
         if divisor < 1 or abs(1.0 / factor - divisor) > 1e-6 * divisor:
             raise ArgumentError(f"factor {factor} for {dst.dtype}: integer arrays can only be "
                                 f"divided by a whole number d (factor = 1/d)")
-    _, lib, _ = load()
-    check_rc(lib.cx_scale(ptr(dst), dst.size, code, factor), "cx_scale")
+    ffi, lib, _ = load()
+    check_rc(lib.cx_scale(_buffer(ffi, dst), dst.size, code, factor), "cx_scale")
     return dst
 
 

@@ -42,37 +42,41 @@ CX_HD uint32_t cx_f32_to_bits(float f) {
 #endif
 }
 
-// IEEE binary16 -> binary32, exact for every input (subnormals renormalized, NaN payload kept).
-// Method: move exponent+mantissa into float position and rebias; Inf/NaN get the rest of the
-// exponent range; subnormals are fixed by one float subtraction of the implicit bit.
+// The two binary16 conversions follow Marat Dukhan's FP16 library (fp16_ieee_to_fp32_value,
+// fp16_ieee_from_fp32_value): a few integer ops, one or two float ops and selects, no branches
+// and no subnormal float arithmetic on the common path. Both are exact / correctly rounded for
+// every input, with and without FMA contraction (each product is an exact power-of-2 scaling).
+
+// IEEE binary16 -> binary32, exact (signaling NaNs come out quiet, as hardware converts them).
+// Normals and Inf/NaN: shift exponent+mantissa into float position, scale by 2^-112 to rebias.
+// Subnormals: place the mantissa under a 0.5 exponent and subtract 0.5.
 CX_HD float cx_half_to_float(cx_half h) {
-  const uint32_t shifted_exp = 0x7c00u << 13;
-  uint32_t o = (uint32_t)(h.bits & 0x7fffu) << 13;
-  uint32_t exp = o & shifted_exp;
-  o += (127u - 15u) << 23;
-  uint32_t inf_nan = o + ((128u - 16u) << 23);
-  uint32_t sub = cx_f32_to_bits(cx_bits_to_f32(o + (1u << 23)) - cx_bits_to_f32(113u << 23));
-  o = exp == shifted_exp ? inf_nan : (exp == 0 ? sub : o);
-  return cx_bits_to_f32(o | ((uint32_t)(h.bits & 0x8000u) << 16));
+  const uint32_t w = (uint32_t)h.bits << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;  // exponent+mantissa at the top, sign shifted out
+  const float normal = cx_bits_to_f32((two_w >> 4) + (0xE0u << 23)) * cx_bits_to_f32(0x07800000u);
+  const float subnormal = cx_bits_to_f32((two_w >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t magnitude = two_w < (1u << 27) ? cx_f32_to_bits(subnormal) : cx_f32_to_bits(normal);
+  return cx_bits_to_f32(sign | magnitude);
 }
 
-// binary32 -> binary16 with round-to-nearest-even; overflow gives Inf, NaN stays a (quiet) NaN.
-// Subnormal results are rounded by the FPU itself: adding a magic constant lines the half's
-// subnormal LSB up with the float's LSB, so the float add does the RNE rounding.
+// binary32 -> binary16 with round-to-nearest-even; overflow gives Inf, NaN gives a quiet NaN.
+// Scaling |f| by 2^112 then 2^-110 saturates huge values to Inf; adding a power of two chosen
+// from f's exponent (at least 2^-14's) leaves exactly the half's mantissa bits in the float's
+// low bits, so the float add itself rounds to nearest even, subnormal results included.
 CX_HD cx_half cx_float_to_half(float f) {
-  const uint32_t f32_inf = 255u << 23;
-  const uint32_t f16_max = (127u + 16u) << 23;
-  const uint32_t denorm_magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
-  uint32_t u = cx_f32_to_bits(f);
-  uint32_t sign = u & 0x80000000u;
-  u ^= sign;
-  uint32_t special = u > f32_inf ? 0x7e00u : 0x7c00u;
-  uint32_t sub = cx_f32_to_bits(cx_bits_to_f32(u) + cx_bits_to_f32(denorm_magic)) - denorm_magic;
-  uint32_t mant_odd = (u >> 13) & 1u;
-  uint32_t norm = (u + ((uint32_t)(15 - 127) << 23) + 0xfffu + mant_odd) >> 13;
-  uint32_t o = u >= f16_max ? special : (u < (113u << 23) ? sub : norm);
+  const uint32_t w = cx_f32_to_bits(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  float base = cx_bits_to_f32(w & 0x7fffffffu) * cx_bits_to_f32(0x77800000u);  // * 2^112
+  base = base * cx_bits_to_f32(0x08800000u);                                  // * 2^-110
+  uint32_t bias = shl1_w & 0xFF000000u;
+  bias = bias < 0x71000000u ? 0x71000000u : bias;
+  base = cx_bits_to_f32((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = cx_f32_to_bits(base);
+  const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
   cx_half h;
-  h.bits = (uint16_t)(o | (sign >> 16));
+  h.bits = (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
   return h;
 }
 

@@ -6,9 +6,9 @@
 // (no -march=native) while simple loops still auto-vectorize at full width. The hot loops are
 // always_inline helpers so they are compiled inside each clone with that clone's ISA.
 //
-// k-ary reductions walk the arrays in blocks that fit in L1: the first pass combines src0 and
-// src1 into the block's accumulator, each further source is folded into it while it is still
-// cached, and the result is written once. Native types (integers, float32/64) accumulate in dst
+// k-ary reductions walk the arrays in blocks that fit in L1: the first pass combines src0 with
+// up to three more sources into the block's accumulator, further sources are folded into it
+// three at a time while it is still cached, and the result is written once. Native types (integers, float32/64) accumulate in dst
 // itself; float16/bfloat16 accumulate in a float32 block on the stack and round once at the end.
 // The order is left to right: ((src0 op src1) op src2) op ..., matching a numpy chain.
 #include <algorithm>
@@ -31,36 +31,61 @@ namespace {
 // Accumulator block: 8 KiB keeps the block plus one line per source well inside a 32 KiB L1 and
 // makes the float32 accumulator for 16-bit types a small stack array.
 constexpr size_t kBlockBytes = 8192;
+// Sources folded per pass over a block: each pass streams up to this many inputs at once, so a
+// k-ary reduction makes ceil((k-1)/3) passes over its (cached) accumulator instead of k-1.
+constexpr int kFanIn = 3;
 
-// ---- loops over one block (restrict: callers guarantee the pointers are distinct) ----------
-template <class T, class Op>
-CX_INLINE void combine2(T* __restrict d, const T* __restrict a, const T* __restrict b, size_t m) {
-  for (size_t i = 0; i < m; i++) d[i] = Op::apply(a[i], b[i]);
+// cx_load/cx_store extended to the float32 accumulator (identity there).
+CX_INLINE float widen(float x) { return x; }
+template <class T> CX_INLINE typename cx_compute<T>::type widen(T x) { return cx_load(x); }
+template <class Out, class C> CX_INLINE Out narrow(C x) {
+  if constexpr (std::is_same<Out, C>::value) return x;
+  else return cx_store<Out>(x);
 }
 
-template <class T, class Op>
-CX_INLINE void fold_into(T* __restrict d, const T* __restrict b, size_t m) {
-  for (size_t i = 0; i < m; i++) d[i] = Op::apply(d[i], b[i]);
+// ---- one pass over a block (restrict: callers guarantee distinct pointers) ----------------
+// out[i] = ((in[i] op s0[i]) op s1[i]) ... computed in the compute type, converted once.
+template <class Op, class Out, class In, class... S>
+CX_INLINE void pass(Out* __restrict out, const In* __restrict in, size_t m,
+                    const S* __restrict... s) {
+  for (size_t i = 0; i < m; i++) {
+    auto x = widen(in[i]);
+    ((x = Op::apply(x, widen(s[i]))), ...);
+    out[i] = narrow<Out>(x);
+  }
 }
 
-template <class T, class Op>
-CX_INLINE void load2_f32(float* __restrict acc, const T* __restrict a, const T* __restrict b,
-                         size_t m) {
-  for (size_t i = 0; i < m; i++) acc[i] = Op::apply(cx_load(a[i]), cx_load(b[i]));
+// io[i] = ((io[i] op s0[i]) op s1[i]) ...: the in-place form (io is both accumulator and output).
+template <class Op, class IO, class... S>
+CX_INLINE void pass_in_place(IO* __restrict io, size_t m, const S* __restrict... s) {
+  for (size_t i = 0; i < m; i++) {
+    auto x = widen(io[i]);
+    ((x = Op::apply(x, widen(s[i]))), ...);
+    io[i] = narrow<IO>(x);
+  }
 }
 
-template <class T, class Op>
-CX_INLINE void fold_f32(float* __restrict acc, const T* __restrict b, size_t m) {
-  for (size_t i = 0; i < m; i++) acc[i] = Op::apply(acc[i], cx_load(b[i]));
-}
-
-template <class T>
-CX_INLINE void store_f32(T* __restrict d, const float* __restrict acc, size_t m) {
-  for (size_t i = 0; i < m; i++) d[i] = cx_store<T>(acc[i]);
+// Folds g (1..kFanIn) sources s[0..g) at element offset off into one pass; in == nullptr means
+// in place on out.
+template <class Op, class Out, class In, class T>
+CX_INLINE void pass_group(Out* out, const In* in, size_t m, const T* const* s, int g, size_t off) {
+  const T* a = s[0] + off;
+  const T* b = g > 1 ? s[1] + off : nullptr;
+  const T* c = g > 2 ? s[2] + off : nullptr;
+  if (in == nullptr) {
+    if (g == 1) pass_in_place<Op>(out, m, a);
+    else if (g == 2) pass_in_place<Op>(out, m, a, b);
+    else pass_in_place<Op>(out, m, a, b, c);
+  } else {
+    if (g == 1) pass<Op>(out, in, m, a);
+    else if (g == 2) pass<Op>(out, in, m, a, b);
+    else pass<Op>(out, in, m, a, b, c);
+  }
 }
 
 // ---- whole-array kernels, one clone per ISA ------------------------------------------------
-// Types computed natively: dst is the accumulator. dst == srcs[0] folds src1 into it directly.
+// Types computed natively: dst itself is the accumulator of each block. The first pass reads
+// srcs[0] (or dst itself when dst == srcs[0]); later passes fold kFanIn sources at a time.
 template <class T, class Op>
 CX_CLONES void reduce_native(T* dst, const T* const* srcs, int k, size_t n) {
   const size_t block = kBlockBytes / sizeof(T);
@@ -68,23 +93,33 @@ CX_CLONES void reduce_native(T* dst, const T* const* srcs, int k, size_t n) {
   for (size_t off = 0; off < n; off += block) {
     size_t m = std::min(block, n - off);
     T* d = dst + off;
-    if (in_place) fold_into<T, Op>(d, srcs[1] + off, m);
-    else combine2<T, Op>(d, srcs[0] + off, srcs[1] + off, m);
-    for (int s = 2; s < k; s++) fold_into<T, Op>(d, srcs[s] + off, m);
+    int g = std::min(kFanIn, k - 1);
+    pass_group<Op>(d, in_place ? nullptr : srcs[0] + off, m, srcs + 1, g, off);
+    for (int s = 1 + g; s < k; s += kFanIn)
+      pass_group<Op>(d, (const T*)nullptr, m, srcs + s, std::min(kFanIn, k - s), off);
   }
 }
 
-// 16-bit floats: a float32 accumulator block on the stack, rounded once into dst. dst may be
-// srcs[0] because each block of srcs[0] is fully read before that block of dst is written.
+// 16-bit floats: accumulate in float32 and round once. Up to 1 + kFanIn sources go straight
+// from the inputs to dst in one pass; more use a float32 block on the stack, and the last pass
+// rounds into dst. dst may be srcs[0]: each block of srcs[0] is read before it is written.
 template <class T, class Op>
 CX_CLONES void reduce_widened(T* dst, const T* const* srcs, int k, size_t n) {
   constexpr size_t block = kBlockBytes / sizeof(float);
   alignas(64) float acc[block];
+  const bool in_place = dst == srcs[0];
   for (size_t off = 0; off < n; off += block) {
     size_t m = std::min(block, n - off);
-    load2_f32<T, Op>(acc, srcs[0] + off, srcs[1] + off, m);
-    for (int s = 2; s < k; s++) fold_f32<T, Op>(acc, srcs[s] + off, m);
-    store_f32<T>(dst + off, acc, m);
+    T* d = dst + off;
+    if (k - 1 <= kFanIn) {
+      pass_group<Op>(d, in_place ? nullptr : srcs[0] + off, m, srcs + 1, k - 1, off);
+      continue;
+    }
+    pass_group<Op>(acc, srcs[0] + off, m, srcs + 1, kFanIn, off);
+    int s = 1 + kFanIn;
+    for (; k - s > kFanIn; s += kFanIn)
+      pass_group<Op>(acc, (const float*)nullptr, m, srcs + s, kFanIn, off);
+    pass_group<Op>(d, (const float*)acc, m, srcs + s, k - s, off);
   }
 }
 

@@ -1,0 +1,120 @@
+"""CPU reduce kernels of libcollectx against numpy, one table.
+
+Rows: dtype x k x size. ``size`` is the bytes of ONE input array; ``GB/s`` is payload bandwidth,
+``k * size / time`` (the bytes of the k inputs, as in a reduction's algorithm bandwidth).
+numpy baseline: ``np.add(a, b, out=c)`` for k=2 and the chain ``np.add(c, s, out=c)`` for more
+inputs; bfloat16 (which numpy lacks) is compared with float32 numpy on the same element count.
+``ratio`` = numpy time / collectx time for the same elements (> 1: collectx is faster).
+``cx`` is the public ``collectx._native.reduce`` (argument checks and the cffi call included);
+``raw`` is the bare ``cx_reduce`` call with prepared pointers, i.e. the kernel itself.
+Each timing is the median of repeats, numpy and collectx interleaved in the same process.
+
+    python perf/kernels.py                      # the full table, 4 KiB .. 256 MiB
+    python perf/kernels.py --max-bytes 16M --dtypes float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from collectx import _native as nat
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20,
+         256 << 20]
+NUMPY_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.float32}
+
+
+def parse_bytes(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def make_inputs(dtype: str, k: int, nelem: int, rng):
+    values = [rng.standard_normal(nelem, dtype=np.float32) for _ in range(k)]
+    if dtype == "bfloat16":
+        ours = [(v.view(np.uint32) >> 16).astype(np.uint16) for v in values]
+    else:
+        ours = [v.astype(dtype) for v in values]
+    theirs = [v.astype(NUMPY_DTYPE[dtype]) for v in values]
+    return ours, theirs
+
+
+def numpy_chain(out, srcs):
+    np.add(srcs[0], srcs[1], out=out)
+    for s in srcs[2:]:
+        np.add(out, s, out=out)
+
+
+def reps_for(nbytes_moved: int) -> int:
+    # About 50 ms of work per measurement on a ~10 GB/s machine, between 5 and 300 repeats.
+    return max(5, min(300, int(0.05 * 10e9 / max(nbytes_moved, 1))))
+
+
+def time_interleaved(fns, reps: int) -> list[float]:
+    """Median seconds of each function, running them in turn so load hits all alike."""
+    samples = [[] for _ in fns]
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            samples[i].append(time.perf_counter() - t0)
+    return [statistics.median(s) for s in samples]
+
+
+def bench_row(dtype: str, k: int, nbytes: int, rng) -> dict:
+    itemsize = 2 if dtype in ("float16", "bfloat16") else 4
+    nelem = nbytes // itemsize
+    ours, theirs = make_inputs(dtype, k, nelem, rng)
+    out, ref_out = np.empty_like(ours[0]), np.empty_like(theirs[0])
+    override = "bfloat16" if dtype == "bfloat16" else None
+    ffi, lib, _ = nat.load()
+    out_buf, src_bufs = ffi.from_buffer(out), [ffi.from_buffer(s) for s in ours]
+    code = nat.dtype_code(dtype)
+    fns = [lambda: numpy_chain(ref_out, theirs),
+           lambda: nat.reduce(out, ours, "sum", dtype=override),
+           lambda: lib.cx_reduce(out_buf, src_bufs, k, nelem, code, nat.OPS["sum"])]
+    for fn in fns:  # warm up: page faults and caches
+        fn()
+    t_np, t_cx, t_raw = time_interleaved(fns, reps_for(k * nbytes))
+    payload = k * nbytes
+    return {"dtype": dtype, "k": k, "bytes": nbytes, "numpy": payload / t_np / 1e9,
+            "cx": payload / t_cx / 1e9, "raw": payload / t_raw / 1e9, "ratio": t_np / t_cx,
+            "ratio_raw": t_np / t_raw}
+
+
+def human(nbytes: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes // size} {unit}"
+    return f"{nbytes} B"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtypes", default="float32,float16,bfloat16")
+    ap.add_argument("--ks", default="2,8")
+    ap.add_argument("--min-bytes", default="4K")
+    ap.add_argument("--max-bytes", default="256M")
+    args = ap.parse_args(argv)
+    lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
+    info = nat.build_info()
+    print(f"collectx {info['version']} kernels, isa={info['isa']}, compiler={info['compiler']}")
+    print("GB/s = k * (bytes of one input) / time; ratio = numpy time / collectx time")
+    print(f"{'dtype':9} {'k':>2} {'size':>8} {'numpy GB/s':>11} {'cx GB/s':>8} {'ratio':>6} "
+          f"{'raw GB/s':>9} {'raw ratio':>9}")
+    rng = np.random.default_rng(0)
+    for dtype in args.dtypes.split(","):
+        for k in map(int, args.ks.split(",")):
+            for nbytes in (s for s in SIZES if lo <= s <= hi):
+                r = bench_row(dtype, k, nbytes, rng)
+                print(f"{dtype:9} {k:>2} {human(nbytes):>8} {r['numpy']:>11.2f} {r['cx']:>8.2f} "
+                      f"{r['ratio']:>6.2f} {r['raw']:>9.2f} {r['ratio_raw']:>9.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
