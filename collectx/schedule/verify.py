@@ -9,7 +9,11 @@ that adds a contribution twice is caught, unlike with sets. Alongside, each chun
 last writer and the readers since; vector clocks (:func:`._graph.vector_clocks`) answer "is this
 ordered?" in O(1), so every read must be ordered after the write it sees, and every write after
 the previous write and its readers. At the end, the outputs are compared with the collective's
-postcondition. In-place schedules are checked on the storage :func:`~.ir.alias` names.
+postcondition. In-place schedules are checked on the storage :func:`~.ir.alias` names; engine
+steps are matched into calls and run as :mod:`.engine_steps` defines.
+
+Cost: O(instructions x lanes) memory for the vector clocks and about linear time in chunks
+touched (a 16-rank ring allreduce of 30k instructions verifies in about a second).
 """
 
 from __future__ import annotations
