@@ -73,6 +73,14 @@ class NativeUnavailable(NativeError):
     """The native library could not be found or loaded."""
 
 
+class CudaUnavailable(NativeUnavailable):
+    """No usable CUDA: the library lacks CUDA objects, or no driver or GPU is visible."""
+
+
+class CudaError(NativeError):
+    """A CUDA runtime call failed; the message carries the runtime's error text."""
+
+
 class CommError(CollectXError, RuntimeError):
     """A collective failed while running. ``RuntimeError`` so torch users see what they expect."""
 
