@@ -139,35 +139,33 @@ def _buffers(comm, spec, collective) -> tuple:
             buffers.alloc(comm, n_out, spec["dtype"], device))
 
 
+def _variants(comm, bench, x, y, y_oop, op, root) -> dict:
+    """name -> (call, input view, output view) for the variants this communicator offers."""
+    variants = {}
+    if bench.run_oop is not None:
+        variants["oop"] = (lambda: bench.run_oop(comm, x, y_oop, op, root), x, y_oop)
+    if bench.run_ip is not None and bench.name in getattr(comm, "inplace", DEFAULT_INPLACE):
+        x_view, out_view = bench.ip_views(y, comm.rank, comm.size)
+        variants["ip"] = (lambda: bench.run_ip(comm, y, op, root), x_view, out_view)
+    return variants
+
+
 def _run_size(comm, spec, collective, size, corrupt, pool, estimate_us=None) -> dict:
     bench, dtype, op, root = BENCHES[collective], spec["dtype"], spec["op"], spec["root"]
     lay = bench.layout(size, buffers.itemsize(dtype), comm.size)
     warmup, iters = iterations_for(lay.nbytes, spec.get("iters"), spec.get("warmup"),
                                    estimate_us)
-    x = pool[0][:lay.in_elems]
-    y = pool[1][:max(lay.in_elems, lay.out_elems)]
-    y_oop = y[:lay.out_elems]
+    x, y = pool[0][:lay.in_elems], pool[1][:max(lay.in_elems, lay.out_elems)]
     pattern = input_pattern(collective, op, comm.rank)
     buffers.fill_tiled(x, pattern)
     buffers.fill_tiled(y, pattern)
-    variants = {}
-    if bench.run_oop is not None:
-        run = lambda: bench.run_oop(comm, x, y_oop, op, root)  # noqa: E731
-        variants["oop"] = (run, x, y_oop)
-    if bench.run_ip is not None and collective in getattr(comm, "inplace", DEFAULT_INPLACE):
-        run = lambda: bench.run_ip(comm, y, op, root)  # noqa: E731
-        x_view, out_view = bench.ip_views(y, comm.rank, comm.size)
-        variants["ip"] = (run, x_view, out_view)
+    variants = _variants(comm, bench, x, y, y[:lay.out_elems], op, root)
     row = {"collective": collective, "size": lay.nbytes, "count": lay.count, "type": dtype,
            "redop": op if collective in REDUCING else "none",
            "root": root if collective in ROOTED else -1, "nranks": comm.size,
-           "warmup": warmup, "iters": iters}
+           "warmup": warmup, "iters": iters, "oop": None, "ip": None}
     factor = bus_factor(collective, comm.size)
-    for name in ("oop", "ip"):
-        if name not in variants:
-            row[name] = None
-            continue
-        run, x_view, out_view = variants[name]
+    for name, (run, x_view, out_view) in variants.items():
         mine = _time(comm, run, warmup, iters)
         wrong = None
         if spec.get("check", 1):
