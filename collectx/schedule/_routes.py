@@ -20,6 +20,7 @@ from ..topology.model import DEFAULT_LATENCY_US
 from ._fairshare import RouteClasses
 
 LOCAL_BW_GBPS = {"gpu": 1000.0, "cpu": 10.0}
+SWITCH_KINDS = ("nvswitch",)
 _FALLBACK_LATENCY_US = 1.0
 
 _CACHE: "weakref.WeakKeyDictionary[nx.DiGraph, dict]" = weakref.WeakKeyDictionary()
@@ -63,6 +64,35 @@ class Routes:
             self._routes[key] = self._local(a) if a == b else self._remote(a, b)
         return self._routes[key]
 
+    def spread(self, a, b) -> tuple[tuple[tuple[int, ...], float, float], ...]:
+        """How a transfer from ``a`` to ``b`` splits over routes: (resources, latency, share).
+
+        Switch fabrics (NVSwitch planes) stripe every GPU-to-GPU transfer over all the switches
+        the two GPUs share, so such a pair gets its max-flow through the switches, not one
+        switch's bandwidth; elsewhere a transfer takes its single route (:meth:`route`).
+        """
+        key = ("spread", a, b)
+        if key not in self._routes:
+            self._routes[key] = self._striped(a, b) or ((*self.route(a, b), 1.0),)
+        return self._routes[key]
+
+    def _striped(self, a, b):
+        if a == b or self.topo.has_edge(a, b):
+            return None
+        fabric = [n for n, k in self.topo.nodes(data="kind") if k in SWITCH_KINDS]
+        if not fabric:
+            return None
+        sub = self.topo.subgraph([a, b, *fabric])
+        if not (sub.has_node(a) and sub.out_degree(a) and sub.in_degree(b)):
+            return None
+        value, flow = nx.maximum_flow(sub, a, b, capacity="bw_gbps")
+        single = self.route(a, b)
+        if value <= min(self.capacity[i] for i in single[0]) / 1e3 * (1 + 1e-9):
+            return None
+        return tuple((tuple(self._index[e] for e in zip(hops, hops[1:])),
+                      sum(_latency(self.topo.edges[e]) for e in zip(hops, hops[1:])), amount / value)
+                     for hops, amount in _decompose(flow, a, b))
+
     def _local_bw(self, node) -> float:
         data = self.topo.nodes[node]
         return self.local_bw_gbps or data.get("mem_bw_gbps") or LOCAL_BW_GBPS.get(
@@ -80,6 +110,26 @@ class Routes:
         links = tuple(self._index[(u, v)] for u, v in zip(hops, hops[1:]))
         latency = sum(_latency(self.topo.edges[u, v]) for u, v in zip(hops, hops[1:]))
         return links, latency
+
+
+def _decompose(flow: dict, a, b) -> list[tuple[list, float]]:
+    """Split an a->b flow (networkx ``maximum_flow`` dict) into paths with their amounts."""
+    left = {u: {v: f for v, f in out.items() if f > 1e-12} for u, out in flow.items()}
+    found = []
+    while left.get(a):
+        hops, node = [a], a
+        while node != b:
+            node = max(left[node], key=left[node].get)
+            hops.append(node)
+            if len(hops) > len(left) + 1:  # a cycle of leftover flow: nothing more to route
+                return found
+        amount = min(left[u][v] for u, v in zip(hops, hops[1:]))
+        for u, v in zip(hops, hops[1:]):
+            left[u][v] -= amount
+            if left[u][v] <= 1e-12:
+                del left[u][v]
+        found.append((hops, amount))
+    return found
 
 
 def _latency(edge: dict) -> float:

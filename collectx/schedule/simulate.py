@@ -4,9 +4,10 @@ How it works: each instruction becomes *flows*. The executing rank ``e`` pulls e
 lives on another rank (a flow ``src rank -> e``) and pushes its result when the destination is on
 another rank (a flow ``e -> dst rank``), so an n-ary reduce of k remote sources moves k streams;
 an instruction touching only ``e``'s memory is one flow over ``e``'s local memory. A flow of B
-bytes crosses the direct link between the two nodes, or where there is none the widest route
-(fewest hops among equally wide ones, see :func:`collectx.topology.paths.widest_path`),
-starts after the route's summed latency, and then shares every link on it max-min fairly with
+bytes crosses the direct link between the two nodes; through an NVSwitch fabric it is striped over
+every switch route in proportion to the max-flow between the pair (as the hardware stripes
+traffic over all switch planes); otherwise it takes the widest route (fewest hops among equally
+wide ones, see :func:`collectx.topology.paths.widest_path`). Each part starts after the route's summed latency, and then shares every link on it max-min fairly with
 the other active flows (:mod:`._fairshare`). An instruction starts when its lane predecessor
 and deps have completed, and completes with its last flow. Engine calls run as a ring over their
 group in group order (see :func:`_engine_flows`).
@@ -111,9 +112,10 @@ def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
             flows = _engine_flows(g, members, nodes, size)
         else:
             flows = _instr_flows(g.ids[members[0]].rank, g.instrs[members[0]], nodes, size)
-        flows_left[t] = len(flows)
-        for a, b, nb in flows:
-            route, lat = routes.route(a, b)
+        parts = [(nb * share, route, lat) for a, b, nb in flows
+                 for route, lat, share in routes.spread(a, b)]
+        flows_left[t] = len(parts)
+        for nb, route, lat in parts:
             flow_task.append(t)
             loop.add(nb, route, lat)
             for link in route:
