@@ -213,3 +213,24 @@ def test_links_without_bandwidth_are_refused():
     b.copy(1, 0, Ref(1, "output", 0), Ref(0, "input", 0))
     with pytest.raises(TopologyError, match="GPU0->GPU1 has bw_gbps=None"):
         simulate(b.build(), G, MB)
+
+
+def test_transfer_through_nvswitch_planes_uses_every_switch():
+    # Two GPUs, each with one 25 GB/s link to each of 4 switches: a copy is striped over all
+    # four planes (100 GB/s), not limited to one switch's 25 GB/s.
+    import networkx as nx
+    from collectx.schedule import Ref, ScheduleBuilder, simulate
+
+    g = nx.DiGraph()
+    for gpu in ("GPU0", "GPU1"):
+        g.add_node(gpu, kind="gpu")
+    for s in range(4):
+        g.add_node(f"SW{s}", kind="nvswitch")
+        for gpu in ("GPU0", "GPU1"):
+            for a, b in ((gpu, f"SW{s}"), (f"SW{s}", gpu)):
+                g.add_edge(a, b, type="nvlink", bw_gbps=25.0, count=1, latency_us=0.0)
+    b = ScheduleBuilder("sendrecv", 2, nchunks=1)
+    b.copy(0, 0, Ref(1, "output", 0), Ref(0, "input", 0))
+    r = simulate(b.build(), g, nbytes=100_000_000)
+    assert abs(r.time_us - 1000.0) < 1.0
+    assert all(abs(u - 1.0) < 1e-6 for u in r.link_util.values())
