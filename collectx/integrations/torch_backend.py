@@ -123,6 +123,21 @@ class CollectxProcessGroup(Collectives, dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 -- torch's name
         return BACKEND_NAME
 
+    # A C++ ProcessGroup keeps its name in its backends; a Python one has none, so torch 2.13+
+    # asks these (trampoline) methods instead. Functional collectives, FSDP2 and DTensor look the
+    # group up by this name.
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return getattr(self, "_group_desc", "")
+
     @property
     def group_rank(self) -> int:
         return dist.ProcessGroup.rank(self)
