@@ -178,3 +178,8 @@ def test_a_collective_the_communicator_lacks_is_reported_not_fatal():
                        "--no-progress"])
     assert driver.run_measured(opts, out=out, launch=launch) == 0
     assert "# sendrecv: not run, this communicator does not provide it" in out.getvalue()
+
+
+def test_a_root_outside_the_ranks_is_refused_before_starting_them(capsys):
+    assert driver.main(["-n", "2", "-r", "2"]) == 2
+    assert "-r 2: expected a root rank in [0, 2)" in capsys.readouterr().err

@@ -1,12 +1,10 @@
 """collectx-perf --simulate: the table predicted by collectx.planner.plan, bound and ring beside."""
 
-import io
 import types
 
 import pytest
 
 from collectx.perf import driver, simulate
-from collectx.perf.options import parse_args
 
 SPEC = {"collectives": ("allreduce", "allgather"), "sizes": (1 << 10, 1 << 20),
         "dtype": "float32", "op": "sum", "root": 0, "algo": None}

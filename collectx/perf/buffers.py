@@ -1,8 +1,8 @@
 """Buffers the sweep runs on: numpy arrays, or torch tensors where numpy has no dtype.
 
 Communicators that own memory (collectx's shared windows, torch's devices) allocate through their
-``empty``; the sweep only needs to write known values in and read results out, which the functions here
-do for either kind.
+``empty``; the sweep only needs to write known values in and read results out, which the
+functions here do for either kind.
 
 >>> buf = alloc(None, 3, "int32")
 >>> write(buf, [1, 2, 3]); read(buf).tolist()

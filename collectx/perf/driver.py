@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..errors import CollectXError, ConfigError
+from ..errors import ArgumentError, CollectXError, ConfigError
 from . import peers as peer_runners
 from .options import Options, parse_args
 from .report import library_versions, machine_info, write_csv, write_json
@@ -124,6 +124,9 @@ def run_measured(opts: Options, out=None, launch=None) -> int:
     if launch is None:
         import collectx
         launch = collectx.launch
+    if opts.root >= opts.nprocs:  # caught here, before any rank starts
+        raise ArgumentError(f"-r {opts.root}: expected a root rank in [0, {opts.nprocs}) "
+                            f"for -n {opts.nprocs}")
     spec = opts.spec()
     rows = launch(_collectx_rank, opts.nprocs, args=(spec,))[0]
     peers, skipped = {"collectx": rows}, {}

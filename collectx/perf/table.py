@@ -43,7 +43,8 @@ def _variant(cell: dict | None) -> str:
     if cell is None:
         return f"  {'N/A':>7}  {'N/A':>6}  {'N/A':>6}  {'N/A':>5}"
     wrong = "N/A" if cell.get("wrong") is None else str(cell["wrong"])
-    return f"  {format_time(cell['time_us'])}  {cell['algbw']:6.2f}  {cell['busbw']:6.2f}  {wrong:>5}"
+    return (f"  {format_time(cell['time_us'])}  {cell['algbw']:6.2f}  {cell['busbw']:6.2f}"
+            f"  {wrong:>5}")
 
 
 def headline_busbw(row: dict) -> float | None:
@@ -76,7 +77,7 @@ def format_row(row: dict, peer_rows: tuple[dict | None, ...] = ()) -> str:
 
 
 def footer_lines(rows: list[dict]) -> list[str]:
-    """``# Out of bounds values`` (summed #wrong) and ``# Avg bus bandwidth`` (mean of all cells)."""
+    """``# Out of bounds values`` (summed #wrong) and ``# Avg bus bandwidth`` (mean of cells)."""
     cells = [row[v] for row in rows for v in ("oop", "ip") if row.get(v) is not None]
     wrong = sum(c["wrong"] or 0 for c in cells)
     avg = sum(c["busbw"] for c in cells) / len(cells) if cells else 0.0
