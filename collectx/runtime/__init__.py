@@ -14,7 +14,7 @@ __all__ = ["init", "launch", "Communicator", "Work"]
 
 
 def init(rank: int | None = None, world_size: int | None = None, *, store=None, topology=None,
-         timeout: float | None = None) -> Communicator:
+         timeout: float | None = None, device: str = "cpu") -> Communicator:
     """Join the communicator of all ranks and return it.
 
     Parameters
@@ -29,6 +29,10 @@ def init(rank: int | None = None, world_size: int | None = None, *, store=None, 
         ``COLLECTX_TOPO_FILE``).
     timeout : float, optional
         Seconds before a collective raises Timeout; default ``COLLECTX_TIMEOUT`` (300).
+    device : str, optional
+        ``"cpu"`` (default) or ``"cuda"`` / ``"cuda:N"``: a
+        :class:`~collectx.runtime.cuda.CudaCommunicator` on GPU N (default rank % GPUs); raises
+        :class:`~collectx.errors.CudaUnavailable` without CUDA objects or a GPU.
 
     Returns
     -------
@@ -42,6 +46,14 @@ def init(rank: int | None = None, world_size: int | None = None, *, store=None, 
     (0, 1)
     >>> comm.close()
     """
+    if str(device).startswith("cuda"):
+        from . import cuda
+        index = str(device).partition(":")[2]
+        return cuda.init(rank, world_size, store=store, topology=topology, timeout=timeout,
+                         device=int(index) if index else None)
+    if device != "cpu":
+        from ..errors import ArgumentError
+        raise ArgumentError(f"device={device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
     from ..config import get_config
     from .bootstrap import bootstrap
     t = float(timeout if timeout is not None else get_config().timeout_s)
