@@ -68,14 +68,14 @@ def job_graph(topo: nx.DiGraph, gpus) -> nx.DiGraph:
     ``topo`` is not modified. Edges without ``bw_gbps`` or with a non-positive one are dropped.
     """
     keep = set(gpus)
-    G = nx.DiGraph()
+    G = nx.DiGraph(**topo.graph)
     for n, d in topo.nodes(data=True):
         if d.get("kind") != "gpu" or n in keep:
-            G.add_node(n, kind=d.get("kind", "relay"))
+            G.add_node(n, **{**d, "kind": d.get("kind", "relay")})
     for u, v, d in topo.edges(data=True):
         cap = float(d.get("bw_gbps", 0.0) or 0.0)
         if cap > 0 and u in G and v in G:
-            G.add_edge(u, v, cap=cap)
+            G.add_edge(u, v, **{**d, "cap": cap})
     return G
 
 
@@ -88,6 +88,7 @@ class LinkIndex:
     caps: tuple             # GB/s per link id
     out: dict               # node -> tuple of (link id, head)
     rev: tuple              # link id of the reverse direction, or -1
+    ids: dict               # (u, v) -> link id
 
     @classmethod
     def of(cls, G: nx.DiGraph) -> "LinkIndex":
@@ -99,7 +100,7 @@ class LinkIndex:
         return cls(nodes=tuple(G.nodes), links=links,
                    caps=tuple(G.edges[e]["cap"] for e in links),
                    out={n: tuple(a) for n, a in out.items()},
-                   rev=tuple(ids.get((v, u), -1) for u, v in links))
+                   rev=tuple(ids.get((v, u), -1) for u, v in links), ids=ids)
 
 
 def relay_paths(index: LinkIndex, gpus, weight) -> tuple[dict, dict]:
@@ -139,6 +140,38 @@ def relay_paths(index: LinkIndex, gpus, weight) -> tuple[dict, dict]:
                 cost[src, t] = dist[t]
                 path[src, t] = _walk_back(index, via, src, t)
     return cost, path
+
+
+def simulator_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False) -> dict:
+    """The link ids each ordered GPU pair's transfer crosses, as the simulator routes it.
+
+    :func:`collectx.schedule.simulate` sends every transfer over one route of its own choosing
+    (today the widest path, :func:`collectx.topology.paths.widest_path`, on the job's graph), so
+    packings that must come true there price each tree edge by that route instead of choosing
+    relay paths freely. The simulator's own route table is asked, so the two cannot drift apart.
+    With ``reverse``, ``index`` numbers the reversed graph and ``(p, c)`` maps to the reversed
+    route of ``c -> p`` (in-trees packed as out-trees of the reversed graph).
+    """
+    from ..schedule._routes import routes_for
+
+    table = routes_for(G)
+    hops = {(a, b): [table.names[r] for r in table.route(a, b)[0]]
+            for a in gpus for b in gpus if a != b}
+    # A tree edge whose route crosses another job GPU adds nothing a tree through that GPU
+    # lacks, and makes the pricing degenerate (a ring's overlay becomes a complete graph).
+    terminals = set(gpus)
+    direct = {k: h for k, h in hops.items() if not any(v in terminals for _, v in h[:-1])}
+    overlay = nx.DiGraph(list(direct))
+    overlay.add_nodes_from(gpus)
+    if nx.is_strongly_connected(overlay):
+        hops = direct
+    routes = {}
+    for (a, b), h in hops.items():
+        if reverse:
+            routes[b, a] = tuple(index.ids[v, u] for u, v in reversed(h))
+        else:
+            routes[a, b] = tuple(index.ids[u, v] for u, v in h)
+    return routes
 
 
 def _walk_back(index: LinkIndex, via: dict, src, t) -> tuple:

@@ -30,6 +30,8 @@ from ..errors import NoFeasiblePlan, PlanError
 from .edge_split import LinkIndex, relay_paths
 
 _MAX_ROUNDS = 400
+VARIANTS = 3         # extra pricing passes per LP solve
+SHALLOW_BIAS = 0.05   # per hop from the root, as a fraction of a typical edge price
 _INF = float("inf")
 
 
@@ -37,8 +39,8 @@ _INF = float("inf")
 class Tree:
     """One packed tree: ``edges`` are ``(parent, child)`` GPU pairs, top-down.
 
-    ``paths[i]`` holds the link ids edge ``i`` takes (for undirected trees: from ``edges[i][0]``
-    to ``edges[i][1]``); ``rate`` is the GB/s the packing gives it.
+    ``paths[i]`` holds the link ids edge ``i`` takes (for undirected trees: both directions);
+    ``rate`` is the GB/s the packing gives it.
     """
 
     group: object
@@ -56,11 +58,16 @@ class Tree:
 
 @dataclass(frozen=True)
 class Packing:
-    """Result of a packing: ``rate`` per group (GB/s) and the trees with ``rate > 0``."""
+    """Result of a packing: ``rate`` per group (GB/s) and the trees with ``rate > 0``.
+
+    ``columns`` holds every tree the column generation produced (rates 0 included): the
+    candidates an integral rounding may pick from.
+    """
 
     rate: float
     trees: tuple
     rounds: int
+    columns: tuple = ()
 
 
 def min_arborescence(W: np.ndarray, root: int) -> list[int] | None:
@@ -162,21 +169,27 @@ def min_spanning_tree(C: np.ndarray) -> list[tuple[int, int]] | None:
     return edges
 
 
-def pack_out_trees(index: LinkIndex, gpus, roots) -> Packing:
+def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None) -> Packing:
     """Pack out-arborescences spanning ``gpus`` from every root in ``roots`` at a common rate.
 
     One root gives Blink's broadcast packing (rate = min over v of maxflow(root -> v)); all
-    GPUs as roots give a ForestColl allgather forest (rate = the cut bound).
+    GPUs as roots give a ForestColl allgather forest (rate = the cut bound). ``routes`` fixes
+    the links of each GPU pair (see :func:`~.edge_split.simulator_routes`); by default each tree
+    edge takes the cheapest relay path.
     """
     gpus = tuple(gpus)
     at = {g: i for i, g in enumerate(gpus)}
+    hops = _hop_matrix(index, gpus, routes)
 
-    def price(y):
-        cost, path = relay_paths(index, gpus, y)
+    def price(y, exact):
+        cost, path = _edge_costs(index, gpus, y, routes)
         W = _cost_matrix(gpus, cost)
+        # Until the exact rounds, charge a parent for its distance from the root: among
+        # (nearly) equally good trees this picks shallow ones, whose pipelines fill sooner.
+        bias = 0.0 if exact else SHALLOW_BIAS * float(np.median(W[np.isfinite(W)]))
         cols = []
         for r in roots:
-            parent = min_arborescence(W, at[r])
+            parent = min_arborescence(W + bias * hops[at[r]][:, None], at[r])
             if parent is None:
                 raise NoFeasiblePlan(f"{r} cannot reach every GPU of {gpus}; no tree exists")
             edges = _top_down(gpus, parent, at[r])
@@ -187,16 +200,24 @@ def pack_out_trees(index: LinkIndex, gpus, roots) -> Packing:
     return _column_generation(index, tuple(roots), price)
 
 
-def pack_undirected_trees(index: LinkIndex, gpus) -> Packing:
+def pack_undirected_trees(index: LinkIndex, gpus, routes: dict | None = None) -> Packing:
     """Pack spanning trees each used in both directions (reduce up, broadcast down).
 
-    The tree of each column is rooted at its centre to keep pipelines short.
+    The tree of each column is rooted at its centre to keep pipelines short. Without
+    ``routes`` a tree edge takes a relay path and its reverse; with ``routes`` edge ``{u, t}``
+    uses ``routes[u, t]`` one way and ``routes[t, u]`` the other.
     """
     gpus = tuple(gpus)
 
-    def price(y):
-        y2 = [y[e] + y[r] if r >= 0 else _INF for e, r in enumerate(index.rev)]
-        cost, path = relay_paths(index, gpus, y2)
+    def price(y, exact):
+        if routes is None:
+            y2 = [y[e] + y[r] if r >= 0 else _INF for e, r in enumerate(index.rev)]
+            cost, path = relay_paths(index, gpus, y2)
+            path = {e: p + tuple(index.rev[x] for x in reversed(p)) for e, p in path.items()}
+        else:
+            cost, path = _edge_costs(index, gpus, y, routes)
+            path = {(u, t): p + routes[t, u] for (u, t), p in path.items() if (t, u) in path}
+            cost = {e: _cost(_usage([p]), y) for e, p in path.items()}
         C = np.minimum(W := _cost_matrix(gpus, cost), W.T)
         und = min_spanning_tree(C)
         if und is None:
@@ -204,11 +225,28 @@ def pack_undirected_trees(index: LinkIndex, gpus) -> Packing:
         directed = [(u, v) if W[u, v] <= W[v, u] else (v, u) for u, v in und]
         root = _centre(len(gpus), directed)
         edges = _orient(gpus, directed, root)
-        paths = tuple(_undirected_path(index, path, e) for e in edges)
-        usage = _usage(paths + tuple(tuple(index.rev[x] for x in p) for p in paths))
-        return [(0, Tree(0, gpus[root], edges, paths, 0.0), usage)]
+        paths = tuple(path[e] if e in path else path[e[1], e[0]] for e in edges)
+        return [(0, Tree(0, gpus[root], edges, paths, 0.0), _usage(paths))]
 
     return _column_generation(index, (0,), price)
+
+
+def _hop_matrix(index, gpus, routes) -> np.ndarray:
+    """Links crossed from GPU ``i`` to GPU ``j`` (by ``routes``, else fewest relay hops)."""
+    if routes is None:
+        routes = relay_paths(index, gpus, [1.0] * len(index.links))[1]
+    n = len(gpus)
+    H = np.zeros((n, n))
+    for i, u in enumerate(gpus):
+        for j, t in enumerate(gpus):
+            H[i, j] = len(routes.get((u, t), ())) if i != j else 0.0
+    return H
+
+
+def _edge_costs(index, gpus, y, routes) -> tuple[dict, dict]:
+    if routes is None:
+        return relay_paths(index, gpus, y)
+    return {e: _cost(_usage([p]), y) + 1e-9 * len(p) for e, p in routes.items()}, routes
 
 
 def _cost_matrix(gpus, cost) -> np.ndarray:
@@ -267,13 +305,6 @@ def _orient(gpus, und, root) -> tuple:
     return _top_down(gpus, parent, root)
 
 
-def _undirected_path(index, path, edge) -> tuple:
-    if edge in path:
-        return path[edge]
-    back = path[edge[1], edge[0]]
-    return tuple(index.rev[x] for x in reversed(back))
-
-
 def _usage(paths) -> dict:
     use: dict = {}
     for p in paths:
@@ -289,24 +320,47 @@ def _column_generation(index: LinkIndex, groups: tuple, price) -> Packing:
     cols: list = []
     seen: set = set()
     y = 1.0 / caps                       # start from short, fat paths
+    mu = None                            # no duals before the first solve: take every column
+    exact = False
     for rounds in range(1, _MAX_ROUNDS + 1):
-        added = 0
-        for g, tree, use in price(y):
-            key = (g, tree.edges, tree.paths)
-            if key in seen or (cols and _cost(use, y) >= mu[gid[g]] * (1 - 1e-9) - 1e-12):
-                continue
-            seen.add(key)
-            cols.append((g, tree, use))
-            added += 1
-        if not added:
-            break
+        fresh = [c for c in price(y, exact) if (c[0], c[1].edges, c[1].paths) not in seen
+                 and (mu is None or _cost(c[2], y) < mu[gid[c[0]]] * (1 - 1e-9) - 1e-12)]
+        if not fresh:
+            if exact:
+                break
+            exact = True          # biased pricing converged; finish at the exact optimum
+            continue
+        for c in fresh + _variants(price, y, fresh, exact, seen):
+            key = (c[0], c[1].edges, c[1].paths)
+            if key not in seen:
+                seen.add(key)
+                cols.append(c)
         x, lam, y, mu = _solve(caps, gid, cols)
     else:
         raise PlanError(f"tree packing did not converge in {_MAX_ROUNDS} rounds on "
                         f"{len(index.links)} links; report this topology")
-    trees = tuple(Tree(t.group, t.root, t.edges, t.paths, float(v))
-                  for (g, t, _), v in zip(cols, lam) if v > 1e-9 * max(x, 1e-300))
-    return Packing(rate=float(x), trees=trees, rounds=rounds)
+    every = tuple(Tree(t.group, t.root, t.edges, t.paths, max(float(v), 0.0))
+                  for (g, t, _), v in zip(cols, lam))
+    trees = tuple(t for t in every if t.rate > 1e-9 * max(x, 1e-300))
+    return Packing(rate=float(x), trees=trees, rounds=rounds, columns=every)
+
+
+def _variants(price, y, fresh, exact, seen) -> list:
+    """A few more candidate columns per LP solve (multiplicative weights on the new trees' links).
+
+    Degenerate packings (full meshes, rings) otherwise need one LP solve per basic column.
+    """
+    y = np.array(y, dtype=float)
+    scale = float(np.mean(y[y > 0])) if np.any(y > 0) else 1.0
+    out = []
+    batch = fresh
+    for _ in range(VARIANTS):
+        for _, _, use in batch:
+            for e, k in use.items():
+                y[e] = y[e] * 1.5 + 0.5 * scale * k
+        batch = [c for c in price(y, exact) if (c[0], c[1].edges, c[1].paths) not in seen]
+        out += batch
+    return out
 
 
 def _cost(use: dict, y) -> float:

@@ -1,0 +1,145 @@
+"""From fractional tree rates to whole chunks: how many chunks, and which trees get them.
+
+How it works
+------------
+A packing LP gives each tree a real rate; a schedule gives each tree a whole number of the
+``Q`` chunks of its group. Largest-remainder rounding of many small rates overloads some links
+and leaves trees with one or two chunks (whose pipelines never fill). Instead a small integer
+program picks the counts directly from every tree the column generation produced:
+
+    minimize  z / z_lp + sum_k w * depth_k * used_k
+    s.t.      sum_{k in g} n_k = Q            (every group)
+              sum_k n_k * use_k(e) / cap(e) <= z  (every link)
+              n_k <= Q * used_k,   n_k integer, used_k binary
+
+``z`` is the busiest link's time, so ``z_lp / z`` is the rate kept; the second term prefers few,
+shallow trees (each costs ``w`` per level of pipeline fill). HiGHS solves it within a time limit;
+if it finds nothing the largest-remainder rounding of the LP rates is used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.optimize import Bounds as LPBounds
+from scipy.optimize import LinearConstraint, milp
+
+TREE_PENALTY = 0.003     # rate fraction one extra tree level must buy to be worth it
+MIP_SECONDS = 0.25
+KEEP = 0.98              # accept the smallest chunk count that keeps this fraction of the rate
+
+
+def split_chunks(first: int, count: int, rates) -> list[tuple]:
+    """Cut chunks ``first .. first+count-1`` into consecutive runs proportional to ``rates``.
+
+    Largest-remainder rounding, so every run differs from its exact share by less than one.
+
+    >>> split_chunks(0, 10, [2.0, 1.0, 1.0])
+    [(0, 1, 2, 3, 4), (5, 6, 7), (8, 9)]
+    """
+    total = float(sum(rates))
+    exact = [count * r / total for r in rates]
+    sizes = [int(x) for x in exact]
+    order = sorted(range(len(rates)), key=lambda i: (sizes[i] - exact[i], i))
+    for i in order[:count - sum(sizes)]:
+        sizes[i] += 1
+    runs, at = [], first
+    for s in sizes:
+        runs.append(tuple(range(at, at + s)))
+        at += s
+    return runs
+
+
+def chunk_counts(packing, caps, candidates, passes: int = 1) -> tuple[int, list]:
+    """Chunks per group ``Q`` and ``[(tree, n)]`` with ``n > 0``, grouped as the packing's trees.
+
+    Tries the candidate counts in increasing order and keeps the first that retains
+    :data:`KEEP` of the packing's rate (else the best seen), counting the pipeline fill of
+    each tree (``passes`` = 2 when a tree reduces up and broadcasts down).
+    """
+    best = None
+    for q in sorted(candidates):
+        counts = _solve_counts(packing, caps, q)
+        kept = _kept(counts, caps, packing.rate, q) / (1 + _fill(counts, passes))
+        if best is None or kept > best[0] + 1e-9:
+            best = (kept, q, counts)
+        if kept >= KEEP:
+            break
+    return best[1], best[2]
+
+
+def _fill(counts, passes) -> float:
+    """Pipeline fill of the latest tree: a depth-``d`` tree with ``n`` chunks ends
+    ``(passes * d - 1) / n`` of its run late."""
+    return max((passes * t.depth() - 1) / n for t, n in counts)
+
+
+def _kept(counts, caps, rate, q) -> float:
+    """Fraction of ``rate`` the counts keep: the LP's busiest-link time over theirs."""
+    load: dict = {}
+    for tree, n in counts:
+        for path in tree.paths:
+            for link in path:
+                load[link] = load.get(link, 0.0) + n / caps[link]
+    z = max(load.values())
+    return (q / rate) / z
+
+
+def _solve_counts(packing, caps, q) -> list:
+    cols = list(packing.trees)     # a basic LP solution: at most one tree per link
+    groups = sorted({t.group for t in cols}, key=str)
+    k, m = len(cols), len(caps)
+    # variables: n_0..n_{k-1}, used_0..used_{k-1}, z
+    z_lp = q / packing.rate
+    cost = np.zeros(2 * k + 1)
+    cost[k:2 * k] = [TREE_PENALTY * max(t.depth(), 1) for t in cols]
+    cost[-1] = 1.0 / z_lp
+    rows = []
+    link_rows = sp.lil_matrix((m, 2 * k + 1))
+    for j, t in enumerate(cols):
+        for path in t.paths:
+            for link in path:
+                link_rows[link, j] += 1.0 / caps[link]
+    link_rows[:, 2 * k] = -1.0
+    rows.append(LinearConstraint(link_rows.tocsr(), -np.inf, 0.0))
+    group_rows = sp.lil_matrix((len(groups), 2 * k + 1))
+    gi = {g: i for i, g in enumerate(groups)}
+    for j, t in enumerate(cols):
+        group_rows[gi[t.group], j] = 1.0
+    rows.append(LinearConstraint(group_rows.tocsr(), q, q))
+    link_used = sp.hstack([sp.identity(k), -q * sp.identity(k), sp.csr_matrix((k, 1))])
+    rows.append(LinearConstraint(link_used.tocsr(), -np.inf, 0.0))
+    integrality = np.r_[np.ones(2 * k), 0]
+    bounds = LPBounds(np.zeros(2 * k + 1), np.r_[np.full(k, q), np.ones(k), np.inf])
+    res = milp(cost, constraints=rows, integrality=integrality, bounds=bounds,
+               options={"time_limit": MIP_SECONDS, "presolve": True})
+    if res.x is None:
+        return _largest_remainder(packing, q)
+    n = np.rint(res.x[:k]).astype(int)
+    return [(t, int(c)) for t, c in zip(cols, n) if c > 0]
+
+
+def _largest_remainder(packing, q) -> list:
+    by_group: dict = {}
+    for t in packing.trees:
+        by_group.setdefault(t.group, []).append(t)
+    out = []
+    for trees in by_group.values():
+        for t, run in zip(trees, split_chunks(0, q, [t.rate for t in trees])):
+            if run:
+                out.append((t, len(run)))
+    return out
+
+
+def runs_by_group(counts, first_of) -> dict:
+    """Consecutive chunk runs per tree: ``{group: [(tree, run), ...]}``.
+
+    ``first_of(group)`` is the first chunk index of that group's range.
+    """
+    out: dict = {}
+    at: dict = {}
+    for tree, n in counts:
+        start = at.get(tree.group, first_of(tree.group))
+        out.setdefault(tree.group, []).append((tree, tuple(range(start, start + n))))
+        at[tree.group] = start + n
+    return out

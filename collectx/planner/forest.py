@@ -1,0 +1,180 @@
+"""Throughput-optimal allgather / reduce-scatter / allreduce forests (ForestColl-style).
+
+How it works
+------------
+Allgather: every GPU ``r`` roots a few out-trees spanning the job's GPUs; together the trees of
+one root carry that root's unit at a rate ``x`` common to all roots. One LP packs all the trees
+into the link capacities (:func:`~.treepack.pack_out_trees`); without routing limits its
+optimum is the ForestColl cut bound, ``busbw = (N-1) x``. Each root's unit is cut into
+``nchunks`` chunks shared among its trees in proportion to their rates and pipelined down them.
+
+Reduce-scatter runs in-trees: the packing is done on the reversed graph, and every tree reduces
+its chunks of unit ``r`` bottom-up into rank ``r``'s output. Allreduce is reduce-scatter then
+allgather over the same unit: root ``r`` owns an ``nchunks / N`` shard of it, reduces that shard
+along its in-trees, then broadcasts it along its out-trees, chunk by chunk (the allgather of
+chunk ``j`` waits only for the reduction of chunk ``j``).
+
+Tree edges are priced by the route the simulator gives each GPU pair (one widest path, see
+:func:`~.edge_split.simulator_routes`), so the schedule's predicted rate is the packing's.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from ..errors import PlanError
+from ..schedule.builder import ScheduleBuilder
+from ..schedule.ir import Ref, Schedule
+from ..schedule.metrics import unit_bytes
+from ._build import check_args
+from .edge_split import job_graph, require_connected
+from .chunking import chunk_counts, runs_by_group
+from .treesched import Share, TreeEmitter, pack_rooted
+
+SUPPORTED = ("allgather", "reduce_scatter", "allreduce")
+MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pipelining
+CANDIDATE_CHUNKS = (8, 16, 32, 64, 128, 256)
+
+
+def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
+                inplace: bool = False, nchunks: int | None = None) -> Schedule:
+    """Plan allgather, reduce_scatter or allreduce as per-root packed tree forests.
+
+    Parameters
+    ----------
+    topo : nx.DiGraph
+        The topology (not modified). GPUs outside ``ranks`` are not used as relays.
+    ranks : tuple of str
+        GPU node ids; schedule rank ``i`` is ``ranks[i]``.
+    collective : str
+        allgather, reduce_scatter or allreduce.
+    nbytes : int
+        Message size (nccl-tests convention); bounds the chunk count from above.
+    root : int
+        Unused (no rooted collective is served); accepted for the common signature.
+    inplace : bool
+        Build for aliased input/output.
+    nchunks : int, optional
+        Chunks per payload unit; default the smallest count whose integral shares keep 98%
+        of the packing's rate (see :mod:`~.chunking`). Allreduce rounds it up to a multiple
+        of N (every root reduces and broadcasts ``nchunks / N`` chunks).
+
+    Returns
+    -------
+    Schedule
+        ``meta["trees"]`` lists ``[phase, root rank, edges, first chunk, nchunk]`` per tree.
+
+    Raises
+    ------
+    PlanError
+        Unsupported collective; NoFeasiblePlan if the GPUs are not connected.
+
+    Examples
+    --------
+    >>> from collectx.topology import line
+    >>> from collectx.schedule import verify
+    >>> s = plan_forest(line(3), ("GPU0", "GPU1", "GPU2"), "allgather", 1 << 20, nchunks=4)
+    >>> verify(s).instructions > 0, s.algorithm
+    (True, 'forest')
+    """
+    n = len(ranks)
+    check_args(collective, n, root, nchunks)
+    if collective not in SUPPORTED:
+        raise PlanError(f"forest plans {', '.join(SUPPORTED)}, not {collective}; use blink or "
+                        f"direct for rooted collectives")
+    ranks = tuple(ranks)
+    if n == 1:
+        return _single(collective, inplace)
+    G = job_graph(topo, ranks)
+    require_connected(G, ranks)
+    packed = {phase: _pack(G, ranks, reverse=phase == "reduce_scatter")
+              for phase in (("allgather", "reduce_scatter") if collective == "allreduce"
+                            else (collective,))}
+    at = {g: i for i, g in enumerate(ranks)}
+    per_root, counts = _counts(packed, collective, nbytes, n, nchunks)
+    ag, rs = (counts.get(k) for k in ("allgather", "reduce_scatter"))
+    nch = per_root * n if collective == "allreduce" else per_root
+    b = ScheduleBuilder(collective, n, nch, inplace=inplace, algorithm="forest")
+    em = TreeEmitter(b)
+    trees_meta: list = []
+    _EMIT[collective](b, em, at, ag, rs, trees_meta)
+    em.flush()
+    b.meta("trees", trees_meta)
+    b.meta("rate_gbps", {phase: p.rate for phase, (p, _) in packed.items()})
+    return b.build()
+
+
+plan_forest.collectives = SUPPORTED
+
+
+def _pack(G: nx.DiGraph, ranks, reverse: bool) -> tuple:
+    return pack_rooted(G, ranks, ranks, reverse)
+
+
+def _shares(counts, at: dict, first_of, phase: str, meta: list) -> list:
+    """Every root's trees as Shares of consecutive chunks from ``first_of(root rank)``."""
+    out = []
+    for g, runs in runs_by_group(counts, lambda g: first_of(at[g])).items():
+        for t, run in runs:
+            edges = tuple((at[p], at[c]) for p, c in t.edges)
+            out.append(Share(at[g], edges, run))
+            meta.append([phase, at[g], [list(e) for e in edges], run[0], len(run)])
+    return out
+
+
+def _emit_allgather(b, em, at, ag, rs, meta):
+    c = b.nchunks
+    shares = _shares(ag, at, lambda r: 0, "allgather", meta)
+    if not b.inplace:
+        for r in range(b.nranks):
+            for j in range(c):
+                em.self_copy(r, Ref(r, "output", r * c + j), Ref(r, "input", j))
+    em.broadcast(shares, src=lambda v, j, s: Ref(v, "input", j),
+                 dst=lambda v, j, s: Ref(v, "output", s.root * c + j))
+
+
+def _emit_reduce_scatter(b, em, at, ag, rs, meta):
+    c = b.nchunks
+    shares = _shares(rs, at, lambda r: 0, "reduce_scatter", meta)
+    em.reduce(shares, contrib=lambda v, j, s: Ref(v, "input", s.root * c + j),
+              result=lambda v, j, s: Ref(v, "output", j))
+
+
+def _emit_allreduce(b, em, at, ag, rs, meta):
+    per_root = b.nchunks // b.nranks
+    span = lambda r: r * per_root  # noqa: E731
+    here = lambda v, j, s: Ref(v, "output", j)  # noqa: E731
+    done = em.reduce(_shares(rs, at, span, "reduce_scatter", meta),
+                     contrib=lambda v, j, s: Ref(v, "input", j), result=here)
+    em.broadcast(_shares(ag, at, span, "allgather", meta), src=here, dst=here, after=done)
+
+
+_EMIT = {"allgather": _emit_allgather, "reduce_scatter": _emit_reduce_scatter,
+         "allreduce": _emit_allreduce}
+
+
+def _counts(packed: dict, collective: str, nbytes: int, n: int, nchunks) -> tuple[int, dict]:
+    """Chunks per root and the integral tree counts of each phase.
+
+    Allreduce gives every root ``nchunks / N`` chunks (rounded up) in both phases, so the two
+    phases are solved for the same count.
+    """
+    if nchunks:
+        cands = [-(-nchunks // n) if collective == "allreduce" else nchunks]
+    else:
+        unit = unit_bytes(collective, nbytes, n) / (n if collective == "allreduce" else 1)
+        most = max(1, int(unit // MIN_CHUNK_BYTES))
+        cands = [c for c in CANDIDATE_CHUNKS if c <= most] or [1]
+    chosen = {phase: chunk_counts(p, caps, cands) for phase, (p, caps) in packed.items()}
+    q = max(c for c, _ in chosen.values())
+    counts = {}
+    for phase, (p, caps) in packed.items():
+        counts[phase] = chosen[phase][1] if chosen[phase][0] == q else chunk_counts(p, caps, [q])[1]
+    return q, counts
+
+
+def _single(collective: str, inplace: bool) -> Schedule:
+    b = ScheduleBuilder(collective, 1, 1, inplace=inplace, algorithm="forest")
+    if not inplace:
+        b.copy(0, 0, Ref(0, "output", 0), Ref(0, "input", 0))
+    return b.build()

@@ -1,0 +1,168 @@
+"""Lowering packed trees to schedule IR: pipelined tree broadcasts and tree reductions.
+
+How it works
+------------
+A *share* is one packed tree plus the chunk indices it carries. A broadcast pushes each chunk
+from the tree's root down its edges; a reduction combines each chunk bottom-up, every inner node
+reducing its own contribution with its children's partial results into a scratch slot, the root
+into the final destination. Every instruction is executed by the rank that owns its destination
+(pull): it reads its parent's (or children's) memory and writes only its own, so a rank's
+buffers never change behind its back and each wait is one "producer finished" dependency.
+
+Instructions are appended in the order of their time in a fluid pipeline model (see
+:class:`TreeEmitter`), one global order that respects every dependency. Each lane's list is
+therefore a subsequence of a topological order, so lanes never deadlock, however lanes are shared. Lanes are keyed by the
+link they pull over (``("down", parent)`` for broadcasts, ``("up", children)`` for reductions):
+transfers over one link share it anyway, while different links proceed at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import networkx as nx
+
+from ..schedule.builder import ScheduleBuilder
+from ..schedule.ir import Ref
+from .edge_split import LinkIndex, simulator_routes
+from .treepack import Packing, pack_out_trees, pack_undirected_trees
+
+MAX_LANES = 64   # lanes per rank (CUDA thread blocks / CPU work queues); more keys share lanes
+SUBLANES = 3     # lanes per link, dealt round-robin: one late chunk does not idle the link
+
+RefFn = Callable[[int, int, "Share"], Ref]   # (rank, chunk, share) -> Ref
+
+
+@dataclass(frozen=True)
+class Share:
+    """Chunks ``chunks`` travel over ``edges`` (top-down ``(parent, child)`` ranks) from ``root``."""
+
+    root: int
+    edges: tuple
+    chunks: tuple
+
+
+class TreeEmitter:
+    """Collects tree phases as timed items, then appends them to a builder in time order.
+
+    Item times model a fluid pipeline: chunk ``i`` of a tree with ``m`` chunks enters it at
+    ``(i + 0.5) / m`` and every hop adds one chunk time ``1 / m``; a broadcast that waits for a
+    reduction starts one hop after it. Every dependency goes from an earlier to a later time,
+    so sorting by time gives a topological order in which each lane's items also follow the
+    pipeline (emitting tree by tree instead ties lanes into cross-waits that serialize them).
+    """
+
+    def __init__(self, builder: ScheduleBuilder):
+        self.b = builder
+        self._lane_keys: list[dict] = [{} for _ in range(builder.nranks)]
+        self._slot = [0] * builder.nranks          # next free scratch chunk per rank
+        self._slot_end = [0] * builder.nranks
+        self._items: list = []                      # (time, seq, rank, lane key, op, dst, srcs, deps)
+
+    def lane(self, rank: int, key) -> int:
+        keys = self._lane_keys[rank]
+        if key not in keys:
+            keys[key] = len(keys)
+        return keys[key] % MAX_LANES
+
+    def broadcast(self, shares, src: RefFn, dst: RefFn, after: dict | None = None) -> None:
+        """Send chunk ``j`` from ``src(root, j, share)`` to ``dst(v, j, share)`` of every node.
+
+        ``after[root, j]`` (optional) is the ``(token, time)`` of the item that produced the
+        root's chunk ``j`` (as :meth:`reduce` returns them).
+        """
+        after = after or {}
+        for share, i, j in _chunks(shares):
+            m = len(share.chunks)
+            token, t0 = after.get((share.root, j), (None, (i + 0.5) / m))
+            ready = {share.root: (token, t0)}
+            for p, c in share.edges:
+                source = src(p, j, share) if p == share.root else dst(p, j, share)
+                t = ready[p][1] + 1.0 / m
+                ready[c] = (self._add(t, c, ("down", p), "copy", dst(c, j, share), (source,),
+                                      (ready[p][0],)), t)
+
+    def reduce(self, shares, contrib: RefFn, result: RefFn) -> dict:
+        """Reduce ``contrib(v, j, share)`` over every tree node into ``result(root, j, share)``.
+
+        Returns ``{(root, j): (token, time)}`` of the item completing chunk ``j`` at its root.
+        """
+        done = {}
+        for share, i, j in _chunks(shares):
+            m = len(share.chunks)
+            kids: dict = {}
+            level = {share.root: 0}
+            for p, c in share.edges:
+                kids.setdefault(p, []).append(c)
+                level[c] = level[p] + 1
+            top = max(level.values())
+            partial: dict = {}
+            for u in reversed([share.root] + [c for _, c in share.edges]):   # children first
+                if u not in kids:
+                    partial[u] = (contrib(u, j, share), None)
+                    continue
+                dst = result(u, j, share) if u == share.root else self._scratch_ref(u)
+                srcs = (contrib(u, j, share),) + tuple(partial[c][0] for c in kids[u])
+                t = (i + 0.5 + top - level[u]) / m
+                token = self._add(t, u, ("up", tuple(kids[u])), "reduce", dst, srcs,
+                                  tuple(partial[c][1] for c in kids[u]))
+                partial[u] = (dst, token)
+            done[share.root, j] = (partial[share.root][1], (i + 0.5 + top) / m)
+        return done
+
+    def flush(self) -> None:
+        """Append every collected item to the builder, earliest first."""
+        dep_of: dict = {}
+        turn: dict = {}
+        for t, seq, rank, key, op, dst, srcs, tokens in sorted(self._items, key=lambda x: x[:2]):
+            k = turn[rank, key] = turn.get((rank, key), -1) + 1
+            lane = self.lane(rank, (key, k % SUBLANES))
+            wait = [dep_of[k] for k in tokens if k is not None]
+            if op == "copy":
+                dep_of[seq] = self.b.copy(rank, lane, dst, srcs[0], deps=wait)
+            else:
+                dep_of[seq] = self.b.reduce(rank, lane, dst, srcs, deps=wait)
+        self._items.clear()
+
+    def self_copy(self, rank: int, dst: Ref, src: Ref) -> None:
+        """Rank-local copy (a root's own slot), first thing on its own lane."""
+        self._add(-1.0, rank, ("self",), "copy", dst, (src,), ())
+
+    def _add(self, t, rank, key, op, dst, srcs, tokens) -> int:
+        seq = len(self._items)
+        self._items.append((t, seq, rank, key, op, dst, srcs, tokens))
+        return seq
+
+    def _scratch_ref(self, rank: int) -> Ref:
+        if self._slot[rank] == self._slot_end[rank]:
+            self._slot[rank] = self.b.scratch(rank, 1)
+            self._slot_end[rank] = self._slot[rank] + self.b.nchunks
+        slot = self._slot[rank]
+        self._slot[rank] += 1
+        return Ref(rank, "scratch", slot)
+
+
+def _chunks(shares):
+    for share in shares:
+        for i, j in enumerate(share.chunks):
+            yield share, i, j
+
+
+def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool) -> tuple[Packing, tuple]:
+    """Out-trees from ``roots`` (in-trees to them with ``reverse``) priced by simulator routes.
+
+    Returns the packing and the link capacities its paths index (of the reversed graph for
+    in-trees, whose packing runs on the reversed graph).
+    """
+    H = G.reverse(copy=True) if reverse else G
+    index = LinkIndex.of(H)
+    routes = simulator_routes(G, index, ranks, reverse=reverse)
+    return pack_out_trees(index, ranks, roots, routes=routes), index.caps
+
+
+def pack_both_ways(G: nx.DiGraph, ranks) -> tuple[Packing, tuple]:
+    """Spanning trees used up and down (Blink allreduce), priced by simulator routes."""
+    index = LinkIndex.of(G)
+    routes = simulator_routes(G, index, ranks)
+    return pack_undirected_trees(index, ranks, routes=routes), index.caps
