@@ -131,6 +131,8 @@ typedef struct {
   char** data;            /* [nranks] start of staging set 0 */
   long long set_bytes;    /* bytes of one staging set (there are two) */
   int spin;               /* busy polls before yielding the CPU */
+  char** p2p;             /* [nranks] point-to-point area: counters, then one slot per peer */
+  long long p2p_slot_bytes;  /* bytes of one peer's slot (two halves, double-buffered) */
 } cx_exec_window;
 
 /* One collective call of this rank. */
@@ -160,12 +162,123 @@ typedef struct {
 /* Runs this rank's part of one collective, every tile, with the GIL released by cffi. */
 int cx_exec_run(const cx_exec_plan* plan, const cx_exec_window* win, const cx_exec_call* call,
                 cx_exec_result* res);
+/* Point-to-point: send nbytes to rank peer / receive them from it, through the sender's slot for
+ * that peer, in pieces of half a slot. Send returns once the last piece is in the window (the
+ * buffer is reusable). Both sides must pass the same nbytes (CX_EXEC_MISMATCH otherwise). */
+int cx_exec_send(const cx_exec_window* win, int peer, const void* buf, long long nbytes,
+                 long long deadline_ns, cx_exec_result* res);
+int cx_exec_recv(const cx_exec_window* win, int peer, void* buf, long long nbytes,
+                 long long deadline_ns, cx_exec_result* res);
 /* CLOCK_MONOTONIC in nanoseconds, the clock of cx_exec_call.deadline_ns. */
 long long cx_exec_now_ns(void);
 /* 1 if the process exists and is not a zombie, else 0. */
 int cx_exec_pid_alive(long long pid);
 
 /* ---- end CPU executor ------------------------------------------------------------------------ */
+
+/* ---- CUDA executor (native/cuda/executor.cu, window.cu; layout in cx_cuda_exec.h) ---------- */
+/* Present only in builds with CUDA objects (cuda_objects=1 in cx_build_info); the Python layer
+ * checks for the symbols before use. Every call returns a cx_status and never aborts on a machine
+ * without a driver or device; cx_cuda_last_error tells what the CUDA runtime said. */
+
+/* The last CUDA failure seen by this thread, as "call: cuda error text". */
+int cx_cuda_last_error(char* buf, size_t len);
+int cx_cuda_device_count(int* count);
+int cx_cuda_set_device(int device);
+int cx_cuda_get_device(int* device);
+int cx_cuda_device_synchronize(void);
+/* PCI bus id text ("0000:07:00.0") of a device: which ranks share one GPU. */
+int cx_cuda_device_pci_bus_id(int device, char* buf, int len);
+int cx_cuda_can_access_peer(int device, int peer, int* can);
+/* Enables access from the current device to peer's memory; already enabled counts as success. */
+int cx_cuda_enable_peer_access(int peer);
+int cx_cuda_malloc(void** ptr, size_t nbytes);
+int cx_cuda_free(void* ptr);
+/* Page-locked host memory (for status words copied back by the stream). */
+int cx_cuda_host_alloc(void** ptr, size_t nbytes);
+int cx_cuda_host_free(void* ptr);
+/* Queued on stream (NULL: legacy default stream); memcpy infers the direction (unified
+ * addressing), so it serves D2D, H2D and D2H. */
+int cx_cuda_memset(void* ptr, int value, size_t nbytes, void* stream);
+int cx_cuda_memcpy(void* dst, const void* src, size_t nbytes, void* stream);
+/* CUDA IPC: a 64-byte handle of an allocation's base (cudaMalloc'd), opened in another process
+ * with lazy peer access. A process cannot open its own handles: use the pointer there. */
+int cx_cuda_ipc_get_handle(void* base, unsigned char* handle64);
+int cx_cuda_ipc_open(const unsigned char* handle64, void** base);
+int cx_cuda_ipc_close(void* base);
+/* Allocation base, size and device of any device pointer (for sub-allocated tensors). */
+int cx_cuda_pointer_base(const void* ptr, void** base, size_t* size, int* device);
+int cx_cuda_stream_create(void** stream);
+int cx_cuda_stream_destroy(void* stream);
+int cx_cuda_stream_synchronize(void* stream);
+/* interprocess=1: cudaEventInterprocess | cudaEventDisableTiming (required for IPC events). */
+int cx_cuda_event_create(void** event, int interprocess);
+int cx_cuda_event_destroy(void* event);
+int cx_cuda_event_record(void* event, void* stream);
+/* Makes stream wait for event on the device (no host wait). */
+int cx_cuda_stream_wait_event(void* stream, void* event);
+/* CX_OK once the event's work is done, 1 while it is pending. */
+int cx_cuda_event_query(void* event);
+int cx_cuda_event_synchronize(void* event);
+int cx_cuda_ipc_get_event_handle(void* event, unsigned char* handle64);
+int cx_cuda_ipc_open_event_handle(const unsigned char* handle64, void** event);
+
+/* A cx_exec_plan's arrays copied to device memory once (opaque). */
+typedef struct cx_cuda_plan cx_cuda_plan;
+
+/* The exact int32 image cx_cuda_plan_upload copies to the device: a 16-word header (nranks,
+ * rank, nchunks, nlanes, ninstrs, nsrcs, ndeps, nfin, units[3], then the word offsets of
+ * lane_off, instrs, srcs, deps, fin_deps) followed by those five arrays in the cx_exec_plan
+ * encoding, unchanged. Host code, no GPU needed; *needed gets the word count (call with
+ * cap 0 to size the buffer). CX_ERR_ARG for a malformed plan or a too small buffer. */
+int cx_cuda_plan_pack(const cx_exec_plan* plan, int* out, long long cap, long long* needed);
+int cx_cuda_plan_upload(const cx_exec_plan* plan, cx_cuda_plan** out);
+int cx_cuda_plan_free(cx_cuda_plan* plan);
+/* Bytes of the control block at the start of every CUDA window (staging sets follow it). */
+int cx_cuda_ctl_bytes(long long* nbytes);
+
+/* Failure record of one call, written by the kernel into the caller's window and copied to
+ * status_host by the stream after the last tile. status is a cx_exec_status. */
+typedef struct {
+  int status;
+  int rank;
+  int lane;
+  int index;
+} cx_cuda_exec_status;
+
+/* One collective call of this rank, queued whole (every tile) on a stream. */
+typedef struct {
+  const cx_cuda_plan* plan;
+  void* self_window;      /* this rank's window base (device pointer, this process) */
+  void* const* d_windows; /* device array [nranks]: every rank's window base mapped here */
+  long long set_bytes;    /* bytes of one staging set (there are two) */
+  int coll;               /* descriptor: collective code, compared across ranks on tile 0 */
+  int root;
+  int dtype;
+  int op;
+  long long count;        /* elements per unit of the whole message */
+  long long tile_count;   /* elements per unit per tile (equal on every rank) */
+  const void* user_in;    /* device pointers; NULL: nothing to stage / copy out */
+  void* user_out;
+  int in_private;         /* 1: no peer reads this rank's input: the kernel reads user_in */
+  int out_private;        /* 1: no peer writes this rank's output: the kernel writes user_out */
+  double scale;           /* != 1.0: multiply the output once complete (avg) */
+  unsigned long long seq;
+  unsigned long long epoch;     /* epoch of the first tile; tile t uses epoch + t */
+  long long timeout_ns;   /* per tile, measured on the GPU's global timer */
+  int threads;            /* threads per block (one block per lane); 0: 512 */
+  cx_cuda_exec_status* status_host; /* pinned host record, or NULL */
+} cx_cuda_exec_args;
+
+/* Queues this rank's part of a collective on stream and returns without waiting. */
+int cx_cuda_exec_launch(const cx_cuda_exec_args* args, void* stream);
+/* Tiles (epochs) a call of count elements per unit uses: the caller advances its epoch by this. */
+int cx_cuda_exec_ntiles(long long count, long long tile_count, long long* ntiles);
+/* This rank rejects call seq: peers fail it with CX_EXEC_ABORTED instead of waiting. */
+int cx_cuda_exec_abort(void* self_window, unsigned long long seq, unsigned long long epoch,
+                       void* stream);
+
+/* ---- end CUDA executor ----------------------------------------------------------------------- */
 
 #ifdef __cplusplus
 }

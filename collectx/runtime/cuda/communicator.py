@@ -1,0 +1,216 @@
+"""The CUDA communicator: the CPU Communicator's collectives on device buffers, stream-ordered.
+
+Semantics, NCCL style: a collective is queued on the caller's current stream (torch's current
+stream for tensors, the CUDA Array Interface ``stream`` for CuPy arrays) and returns without a
+host sync; the result is ready for any later work on that stream. ``async_op=True`` returns a
+:class:`CudaWork` whose ``wait()`` makes the caller's current stream wait for the collective (no
+host block) and whose ``is_completed()`` asks the event. Failures found by the kernel (timeout,
+mismatch, an aborted peer) are raised by the next call, ``Work.wait`` / ``synchronize``, or
+:meth:`CudaCommunicator.synchronize`.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ...config import get_config
+from ...errors import ArgumentError, DTypeError
+from ..arrays import OP_CODES
+from ..store import as_store
+from . import _rt
+from .arrays import DeviceBuffer, as_device_buffer, empty_like
+from .engine import CudaEngine
+from .window import CudaWindow
+from .work import CudaWork, current_stream
+
+_COMM_IDS = itertools.count()
+
+
+class CudaCommunicator:
+    """``size`` ranks (processes, or threads on their own streams) over CUDA IPC windows.
+
+    Several ranks may share one GPU (the way a single-GPU machine tests multi-rank
+    collectives); ``device`` defaults to ``rank % device_count()``.
+    """
+
+    def __init__(self, rank: int, size: int, store, *, device: int | None = None, topology=None,
+                 timeout: float | None = None, config=None):
+        cfg = config or get_config()
+        if not (isinstance(size, int) and size >= 1 and isinstance(rank, int) and 0 <= rank < size):
+            raise ArgumentError(f"rank={rank!r}, size={size!r}: expected 0 <= rank < size")
+        ndev = require_gpu()
+        self.rank, self.size = rank, size
+        self.device = rank % ndev if device is None else int(device)
+        self.timeout = float(timeout if timeout is not None else cfg.timeout_s)
+        prefix = f"collectx/cuda{next(_COMM_IDS)}"
+        _rt.set_device(self.device)
+        self._window = CudaWindow(rank, size, as_store(store), prefix, cfg.window_bytes,
+                                  self.timeout, self.device)
+        self._engine = CudaEngine(self._window, cfg, topology, self.timeout)
+        self._stream = _rt.stream_create()
+
+    # -- collectives --------------------------------------------------------------------------
+    def allreduce(self, x, out=None, op: str = "sum", async_op: bool = False):
+        """Reduce ``x`` over all ranks; result in ``out`` (default: in place in ``x``)."""
+        def prepare():
+            src = self._input(x)
+            res = x if out is None else out
+            return ("allreduce", src, self._output(res, src.count, src, "out"), src.count,
+                    self._op(op), 0, res)
+        return self._submit(prepare, x, async_op)
+
+    def reduce_scatter(self, x, out=None, op: str = "sum", async_op: bool = False):
+        """Reduce ``x`` (``size * n`` elements) and leave block ``rank`` (``n``) in ``out``."""
+        def prepare():
+            src = self._input(x)
+            n = self._blocks(src, "reduce_scatter")
+            res = empty_like(x, n) if out is None else out
+            return ("reduce_scatter", src, self._output(res, n, src, "out"), n, self._op(op), 0,
+                    res)
+        return self._submit(prepare, x, async_op)
+
+    def allgather(self, x, out=None, async_op: bool = False):
+        """Gather every rank's ``x`` into ``out`` (``size * len(x)``, rank-major)."""
+        def prepare():
+            src = self._input(x)
+            n = src.count * self.size
+            res = empty_like(x, n) if out is None else out
+            return ("allgather", src, self._output(res, n, src, "out"), src.count, 0, 0, res)
+        return self._submit(prepare, x, async_op)
+
+    def alltoall(self, x, out=None, async_op: bool = False):
+        """Block ``j`` of rank ``i``'s ``x`` lands in block ``i`` of rank ``j``'s ``out``."""
+        def prepare():
+            src = self._input(x)
+            n = self._blocks(src, "alltoall")
+            res = empty_like(x, src.count) if out is None else out
+            return ("alltoall", src, self._output(res, src.count, src, "out"), n, 0, 0, res)
+        return self._submit(prepare, x, async_op)
+
+    def broadcast(self, x, root: int = 0, async_op: bool = False):
+        """Copy root's ``x`` into every rank's ``x`` (in place)."""
+        def prepare():
+            self._root(root)
+            buf = as_device_buffer(x, "x", writable=True)
+            return ("broadcast", buf if self.rank == root else None, buf, buf.count, 0, root, x)
+        return self._submit(prepare, x, async_op)
+
+    def reduce(self, x, root: int = 0, out=None, op: str = "sum", async_op: bool = False):
+        """Reduce ``x`` onto ``root``: into ``out`` there (default: in place in ``x``)."""
+        def prepare():
+            self._root(root)
+            src = self._input(x)
+            res = (x if out is None else out) if self.rank == root else None
+            dst = None if res is None else self._output(res, src.count, src, "out")
+            return ("reduce", src, dst, src.count, self._op(op), root, res)
+        return self._submit(prepare, x, async_op)
+
+    def barrier(self, async_op: bool = False):
+        """Every rank enters before any leaves; without ``async_op`` the host waits too."""
+        work = self._submit(lambda: ("barrier", None, None, 0, 0, 0, None), None, True)
+        return work if async_op else work.synchronize()
+
+    def synchronize(self) -> None:
+        """Block the host until every queued collective finished; raise the first failure."""
+        self._engine.poll(block=True)
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def _submit(self, prepare, x, async_op: bool):
+        stream = self._stream if x is None else None
+        try:
+            coll, src, dst, count, op, root, res = prepare()
+            ref = src if src is not None else dst
+            stream = self._stream if ref is None else ref.stream
+            self._check_device(src, dst)
+        except (ArgumentError, DTypeError):
+            self._engine.abort_call(self._stream if stream is None else stream)
+            raise
+        dt = ref.code if ref is not None else 1
+        itemsize = ref.itemsize if ref is not None else 1
+        event = self._engine.run(coll, src, dst, count, dt, itemsize, op, root,
+                                 _overlap(src, dst), stream)
+        if not async_op:
+            return res
+        return CudaWork(event, self._engine, res, stream)
+
+    def _input(self, x) -> DeviceBuffer:
+        return as_device_buffer(x, "x")
+
+    def _output(self, out, n: int, src: DeviceBuffer, what: str) -> DeviceBuffer:
+        buf = as_device_buffer(out, what, writable=True)
+        if buf.code != src.code:
+            raise DTypeError(f"{what} has dtype code {buf.code}, input {src.code}; expected the "
+                             f"same dtype")
+        if buf.count != n:
+            raise ArgumentError(f"{what} has {buf.count} elements; expected {n}")
+        return buf
+
+    def _blocks(self, src: DeviceBuffer, coll: str) -> int:
+        if src.count % self.size:
+            raise ArgumentError(f"{coll} input has {src.count} elements; expected a multiple of "
+                                f"the world size {self.size}")
+        return src.count // self.size
+
+    def _check_device(self, *bufs) -> None:
+        for b in bufs:
+            if b is not None and b.device not in (-1, self.device):
+                raise ArgumentError(f"buffer on GPU {b.device}, communicator on GPU "
+                                    f"{self.device}; expected the communicator's device")
+
+    def _op(self, op: str) -> int:
+        if op not in OP_CODES:
+            raise ArgumentError(f"op={op!r}: expected one of {', '.join(OP_CODES)}")
+        return OP_CODES[op]
+
+    def _root(self, root: int) -> None:
+        if not (isinstance(root, int) and 0 <= root < self.size):
+            raise ArgumentError(f"root={root!r}: expected a rank in 0..{self.size - 1}")
+
+    def close(self) -> None:
+        """Wait for queued work, free plans and windows. Idempotent."""
+        if self._stream:
+            self._engine.close()
+            _rt.stream_synchronize(self._stream)
+            _rt.stream_destroy(self._stream)
+            self._stream = 0
+            self._window.close()
+
+    def __enter__(self) -> "CudaCommunicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CudaCommunicator(rank={self.rank}, size={self.size}, device={self.device})"
+
+
+def require_gpu() -> int:
+    """Number of visible GPUs; raises CudaUnavailable (with the reason) when there is none.
+
+    >>> from collectx.errors import CudaUnavailable
+    >>> try:
+    ...     n = require_gpu()
+    ... except CudaUnavailable as e:
+    ...     n = 0
+    >>> n >= 0
+    True
+    """
+    from ...errors import CudaUnavailable
+    n = _rt.device_count()
+    if n < 1:
+        probe = _rt.lib()[0].new("int*")
+        _rt.lib()[1].cx_cuda_device_count(probe)
+        raise CudaUnavailable(f"no CUDA device is visible ({_rt.last_error()}); expected an "
+                              f"NVIDIA GPU and driver; use collectx.init() (CPU) or check "
+                              f"nvidia-smi and CUDA_VISIBLE_DEVICES")
+    return n
+
+
+def _overlap(src: DeviceBuffer | None, dst: DeviceBuffer | None) -> bool:
+    if src is None or dst is None or not src.nbytes or not dst.nbytes:
+        return False
+    return src.ptr < dst.ptr + dst.nbytes and dst.ptr < src.ptr + src.nbytes
+
+
+__all__ = ["CudaCommunicator", "require_gpu", "current_stream"]

@@ -1,0 +1,240 @@
+"""The CUDA call path: plan cache (FlatPlan, uploaded once), one ``cx_cuda_exec_launch`` per call,
+and asynchronous failure reports.
+
+A call is queued on the caller's stream and returns at once, so the kernel's verdict arrives
+later: each call has a slot in a ring of pinned status records, which the stream fills after the
+last tile, and an event. :meth:`CudaEngine.poll` reads the records of finished calls and raises
+the first failure; the communicator polls before every call, and ``Work.wait`` /
+``synchronize`` poll too. Any failure leaves the communicator unusable: the ranks may have
+consumed different numbers of epochs, which a queued (not host-driven) executor cannot repair.
+
+The schedule comes from the same planner and is flattened by the same
+:class:`~collectx.runtime.executor.FlatPlan` as on the CPU: the device gets that exact encoding.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+
+from ...errors import CollectiveMismatch, CommError, NativeError, PeerAborted, PeerFailure, Timeout
+from ...schedule.ir import Lane, Schedule
+from ..engine import COLL_CODES
+from ..executor import FlatPlan
+from . import _rt
+
+RING = 256             # status records in flight before the oldest call is waited for
+STATUS_BYTES = 16      # cx_cuda_exec_status
+DESC_OFFSET = 256      # byte offset of desc[2][8] in cx_cuda_ctl
+_EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "BADARG": 5,
+         "KERNEL": 6}
+_NAMES = {v: k for k, v in COLL_CODES.items()}
+
+
+class GpuPlan:
+    """A :class:`FlatPlan` uploaded to the device (``cx_cuda_plan_upload``), freed on close."""
+
+    def __init__(self, flat: FlatPlan):
+        ffi, lib = _rt.lib()
+        out = ffi.new("cx_cuda_plan**")
+        _rt.check(lib.cx_cuda_plan_upload(flat.native, out), "cx_cuda_plan_upload")
+        self.flat, self.native = flat, out[0]
+
+    def free(self) -> None:
+        if self.native is not None:
+            _rt.lib()[1].cx_cuda_plan_free(self.native)
+            self.native = None
+
+
+def pack_plan(flat: FlatPlan) -> list[int]:
+    """The int32 image that :class:`GpuPlan` uploads (``cx_cuda_plan_pack``, host only)."""
+    ffi, lib = _rt.lib()
+    needed = ffi.new("long long*")
+    _rt.check(lib.cx_cuda_plan_pack(flat.native, ffi.NULL, 0, needed), "cx_cuda_plan_pack")
+    words = ffi.new("int[]", max(1, needed[0]))
+    _rt.check(lib.cx_cuda_plan_pack(flat.native, words, needed[0], needed), "cx_cuda_plan_pack")
+    return list(words)[:needed[0]]
+
+
+class CudaEngine:
+    """Queues collectives for one rank over a :class:`~.window.CudaWindow`."""
+
+    def __init__(self, window, config, topology, timeout: float):
+        self.win, self.rank, self.size = window, window.rank, window.size
+        self.config, self.timeout = config, timeout
+        self._topology = topology
+        self._plans: dict[tuple, tuple[GpuPlan, int]] = {}
+        self._seq, self._epoch = 0, 1
+        self._poisoned: str | None = None
+        self._lock = threading.Lock()
+        self._ffi, self._lib = _rt.lib()
+        self._status = _rt.host_alloc(RING * STATUS_BYTES)
+        self._pending: collections.deque = collections.deque()  # (seq, coll, slot, event)
+        self._args = self._ffi.new("cx_cuda_exec_args*")
+
+    # -- planning -------------------------------------------------------------------------------
+    def _plan(self, coll: str, dtype: int, itemsize: int, count: int, root: int):
+        nbytes = count * itemsize
+        key = (coll, dtype, nbytes.bit_length(), root)
+        hit = self._plans.get(key)
+        if hit is None:
+            flat = FlatPlan(self._schedule(coll, nbytes, root), self.rank)
+            hit = self._plans[key] = (GpuPlan(flat), flat.tile_count(self.win.set_bytes, itemsize))
+        return hit
+
+    def _schedule(self, coll: str, nbytes: int, root: int) -> Schedule:
+        if coll == "barrier":
+            return Schedule("allreduce", self.size, 1, tuple((Lane(()),) for _ in range(self.size)),
+                            algorithm="none")
+        from ...planner import make_schedule
+        s = make_schedule(self.topology(), coll, self.size, nbytes, algo=self.config.algo,
+                          root=root)
+        if self.config.plan_dump_file and self.rank == 0:
+            with open(self.config.plan_dump_file, "a") as f:
+                f.write(json.dumps({"nbytes": nbytes, "device": "cuda",
+                                    "schedule": s.to_dict()}) + "\n")
+        return s
+
+    def topology(self):
+        """The GPU topology to plan on, or None (one-hop plan) when ranks share a GPU."""
+        if self._topology is None and not self.win.shared_gpu:
+            from ...topology import gpus, local_topology
+            topo = local_topology(self.config)
+            self._topology = topo if len(gpus(topo)) >= self.size else None
+        return self._topology
+
+    # -- running --------------------------------------------------------------------------------
+    def run(self, coll: str, src, dst, count: int, dtype: int, itemsize: int, op: int, root: int,
+            overlap: bool, stream: int):
+        """Queue one collective on ``stream``; returns the event recorded after it."""
+        with self._lock:
+            self._check_usable()
+            self._poll_locked(block=False)
+            plan, tile = self._plan(coll, dtype, itemsize, count, root)
+            slot = self._free_slot()
+            a = self._fill(plan, tile, coll, src, dst, count, dtype, op, root, overlap, slot)
+            rc = self._lib.cx_cuda_exec_launch(a, self._ffi.cast("void*", stream))
+            if rc != 0:
+                self.poison(f"launch failed ({rc})")
+                _rt.check(rc, f"cx_cuda_exec_launch({coll})")
+            ntiles = self._ffi.new("long long*")
+            self._lib.cx_cuda_exec_ntiles(count, tile, ntiles)
+            seq = self._seq
+            self._seq += 1
+            self._epoch += int(ntiles[0])
+            event = _rt.Event()
+            event.record(stream)
+            self._pending.append((seq, coll, slot, event))
+            return event
+
+    def _fill(self, plan, tile, coll, src, dst, count, dtype, op, root, overlap, slot):
+        a, ffi, win = self._args, self._ffi, self.win
+        a.plan, a.self_window = plan.native, ffi.cast("void*", win.self_base)
+        a.d_windows = ffi.cast("void**", win.d_windows)
+        a.set_bytes, a.coll, a.root, a.dtype, a.op = win.set_bytes, COLL_CODES[coll], root, dtype, op
+        a.count, a.tile_count = count, tile
+        a.user_in = ffi.cast("void*", src.ptr if src is not None else 0)
+        a.user_out = ffi.cast("void*", dst.ptr if dst is not None else 0)
+        a.in_private = int(plan.flat.in_private and not overlap)
+        a.out_private = int(plan.flat.out_private)
+        a.scale = 1.0 / self.size if op == 4 else 1.0
+        a.seq, a.epoch = self._seq, self._epoch
+        a.timeout_ns = int(self.timeout * 1e9)
+        a.threads = 0
+        a.status_host = ffi.cast("cx_cuda_exec_status*", self._status + slot * STATUS_BYTES)
+        self._status_record(slot).status = 0
+        return a
+
+    def _status_record(self, slot: int):
+        return self._ffi.cast("cx_cuda_exec_status*", self._status + slot * STATUS_BYTES)
+
+    def _free_slot(self) -> int:
+        slot = self._seq % RING
+        while self._pending and self._pending[0][2] == slot:  # ring full: wait for the oldest
+            self._poll_locked(block=True, upto=1)
+        return slot
+
+    def abort_call(self, stream: int) -> None:
+        """This rank rejects its next call: peers fail it with PeerAborted instead of hanging.
+        The communicator is unusable afterwards (see the module notes)."""
+        with self._lock:
+            if self._poisoned:
+                return
+            self._lib.cx_cuda_exec_abort(self._ffi.cast("void*", self.win.self_base), self._seq,
+                                         self._epoch, self._ffi.cast("void*", stream))
+            self.poison(f"call #{self._seq} rejected its arguments")
+
+    def poll(self, block: bool = False) -> None:
+        """Raise the first failure among finished calls (``block``: wait for all first)."""
+        with self._lock:
+            self._poll_locked(block)
+
+    def _poll_locked(self, block: bool, upto: int | None = None) -> None:
+        done = 0
+        while self._pending and (upto is None or done < upto):
+            seq, coll, slot, event = self._pending[0]
+            if block:
+                event.synchronize()
+            elif not event.query():
+                return
+            self._pending.popleft()
+            event.destroy()
+            done += 1
+            rec = self._status_record(slot)
+            if rec.status:
+                raise self._failure(coll, seq, rec.status, rec.rank, rec.lane, rec.index)
+
+    def poison(self, why: str) -> None:
+        if self._poisoned is None:
+            self._poisoned = why
+
+    def _check_usable(self) -> None:
+        if self._poisoned:
+            raise CommError(f"rank {self.rank}: CUDA communicator unusable after an earlier "
+                            f"failure ({self._poisoned}); expected a healthy communicator; "
+                            f"create a new one with collectx.init(device='cuda')")
+
+    def _failure(self, coll, seq, status, peer, lane, index) -> Exception:
+        self.poison(f"{coll} #{seq} failed with executor status {status}")
+        me = f"rank {self.rank} (GPU {self.win.device}), {coll} #{seq}"
+        if status == _EXEC["MISMATCH"]:
+            return CollectiveMismatch(f"{me}: ranks called different collectives: "
+                                      f"{self._describe(seq)}; expected every rank to make the "
+                                      f"same call (collective, dtype, op, count, root) in order")
+        if status == _EXEC["ABORTED"]:
+            return PeerAborted(f"{me}: rank {peer} aborted this call or failed (see the error "
+                               f"raised there); expected it to run the collective", rank=peer)
+        if status == _EXEC["TIMEOUT"]:
+            return Timeout(f"{me}: no progress within {self.timeout:g} s waiting on rank {peer} "
+                           f"(lane {lane}, instruction {index}); expected every rank to call "
+                           f"{coll}; a rank may be missing, dead or stuck, or raise "
+                           f"COLLECTX_TIMEOUT")
+        if status == _EXEC["PEER_DEAD"]:
+            return PeerFailure(f"{me}: rank {peer} died; expected it alive", rank=peer)
+        return NativeError(f"{me}: the CUDA executor rejected the plan (status {status}, lane "
+                           f"{lane}, instruction {index}); expected a valid schedule; report "
+                           f"this with COLLECTX_PLAN_DUMP_FILE", code=status)
+
+    def _describe(self, seq: int) -> str:
+        parts = []
+        for r in range(self.size):
+            d = self.win.read_words(r, DESC_OFFSET + 64 * (seq & 1), 6)
+            parts.append(f"rank {r}: {_NAMES.get(d[1], d[1])}(dtype={d[2]}, op={d[3]}, "
+                         f"count={d[4]}, root={d[5]})")
+        return "; ".join(parts)
+
+    def close(self) -> None:
+        """Wait for queued calls, free plans and status memory (errors are not raised here)."""
+        with self._lock:
+            for *_, event in self._pending:
+                event.synchronize()
+                event.destroy()
+            self._pending.clear()
+            for plan, _ in self._plans.values():
+                plan.free()
+            self._plans.clear()
+            if self._status:
+                _rt.host_free(self._status)
+                self._status = 0
+            self._poisoned = self._poisoned or "closed"

@@ -1,0 +1,149 @@
+"""CUDA windows: one device allocation per rank, mapped by every rank through CUDA IPC.
+
+Layout of a rank's allocation (native/include/cx_cuda_exec.h)::
+
+    [0, ctl)                  control block: ready epoch, abort word, call descriptors, status
+                              record, one epoch-stamped flag per lane (128-byte lines)
+    [ctl, ctl + set)          staging set 0: input | output | scratch slots of one tile
+    [ctl + set, ctl + 2set)   staging set 1 (tiles alternate sets)
+
+Rendezvous goes through the same store as the CPU windows: each rank publishes its pid, device,
+PCI bus id, base address and 64-byte IPC handle. Peers in another process open the handle once
+per (process, device) -- :data:`_OPENED` caches the mapping and counts its users, because CUDA
+refuses to open one handle twice in a context. A peer in this very process (ranks as threads)
+is used through its pointer: a process cannot open its own handles. Ranks on one GPU work the
+same way as ranks on several; on several GPUs in one process, peer access is enabled explicitly
+(IPC mappings enable it lazily by themselves).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+from ...errors import CommError
+from . import _rt
+
+# (device, handle) -> [base address, users]
+_OPENED: dict[tuple[int, bytes], list[int]] = {}
+_OPENED_LOCK = threading.Lock()
+
+
+def ctl_bytes() -> int:
+    """Bytes of the control block at the start of every window (from the library)."""
+    ffi, lib = _rt.lib()
+    n = ffi.new("long long*")
+    _rt.check(lib.cx_cuda_ctl_bytes(n), "cx_cuda_ctl_bytes")
+    return int(n[0])
+
+
+def set_bytes_for(window_bytes: int) -> int:
+    """Bytes of one staging set for a window budget: half of it, 4 KiB aligned, >= 64 KiB.
+
+    >>> set_bytes_for(1 << 20), set_bytes_for(1000)
+    (524288, 65536)
+    """
+    return max(1 << 16, (int(window_bytes) // 2) & ~4095)
+
+
+def _open_peer(device: int, handle: bytes) -> int:
+    with _OPENED_LOCK:
+        hit = _OPENED.get((device, handle))
+        if hit is None:
+            hit = _OPENED[(device, handle)] = [_rt.ipc_open(handle), 0]
+        hit[1] += 1
+        return hit[0]
+
+
+def _release_peer(device: int, handle: bytes) -> None:
+    with _OPENED_LOCK:
+        hit = _OPENED.get((device, handle))
+        if hit is None:
+            return
+        hit[1] -= 1
+        if hit[1] == 0:
+            del _OPENED[(device, handle)]
+            _rt.ipc_close(hit[0])
+
+
+class CudaWindow:
+    """Every rank's CUDA window, mapped in this process.
+
+    ``bases[r]`` is rank r's window base here; ``d_windows`` a device array of those bases (the
+    kernel's view); ``self_base`` this rank's own allocation.
+    """
+
+    def __init__(self, rank: int, size: int, store, prefix: str, window_bytes: int,
+                 timeout: float, device: int):
+        self.rank, self.size, self.device = rank, size, device
+        self.self_base = self.d_windows = 0
+        self.bases: list[int] = []
+        self._opened: list[bytes] = []
+        try:
+            self._rendezvous(store, prefix, window_bytes, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _rendezvous(self, store, prefix, window_bytes, timeout) -> None:
+        if self.rank == 0:  # rank 0 decides the size so every rank computes the same tiles
+            store.set(f"{prefix}/window_bytes", str(int(window_bytes)))
+        self.set_bytes = set_bytes_for(int(store.get(f"{prefix}/window_bytes", timeout)))
+        self.ctl_bytes = ctl_bytes()
+        _rt.set_device(self.device)
+        self.self_base = _rt.malloc(self.ctl_bytes + 2 * self.set_bytes)
+        _rt.memset(self.self_base, 0, self.ctl_bytes)
+        _rt.stream_synchronize(0)  # zeroed flags before any peer can look at them
+        me = {"pid": os.getpid(), "device": self.device, "bus": _rt.pci_bus_id(self.device),
+              "base": self.self_base, "handle": _rt.ipc_handle(self.self_base).hex()}
+        store.set(f"{prefix}/cuda/{self.rank}", json.dumps(me))
+        self.peers = [json.loads(store.get(f"{prefix}/cuda/{r}", timeout))
+                      for r in range(self.size)]
+        self.bases = [self._map(r, p) for r, p in enumerate(self.peers)]
+        self.shared_gpu = len({p["bus"] for p in self.peers}) < self.size
+        self._upload_bases()
+        store.set(f"{prefix}/cuda_mapped/{self.rank}", "1")
+        store.wait([f"{prefix}/cuda_mapped/{r}" for r in range(self.size)], timeout)
+
+    def _map(self, r: int, peer: dict) -> int:
+        if r == self.rank:
+            return self.self_base
+        if peer["pid"] == os.getpid():  # a rank in this process: its pointer is valid here
+            if peer["device"] != self.device and not _rt.enable_peer_access(peer["device"]):
+                raise CommError(f"rank {self.rank} (GPU {self.device}) cannot access rank {r}'s "
+                                f"GPU {peer['device']}; expected peer access between GPUs of "
+                                f"one process; run one process per GPU instead")
+            return int(peer["base"])
+        handle = bytes.fromhex(peer["handle"])
+        base = _open_peer(self.device, handle)
+        self._opened.append(handle)
+        return base
+
+    def _upload_bases(self) -> None:
+        ffi, _ = _rt.lib()
+        table = ffi.new("unsigned long long[]", self.bases)
+        self.d_windows = _rt.malloc(8 * self.size)
+        _rt.memcpy(self.d_windows, int(ffi.cast("uintptr_t", table)), 8 * self.size)
+        _rt.stream_synchronize(0)
+
+    def read_words(self, rank: int, offset: int, nwords: int) -> list[int]:
+        """uint64 words of rank's control block (a synchronous device-to-host copy; for
+        error reports only)."""
+        ffi, _ = _rt.lib()
+        out = ffi.new("unsigned long long[]", nwords)
+        _rt.memcpy(int(ffi.cast("uintptr_t", out)), self.bases[rank] + offset, 8 * nwords)
+        _rt.stream_synchronize(0)
+        return [int(v) for v in out]
+
+    def close(self) -> None:
+        """Unmap the peers' windows and free this rank's. Idempotent."""
+        for handle in self._opened:
+            _release_peer(self.device, handle)
+        self._opened = []
+        for attr in ("d_windows", "self_base"):
+            ptr = getattr(self, attr, 0)
+            if ptr:
+                setattr(self, attr, 0)
+                _rt.free(ptr)
+        self.bases = []

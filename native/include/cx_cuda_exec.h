@@ -1,0 +1,65 @@
+/* CUDA executor: internal layout shared by native/cuda/executor.cu and window.cu, and mirrored by
+ * collectx/runtime/cuda/window.py (which only needs CX_CUDA_CTL_BYTES, via cx_cuda_ctl_bytes).
+ *
+ * Window layout (per rank, one cudaMalloc allocation, exported to peers by CUDA IPC):
+ *   [0, CX_CUDA_CTL_BYTES)        control block, struct cx_cuda_ctl below
+ *   [CX_CUDA_CTL_BYTES, +2*set)   two staging sets (double buffer by epoch parity), each holding
+ *                                 the input | output | scratch slots of one tile
+ *
+ * The words mean what they mean in the CPU executor (cx_executor.h): flags are
+ * (epoch << 32 | instruction index + 1), `ready` is the epoch whose tile this rank has staged,
+ * `abort_word` is seq+1 of a call this rank rejected or CX_ABORT_FATAL|rank after a failure.
+ * Each hot word sits on its own 128-byte line (the GPU's cache line and NVLink request size).
+ */
+#ifndef CX_CUDA_EXEC_H
+#define CX_CUDA_EXEC_H
+
+#include <stdint.h>
+
+#include "collectx.h"
+
+#define CX_CUDA_CTL_BYTES 8192
+#define CX_CUDA_MAX_LANES 32
+#define CX_CUDA_MAX_SRCS 64        /* sources of one reduce instruction (CPU executor: 64) */
+#define CX_CUDA_MAX_RANKS 1024
+#define CX_CUDA_DESC_WORDS 8
+#define CX_CUDA_DESC_COMPARED 6    /* seq, collective, dtype, op, count, root */
+#define CX_CUDA_ABORTED_CALL 0xFFFF /* descriptor collective code of a rejected call */
+#define CX_CUDA_ABORT_FATAL (1ull << 63)
+#define CX_CUDA_PLAN_HEADER 16     /* int32 words before the arrays in a packed plan */
+
+struct cx_cuda_ctl {
+  uint64_t ready;
+  uint64_t pad0[15];
+  uint64_t abort_word;
+  uint64_t pad1[15];
+  uint64_t desc[2][CX_CUDA_DESC_WORDS]; /* slot = seq parity */
+  int32_t status[4];                    /* cx_cuda_exec_status of the current call */
+  uint64_t pad2[14];
+  uint64_t lane_flag[CX_CUDA_MAX_LANES][16]; /* [lane][0] used */
+};
+
+/* Header words of a packed plan (cx_cuda_plan_pack). */
+enum {
+  CX_PK_NRANKS = 0, CX_PK_RANK, CX_PK_NCHUNKS, CX_PK_NLANES, CX_PK_NINSTRS, CX_PK_NSRCS,
+  CX_PK_NDEPS, CX_PK_NFIN, CX_PK_UNITS0, CX_PK_UNITS1, CX_PK_UNITS2, CX_PK_OFF_LANE,
+  CX_PK_OFF_INSTRS, CX_PK_OFF_SRCS, CX_PK_OFF_DEPS, CX_PK_OFF_FIN
+};
+
+/* Host-side record of an uploaded plan: the header stays on the host (launch geometry), the
+ * whole packed image lives on the device. */
+struct cx_cuda_plan {
+  int header[CX_CUDA_PLAN_HEADER];
+  int* d_words;
+  long long nwords;
+};
+
+#ifdef __cplusplus
+#include <cstddef>
+static_assert(offsetof(cx_cuda_ctl, abort_word) == 128 && offsetof(cx_cuda_ctl, desc) == 256 &&
+                  offsetof(cx_cuda_ctl, status) == 384 && offsetof(cx_cuda_ctl, lane_flag) == 512 &&
+                  sizeof(cx_cuda_ctl) <= CX_CUDA_CTL_BYTES,
+              "cx_cuda_ctl layout: the kernel and the abort path address these words");
+#endif
+
+#endif

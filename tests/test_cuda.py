@@ -1,0 +1,234 @@
+"""The CUDA runtime, everything that can be checked without a GPU.
+
+* the build: nvcc present -> the library carries the CUDA executor objects;
+* the plan the GPU receives is the CPU executor's FlatPlan encoding, word for word, and
+  malformed plans are refused before any upload;
+* with no driver or device every entry point returns a status (no crash) and the Python layer
+  raises a clear CollectXError subclass, ``collectx.init(device="cuda")`` included;
+* device-buffer parsing (CUDA Array Interface, torch) and its error messages.
+
+GPU behaviour is in test_cuda_gpu.py (marked ``gpu``).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import collectx
+from collectx import _native
+from collectx.errors import ArgumentError, CollectXError, CudaError, CudaUnavailable, DTypeError
+from collectx.planner import make_schedule
+from collectx.runtime.executor import FlatPlan
+from collectx.topology import generators as G
+
+HAVE_NVCC = shutil.which("nvcc") is not None
+
+
+def _cuda_objects() -> bool:
+    try:
+        return _native.build_info()["cuda_objects"]
+    except CollectXError:
+        return False
+
+
+needs_objects = pytest.mark.skipif(not _cuda_objects(),
+                                   reason="libcollectx built without CUDA objects (no nvcc)")
+no_gpu = pytest.mark.skipif(_native.cuda_available(),
+                            reason="a GPU is visible: the no-device paths cannot be exercised")
+
+
+# ---- build ------------------------------------------------------------------------------------
+@pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not on PATH: CUDA objects are not expected")
+def test_build_with_nvcc_has_the_cuda_executor():
+    info = _native.build_info()
+    assert info["cuda_objects"] is True
+    assert "80" in info["cuda_archs"] and "90" in info["cuda_archs"]
+    lib = _native.load()[1]
+    for name in ("cx_cuda_exec_launch", "cx_cuda_plan_upload", "cx_cuda_ipc_open",
+                 "cx_cuda_event_query", "cx_cuda_pointer_base"):
+        assert getattr(lib, name) is not None
+
+
+@needs_objects
+def test_control_block_size_matches_the_header():
+    from collectx.runtime.cuda.window import ctl_bytes, set_bytes_for
+    assert ctl_bytes() == 8192
+    assert set_bytes_for(8 << 20) == 4 << 20 and set_bytes_for(0) == 1 << 16
+
+
+# ---- plan encoding ------------------------------------------------------------------------------
+def _schedules():
+    for coll in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"):
+        for n in (2, 3, 4, 8):
+            yield f"direct-{coll}-{n}", make_schedule(None, coll, n, 1 << 16, root=n - 1)
+    for algo in ("ring", "tree"):
+        yield f"{algo}-ring8", make_schedule(G.ring(8), "allreduce", 8, 1 << 20, algo=algo)
+    yield "auto-switch4", make_schedule(G.switch(4), "allgather", 4, 1 << 22)
+
+
+def _flat_arrays(fp: FlatPlan) -> dict[str, list[int]]:
+    p = fp.native
+    ninstr = p.lane_off[p.nlanes]
+    n_src = max([p.instrs[9 * i + 5] + p.instrs[9 * i + 6] for i in range(ninstr)] or [0])
+    n_dep = max([p.instrs[9 * i + 7] + p.instrs[9 * i + 8] for i in range(ninstr)] or [0])
+    return {"lane_off": [p.lane_off[i] for i in range(p.nlanes + 1)],
+            "instrs": [p.instrs[i] for i in range(9 * ninstr)],
+            "srcs": [p.srcs[i] for i in range(4 * n_src)],
+            "deps": [p.deps[i] for i in range(3 * n_dep)],
+            "fin": [p.fin_deps[i] for i in range(3 * p.nfin)]}
+
+
+@needs_objects
+@pytest.mark.parametrize("name, schedule", list(_schedules()), ids=lambda v: v
+                         if isinstance(v, str) else "")
+def test_gpu_plan_image_is_the_cpu_flatplan_encoding(name, schedule):
+    from collectx.runtime.cuda.engine import pack_plan
+    for rank in range(schedule.nranks):
+        fp = FlatPlan(schedule, rank)
+        words = pack_plan(fp)
+        head = words[:16]
+        assert head[:4] == [schedule.nranks, rank, schedule.nchunks, fp.native.nlanes]
+        assert tuple(head[8:11]) == fp.units and head[7] == fp.native.nfin
+        want = _flat_arrays(fp)
+        offsets = head[11:16] + [len(words)]
+        for i, key in enumerate(("lane_off", "instrs", "srcs", "deps", "fin")):
+            assert words[offsets[i]:offsets[i + 1]] == want[key], (name, rank, key)
+
+
+def _plan_struct(ffi, **override):
+    fields = dict(nranks=2, rank=0, nchunks=2, lane_off=[0, 1],
+                  instrs=[1, 0, 1, 0, 1, 0, 2, 0, 1], srcs=[0, 0, 0, 1, 1, 0, 0, 1],
+                  deps=[1, 0, 0], fin=[1, 0, 0])
+    fields.update(override)
+    keep = [ffi.new("int[]", fields[k]) for k in ("lane_off", "instrs", "srcs", "deps", "fin")]
+    p = ffi.new("cx_exec_plan*")
+    p.nranks, p.rank, p.nchunks = fields["nranks"], fields["rank"], fields["nchunks"]
+    p.nlanes = len(fields["lane_off"]) - 1
+    p.lane_off, p.instrs, p.srcs, p.deps, p.fin_deps = keep
+    p.nfin = len(fields["fin"]) // 3
+    p.units = [1, 1, 0]
+    return p, keep
+
+
+@needs_objects
+@pytest.mark.parametrize("override", [
+    {},                                                     # the valid baseline
+    {"instrs": [1, 5, 1, 0, 1, 0, 2, 0, 1]},                # destination rank out of range
+    {"instrs": [1, 0, 3, 0, 1, 0, 2, 0, 1]},                # buffer code 3
+    {"instrs": [2, 0, 1, 0, 1, 0, 2, 0, 1]},                # op code 2
+    {"instrs": [1, 0, 1, 0, 1, 0, 0, 0, 1]},                # reduce with no source
+    {"deps": [1, 40, 0]},                                   # lane 40 (the kernel has 32)
+    {"srcs": [0, 0, 0, 1, 2, 0, 0, 1]},                     # source rank 2 of 2
+    {"nchunks": 0},
+    {"rank": 2},
+])
+def test_pack_refuses_malformed_plans(override):
+    from collectx.runtime.cuda import _rt
+    ffi, lib = _rt.lib()
+    p, _keep = _plan_struct(ffi, **override)
+    need = ffi.new("long long*")
+    rc = lib.cx_cuda_plan_pack(p, ffi.NULL, 0, need)
+    assert rc == (0 if not override else -3)
+    if not override:
+        assert need[0] == 16 + 2 + 9 + 8 + 3 + 3
+        small = ffi.new("int[]", 4)
+        assert lib.cx_cuda_plan_pack(p, small, 4, need) == -3  # too small a buffer
+
+
+# ---- no driver / no device ------------------------------------------------------------------------
+@needs_objects
+@no_gpu
+def test_entry_points_fail_with_a_status_and_a_message_without_a_device():
+    from collectx.runtime.cuda import _rt
+    ffi, lib = _rt.lib()
+    assert lib.cx_cuda_available() == 0 and _rt.device_count() == 0
+    ptr, ev, st = ffi.new("void**"), ffi.new("void**"), ffi.new("void**")
+    assert lib.cx_cuda_malloc(ptr, 1024) < 0 and ptr[0] == ffi.NULL
+    assert "cudaMalloc" in _rt.last_error()
+    assert lib.cx_cuda_stream_create(st) < 0
+    assert lib.cx_cuda_event_create(ev, 1) < 0
+    assert lib.cx_cuda_ipc_open(bytes(64), ptr) < 0
+    assert lib.cx_cuda_set_device(0) < 0
+    assert lib.cx_cuda_host_alloc(ptr, 64) < 0
+    base, size, dev = ffi.new("void**"), ffi.new("size_t*"), ffi.new("int*")
+    host = np.zeros(4)
+    assert lib.cx_cuda_pointer_base(ffi.cast("void*", host.ctypes.data), base, size, dev) < 0
+    assert lib.cx_cuda_memcpy(ffi.NULL, ffi.NULL, 0, ffi.NULL) == 0    # nothing to copy
+    with pytest.raises(CudaError, match="cudaStreamCreate"):
+        _rt.stream_create()
+    with pytest.raises(CudaError):
+        _rt.Event()
+
+
+@needs_objects
+def test_launch_and_helpers_check_their_arguments():
+    from collectx.runtime.cuda import _rt
+    ffi, lib = _rt.lib()
+    args = ffi.new("cx_cuda_exec_args*")
+    assert lib.cx_cuda_exec_launch(ffi.NULL, ffi.NULL) == -3
+    assert lib.cx_cuda_exec_launch(args, ffi.NULL) == -3        # no plan, no windows
+    assert lib.cx_cuda_exec_abort(ffi.NULL, 0, 1, ffi.NULL) == -3
+    n = ffi.new("long long*")
+    assert lib.cx_cuda_exec_ntiles(10, 4, n) == 0 and n[0] == 3
+    assert lib.cx_cuda_exec_ntiles(0, 4, n) == 0 and n[0] == 1
+    assert lib.cx_cuda_exec_ntiles(10, 0, n) == -3
+    with pytest.raises(ArgumentError, match="64"):
+        _rt.ipc_open(b"short")
+
+
+@no_gpu
+def test_init_device_cuda_raises_a_clear_collectx_error():
+    with pytest.raises(CudaUnavailable) as info:
+        collectx.init(device="cuda")
+    assert isinstance(info.value, CollectXError)
+    assert "GPU" in str(info.value) or "CUDA objects" in str(info.value)
+    with pytest.raises(ArgumentError, match="cuda:N"):
+        collectx.init(device="tpu")
+
+
+@no_gpu
+def test_cuda_communicator_needs_a_gpu():
+    from collectx.runtime.cuda import CudaCommunicator
+    from collectx.runtime.store import HashStore
+    with pytest.raises(CudaUnavailable):
+        CudaCommunicator(0, 1, HashStore())
+
+
+# ---- device buffers -------------------------------------------------------------------------------
+class _CAI:
+    def __init__(self, **kw):
+        self.__cuda_array_interface__ = {"shape": (6,), "typestr": "<f4", "data": (4096, False),
+                                         "version": 3, "strides": None} | kw
+
+
+def test_cuda_array_interface_is_read_zero_copy():
+    from collectx.runtime.cuda.arrays import as_device_buffer
+    b = as_device_buffer(_CAI(shape=(2, 3), typestr="<i8", strides=(24, 8)), "x")
+    assert (b.ptr, b.count, b.code, b.itemsize, b.stream, b.nbytes) == (4096, 6, 3, 8, 0, 48)
+    assert as_device_buffer(_CAI(stream=1), "x").stream == 1   # the legacy default stream
+
+
+@pytest.mark.parametrize("kw, err, text", [
+    ({"typestr": "<c8"}, DTypeError, "complex64"),
+    ({"typestr": "|b1"}, DTypeError, "bool"),
+    ({"shape": (2, 3), "strides": (4, 8)}, ArgumentError, "C-contiguous"),
+    ({"data": (4096, True)}, ArgumentError, "read-only"),
+])
+def test_bad_device_buffers_are_refused_with_the_reason(kw, err, text):
+    from collectx.runtime.cuda.arrays import as_device_buffer
+    with pytest.raises(err, match=text):
+        as_device_buffer(_CAI(**kw), "out", writable=True)
+
+
+def test_host_arrays_are_refused_by_the_cuda_path():
+    from collectx.runtime.cuda.arrays import as_device_buffer, empty_like
+    with pytest.raises(ArgumentError, match="host arrays go to the CPU communicator"):
+        as_device_buffer(np.zeros(3), "x")
+    with pytest.raises(ArgumentError, match="pass out="):
+        empty_like(_CAI(), 3)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ArgumentError, match="CUDA tensors"):
+        as_device_buffer(torch.zeros(3), "x")
