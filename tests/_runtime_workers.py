@@ -107,3 +107,24 @@ def async_and_torch(n: int) -> list[str]:
     comm.barrier()
     comm.close()
     return bad
+
+
+def ring_sendrecv(n: int) -> list[str]:
+    """Each rank sends to the next and receives from the previous, even ranks first."""
+    comm = collectx.init(timeout=60)
+    r, s = comm.rank, comm.size
+    bad = []
+    for k in range(3):   # repeated exchanges reuse the slot halves and counters
+        x = np.arange(n, dtype=np.float64) * (r + 1) + k
+        y = np.empty(n, np.float64)
+        if r % 2 == 0:
+            comm.send(x, (r + 1) % s)
+            comm.recv(y, (r - 1) % s)
+        else:
+            comm.recv(y, (r - 1) % s)
+            comm.send(x, (r + 1) % s)
+        want = np.arange(n, dtype=np.float64) * ((r - 1) % s + 1) + k
+        if not np.array_equal(y, want):
+            bad.append(f"rank {r} round {k}: got {y[:4]} want {want[:4]}")
+    comm.close()
+    return bad

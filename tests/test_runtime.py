@@ -108,3 +108,14 @@ def test_no_segments_left_after_single_rank_use():
         comm.allreduce(np.ones(10, np.float32))
     after = {f for f in os.listdir("/dev/shm") if f.startswith("collectx-")}
     assert after <= before
+
+
+def test_send_recv_ring_large_and_small():
+    assert collectx.launch(W.ring_sendrecv, 2, args=(300_001,), timeout=240) == [[], []]
+    assert collectx.launch(W.ring_sendrecv, 4, args=(5,), timeout=240) == [[]] * 4
+
+
+def test_send_to_self_is_an_argument_error():
+    with collectx.init() as comm:
+        with pytest.raises(ArgumentError, match="another rank"):
+            comm.send(np.ones(2), 0)

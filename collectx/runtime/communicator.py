@@ -114,6 +114,30 @@ class Communicator:
             return ("reduce", src, dst, src.size, dt, self._op(op), root, res)
         return self._submit(prepare, async_op)
 
+    def send(self, x, dst: int) -> None:
+        """Send ``x`` to rank ``dst`` (returns once ``x`` may be reused)."""
+        arr, _ = as_array(x, "x")
+        self._peer(dst, "dst")
+        self._drain()
+        self._engine.p2p(True, dst, arr)
+
+    def recv(self, x, src: int):
+        """Receive into ``x`` from rank ``src`` (sizes must match the send); returns ``x``."""
+        arr, _ = as_array(x, "x", writable=True)
+        self._peer(src, "src")
+        self._drain()
+        self._engine.p2p(False, src, arr)
+        return x
+
+    def _peer(self, peer: int, what: str) -> None:
+        if not (isinstance(peer, int) and 0 <= peer < self.size and peer != self.rank):
+            raise ArgumentError(f"{what}={peer!r}: expected another rank in 0..{self.size - 1} "
+                                f"(not this rank, {self.rank})")
+
+    def _drain(self) -> None:
+        if self._worker is not None and self._worker.busy:
+            self._worker.drain()
+
     def barrier(self, async_op: bool = False):
         """Return once every rank has entered the barrier."""
         return self._submit(lambda: ("barrier", None, None, 0, 1, 0, 0, None), async_op)
@@ -135,8 +159,7 @@ class Communicator:
             if self._worker is None:
                 self._worker = Worker(f"collectx-comm-rank{self.rank}")
             return self._worker.submit(go)
-        if self._worker is not None and self._worker.busy:
-            self._worker.drain()
+        self._drain()
         return go()
 
     def _input(self, x):

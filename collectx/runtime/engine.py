@@ -103,6 +103,23 @@ class Engine:
             if res.status:
                 raise self._failure(coll, seq, res.status, res.rank, res.lane, res.index)
 
+    def p2p(self, send: bool, peer: int, arr) -> None:
+        """Send ``arr`` to ``peer`` or receive into it (blocking; see executor_p2p.cpp)."""
+        with self._lock:
+            self._check_usable()
+            fn = self._lib.cx_exec_send if send else self._lib.cx_exec_recv
+            deadline = self._lib.cx_exec_now_ns() + int(self.timeout * 1e9)
+            fn(self.win.native, peer, self._ffi.cast("void*", _addr(arr)), arr.nbytes, deadline,
+               self._res)
+            res = self._res
+            if res.status == _EXEC["MISMATCH"]:
+                raise CollectiveMismatch(f"rank {self.rank}: recv of {arr.nbytes} bytes from rank "
+                                         f"{peer}, which sent {res.epochs_used} bytes; expected "
+                                         f"matching sizes on both sides")
+            if res.status:
+                raise self._failure("send" if send else "recv", -1, res.status, res.rank,
+                                    -1, -1)
+
     def abort_call(self, reason: str) -> None:
         """This rank rejects its part of the next call: peers raise PeerAborted, not hang.
 

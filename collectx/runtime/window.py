@@ -6,6 +6,7 @@ Layout of a rank's segment (the byte offsets are the ``cx_ctl`` struct of cx_exe
                               one epoch-stamped flag per lane (each hot word on its own line)
     [4096, 4096 + set)        staging set 0: input | output | scratch slots of one tile
     [4096 + set, 4096 + 2set) staging set 1 (tiles alternate sets: double buffering)
+    [4096 + 2set, end)        point-to-point area: per-peer counters, then a slot per peer
 
 One segment per rank (not one shared one) so each rank creates, sizes and first-touches its own
 memory, and a rank's window is named after its creator's pid. Segments are created in /dev/shm
@@ -38,6 +39,7 @@ ABORTED_CALL = 0xFFFF                # descriptor collective code of a call abor
 # word indices (uint64) into the control block, matching cx_ctl
 W_MAGIC, W_PID, W_READY, W_ABORT, W_DESC, W_FLAGS = 0, 1, 8, 16, 32, 128
 DESC_WORDS = 8
+P2P_SLOT_BYTES = 1 << 20             # per peer; send/recv move pieces of half of it
 _NAME = re.compile(rf"^{PREFIX}(\d+)-[0-9a-f]+$")
 
 
@@ -130,7 +132,9 @@ class Window:
             store.set(f"{prefix}/window_bytes", str(int(window_bytes)))
         agreed = int(store.get(f"{prefix}/window_bytes", timeout))
         self.set_bytes = max(1 << 16, (agreed // 2) & ~4095)
-        total = CTL_BYTES + 2 * self.set_bytes
+        self.p2p_offset = CTL_BYTES + 2 * self.set_bytes
+        p2p_header = (self.size * 128 + 4095) // 4096 * 4096
+        total = self.p2p_offset + p2p_header + self.size * P2P_SLOT_BYTES
         self._name, self._maps[self.rank] = _create_segment(total)
         self._init_ctl(self._maps[self.rank])
         store.set(f"{prefix}/seg/{self.rank}", self._name)
@@ -170,6 +174,9 @@ class Window:
         self.native.ctl, self.native.data = self._ctl_ptrs, self._data_ptrs
         self.native.set_bytes = self.set_bytes
         self.native.spin = 2000 if self.size <= (os.cpu_count() or 1) else 50
+        self._p2p_ptrs = ffi.new("char*[]", [ffi.cast("char*", b) + self.p2p_offset
+                                             for b in self._bufs])
+        self.native.p2p, self.native.p2p_slot_bytes = self._p2p_ptrs, P2P_SLOT_BYTES
 
     def close(self) -> None:
         """Unmap every segment (and unlink ours if setup never got that far). Idempotent."""

@@ -266,7 +266,7 @@ typedef struct {
   unsigned long long seq;
   unsigned long long epoch;     /* epoch of the first tile; tile t uses epoch + t */
   long long timeout_ns;   /* per tile, measured on the GPU's global timer */
-  int threads;            /* threads per block (one block per lane); 0: 512 */
+  int threads;            /* threads per block (one block per lane), at most 512; 0: 512 */
   cx_cuda_exec_status* status_host; /* pinned host record, or NULL */
 } cx_cuda_exec_args;
 

@@ -45,6 +45,45 @@ struct cx_ctl {
     uint64_t lane_flag[CX_EXEC_MAX_LANES][8]; /* [lane][0] used; one cache line per lane */
 };
 
+
+#ifdef __cplusplus
+}  // extern "C"
+
+// Shared by the executor's translation units (executor.cpp, executor_p2p.cpp).
+namespace cx_exec {
+
+inline uint64_t load_acq(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline void store_rel(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+int64_t now_ns();
+bool pid_alive(int64_t pid);
+
+// Backoff plus the periodic health check (peers alive, abort words, deadline) of one wait site.
+// Use as: while (!condition) if (int rc = w.wait()) return rc;
+struct Waiter {
+    const cx_exec_window* win;
+    uint64_t seq;             // call sequence number: an abort word of seq + 1 aborts this call
+    int64_t deadline;
+    cx_exec_result* res;
+    int polls = 0;
+    int64_t next_check = 0, next_proc = 0;
+    int pending = 0;          // failure seen by the last health check, not yet reported
+    int pending_rank = -1;
+
+    Waiter(const cx_exec_window* w, uint64_t s, int64_t d, cx_exec_result* r)
+        : win(w), seq(s), deadline(d), res(r) {}
+    void reset() { polls = 0; pending = 0; }
+    int wait();
+    int fail(int status, int rank);
+
+private:
+    int health(int64_t t, bool check_proc);
+};
+
+}  // namespace cx_exec
+
+extern "C" {
+#endif
 #ifdef __cplusplus
 }
 #endif

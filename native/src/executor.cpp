@@ -40,45 +40,14 @@ static_assert(offsetof(cx_ctl, ready) == 64 && offsetof(cx_ctl, abort_word) == 1
                   sizeof(cx_ctl) <= CX_CTL_BYTES,
               "window.py addresses the control block by these byte offsets");
 
+using namespace cx_exec;
+
 namespace {
 
-constexpr uint64_t kAbortFatal = 1ull << 63;
 constexpr uint64_t kAbortedCall = 0xFFFF;  // descriptor "collective" code of an aborted call
 constexpr int kMaxRanks = 256;
 constexpr int kDescCompared = 6;           // seq, collective, dtype, op, count, root
 
-inline uint64_t load_acq(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-inline void store_rel(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-}
-
-int64_t now_ns() {
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t(ts.tv_sec) * 1000000000ll + ts.tv_nsec;
-}
-
-// kill(pid, 0) succeeds on zombies, and a SIGKILLed rank stays a zombie until its parent reaps
-// it, so a live-looking pid is also checked for state 'Z' in /proc.
-bool pid_alive(int64_t pid) {
-    if (pid <= 0) return true;
-    if (kill(pid_t(pid), 0) != 0 && errno == ESRCH) return false;
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
-    FILE* f = fopen(path, "r");
-    if (!f) return true;  // no procfs: trust kill()
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char* rp = strrchr(buf, ')');
-    return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
-}
 
 struct Ctx {
     const cx_exec_plan* plan;
@@ -90,76 +59,6 @@ struct Ctx {
     int64_t tile_off, tile_len;
     char* ptr[3 * kMaxRanks];
     int64_t stride[3 * kMaxRanks];
-};
-
-// Backoff plus the periodic health check; one Waiter per wait site.
-struct Waiter {
-    Ctx& c;
-    int polls = 0;
-    int64_t next_check = 0, next_proc = 0;
-    explicit Waiter(Ctx& ctx) : c(ctx) {}
-
-    int pending = CX_EXEC_OK;  // failure seen by the last health check, not yet reported
-    int pending_rank = -1;
-
-    void reset() { polls = 0; pending = CX_EXEC_OK; }
-
-    // Returns CX_EXEC_OK to keep waiting, or a failure status (res filled in).
-    // A failure is reported only if the caller, having re-checked its condition once more,
-    // still cannot proceed: a peer may publish its last flag and exit (or die) right after our
-    // check, and what it published before dying is still good.
-    int wait() {
-        if (pending != CX_EXEC_OK) return fail(pending, pending_rank);
-        ++polls;
-        if (polls < c.win->spin) {
-            cpu_relax();
-            return CX_EXEC_OK;
-        }
-        if (polls < c.win->spin + 2000) {
-            sched_yield();
-        } else {
-            timespec ts{0, 50000};
-            nanosleep(&ts, nullptr);
-        }
-        if ((polls & 15) != 0 && polls > c.win->spin + 64) return CX_EXEC_OK;
-        int64_t t = now_ns();
-        if (t < next_check) return CX_EXEC_OK;
-        next_check = t + 1000000;
-        bool proc = t >= next_proc;
-        if (proc) next_proc = t + 10000000;
-        pending = health(t, proc);
-        return CX_EXEC_OK;
-    }
-
-    // Liveness first: when a peer dies, every survivor should name the dead rank, not the
-    // first survivor that noticed it and raised its abort word.
-    int health(int64_t t, bool check_proc) {
-        const cx_exec_window* w = c.win;
-        for (int r = 0; r < w->nranks; ++r) {
-            if (r == w->rank) continue;
-            int64_t pid = int64_t(load_acq(&w->ctl[r]->pid));
-            bool alive = check_proc ? pid_alive(pid) : !(kill(pid_t(pid), 0) != 0 && errno == ESRCH);
-            if (!alive) return suspect(CX_EXEC_PEER_DEAD, r);
-        }
-        for (int r = 0; r < w->nranks; ++r) {
-            if (r == w->rank) continue;
-            uint64_t a = load_acq(&w->ctl[r]->abort_word);
-            if ((a & kAbortFatal) || a == c.call->seq + 1) return suspect(CX_EXEC_ABORTED, r);
-        }
-        if (t > c.call->deadline_ns) return suspect(CX_EXEC_TIMEOUT, -1);
-        return CX_EXEC_OK;
-    }
-
-    int suspect(int status, int rank) {
-        pending_rank = rank;
-        return status;
-    }
-
-    int fail(int status, int rank) {
-        c.res->status = status;
-        c.res->rank = rank;
-        return status;
-    }
 };
 
 // Point every (rank, buffer) at this tile: staging slots of set epoch%2, or the user's own
@@ -225,6 +124,12 @@ int run_instr(Ctx& c, const int32_t* in) {
     return CX_EXEC_OK;
 }
 
+int fail(Ctx& c, int status, int rank) {
+    c.res->status = status;
+    c.res->rank = rank;
+    return status;
+}
+
 inline bool dep_met(const Ctx& c, const int32_t* d) {
     uint64_t want = (c.epoch << 32) | uint64_t(d[2] + 1);
     return load_acq(&c.win->ctl[d[0]]->lane_flag[d[1]][0]) >= want;
@@ -235,7 +140,7 @@ int run_lanes(Ctx& c) {
     int pc[CX_EXEC_MAX_LANES];
     for (int l = 0; l < p->nlanes; ++l) pc[l] = p->lane_off[l];
     cx_ctl* mine = c.win->ctl[p->rank];
-    Waiter w(c);
+    Waiter w(c.win, c.call->seq, c.call->deadline_ns, c.res);
     for (;;) {
         bool progressed = false, left = false;
         for (int l = 0; l < p->nlanes; ++l) {
@@ -264,7 +169,7 @@ int run_lanes(Ctx& c) {
 }
 
 int wait_deps(Ctx& c, const int32_t* deps, int n) {
-    Waiter w(c);
+    Waiter w(c.win, c.call->seq, c.call->deadline_ns, c.res);
     for (int d = 0; d < n; ++d)
         while (!dep_met(c, deps + 3 * d))
             if (int rc = w.wait()) return rc;
@@ -277,17 +182,17 @@ int check_descriptors(Ctx& c) {
     const uint64_t* mine = w->ctl[w->rank]->desc[slot];
     for (int r = 0; r < w->nranks; ++r)
         if (load_acq(&w->ctl[r]->desc[slot][1]) == kAbortedCall && r != w->rank)
-            return Waiter(c).fail(CX_EXEC_ABORTED, r);
+            return fail(c, CX_EXEC_ABORTED, r);
     for (int r = 0; r < w->nranks; ++r)
         if (memcmp(mine, w->ctl[r]->desc[slot], kDescCompared * sizeof(uint64_t)) != 0)
-            return Waiter(c).fail(CX_EXEC_MISMATCH, r);
+            return fail(c, CX_EXEC_MISMATCH, r);
     return CX_EXEC_OK;
 }
 
 int barrier(Ctx& c) {
     const cx_exec_window* w = c.win;
     store_rel(&w->ctl[w->rank]->ready, c.epoch);
-    Waiter wt(c);
+    Waiter wt(c.win, c.call->seq, c.call->deadline_ns, c.res);
     for (int i = 1; i < w->nranks; ++i) {
         int r = (w->rank + i) % w->nranks;
         while (load_acq(&w->ctl[r]->ready) < c.epoch)
@@ -347,10 +252,6 @@ int to_cx_status(int exec_status) {
 }
 
 }  // namespace
-
-extern "C" long long cx_exec_now_ns(void) { return now_ns(); }
-
-extern "C" int cx_exec_pid_alive(long long pid) { return pid_alive(pid) ? 1 : 0; }
 
 extern "C" int cx_exec_run(const cx_exec_plan* plan, const cx_exec_window* win,
                            const cx_exec_call* call, cx_exec_result* res) {
