@@ -92,3 +92,9 @@ def test_registry_has_direct_for_every_collective():
     from collectx.schedule.ir import COLLECTIVES
     assert "direct" in ALGORITHMS
     assert all("direct" in candidates(c) for c in COLLECTIVES)
+
+
+def test_sendrecv_bound_is_the_max_flow_between_the_pair():
+    p = plan(T.load("dgx1v"), "sendrecv", 1 << 20, gpus=[0, 3], algo="direct")
+    assert p.bound.bound_busbw == pytest.approx(50.0 + 15.75)  # NVLink pair plus PCIe
+    assert p.schedule.root == 0

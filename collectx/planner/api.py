@@ -206,10 +206,19 @@ def _verify(schedule: Schedule) -> bool:
 
 def _bound(view: nx.DiGraph, collective: str, ranks: tuple[str, ...], root: int):
     try:
-        from .bounds import bounds
+        from .bounds import KINDS, Bounds, bounds
     except ImportError:  # the cut-bound module is optional; plans stay valid without it
         return None
-    return bounds(view, collective, gpus=list(ranks), root=root)
+    if collective in KINDS:
+        return bounds(view, collective, gpus=list(ranks), root=root)
+    if collective == "sendrecv" and len(ranks) > 1:
+        # One sender, one receiver: the best possible is the max flow between them.
+        peer = ranks[(root + 1) % len(ranks)]
+        flow = nx.maximum_flow_value(view, ranks[root], peer, capacity="bw_gbps")
+        return Bounds(kind="maxflow", bound_busbw=flow, ceiling_busbw=None, cut_busbw=flow,
+                      tree_busbw=None, notes=f"max flow {ranks[root]} -> {peer}",
+                      gpus=tuple(ranks))
+    return None
 
 
 def _efficiency(predicted, bound) -> float | None:
