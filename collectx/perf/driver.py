@@ -36,7 +36,7 @@ def _collectx_rank(spec: dict) -> list[dict]:
     import collectx
     if spec.get("device") == "cuda":
         _bind_gpu()
-    comm = collectx.init()
+    comm = collectx.init(device=spec.get("device", "cpu"))
     try:
         return run_sweep(comm, spec, progress=stderr_progress if spec.get("progress") else None)
     finally:
@@ -163,7 +163,7 @@ def run_as_rank(opts: Options, out=None) -> int:
     out = out or sys.stdout
     if opts.device == "cuda":
         _bind_gpu()
-    comm = collectx.init()
+    comm = collectx.init(device=opts.device)
     try:
         progress = stderr_progress if opts.progress and comm.rank == 0 else None
         rows = run_sweep(comm, opts.spec(), progress=progress)
