@@ -5,7 +5,8 @@
 For each message size (1 KiB .. --max-bytes, x4 steps) every rank times ``dist.all_reduce`` on
 the default collectx group and on a gloo group (``new_group(backend="gloo")``), alternating so both
 see the same machine load; then both time DDP training steps of an MLP. Prints one JSON line per
-measurement, then a side-by-side table with collectx/gloo ratios. busbw follows nccl-tests:
+measurement, then a side-by-side table with collectx/gloo ratios (and the Communicator called
+directly, to show what torch.distributed adds). busbw follows nccl-tests:
 ``2 (n-1)/n * bytes / time``.
 """
 
@@ -49,6 +50,20 @@ def _time_allreduce(x, group, budget_s: float) -> float:
     return (time.perf_counter() - start) / int(count)
 
 
+def _time_direct(comm, x, budget_s: float) -> float:
+    """Like :func:`_time_allreduce`, calling the Communicator under the group directly."""
+    comm.allreduce(x)
+    start = time.perf_counter()
+    comm.allreduce(x)
+    once = time.perf_counter() - start
+    count = torch.tensor([max(3, min(200, int(budget_s / max(once, 1e-6))))])
+    comm.allreduce(count, op="max")
+    start = time.perf_counter()
+    for _ in range(int(count)):
+        comm.allreduce(x)
+    return (time.perf_counter() - start) / int(count)
+
+
 def _ddp_step_ms(group, steps: int, width: int) -> float:
     from torch.nn.parallel import DistributedDataParallel
     torch.manual_seed(0)
@@ -76,8 +91,9 @@ def _bench(rank, world, sizes, budget_s, ddp_steps, width):
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
         row = {"bytes": nbytes}
-        for name, group in groups.items():
-            seconds = _time_allreduce(x, group, budget_s)
+        timings = {name: _time_allreduce(x, group, budget_s) for name, group in groups.items()}
+        timings["direct"] = _time_direct(dist.group.WORLD.communicator(), x, budget_s)
+        for name, seconds in timings.items():
             row[name] = {"us": seconds * 1e6, "busbw_gbps": factor * nbytes / seconds / 1e9}
         rows.append(row)
     ddp = {name: _ddp_step_ms(group, ddp_steps, width) for name, group in groups.items()}
@@ -88,12 +104,14 @@ def _print_table(result, world) -> None:
     print(f"\nall_reduce float32 through torch.distributed, {world} ranks "
           f"(busbw GB/s, time us)")
     print(f"{'size':>9} {'collectx us':>12} {'gloo us':>10} {'collectx bw':>12} "
-          f"{'gloo bw':>9} {'ratio':>7}")
+          f"{'gloo bw':>9} {'ratio':>7} {'direct bw':>10}")
     for row in result["allreduce"]:
-        cx, gl = row["collectx"], row["gloo"]
+        cx, gl, direct = row["collectx"], row["gloo"], row["direct"]
         print(f"{_human(row['bytes']):>9} {cx['us']:12.1f} {gl['us']:10.1f} "
               f"{cx['busbw_gbps']:12.3f} {gl['busbw_gbps']:9.3f} "
-              f"{cx['busbw_gbps'] / gl['busbw_gbps']:6.1f}x")
+              f"{cx['busbw_gbps'] / gl['busbw_gbps']:6.1f}x {direct['busbw_gbps']:10.3f}")
+    print("(direct: the same Communicator called without torch.distributed, for the "
+          "backend's own overhead)")
     ddp = result["ddp_step_ms"]
     print(f"\nDDP step (median ms): collectx {ddp['collectx']:.2f}  gloo {ddp['gloo']:.2f}  "
           f"speed-up {ddp['gloo'] / ddp['collectx']:.2f}x")
@@ -123,7 +141,7 @@ def main(argv=None) -> None:
     result = run_ranks(_bench, args.nranks, sizes, args.budget, args.ddp_steps, args.width,
                        timeout_s=3600, env={"OMP_NUM_THREADS": "1"})[0]
     for row in result["allreduce"]:
-        for backend in ("collectx", "gloo"):
+        for backend in ("collectx", "gloo", "direct"):
             print(json.dumps({"coll": "allreduce", "backend": backend, "nranks": args.nranks,
                               "bytes": row["bytes"], "time_us": row[backend]["us"],
                               "busbw_gbps": row[backend]["busbw_gbps"]}))

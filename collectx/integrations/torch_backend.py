@@ -146,6 +146,10 @@ class CollectxProcessGroup(Collectives, dist.ProcessGroup):
     def group_size(self) -> int:
         return dist.ProcessGroup.size(self)
 
+    def communicator(self, device: str = "cpu"):
+        """The collectx Communicator behind this group for ``device`` (to call it directly)."""
+        return self._comm(device)
+
     def _comm(self, device: str):
         if device not in self._comms:
             # Created on first use: the store prefix keeps its keys apart from the cpu one's.

@@ -52,6 +52,8 @@ def premultiply(tensor: torch.Tensor, factor) -> None:
 
 def device_type(tensors: Sequence[torch.Tensor]) -> str:
     """The one device type all ``tensors`` live on ("cpu" or "cuda")."""
+    if all(t.is_cpu for t in tensors):       # the common case, without building device objects
+        return "cpu"
     kinds = {t.device.type for t in tensors}
     if len(kinds) != 1 or not kinds <= {"cpu", "cuda"}:
         raise ArgumentError(f"tensors on devices {sorted(kinds)}; expected all on cpu or all on "

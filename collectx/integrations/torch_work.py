@@ -37,17 +37,21 @@ class CollectxWork(_WorkBase):
     :mod:`collectx.errors`), so torch code that catches ``RuntimeError`` keeps working.
     """
 
-    def __init__(self, outputs: Sequence[torch.Tensor]):
+    def __init__(self, outputs: Sequence[torch.Tensor], queued: bool = True):
         super().__init__()
         self._outputs = list(outputs)
         self._future: Future = Future()
-        self._done = threading.Event()
+        # Only queued work needs an event: inline work is finished before anyone can wait.
+        self._done = threading.Event() if queued else None
+        self._finished = False
         self._error: BaseException | None = None
 
     # -- completion, called by the runner ---------------------------------------------------
     def _finish(self, error: BaseException | None = None) -> None:
         self._error = error
-        self._done.set()
+        self._finished = True
+        if self._done is not None:
+            self._done.set()
         # Future callbacks (DDP comm hooks) run here, on the runner thread, after the data landed.
         if error is None:
             self._future.set_result(self._outputs)
@@ -57,7 +61,7 @@ class CollectxWork(_WorkBase):
     # -- the torch.distributed.Work interface -------------------------------------------------
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         seconds = _seconds(timeout)
-        if not self._done.wait(seconds):
+        if not self._finished and not self._done.wait(seconds):
             raise Timeout(f"collectx work did not complete within {seconds:.1f} s passed to "
                           f"wait(); expected it to finish in time. Raise the timeout, or check "
                           f"that every rank called the same collectives in the same order")
@@ -66,10 +70,10 @@ class CollectxWork(_WorkBase):
         return True
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._finished
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
+        return self._finished and self._error is None
 
     def exception(self):
         return self._error
@@ -112,10 +116,10 @@ class SerialRunner:
     def submit(self, run: Callable[[], None], outputs: Sequence[torch.Tensor],
                async_op: bool) -> CollectxWork:
         """Queue ``run`` (or run it now when blocking and idle); return its Work."""
-        work = CollectxWork(outputs)
         with self._lock:
             self._check_usable()
             inline = not async_op and self._pending == 0
+            work = CollectxWork(outputs, queued=not inline)
             if not inline:
                 self._pending += 1
                 self._start_thread()
