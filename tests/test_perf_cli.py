@@ -183,3 +183,9 @@ def test_a_collective_the_communicator_lacks_is_reported_not_fatal():
 def test_a_root_outside_the_ranks_is_refused_before_starting_them(capsys):
     assert driver.main(["-n", "2", "-r", "2"]) == 2
     assert "-r 2: expected a root rank in [0, 2)" in capsys.readouterr().err
+
+
+def test_an_unknown_algorithm_is_refused_before_starting_ranks(capsys):
+    assert driver.main(["--algo", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "--algo 'nosuch': expected one of" in err and "ring" in err

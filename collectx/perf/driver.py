@@ -34,6 +34,7 @@ def launched_externally(env=None) -> bool:
 def _collectx_rank(spec: dict) -> list[dict]:
     # Runs in every rank process that collectx.launch starts; must stay a module-level function.
     import collectx
+    _apply_algo(spec.get("algo"))
     if spec.get("device") == "cuda":
         _bind_gpu()
     comm = collectx.init(device=spec.get("device", "cpu"))
@@ -41,6 +42,23 @@ def _collectx_rank(spec: dict) -> list[dict]:
         return run_sweep(comm, spec, progress=stderr_progress if spec.get("progress") else None)
     finally:
         comm.close()
+
+
+def _check_algo(algo: str | None) -> None:
+    if algo is None:
+        return
+    from ..planner import ALGORITHMS
+    if algo not in ALGORITHMS:
+        raise ArgumentError(f"--algo {algo!r}: expected one of {', '.join(sorted(ALGORITHMS))}")
+
+
+def _apply_algo(algo: str | None) -> None:
+    # --algo reaches the runtime the way every knob does: through its COLLECTX_* variable, set
+    # in this rank process before collectx.init() reads the configuration.
+    if algo:
+        os.environ["COLLECTX_ALGO"] = algo
+        from ..config import get_config
+        get_config.cache_clear()
 
 
 def _bind_gpu() -> None:
@@ -124,6 +142,7 @@ def run_measured(opts: Options, out=None, launch=None) -> int:
     if launch is None:
         import collectx
         launch = collectx.launch
+    _check_algo(opts.algo)
     if opts.root >= opts.nprocs:  # caught here, before any rank starts
         raise ArgumentError(f"-r {opts.root}: expected a root rank in [0, {opts.nprocs}) "
                             f"for -n {opts.nprocs}")
@@ -161,6 +180,7 @@ def run_as_rank(opts: Options, out=None) -> int:
     """Under an external launcher: this process is one rank; rank 0 reports."""
     import collectx
     out = out or sys.stdout
+    _apply_algo(opts.algo)
     if opts.device == "cuda":
         _bind_gpu()
     comm = collectx.init(device=opts.device)

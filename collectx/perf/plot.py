@@ -37,7 +37,8 @@ def _simulated_lines(result: dict, collective: str):
     yield "collectx (predicted)", _series(
         rows, collective, lambda r: r["predicted"] and r["predicted"]["busbw"]), "-"
     yield "ring baseline (predicted)", _series(rows, collective, lambda r: r["ring_busbw"]), "-"
-    yield "cut bound", _series(rows, collective, lambda r: r["bound_busbw"]), "--"
+    label = "reference bound" if collective == "allreduce" else "cut bound"
+    yield label, _series(rows, collective, lambda r: r["bound_busbw"]), "--"
 
 
 def plot_result(result: dict, path: str) -> None:
