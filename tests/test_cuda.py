@@ -232,3 +232,14 @@ def test_host_arrays_are_refused_by_the_cuda_path():
     torch = pytest.importorskip("torch")
     with pytest.raises(ArgumentError, match="CUDA tensors"):
         as_device_buffer(torch.zeros(3), "x")
+
+
+# ---- the GPU check script ---------------------------------------------------------------------------
+def test_gpu_check_script_parses_and_is_shellcheck_clean():
+    import subprocess
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "perf" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    if shutil.which("shellcheck"):
+        res = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout

@@ -51,7 +51,13 @@ class CudaCommunicator:
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, x, out=None, op: str = "sum", async_op: bool = False):
-        """Reduce ``x`` over all ranks; result in ``out`` (default: in place in ``x``)."""
+        """Reduce ``x`` over all ranks; result in ``out`` (default: in place in ``x``).
+
+        Host arrays (numpy, CPU tensors) are staged through the GPU and the call blocks until
+        the result is back: a convenience for small control values, not a fast path."""
+        if _on_host(x):
+            return self._host_allreduce(x, x if out is None else out, op)
+
         def prepare():
             src = self._input(x)
             res = x if out is None else out
@@ -115,6 +121,27 @@ class CudaCommunicator:
         self._engine.poll(block=True)
 
     # -- plumbing -------------------------------------------------------------------------------
+    def _host_allreduce(self, x, out, op: str):
+        from ..arrays import as_array
+        src, code = as_array(x, "x")
+        dst, out_code = as_array(out, "out", writable=True)
+        if out_code != code or dst.size != src.size:
+            raise ArgumentError(f"out is {dst.size} x code {out_code}, x is {src.size} x code "
+                                f"{code}; expected the same length and dtype")
+        nbytes, s = src.nbytes, self._stream
+        dev = _rt.malloc(max(nbytes, 16))
+        try:
+            _rt.memcpy(dev, src.__array_interface__["data"][0], nbytes, s)
+            buf = DeviceBuffer(dev, src.size, code, src.itemsize, s, self.device, "host")
+            self._engine.run("allreduce", buf, buf, src.size, code, src.itemsize, self._op(op), 0,
+                             True, s)
+            _rt.memcpy(dst.__array_interface__["data"][0], dev, nbytes, s)
+            _rt.stream_synchronize(s)
+        finally:
+            _rt.free(dev)
+        self._engine.poll(block=True)
+        return out
+
     def _submit(self, prepare, x, async_op: bool):
         stream = self._stream if x is None else None
         try:
@@ -205,6 +232,13 @@ def require_gpu() -> int:
                               f"NVIDIA GPU and driver; use collectx.init() (CPU) or check "
                               f"nvidia-smi and CUDA_VISIBLE_DEVICES")
     return n
+
+
+def _on_host(x) -> bool:
+    """numpy arrays and CPU tensors (not device arrays)."""
+    if type(x).__module__.startswith("torch"):
+        return x.device.type == "cpu"
+    return hasattr(x, "__array_interface__") and not hasattr(x, "__cuda_array_interface__")
 
 
 def _overlap(src: DeviceBuffer | None, dst: DeviceBuffer | None) -> bool:

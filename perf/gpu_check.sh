@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# GPU check of collectx's CUDA executor, in one command on a machine with an NVIDIA GPU:
+#   1. install the package with its CUDA extras (CuPy) and test tools;
+#   2. run the GPU tests (pytest -m gpu) and the CPU-side CUDA tests;
+#   3. print a collectx-perf sweep on the GPU (NRANKS ranks, several per GPU if needed);
+#   4. print the kernel roofline: copy / reduce GB/s against the same run's D2D memcpy;
+#   5. if torch with NCCL is installed, the same sweep through NCCL beside ours
+#      (NCCL_MULTI_RANK_GPU_ENABLE=1 lets NCCL try several ranks per GPU; a refusal is reported,
+#      not fatal).
+# Results go to $OUT_DIR (default perf/gpu_results). Exit status: that of the GPU tests.
+#
+#   perf/gpu_check.sh                 # defaults
+#   NRANKS=4 MAX_BYTES=1G perf/gpu_check.sh
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+OUT_DIR="${OUT_DIR:-$ROOT/perf/gpu_results}"
+NRANKS="${NRANKS:-2}"
+MAX_BYTES="${MAX_BYTES:-256M}"
+CUPY_PKG="${CUPY_PKG:-cupy-cuda13x}"
+
+section() { printf '\n== %s\n' "$*"; }
+
+section "GPU"
+if ! nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv; then
+    echo "nvidia-smi failed: no NVIDIA GPU or driver here; nothing to check" >&2
+    exit 2
+fi
+nvidia-smi topo -m || true
+mkdir -p "$OUT_DIR"
+
+section "install"
+cd "$ROOT" || exit 2
+if ! "$PY" -m pip install -q ".[test,cuda]"; then
+    echo "the [cuda] extra failed; trying $CUPY_PKG explicitly" >&2
+    "$PY" -m pip install -q ".[test]" "$CUPY_PKG" || exit 2
+fi
+"$PY" -c 'import collectx; print(collectx.build_info())' || exit 2
+
+section "GPU tests"
+"$PY" -m pytest -q -m gpu -rs tests/test_cuda_gpu.py tests/test_cuda.py -p no:cacheprovider \
+    2>&1 | tee "$OUT_DIR/pytest_gpu.txt"
+status=${PIPESTATUS[0]}
+
+section "collectx sweep (--device cuda, $NRANKS ranks)"
+collectx-perf --device cuda -n "$NRANKS" -b 8 -e "$MAX_BYTES" -f 4 --collective all \
+    --json "$OUT_DIR/sweep_collectx.json" --no-progress \
+    || echo "collectx-perf --device cuda failed (see above)" >&2
+
+section "kernel roofline (copy / reduce vs D2D memcpy)"
+"$PY" perf/gpu_roofline.py --max-bytes "$MAX_BYTES" --json "$OUT_DIR/roofline.json" \
+    || echo "roofline failed (see above)" >&2
+
+section "NCCL beside collectx"
+if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() and torch.distributed.is_nccl_available() else 1)' 2>/dev/null; then
+    NCCL_MULTI_RANK_GPU_ENABLE=1 collectx-perf --device cuda -n "$NRANKS" -b 8 -e "$MAX_BYTES" \
+        -f 4 --compare nccl --json "$OUT_DIR/sweep_vs_nccl.json" --no-progress \
+        || echo "the NCCL comparison failed: NCCL may refuse $NRANKS ranks on $(nvidia-smi -L | wc -l) GPU(s)" >&2
+else
+    echo "torch with CUDA and NCCL is not installed: NCCL comparison skipped (pip install torch)"
+fi
+
+section "done: results in $OUT_DIR; GPU tests exit status $status"
+exit "$status"

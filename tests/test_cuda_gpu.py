@@ -1,0 +1,255 @@
+"""The CUDA communicator on a real GPU: collectives against numpy references, CuPy and torch
+inputs, stream semantics, failures. Skipped (with the reason) where no GPU is visible.
+
+Most tests run the ranks as threads of this process on GPU 0, each rank on its own non-blocking
+stream (on one stream the ranks' kernels would queue behind each other and wait forever); one
+test runs ranks as processes, so windows travel through CUDA IPC. Either way several ranks share
+one GPU, the way a single-GPU machine tests multi-rank collectives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+
+import _runtime_workers as W
+import collectx
+from collectx import _native
+from collectx.config import get_config
+from collectx.errors import CollectiveMismatch, CommError, Timeout
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _native.cuda_available(),
+                                 reason="no CUDA GPU visible (collectx._native.cuda_available() "
+                                        "is False): GPU tests need an NVIDIA GPU and driver")]
+
+COLLS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall")
+DTYPES = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+OPS = ("sum", "prod", "min", "max", "avg")
+
+
+# ---- device arrays through whichever framework is installed -----------------------------------
+class Torch:
+    name = "torch"
+
+    def __init__(self):
+        import torch
+        if not torch.cuda.is_available():
+            pytest.skip("torch without CUDA")
+        self.t = torch
+
+    def new_stream(self):
+        s = self.t.cuda.Stream()
+        self.t.cuda.set_stream(s)
+        return s
+
+    def to_device(self, a: np.ndarray, dtype: str):
+        if dtype == "bfloat16":
+            return self.t.from_numpy(a.astype(np.float32)).to("cuda").to(self.t.bfloat16)
+        return self.t.from_numpy(a).to("cuda")
+
+    def to_host(self, x, dtype: str) -> np.ndarray:
+        self.t.cuda.current_stream().synchronize()
+        if dtype == "bfloat16":
+            return x.float().cpu().numpy()
+        return x.cpu().numpy()
+
+
+class CuPy:
+    name = "cupy"
+
+    def __init__(self):
+        self.cp = pytest.importorskip("cupy")
+
+    def new_stream(self):
+        s = self.cp.cuda.Stream(non_blocking=True)
+        s.use()
+        return s
+
+    def to_device(self, a: np.ndarray, dtype: str):
+        if dtype == "bfloat16":
+            pytest.skip("CuPy has no bfloat16")
+        return self.cp.asarray(a)
+
+    def to_host(self, x, dtype: str) -> np.ndarray:
+        self.cp.cuda.get_current_stream().synchronize()
+        return self.cp.asnumpy(x)
+
+
+def _framework(name: str | None = None):
+    for cls in (CuPy, Torch) if name is None else ({"cupy": CuPy, "torch": Torch}[name],):
+        try:
+            return cls()
+        except (ImportError, pytest.skip.Exception):
+            continue
+    pytest.skip("neither CuPy nor torch with CUDA is installed")
+
+
+def run_ranks(nranks: int, body, *, timeout: float = 60, window_bytes: int | None = None,
+              fw=None):
+    """``body(comm, fw)`` on every rank (threads, GPU 0, own stream each); results by rank."""
+    from collectx.runtime.cuda import CudaCommunicator
+    from collectx.runtime.store import HashStore
+    fw = fw or _framework()
+    cfg = get_config()
+    if window_bytes:
+        cfg = dataclasses.replace(cfg, window_bytes=window_bytes)
+    store, results, errors = HashStore(), [None] * nranks, []
+
+    def rank_main(r):
+        try:
+            fw.new_stream()
+            with CudaCommunicator(r, nranks, store, device=0, timeout=timeout, config=cfg) as c:
+                results[r] = body(c, fw)
+        except BaseException as e:  # re-raised below with its rank
+            errors.append((r, e))
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(nranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout * 3)
+    if errors:
+        raise errors[0][1]
+    return results
+
+
+def _reference_inputs(seed, nranks, n, dtype):
+    src = "float32" if dtype == "bfloat16" else dtype
+    return [W.rank_input(seed, r, n, src) for r in range(nranks)]
+
+
+def run_case(comm, fw, coll, dtype, op, n, root, seed):
+    if coll in ("reduce_scatter", "alltoall"):
+        n = n * comm.size
+    inputs = _reference_inputs(seed, comm.size, n, dtype)
+    x = fw.to_device(inputs[comm.rank].copy(), dtype)
+    got = W.call(comm, coll, x, op, root)
+    want = W.reference(coll, op, inputs, comm.rank, root)
+    if got is None:
+        return None
+    have = fw.to_host(got, dtype)
+    if dtype in ("float16", "bfloat16"):
+        ok = np.allclose(have.astype(np.float64), want.astype(np.float64), rtol=2e-2, atol=1e-2)
+    else:
+        ok = np.array_equal(have, want)
+    return None if ok else f"rank {comm.rank}: {coll} {dtype} {op} n={n}: {have[:6]} vs {want[:6]}"
+
+
+# ---- correctness ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("nranks", [2, 4, 8])
+def test_allreduce_every_dtype_and_op(nranks):
+    fw = _framework("torch") if _has("torch") else _framework()
+    dtypes = DTYPES if fw.name == "torch" else tuple(d for d in DTYPES if d != "bfloat16")
+
+    def body(comm, fw):
+        return [run_case(comm, fw, "allreduce", d, o, 1001, 0, 11) for d in dtypes for o in OPS]
+    bad = [m for per_rank in run_ranks(nranks, body, fw=fw) for m in per_rank if m]
+    assert bad == []
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+@pytest.mark.parametrize("n", [0, 1, 17, 4099, 300_001])
+def test_every_collective_with_tiny_tiles(nranks, n):
+    # A 256 KiB window forces many tiles (and both staging sets) for the larger sizes.
+    def body(comm, fw):
+        return [run_case(comm, fw, c, d, o, n, nranks - 1, 5) for c in COLLS
+                for d, o in (("float32", "sum"), ("int32", "max"), ("float64", "avg"))]
+    bad = [m for per_rank in run_ranks(nranks, body, window_bytes=256 << 10) for m in per_rank
+           if m]
+    assert bad == []
+
+
+@pytest.mark.parametrize("name", ["cupy", "torch"])
+def test_framework_inputs_are_used_in_place(name):
+    fw = _framework(name)
+
+    def body(comm, fw):
+        x = fw.to_device(np.full(4096, comm.rank + 1, np.float32), "float32")
+        ptr = x.data_ptr() if name == "torch" else x.data.ptr
+        out = comm.allreduce(x)
+        same = (out.data_ptr() if name == "torch" else out.data.ptr) == ptr
+        return same, fw.to_host(out, "float32")[:3].tolist()
+    results = run_ranks(2, body, fw=fw)
+    assert results == [(True, [3.0, 3.0, 3.0])] * 2
+
+
+# ---- stream semantics -------------------------------------------------------------------------------
+def test_async_work_orders_the_current_stream_without_a_host_wait():
+    fw = _framework("torch") if _has("torch") else _framework()
+
+    def body(comm, fw):
+        x = fw.to_device(np.ones(1 << 20, np.float32), "float32")
+        work = comm.allreduce(x, async_op=True)
+        assert work.wait() is True                 # device-side ordering only
+        y = x * 2                                  # queued after the collective on this stream
+        work.synchronize()
+        assert work.is_completed()
+        comm.barrier()
+        return float(fw.to_host(y, "float32")[0])
+    assert run_ranks(2, body) == [4.0, 4.0]
+
+
+def test_sync_call_returns_before_the_kernel_finishes_the_stream_orders_it():
+    def body(comm, fw):
+        x = fw.to_device(np.full(1 << 22, comm.rank, np.float32), "float32")
+        for _ in range(8):
+            comm.allreduce(x, op="max")
+        comm.synchronize()
+        return float(fw.to_host(x, "float32")[-1])
+    assert run_ranks(4, body) == [3.0] * 4
+
+
+# ---- failures ---------------------------------------------------------------------------------------
+def test_mismatched_calls_raise_collective_mismatch():
+    def body(comm, fw):
+        x = fw.to_device(np.ones(100 + comm.rank, np.float32), "float32")
+        comm.allreduce(x)
+        with pytest.raises(CollectiveMismatch, match="different collectives"):
+            comm.synchronize()
+        with pytest.raises(CommError, match="unusable"):
+            comm.allreduce(x)
+        return True
+    assert run_ranks(2, body) == [True, True]
+
+
+def test_a_missing_rank_turns_into_timeout_not_a_hang():
+    def body(comm, fw):
+        if comm.rank == 1:
+            return True
+        x = fw.to_device(np.ones(64, np.float32), "float32")
+        comm.allreduce(x)
+        with pytest.raises(Timeout, match="no progress"):
+            comm.synchronize()
+        return True
+    assert run_ranks(2, body, timeout=2) == [True, True]
+
+
+# ---- ranks as processes (CUDA IPC) -----------------------------------------------------------------
+def ipc_worker(n: int) -> list[float]:
+    import cupy as cp
+    comm = collectx.init(device="cuda:0")
+    with cp.cuda.Stream(non_blocking=True):
+        x = cp.full(n, comm.rank + 1, dtype=cp.float32)
+        comm.allreduce(x)
+        g = comm.allgather(x[:4])
+        comm.synchronize()
+        out = [float(x[0]), float(x[-1])] + cp.asnumpy(g).tolist()
+    comm.close()
+    return out
+
+
+def test_ranks_as_processes_share_one_gpu_through_ipc():
+    pytest.importorskip("cupy")
+    got = collectx.launch(ipc_worker, 2, args=(1 << 20,), timeout=240)
+    assert got == [[3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0]] * 2
+
+
+def _has(module: str) -> bool:
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        return False
