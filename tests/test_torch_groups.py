@@ -32,3 +32,18 @@ def test_overlapping_subgroups():
     assert results[0] == {"first": 3.0, "world": 6.0}
     assert results[1] == {"first": 3.0, "second": 5.0, "world": 6.0}
     assert results[2] == {"second": 5.0, "world": 6.0}
+
+
+def _symmetric_exchange(rank, world, numel):
+    peer = 1 - rank
+    mine, theirs = torch.full((numel,), float(rank + 1)), torch.empty(numel)
+    ops = [dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return theirs[0].item(), theirs[-1].item()
+
+
+def test_batch_isend_irecv_both_ways_does_not_deadlock():
+    numel = 1 << 20          # 4 MiB each way: more than any in-flight buffer between the pair
+    results = run_ranks(_symmetric_exchange, 2, numel, timeout_s=120)
+    assert results == [(2.0, 2.0), (1.0, 1.0)]

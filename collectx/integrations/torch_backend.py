@@ -61,7 +61,8 @@ class _GroupStore:
 
 def _make_communicator(store, rank: int, size: int, timeout: datetime.timedelta | None,
                        device: str = "cpu"):
-    """A collectx Communicator for ``device``, rendezvousing through torch's ``store``."""
+    """A collectx Communicator for ``device`` ("cpu" or "cuda:N"), rendezvousing through
+    torch's ``store``."""
     import collectx
     kwargs = {"store": _GroupStore(store)}
     params = inspect.signature(collectx.init).parameters
@@ -159,15 +160,18 @@ class CollectxProcessGroup(Collectives, dist.ProcessGroup):
         return self._comms[device]
 
     def _p2p(self, device: str):
-        """Something with send(x, dst)/recv(x, src): the communicator's own, else the store's."""
-        comm = self._comm(device)
-        if hasattr(comm, "send") and hasattr(comm, "recv"):
-            return comm
+        """The send/recv channel: buffered messages through the group's store.
+
+        The Communicator's native send blocks once about 1 MiB is in flight to a peer, and this
+        group runs its calls one at a time, so the common symmetric exchange (both ranks isend,
+        then irecv, as ``batch_isend_irecv`` does) would deadlock on large tensors. The store
+        channel never blocks a send, which is what torch's isend semantics promise.
+        """
         if device != "cpu":
-            raise errors.ArgumentError(f"send/recv of {device} tensors is not supported by this "
-                                       f"collectx build; expected cpu tensors")
+            raise errors.ArgumentError(f"send/recv of {device} tensors is not supported by the "
+                                       f"collectx backend; expected cpu tensors")
         if self._store_p2p is None:
-            seconds = getattr(comm, "timeout", None) or 300.0
+            seconds = getattr(self._comm(device), "timeout", None) or 300.0
             self._store_p2p = StoreP2P(self._store, self.group_rank, seconds)
         return self._store_p2p
 

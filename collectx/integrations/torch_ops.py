@@ -51,14 +51,16 @@ def premultiply(tensor: torch.Tensor, factor) -> None:
 
 
 def device_type(tensors: Sequence[torch.Tensor]) -> str:
-    """The one device type all ``tensors`` live on ("cpu" or "cuda")."""
+    """The one device all ``tensors`` live on: ``"cpu"`` or ``"cuda:N"``."""
     if all(t.is_cpu for t in tensors):       # the common case, without building device objects
         return "cpu"
-    kinds = {t.device.type for t in tensors}
-    if len(kinds) != 1 or not kinds <= {"cpu", "cuda"}:
-        raise ArgumentError(f"tensors on devices {sorted(kinds)}; expected all on cpu or all on "
-                            f"cuda. Move them with .to() before the collective")
-    return kinds.pop()
+    devices = {str(t.device) for t in tensors}
+    if len(devices) != 1 or not all(t.is_cuda for t in tensors):
+        raise ArgumentError(f"tensors on devices {sorted(devices)}; expected all on cpu or all "
+                            f"on one cuda device. Move them with .to() before the collective")
+    device = devices.pop()
+    # "cuda" without an index means the current device; the communicator needs to know which.
+    return device if ":" in device else f"cuda:{torch.cuda.current_device()}"
 
 
 def same_dtype(tensors: Sequence[torch.Tensor], what: str) -> torch.dtype:

@@ -1,8 +1,9 @@
-"""Point-to-point send/recv for the torch backend when the Communicator has none.
+"""Point-to-point send/recv for the torch backend, buffered through the group's torch store.
 
-The shared-memory Communicator runs collectives; ``send``/``recv`` are rare in data-parallel
-training (pipeline stages use them), so when the communicator offers no native pair the bytes go
-through the group's torch store. Messages between a pair are matched by order: the n-th send from
+torch's ``isend`` may be issued before the peer posts its ``irecv`` (``batch_isend_irecv`` does
+exactly that on both sides), so a send must not wait for its receiver; the Communicator's native
+send does once about 1 MiB is in flight. ``send``/``recv`` are rare in data-parallel training, so
+the bytes go through the store, which buffers any amount. Messages between a pair are matched by order: the n-th send from
 ``a`` to ``b`` meets the n-th recv on ``b`` from ``a``, as in torch's own semantics for one tag.
 A send returns once the bytes are in the store (buffered), so send/recv orders cannot deadlock.
 """
