@@ -48,11 +48,22 @@ def test_ring_shares_follow_bandwidth():
     s = plan_ring(G, _ranks(G), "allgather", 1 << 30)
     rings = s.meta_dict()["rings"]
     chunks = [k for _, _, _, k in rings]
-    assert sum(chunks) == s.nchunks and chunks[0] > chunks[2] > chunks[-1] > 0
+    assert sum(chunks) == s.nchunks and chunks[0] > chunks[-1] > 0
+    assert chunks[0] / chunks[-1] == pytest.approx(rings[0][1] / rings[-1][1], rel=0.1)
 
 
-def test_no_ring_without_a_path():
-    G = T.line(3)  # the ends reach each other only through the middle rank
+def test_line_ring_relays_the_wrap_hop_through_the_middle_gpu():
+    (ring,) = find_rings(T.line(3), _ranks(T.line(3)))
+    assert ring.bw_gbps == 25.0 and ("GPU2", "GPU1", "GPU0") in ring.routes + tuple(
+        r[::-1] for r in ring.routes)
+
+
+def test_no_ring_when_a_gpu_would_relay_pcie():
+    G = T.new_graph("pcie-star")
+    for g in ("GPU0", "GPU1", "GPU2"):
+        T.add_node(G, g, "gpu")
+    T.add_link(G, "GPU0", "GPU1", "pcie", 15.75)
+    T.add_link(G, "GPU0", "GPU2", "pcie", 15.75)
     with pytest.raises(NoFeasiblePlan, match="no ring"):
         find_rings(G, _ranks(G))
 

@@ -1,10 +1,12 @@
 """Ring packing: find rings (Hamiltonian cycles of the ranks) that share the links' capacity.
 
-How it works. Each *hop* of a ring (rank ``a`` to the next rank ``b``) is routed along the
-widest physical path from ``a`` to ``b`` that does not pass through another rank (GPUs do not
-forward on a ring; switches, CPUs and PCIe bridges do). Rings are found greedily in the
-*residual* graph: find the ring whose narrowest hop is widest (thresholds tried from the widest
-hop bandwidth down, a depth-first Hamiltonian search at each), give it the bottleneck capacity
+How it works. Each *hop* of a ring (rank ``a`` to the next rank ``b``) is routed as the
+executors and the simulator route it: over the link joining ``a`` and ``b`` when there is one,
+over the topology's widest route when that relays through another GPU's NVLinks, and otherwise
+along the widest path through switches, CPUs and PCIe bridges in the residual capacity. Rings
+are found greedily in the *residual* graph: find the ring whose narrowest hop is widest
+(thresholds tried from the widest hop bandwidth down, a depth-first Hamiltonian search at each;
+rings without GPU-relayed hops are tried too, and the wider wins), give it the bottleneck capacity
 of its routes (a link crossed by k hops of the ring counts k times), subtract that from every
 link it uses, and repeat up to ``max_channels`` rings or until a ring would get less than
 :data:`MIN_RING_FRACTION` of the first one. NVLink rings come first because their hops are the
@@ -24,7 +26,8 @@ from collections import Counter
 
 import networkx as nx
 
-from ..errors import NoFeasiblePlan
+from ..errors import NoFeasiblePlan, TopologyError
+from ..topology.paths import widest_path
 
 MAX_CHANNELS = 16
 MIN_RING_FRACTION = 0.1   # rings this much thinner than the first add steps, not bandwidth
@@ -61,8 +64,9 @@ def find_rings(topo: nx.DiGraph, ranks: tuple[str, ...],
         return [Ring((0,), 0.0, ())]  # nothing to send: no hop, no bandwidth
     residual = {(u, v): float(bw or 0.0) for u, v, bw in topo.edges(data="bw_gbps")}
     rings: list[Ring] = []
+    cache: dict = {}  # fixed routes, per call: planners keep no state between calls
     while len(rings) < max_channels:
-        ring = _best_ring(topo, ranks, residual)
+        ring = _best_ring(topo, ranks, residual, cache)
         if ring is None or (rings and ring.bw_gbps < MIN_RING_FRACTION * rings[0].bw_gbps):
             break
         for edge, k in _link_use(ring.routes).items():
@@ -78,16 +82,28 @@ def _link_use(routes) -> Counter:
     return Counter((a, b) for route in routes for a, b in zip(route, route[1:]))
 
 
-def _best_ring(topo, ranks, residual) -> Ring | None:
+def _best_ring(topo, ranks, residual, cache) -> Ring | None:
+    """The widest ring: strict hops first (links and non-rank relays), then GPU-relayed hops.
+
+    Relayed hops share their NVLinks with the hops of the relaying rank, so a ring made of
+    them is often thinner than it looks; both candidates are measured and the wider wins.
+    """
     n = len(ranks)
     avoid = frozenset(ranks)
     hops = {}
     for i in range(n):
         for j in range(n):
             if i != j:
-                bw, route = _widest(topo, residual, ranks[i], ranks[j], avoid)
+                bw, route = _hop(topo, residual, ranks[i], ranks[j], avoid, cache)
                 if bw > _EPS:
                     hops[i, j] = (bw, route)
+    strict = {k: v for k, v in hops.items() if not avoid.intersection(v[1][1:-1])}
+    found = [r for r in (_widest_ring(n, strict, residual), _widest_ring(n, hops, residual))
+             if r is not None]
+    return max(found, key=lambda r: r.bw_gbps, default=None)
+
+
+def _widest_ring(n, hops, residual) -> Ring | None:
     for t in sorted({bw for bw, _ in hops.values()}, reverse=True):
         order = _hamiltonian(n, {k: v[0] for k, v in hops.items() if v[0] >= t - _EPS})
         if order is not None:
@@ -95,6 +111,30 @@ def _best_ring(topo, ranks, residual) -> Ring | None:
             bw = min(residual[e] / k for e, k in _link_use(routes).items())
             return Ring(order, bw, routes) if bw > _EPS else None
     return None
+
+
+def _hop(topo, residual, a, b, avoid, cache) -> tuple[float, tuple[str, ...]]:
+    """Residual bandwidth and route of one hop, routed as executors and the simulator do.
+
+    Peers joined by a link always use it (GPU peer copies cannot pick another path); a route
+    the topology relays through another GPU over NVLink is fixed too. Only routes through
+    switches, PCIe bridges and CPUs are searched in the residual graph.
+    """
+    if topo.has_edge(a, b):
+        return residual[a, b], (a, b)
+    route = _fixed_route(topo, a, b, cache)
+    if route is not None and any(v in avoid for v in route[1:-1]):
+        return min(residual[e] for e in zip(route, route[1:])), route
+    return _widest(topo, residual, a, b, avoid)
+
+
+def _fixed_route(topo, a, b, cache: dict) -> tuple[str, ...] | None:
+    if (a, b) not in cache:
+        try:
+            cache[a, b] = tuple(widest_path(topo, a, b).hops)
+        except TopologyError:
+            cache[a, b] = None
+    return cache[a, b]
 
 
 def _hamiltonian(n: int, hop_bw: dict[tuple[int, int], float]) -> tuple[int, ...] | None:
