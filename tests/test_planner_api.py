@@ -98,3 +98,9 @@ def test_sendrecv_bound_is_the_max_flow_between_the_pair():
     p = plan(T.load("dgx1v"), "sendrecv", 1 << 20, gpus=[0, 3], algo="direct")
     assert p.bound.bound_busbw == pytest.approx(50.0 + 15.75)  # NVLink pair plus PCIe
     assert p.schedule.root == 0
+
+
+def test_make_schedule_without_topology_serves_every_algorithm():
+    for algo in ("direct", "ring", "tree"):
+        s = make_schedule(None, "broadcast", 3, 1 << 20, algo=algo, root=2)
+        assert s.algorithm == algo and s.root == 2

@@ -129,8 +129,9 @@ def make_schedule(topo: nx.DiGraph | None, collective: str, nranks: int, nbytes:
     """A schedule for the first ``nranks`` GPUs of ``topo``, without simulation or bounds.
 
     The runtime calls this once per (collective, size class) and caches the result. With
-    ``algo=None`` the analytic cost model (no simulator) chooses. ``topo=None`` means ranks that
-    all reach each other in one hop (one host's shared memory): the direct algorithm is used.
+    ``algo=None`` the analytic cost model (no simulator) chooses. ``topo=None`` means one
+    host's shared memory (:func:`collectx.topology.host`): every rank reaches every other in
+    one hop, so the direct algorithm is chosen.
 
     Examples
     --------
@@ -139,11 +140,9 @@ def make_schedule(topo: nx.DiGraph | None, collective: str, nranks: int, nbytes:
     ('direct', 4)
     """
     _check_request(collective, nbytes)
+    from ..topology import gpus as all_gpus, host
     if topo is None:
-        ranks = tuple(f"RANK{i}" for i in range(nranks))
-        return registry.call(algo or "direct", None, ranks, collective, nbytes, root=root,
-                             inplace=inplace, nchunks=nchunks)
-    from ..topology import gpus as all_gpus
+        topo = host(nranks)
     have = all_gpus(topo)
     if not 1 <= nranks <= len(have):
         raise PlanError(f"{nranks} ranks on a topology with {len(have)} GPUs: expected "
