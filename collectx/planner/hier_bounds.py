@@ -1,0 +1,149 @@
+"""Bounds of symmetric multi-node clusters, exact and fast by symmetry and a NIC-counting argument.
+
+The generic bounds (:mod:`.bounds`) run max-flows towards every GPU and a tree-packing LP over
+all GPUs: minutes at 128 GPUs. On a cluster of ``n`` identical machines joined identically to
+the network (``multi_node``: rails or one switch), two facts make them cheap and keep them exact:
+
+* **Symmetry.** Any permutation of the machines maps the graph onto itself (rail ``i`` stays rail
+  ``i``). The cut-rate test ``maxflow(s -> v) >= N x`` (all GPUs fed at rate ``x``) has the same
+  value for ``v`` and its image, so it is enough to test the GPUs of machine 0. Pair max-flows
+  from a GPU of machine 0 are the same towards every machine other than its own, so machine 0
+  and machine 1 cover all pairs (likewise for broadcast/reduce from the root's machine).
+* **Trees cannot beat the cut here.** An allreduce over spanning trees (reduce up, broadcast
+  down) crosses between machines on at least ``n - 1`` tree edges, each used in both
+  directions, and every crossing leaves a machine through a network link. So the tree rate
+  ``T`` obeys ``2 (n-1) T <= U``, ``U`` the summed capacity of links leaving machines, and the
+  tree busbw ``2(N-1)/N * T`` is at most ``2(N-1)/N * U / (2(n-1))``. When that is not above
+  the reduce-scatter + allgather cut bound, the reference is the cut bound, exactly; otherwise
+  this module returns None and the generic LP runs.
+
+>>> from collectx.topology import multi_node, switch
+>>> b = symmetric_bounds(multi_node(switch(2), 3, nic_bw=10.0), "allgather")
+>>> round(b.bound_busbw, 2)   # (N-1) * min cut ratio: 5 * (2 NICs x 10 GB/s) / 4 GPUs
+25.0
+"""
+
+from __future__ import annotations
+
+import re
+
+import networkx as nx
+
+from .bounds import _SOURCE, Bounds, _ratio, _start_ratio
+from .edge_split import job_gpus, job_graph
+
+_PREFIX = re.compile(r"^n(\d+)/")
+
+
+def symmetric_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0
+                     ) -> Bounds | None:
+    """Bounds of ``collective`` on a symmetric multi-node allocation, or None if not one.
+
+    Parameters
+    ----------
+    topo : networkx.DiGraph
+        Topology whose machines are named ``n<k>/...`` (as :func:`multi_node` makes them).
+    collective : str
+        allreduce, allgather, reduce_scatter, broadcast or reduce (others: None).
+    gpus : sequence, optional
+        The allocation; default all GPUs. Must be whole, identical machines.
+    root : int
+        Broadcast/reduce root index into ``gpus``.
+
+    Returns
+    -------
+    Bounds or None
+        None when the allocation is not a symmetric multi-node one (use :func:`.bounds.bounds`).
+    """
+    if collective not in ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"):
+        return None
+    gpus = job_gpus(topo, gpus)
+    machines = _machines(topo, gpus)
+    if machines is None:
+        return None
+    G = job_graph(topo, gpus)
+    n, N = len(machines), len(gpus)
+    reps = machines[0]
+    x_ag = _cut_rate(G, gpus, reps)
+    if collective in ("allgather", "reduce_scatter"):
+        x = x_ag if collective == "allgather" else _cut_rate(G.reverse(copy=True), gpus, reps)
+        return Bounds(collective, (N - 1) * x, None, (N - 1) * x, None,
+                      "ForestColl cut bound, max-flows to machine 0 only (machine symmetry)",
+                      gpus)
+    if collective in ("broadcast", "reduce"):
+        r = gpus[root]
+        home = next(m for m in machines if r in m)
+        other = next(m for m in machines if m is not home)
+        inbound = collective == "reduce"
+        flow = min(nx.maximum_flow_value(G, v if inbound else r, r if inbound else v,
+                                         capacity="cap") for v in (*home, *other) if v != r)
+        return Bounds(collective, float(flow), None, (N - 1) * x_ag, None,
+                      "min over v of maxflow, v on the root's machine and one other (symmetry)",
+                      gpus)
+    x_rs = _cut_rate(G.reverse(copy=True), gpus, reps)
+    cut = 2 * (N - 1) / (1 / x_rs + 1 / x_ag)
+    factor = 2 * (N - 1) / N
+    tree_cap = factor * _leaving_capacity(G, machines) / (2 * (n - 1))
+    if tree_cap > cut * (1 + 1e-9):
+        return None     # trees might beat the cut: only the generic LP can tell
+    g0 = reps[0]
+    pair = min(min(nx.maximum_flow_value(G, g0, v, capacity="cap"),
+                   nx.maximum_flow_value(G, v, g0, capacity="cap"))
+               for v in (*machines[0][1:], *machines[1]))
+    return Bounds(collective, cut, factor * pair, cut, tree_cap,
+                  "reference = reduce-scatter + allgather (trees cannot exceed it: every tree "
+                  "edge between machines uses network links both ways); symmetric machines",
+                  gpus)
+
+
+def _machines(topo: nx.DiGraph, gpus) -> list[tuple] | None:
+    """GPUs per machine ``n<k>/`` if every machine is whole, identical and identically wired."""
+    by_machine: dict[str, list] = {}
+    for g in gpus:
+        m = _PREFIX.match(str(g))
+        if m is None:
+            return None
+        by_machine.setdefault(m.group(1), []).append(g)
+    if len(by_machine) < 2:
+        return None
+    shapes = set()
+    for k, members in by_machine.items():
+        prefix = f"n{k}/"
+        mine = [v for v in topo if str(v).startswith(prefix)]
+        if sum(topo.nodes[v].get("kind") == "gpu" for v in mine) != len(members):
+            return None          # part of a machine: other jobs' GPUs break the symmetry
+        shapes.add(frozenset((str(u).removeprefix(prefix), str(v).removeprefix(prefix), bw)
+                             for u, v, bw in topo.edges(mine, data="bw_gbps")) |
+                   frozenset((str(u).removeprefix(prefix), str(v).removeprefix(prefix), bw)
+                             for u, v, bw in topo.in_edges(mine, data="bw_gbps")))
+    if len(shapes) != 1:
+        return None
+    return [tuple(v) for v in by_machine.values()]
+
+
+def _cut_rate(G: nx.DiGraph, C, reps) -> float:
+    """:func:`.bounds.cut_rate` with the max-flows run only towards ``reps`` (one orbit each)."""
+    x, _ = _start_ratio(G, C)
+    for _ in range(100):
+        worst, worst_S = 0.0, None
+        H = G.copy()
+        for g in C:
+            H.add_edge(_SOURCE, g, cap=x)
+        for v in reps:
+            value, (side, _) = nx.minimum_cut(H, _SOURCE, v, capacity="cap")
+            gap = value - len(C) * x
+            if gap < worst:
+                worst, worst_S = gap, frozenset(side) - {_SOURCE}
+        if worst_S is None or worst > -1e-9 * x:
+            return x
+        x = _ratio(G, worst_S, C)
+    return x
+
+
+def _leaving_capacity(G: nx.DiGraph, machines) -> float:
+    total = 0.0
+    for members in machines:
+        prefix = str(members[0]).split("/", 1)[0] + "/"
+        total += sum(d["cap"] for u, v, d in G.edges(data=True)
+                     if str(u).startswith(prefix) and not str(v).startswith(prefix))
+    return total
