@@ -107,6 +107,8 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
     t0 = time.perf_counter()
     _check_request(collective, nbytes)
     ranks, view = allocation(topo, gpus)                       # resolve the allocation
+    if algo is None and _multi_machine(view, ranks):           # clusters: phases + engine
+        algo = "hierarchical"
     if algo is None:                                           # pick (or run) the algorithm
         name, schedule, predicted = select.choose(view, ranks, collective, nbytes, root=root,
                                                   inplace=inplace, nchunks=nchunks)
@@ -187,6 +189,14 @@ def _check_connected(view: nx.DiGraph, ranks: tuple[str, ...]) -> None:
         raise NoFeasiblePlan(f"GPUs {', '.join(cut_off)} cannot reach {ranks[0]} once GPUs "
                              f"outside the allocation are removed; choose GPUs that are "
                              f"connected through links, switches or CPUs")
+
+
+def _multi_machine(view: nx.DiGraph, ranks: tuple[str, ...]) -> bool:
+    try:
+        from .hierarchical import spans_machines
+    except ImportError:
+        return False
+    return spans_machines(view, ranks)
 
 
 def _check_request(collective: str, nbytes: int) -> None:

@@ -28,7 +28,8 @@ PlannerFn = Callable[..., Schedule]
 
 _CORE = {"direct": ("direct", "plan_direct"), "ring": ("ring", "plan_ring"),
          "tree": ("tree", "plan_tree")}
-_OPTIONAL = {"blink": ("blink", "plan_blink"), "forest": ("forest", "plan_forest")}
+_OPTIONAL = {"blink": ("blink", "plan_blink"), "forest": ("forest", "plan_forest"),
+             "hierarchical": ("hierarchical", "plan_hierarchical")}
 
 
 def _load(table: dict, optional: bool) -> dict[str, PlannerFn]:
