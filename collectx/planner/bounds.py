@@ -107,6 +107,10 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
     n = len(gpus)
     if not 0 <= root < max(n, 1):
         raise ArgumentError(f"root={root} with {n} GPUs: expected 0 <= root < {n}")
+    from .hier_bounds import symmetric_bounds   # identical machines: exact by symmetry, fast
+    fast = symmetric_bounds(topo, collective, gpus, root)
+    if fast is not None:
+        return fast
     G = job_graph(topo, gpus)
     require_connected(G, gpus)
     if n < 2:
