@@ -41,6 +41,7 @@ class Routes:
         self._index: dict[tuple, int] = {}
         self._routes: dict[tuple, tuple[tuple[int, ...], float]] = {}
         self.classes = RouteClasses()
+        self._parts: dict | None = None
         for u, v, bw in topo.edges(data="bw_gbps"):
             self._resource((u, v), bw)
         for node in topo.nodes:  # every resource exists up front: the flow loop sizes on them
@@ -79,10 +80,11 @@ class Routes:
     def _striped(self, a, b):
         if a == b or self.topo.has_edge(a, b):
             return None
-        fabric = [n for n, k in self.topo.nodes(data="kind") if k in SWITCH_KINDS]
+        region = self._region(a, b)
+        fabric = [n for n, k in region.nodes(data="kind") if k in SWITCH_KINDS]
         if not fabric:
             return None
-        sub = self.topo.subgraph([a, b, *fabric])
+        sub = region.subgraph([a, b, *fabric])
         if not (sub.has_node(a) and sub.out_degree(a) and sub.in_degree(b)):
             return None
         value, flow = nx.maximum_flow(sub, a, b, capacity="bw_gbps")
@@ -98,6 +100,26 @@ class Routes:
         return self.local_bw_gbps or data.get("mem_bw_gbps") or LOCAL_BW_GBPS.get(
             data.get("device", "gpu"), LOCAL_BW_GBPS["gpu"])
 
+    def _region(self, a, b) -> nx.DiGraph:
+        """The subgraph a route from ``a`` to ``b`` may take: on a multi-node cluster, the two
+        ends' machines plus the network (traffic between machines never relays through a third
+        machine's GPUs, and traffic inside a machine never leaves it, as in NCCL); else all.
+
+        Searching that region instead of the whole cluster keeps routes of a 128-GPU cluster
+        to milliseconds each.
+        """
+        if self._parts is None:
+            self._parts = _machine_parts(self.topo)
+        pa, pb = self._parts.get(a), self._parts.get(b)
+        if pa is None or pb is None or len(set(self._parts.values())) < 2:
+            return self.topo
+        key = ("region", *sorted((pa, pb)))
+        if key not in self._routes:
+            keep = [n for n, p in self._parts.items() if p in (pa, pb)] if pa == pb else [
+                n for n in self.topo if self._parts.get(n, pa) in (pa, pb)]
+            self._routes[key] = self.topo.subgraph(keep).copy()
+        return self._routes[key]
+
     def _local(self, node) -> tuple[tuple[int, ...], float]:
         return (self._index[("local", node)],), 0.0
 
@@ -106,7 +128,7 @@ class Routes:
 
         # A direct link is what a peer-to-peer copy uses, even where a wider detour exists
         # (DGX-1: GPU0-GPU1 is one NVLink, GPU0-GPU3-GPU2-GPU1 are doubled ones).
-        hops = (a, b) if self.topo.has_edge(a, b) else widest_path(self.topo, a, b).hops
+        hops = (a, b) if self.topo.has_edge(a, b) else widest_path(self._region(a, b), a, b).hops
         links = tuple(self._index[(u, v)] for u, v in zip(hops, hops[1:]))
         latency = sum(_latency(self.topo.edges[u, v]) for u, v in zip(hops, hops[1:]))
         return links, latency
@@ -137,6 +159,16 @@ def _latency(edge: dict) -> float:
     if lat is None:
         lat = DEFAULT_LATENCY_US.get(edge.get("type"), _FALLBACK_LATENCY_US)
     return float(lat)
+
+
+def _machine_parts(topo: nx.DiGraph) -> dict:
+    """Node -> machine index: the parts left once ``net`` links and net switches are removed
+    (network switches map to no machine)."""
+    local = nx.Graph()
+    local.add_nodes_from(n for n, k in topo.nodes(data="kind") if k != "net_switch")
+    local.add_edges_from((u, v) for u, v, t in topo.edges(data="type")
+                         if t != "net" and u in local and v in local)
+    return {n: i for i, part in enumerate(nx.connected_components(local)) for n in part}
 
 
 def routes_for(topo: nx.DiGraph, local_bw_gbps: float | None = None) -> Routes:
