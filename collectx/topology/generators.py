@@ -130,6 +130,28 @@ def multi_node(node_topology, n_nodes: int, nic_bw: float, rails: bool = True) -
     return G
 
 
+def multi_node_spec(spec: str) -> nx.DiGraph:
+    """A cluster from ``"multi:PRESET:NODES:GBPS[:single]"`` (the ``collectx plan`` SOURCE).
+
+    ``GBPS`` is per NIC and direction; ``:single`` joins all NICs to one switch instead of
+    rails.
+
+    >>> G = multi_node_spec("multi:dgx_h100:2:50")
+    >>> len(gpus(G)), sorted(G.successors("RAIL0"))
+    (16, ['n0/NIC0', 'n1/NIC0'])
+    """
+    parts = spec.split(":")
+    ok = len(parts) in (4, 5) and parts[0] == "multi" and parts[4:] in ([], ["single"])
+    try:
+        n_nodes, nic_bw = int(parts[2]), float(parts[3])
+    except (IndexError, ValueError):
+        ok = False
+    if not ok:
+        raise TopologyError(f"cluster spec {spec!r}: expected multi:PRESET:NODES:GBPS[:single], "
+                            f"e.g. multi:dgx_h100:16:50")
+    return multi_node(parts[1], n_nodes, nic_bw, rails=len(parts) == 4)
+
+
 def _with_nics(node: nx.DiGraph, nic_bw: float) -> nx.DiGraph:
     if nodes_of_kind(node, "nic"):
         return node
@@ -183,4 +205,4 @@ def host(nranks: int, numa_nodes: int = 1, shm_bw: float = DEFAULT_SHM_BW,
     return G
 
 
-__all__ = ["ring", "line", "fully_connected", "switch", "multi_node", "host"]
+__all__ = ["ring", "line", "fully_connected", "switch", "multi_node", "multi_node_spec", "host"]

@@ -234,6 +234,9 @@ def load(source) -> nx.DiGraph:
     if not isinstance(source, (str, os.PathLike)):
         raise TopologyError(f"cannot load a topology from a {type(source).__name__}; expected "
                             f"a preset name, a file path or an nx.DiGraph")
+    if str(source).startswith("multi:"):   # a cluster: multi:PRESET:NODES:GBPS[:single]
+        from .generators import multi_node_spec
+        return multi_node_spec(str(source))
     path = Path(source)
     try:
         is_file = path.is_file()
