@@ -95,6 +95,9 @@ def format_plan(p) -> str:
                      f"{d['predicted_busbw_GBps']:.2f} GB/s")
     else:
         lines.append("predicted    (no simulator available)")
+    flat = p.schedule.meta_dict().get("flat_ring_busbw")
+    if flat:
+        lines.append(f"flat ring    busbw {flat:.2f} GB/s (rings over all GPUs, for comparison)")
     if d["bound_busbw_GBps"] is not None:
         if p.collective == "allreduce" and d["ceiling_busbw_GBps"] is not None:
             lines.append(f"bound        reference busbw {d['bound_busbw_GBps']:.2f} GB/s, "
