@@ -19,6 +19,8 @@ from ..errors import ArgumentError, DTypeError
 DTYPE_CODES = {"int8": 0, "uint8": 1, "int32": 2, "int64": 3, "float16": 4, "bfloat16": 5,
                "float32": 6, "float64": 7}
 OP_CODES = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
+# dtype -> code by dtype object: dtype.name is slow, and this runs on every call
+_CODE_OF = {np.dtype(n): c for n, c in DTYPE_CODES.items() if n != "bfloat16"}
 _TORCH_BF16 = "torch.bfloat16"
 
 
@@ -28,6 +30,10 @@ def as_array(x, what: str, writable: bool = False) -> tuple[np.ndarray, int]:
     Raises :class:`~collectx.errors.ArgumentError` for non-contiguous or read-only buffers
     (``writable``), :class:`~collectx.errors.DTypeError` for unsupported dtypes.
     """
+    if type(x) is np.ndarray and x.flags.c_contiguous and (x.flags.writeable or not writable):
+        code = _CODE_OF.get(x.dtype)  # fast path: a plain contiguous numpy array
+        if code is not None:
+            return (x if x.ndim == 1 else x.reshape(-1)), code
     arr, bf16 = _to_numpy(x, what)
     if not arr.flags.c_contiguous:
         raise ArgumentError(f"{what}: got a non-contiguous array (strides {arr.strides}); "

@@ -149,7 +149,7 @@ class Communicator:
         except (ArgumentError, DTypeError) as e:
             self._engine.abort_call(str(e))
             raise
-        overlap = src is not None and dst is not None and np.shares_memory(src, dst)
+        overlap = src is not None and dst is not None and np.may_share_memory(src, dst)
         itemsize = (src if src is not None else dst).itemsize if count or src is not None else 1
 
         def go():

@@ -43,9 +43,11 @@ class Engine:
         self._poisoned: str | None = None
         self._lock = threading.Lock()
         ffi, self._lib = native()
-        self._call = ffi.new("cx_exec_call*")
+        self._calls: dict[tuple, tuple] = {}
+        self._wnative = window.native
         self._res = ffi.new("cx_exec_result*")
         self._ffi = ffi
+        self._null = ffi.NULL
 
     # -- planning -------------------------------------------------------------------------------
     def _flat(self, coll: str, dtype: int, itemsize: int, count: int, root: int):
@@ -82,26 +84,39 @@ class Engine:
             root: int = 0, in_overlaps_out: bool = False) -> None:
         """One collective; ``src``/``dst`` are numpy arrays or None (nothing to stage / copy out)."""
         with self._lock:
-            self._check_usable()
-            fp, tile = self._flat(coll, dtype, itemsize, count, root)
-            seq = self._seq
-            base = W_DESC + DESC_WORDS * (seq & 1)
-            self._ctl[base:base + 6] = (seq, COLL_CODES[coll], dtype, op, count, root)
-            c = self._call
-            c.dtype, c.op, c.count, c.tile_count = dtype, op, count, tile
-            c.user_in = self._ffi.cast("void*", _addr(src))
-            c.user_out = self._ffi.cast("void*", _addr(dst))
-            c.in_private = int(fp.in_private and not in_overlaps_out)
-            c.out_private = int(fp.out_private)
-            c.scale = 1.0 / self.size if op == _AVG else 1.0
-            c.seq, c.epoch = seq, self._epoch
-            c.deadline_ns = self._lib.cx_exec_now_ns() + int(self.timeout * 1e9)
-            self._lib.cx_exec_run(fp.native, self.win.native, c, self._res)
+            if self._poisoned:
+                self._check_usable()
+            key = (coll, dtype, count, op, root, in_overlaps_out)
+            prepared = self._calls.get(key)
+            if prepared is None:
+                prepared = self._prepare(coll, dtype, itemsize, count, op, root, in_overlaps_out)
+            fp, c = prepared
+            keep_in = c.user_in = self._null if src is None else self._ffi.from_buffer(src)
+            keep_out = c.user_out = self._null if dst is None else self._ffi.from_buffer(dst)
+            seq = c.seq = self._seq
+            c.epoch = self._epoch
             res = self._res
+            self._lib.cx_exec_run(fp.native, self._wnative, c, res)
+            del keep_in, keep_out          # the user's buffers were pinned until here
             self._seq += 1
             self._epoch += res.epochs_used
             if res.status:
                 raise self._failure(coll, seq, res.status, res.rank, res.lane, res.index)
+
+    def _prepare(self, coll, dtype, itemsize, count, op, root, in_overlaps_out):
+        """The plan and a pre-filled call struct for one call signature (cached)."""
+        fp, tile = self._flat(coll, dtype, itemsize, count, root)
+        c = self._ffi.new("cx_exec_call*")
+        c.dtype, c.op, c.count, c.tile_count = dtype, op, count, tile
+        c.coll, c.root = COLL_CODES[coll], root
+        c.in_private = int(fp.in_private and not in_overlaps_out)
+        c.out_private = int(fp.out_private)
+        c.scale = 1.0 / self.size if op == _AVG else 1.0
+        c.deadline_ns, c.timeout_ns = 0, int(self.timeout * 1e9)
+        if len(self._calls) > 512:  # many distinct sizes: start over rather than grow forever
+            self._calls.clear()
+        self._calls[(coll, dtype, count, op, root, in_overlaps_out)] = (fp, c)
+        return fp, c
 
     def p2p(self, send: bool, peer: int, arr) -> None:
         """Send ``arr`` to ``peer`` or receive into it (blocking; see executor_p2p.cpp)."""
@@ -109,8 +124,7 @@ class Engine:
             self._check_usable()
             fn = self._lib.cx_exec_send if send else self._lib.cx_exec_recv
             deadline = self._lib.cx_exec_now_ns() + int(self.timeout * 1e9)
-            fn(self.win.native, peer, self._ffi.cast("void*", _addr(arr)), arr.nbytes, deadline,
-               self._res)
+            fn(self.win.native, peer, self._ffi.from_buffer(arr), arr.nbytes, deadline, self._res)
             res = self._res
             if res.status == _EXEC["MISMATCH"]:
                 raise CollectiveMismatch(f"rank {self.rank}: recv of {arr.nbytes} bytes from rank "
@@ -119,6 +133,9 @@ class Engine:
             if res.status:
                 raise self._failure("send" if send else "recv", -1, res.status, res.rank,
                                     -1, -1)
+
+    def _buffer(self, arr):
+        return self._null if arr is None else self._ffi.from_buffer(arr)
 
     def abort_call(self, reason: str) -> None:
         """This rank rejects its part of the next call: peers raise PeerAborted, not hang.
@@ -154,7 +171,7 @@ class Engine:
         with self._lock:
             self._poisoned = self._poisoned or "closed"
             self._ctl = self._ctl[:0].copy()
-            self.win = None
+            self.win = self._wnative = None
 
     def _check_usable(self) -> None:
         if self._poisoned:
@@ -207,6 +224,3 @@ class Engine:
                          f"count={d[4]}, root={d[5]})")
         return "; ".join(parts)
 
-
-def _addr(arr) -> int:
-    return 0 if arr is None else arr.__array_interface__["data"][0]

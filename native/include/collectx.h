@@ -148,7 +148,10 @@ typedef struct {
   double scale;           /* != 1.0: multiply the output once complete (avg) */
   unsigned long long seq;       /* call sequence number; descriptor slot = seq & 1 */
   unsigned long long epoch;     /* epoch of the first tile; tile t uses epoch + t */
-  long long deadline_ns;  /* CLOCK_MONOTONIC deadline (cx_exec_now_ns) */
+  long long deadline_ns;  /* CLOCK_MONOTONIC deadline (cx_exec_now_ns); 0: now + timeout_ns */
+  long long timeout_ns;
+  int coll;               /* collective code and root, written with seq, dtype, op and count */
+  int root;               /* into this rank's call descriptor before the first barrier */
 } cx_exec_call;
 
 typedef struct {

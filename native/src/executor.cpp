@@ -57,6 +57,7 @@ struct Ctx {
     size_t esize;
     uint64_t epoch;
     int64_t tile_off, tile_len;
+    int64_t deadline;
     char* ptr[3 * kMaxRanks];
     int64_t stride[3 * kMaxRanks];
 };
@@ -140,7 +141,7 @@ int run_lanes(Ctx& c) {
     int pc[CX_EXEC_MAX_LANES];
     for (int l = 0; l < p->nlanes; ++l) pc[l] = p->lane_off[l];
     cx_ctl* mine = c.win->ctl[p->rank];
-    Waiter w(c.win, c.call->seq, c.call->deadline_ns, c.res);
+    Waiter w(c.win, c.call->seq, c.deadline, c.res);
     for (;;) {
         bool progressed = false, left = false;
         for (int l = 0; l < p->nlanes; ++l) {
@@ -169,7 +170,7 @@ int run_lanes(Ctx& c) {
 }
 
 int wait_deps(Ctx& c, const int32_t* deps, int n) {
-    Waiter w(c.win, c.call->seq, c.call->deadline_ns, c.res);
+    Waiter w(c.win, c.call->seq, c.deadline, c.res);
     for (int d = 0; d < n; ++d)
         while (!dep_met(c, deps + 3 * d))
             if (int rc = w.wait()) return rc;
@@ -192,7 +193,7 @@ int check_descriptors(Ctx& c) {
 int barrier(Ctx& c) {
     const cx_exec_window* w = c.win;
     store_rel(&w->ctl[w->rank]->ready, c.epoch);
-    Waiter wt(c.win, c.call->seq, c.call->deadline_ns, c.res);
+    Waiter wt(c.win, c.call->seq, c.deadline, c.res);
     for (int i = 1; i < w->nranks; ++i) {
         int r = (w->rank + i) % w->nranks;
         while (load_acq(&w->ctl[r]->ready) < c.epoch)
@@ -269,6 +270,16 @@ extern "C" int cx_exec_run(const cx_exec_plan* plan, const cx_exec_window* win,
     c.res = res;
     c.esize = cx_dtype_size(call->dtype);
     if (c.esize == 0) return to_cx_status(res->status = CX_EXEC_BADARG);
+    // The call descriptor peers compare after the first barrier (published by its release).
+    uint64_t* desc = win->ctl[win->rank]->desc[call->seq & 1];
+    desc[0] = call->seq;
+    desc[1] = uint64_t(call->coll);
+    desc[2] = uint64_t(call->dtype);
+    desc[3] = uint64_t(call->op);
+    desc[4] = uint64_t(call->count);
+    desc[5] = uint64_t(call->root);
+    int64_t deadline = call->deadline_ns ? call->deadline_ns : now_ns() + call->timeout_ns;
+    c.deadline = deadline;
     int64_t ntiles = call->count == 0 ? 1 : (call->count + call->tile_count - 1) / call->tile_count;
     for (int64_t t = 0; t < ntiles; ++t) {
         c.epoch = call->epoch + uint64_t(t);

@@ -1,0 +1,198 @@
+"""collectx vs Open MPI (mpi4py, shared-memory path) vs gloo on this machine: busbw and latency.
+
+Same machine, same run: every backend runs the same sizes with the same iteration rule, and one
+table is printed with ratio columns (collectx / MPI, collectx / gloo). Benchmark, not a test.
+
+    python perf/compare_cpu.py                         # 2 and 4 ranks, allreduce/allgather/rs
+    python perf/compare_cpu.py --ranks 2 --colls allreduce --sizes 8,1M,64M --json out.jsonl
+
+busbw follows nccl-tests: allreduce 2(n-1)/n, allgather/reduce_scatter (n-1)/n of the full
+buffer (allgather output, reduce_scatter input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, ROOT)
+FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+          "reduce_scatter": lambda n: (n - 1) / n}
+
+
+def parse_size(text: str) -> int:
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().rstrip("B") or "0"
+    return int(float(t[:-1]) * mult[t[-1]]) if t[-1] in mult else int(t)
+
+
+def iterations(nbytes: int, budget_s: float) -> int:
+    """Iterations for a size: about budget_s of work at an assumed 2 GB/s, within [3, 2000]."""
+    return int(min(2000, max(3, budget_s * 2e9 / max(nbytes, 64))))
+
+
+def elements(coll: str, nbytes: int, n: int) -> tuple[int, int]:
+    """(input elements, output elements) of float32 for a collective of nbytes (nccl-tests)."""
+    e = max(1, nbytes // 4)
+    if coll == "allreduce":
+        return e, e
+    per = max(1, e // n)
+    return (per, per * n) if coll == "allgather" else (per * n, per)
+
+
+# -- one timed loop per backend ---------------------------------------------------------------
+def time_loop(run, barrier, iters: int) -> float:
+    for _ in range(2):
+        run()
+    barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        run()
+    barrier()
+    return (time.perf_counter() - t0) / iters
+
+
+def bench_collectx(cases, budget):
+    import collectx
+    comm = collectx.init()
+    out = []
+    for coll, nbytes in cases:
+        ni, no = elements(coll, nbytes, comm.size)
+        x, y = np.ones(ni, np.float32), np.empty(no, np.float32)
+        fn = {"allreduce": lambda: comm.allreduce(x),
+              "allgather": lambda: comm.allgather(x, out=y),
+              "reduce_scatter": lambda: comm.reduce_scatter(x, out=y)}[coll]
+        out.append(time_loop(fn, comm.barrier, iterations(nbytes, budget)))
+    comm.close()
+    return out
+
+
+def bench_gloo(cases, budget, rdzv):
+    import torch
+    import torch.distributed as dist
+    rank, size = int(os.environ["COLLECTX_RANK"]), int(os.environ["COLLECTX_WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=f"file://{rdzv}/gloo", rank=rank,
+                            world_size=size)
+    out = []
+    for coll, nbytes in cases:
+        ni, no = elements(coll, nbytes, size)
+        x, y = torch.ones(ni), torch.empty(no)
+        fn = {"allreduce": lambda: dist.all_reduce(x),
+              "allgather": lambda: dist.all_gather_into_tensor(y, x),
+              "reduce_scatter": lambda: dist.reduce_scatter_tensor(y, x)}[coll]
+        try:
+            out.append(time_loop(fn, dist.barrier, max(3, iterations(nbytes, budget) // 4)))
+        except RuntimeError:  # gloo lacks reduce_scatter_tensor on CPU in some versions
+            out.append(float("nan"))
+    dist.destroy_process_group()
+    return out
+
+
+def bench_mpi(cases, budget):
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    out = []
+    for coll, nbytes in cases:
+        ni, no = elements(coll, nbytes, comm.size)
+        x, y = np.ones(ni, np.float32), np.empty(no, np.float32)
+        fn = {"allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),
+              "allgather": lambda: comm.Allgather(x, y),
+              "reduce_scatter": lambda: comm.Reduce_scatter_block(x, y, op=MPI.SUM)}[coll]
+        out.append(time_loop(fn, comm.Barrier, iterations(nbytes, budget)))
+    return out if comm.rank == 0 else None
+
+
+# -- drivers ------------------------------------------------------------------------------------
+def _rank0(results):
+    return results[0]
+
+
+def run_collectx(n, cases, budget):
+    import collectx
+    return _rank0(collectx.launch(bench_collectx, n, args=(cases, budget)))
+
+
+def run_gloo(n, cases, budget):
+    import collectx
+    rdzv = tempfile.mkdtemp(prefix="cmp-gloo-")
+    try:
+        return _rank0(collectx.launch(bench_gloo, n, args=(cases, budget, rdzv)))
+    finally:
+        shutil.rmtree(rdzv, ignore_errors=True)
+
+
+def run_mpi(n, cases, budget):
+    if not shutil.which("mpirun"):
+        return [float("nan")] * len(cases)
+    with tempfile.NamedTemporaryFile("r", suffix=".json") as f:
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), sys.executable,
+               __file__, "--mpi-worker", f.name, "--budget", str(budget),
+               "--cases", json.dumps(cases)]
+        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": ROOT})
+        return json.load(open(f.name))
+
+
+def table(rows) -> str:
+    head = (f"{'coll':<15}{'ranks':>5}{'bytes':>11}{'collectx us':>13}{'MPI us':>11}"
+            f"{'gloo us':>11}{'cx busbw':>10}{'MPI busbw':>10}{'gloo busbw':>11}"
+            f"{'cx/MPI':>8}{'cx/gloo':>9}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['coll']:<15}{r['ranks']:>5}{r['bytes']:>11}"
+                     f"{r['collectx_us']:>13.1f}{r['mpi_us']:>11.1f}{r['gloo_us']:>11.1f}"
+                     f"{r['collectx_busbw']:>10.2f}{r['mpi_busbw']:>10.2f}{r['gloo_busbw']:>11.2f}"
+                     f"{r['ratio_mpi']:>8.2f}{r['ratio_gloo']:>9.1f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--colls", default="allreduce,allgather,reduce_scatter")
+    ap.add_argument("--sizes", default="8,64K,1M,16M,64M,256M")
+    ap.add_argument("--budget", type=float, default=0.3, help="seconds of work per point")
+    ap.add_argument("--skip", default="", help="backends to skip: mpi,gloo")
+    ap.add_argument("--json", help="also write JSON lines here")
+    ap.add_argument("--mpi-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--cases", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.mpi_worker:
+        res = bench_mpi([tuple(c) for c in json.loads(a.cases)], a.budget)
+        if res is not None:
+            json.dump(res, open(a.mpi_worker, "w"))
+        return 0
+    rows = []
+    for n in map(int, a.ranks.split(",")):
+        cases = [(c, parse_size(s)) for c in a.colls.split(",") for s in a.sizes.split(",")]
+        cx = run_collectx(n, cases, a.budget)
+        mpi = run_mpi(n, cases, a.budget) if "mpi" not in a.skip else [float("nan")] * len(cases)
+        gloo = run_gloo(n, cases, a.budget) if "gloo" not in a.skip else [float("nan")] * len(cases)
+        for (coll, nbytes), t_cx, t_mpi, t_gl in zip(cases, cx, mpi, gloo):
+            f = FACTOR[coll](n)
+            bw = lambda t: nbytes / t * f / 1e9 if t == t and t > 0 else float("nan")  # noqa
+            rows.append({"coll": coll, "ranks": n, "bytes": nbytes,
+                         "collectx_us": t_cx * 1e6, "mpi_us": t_mpi * 1e6, "gloo_us": t_gl * 1e6,
+                         "collectx_busbw": bw(t_cx), "mpi_busbw": bw(t_mpi),
+                         "gloo_busbw": bw(t_gl), "ratio_mpi": t_mpi / t_cx,
+                         "ratio_gloo": t_gl / t_cx})
+    print(table(rows))
+    if a.json:
+        with open(a.json, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
