@@ -109,26 +109,39 @@ def run_torch(spec: dict, nprocs: int, backend: str = "gloo") -> PeerResult:
             return PeerResult("nccl", skipped=reason, hint=NCCL_HINT)
     with tempfile.TemporaryDirectory(prefix="collectx-perf-") as tmp:
         store = os.path.join(tmp, "store")
-        procs = []
-        for rank in range(nprocs):
-            cmd = _worker_cmd(backend, spec) + ["--rank", str(rank), "--world", str(nprocs),
-                                                "--store", store]
-            procs.append(subprocess.Popen(
-                cmd, env=_env(), text=True, stdout=subprocess.PIPE if rank == 0 else
-                subprocess.DEVNULL, stderr=None if rank == 0 else subprocess.PIPE))
-        return _collect(backend, procs)
+        procs, logs = [], []
+        try:
+            for rank in range(nprocs):
+                cmd = _worker_cmd(backend, spec) + ["--rank", str(rank), "--world",
+                                                    str(nprocs), "--store", store]
+                # Other ranks' stderr goes to files: a pipe nobody reads until rank 0 is done
+                # could fill up and stall the collective.
+                logs.append(None if rank == 0 else open(os.path.join(tmp, f"{rank}.err"), "w+"))
+                procs.append(subprocess.Popen(
+                    cmd, env=_env(), text=True, stdout=subprocess.PIPE if rank == 0 else
+                    subprocess.DEVNULL, stderr=logs[-1]))
+            return _collect(backend, procs, logs)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+            for log in logs[1:]:
+                log.close()
 
 
-def _collect(name: str, procs: list) -> PeerResult:
+def _collect(name: str, procs: list, logs: list) -> PeerResult:
     try:
         out, _ = procs[0].communicate(timeout=PEER_TIMEOUT_S)
-        errs = [p.communicate(timeout=60)[1] or "" for p in procs[1:]]
+        for proc in procs[1:]:
+            proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
         return PeerResult(name, skipped=f"{name} run exceeded {PEER_TIMEOUT_S} s")
+    errs = ""
+    for log in logs[1:]:
+        log.seek(0)
+        errs += log.read()
     rc = max(abs(p.returncode) for p in procs)
-    return parse_json_lines(name, out, rc, "".join(errs))
+    return parse_json_lines(name, out, rc, errs)
 
 
 def _nccl_missing(nprocs: int) -> str | None:
