@@ -79,8 +79,14 @@ def _all_right(result):
 @pytest.mark.mpi
 @pytest.mark.skipif(not (shutil.which("mpirun") and peers._has_module("mpi4py")),
                     reason="needs Open MPI and mpi4py")
-def test_open_mpi_runs_the_identical_sweep():
-    _all_right(peers.run_peer("mpi", SPEC, 2))
+def test_open_mpi_runs_the_identical_sweep_of_every_collective():
+    every = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall",
+             "sendrecv")
+    spec = dict(SPEC, collectives=every, op="avg", root=2)  # avg: emulated; root 2: in-place reduce
+    result = peers.run_peer("mpi", spec, 3)
+    assert result.skipped is None, result.skipped
+    assert {r["collective"] for r in result.rows} == set(every)
+    assert all(r[v]["wrong"] == 0 for r in result.rows for v in ("oop", "ip") if r[v])
 
 
 @pytest.mark.skipif(not peers._has_module("torch"), reason="needs torch")
