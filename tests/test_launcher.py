@@ -1,0 +1,100 @@
+"""collectx.launch and python -m collectx.run: environment, results, failures, cleanup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import _launcher_workers as L
+import collectx
+from collectx.errors import ArgumentError, CommError, RankFailed
+from collectx.runtime import bootstrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_launch_returns_results_by_rank_and_removes_the_rendezvous_dir():
+    got = collectx.launch(L.whoami, 3, args=("t",), timeout=120)
+    assert got == [(0, 3, "t", True), (1, 3, "t", True), (2, 3, "t", True)]
+    assert not os.path.exists(collectx.launch(L.rdzv_dir, 1, timeout=120)[0])
+
+
+def test_first_failure_is_reraised_with_rank_and_remote_traceback_and_others_are_stopped():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        collectx.launch(L.fail_on_rank, 3, args=(1,), grace=0.5, timeout=120)
+    err = info.value
+    assert isinstance(err, CommError) and err.rank == 1 and err.exc_type == "ZeroDivisionError"
+    assert "divides by zero" in str(err) and "fail_on_rank" in err.remote_traceback
+    assert isinstance(err.__cause__, ZeroDivisionError)
+    assert time.monotonic() - t0 < 40   # not the 60 s the other ranks would sleep
+
+
+def test_launch_rejects_a_bad_process_count():
+    with pytest.raises(ArgumentError):
+        collectx.launch(L.whoami, 0)
+
+
+def test_detect_reads_the_launcher_from_the_environment():
+    assert bootstrap.detect({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h",
+                             "MASTER_PORT": "1"}) == "torch"
+    assert bootstrap.detect({"SLURM_PROCID": "3"}) == "mpi"
+    assert bootstrap.detect({"PMI_RANK": "0"}) == "mpi"
+
+
+SCRIPT = textwrap.dedent("""
+    import sys, numpy as np, collectx
+    comm = collectx.init()
+    x = np.full(3, comm.rank + 1.0)
+    comm.allreduce(x)
+    print(f"rank {comm.rank}/{comm.size} sum {x[0]:g} args {sys.argv[1:]}", flush=True)
+    if "fail" in sys.argv and comm.rank == 1:
+        sys.exit(7)
+    if "hang" in sys.argv:
+        import time; time.sleep(60)
+    comm.close()
+""")
+
+
+def _run(tmp_path, opts, script_args=(), **kw):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.Popen([sys.executable, "-m", "collectx.run", *opts, str(script),
+                             *script_args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **kw)
+
+
+def test_run_cli_starts_n_ranks_that_find_each_other(tmp_path):
+    p = _run(tmp_path, ["-n", "3"])
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err
+    assert sorted(out.split("\n")[:3]) == [f"rank {r}/3 sum 6 args []" for r in range(3)]
+
+
+def test_run_cli_returns_the_failing_rank_status(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    p = subprocess.run([sys.executable, "-m", "collectx.run", "-n", "2", "--grace", "1",
+                        str(script), "fail"], env={**os.environ, "PYTHONPATH": ROOT},
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 7
+    assert "rank 1 failed (exit status 7)" in p.stderr
+
+
+def test_run_cli_forwards_sigterm_to_the_ranks(tmp_path):
+    p = _run(tmp_path, ["-n", "2"], ["hang"], start_new_session=True)
+    deadline = time.monotonic() + 120
+    line = p.stdout.readline()        # a rank got through allreduce: the group is up
+    assert line.startswith("rank"), p.stderr.read()
+    assert time.monotonic() < deadline
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+    assert p.returncode != 0
