@@ -54,6 +54,11 @@ def init(rank: int | None = None, world_size: int | None = None, *, store=None, 
     if device != "cpu":
         from ..errors import ArgumentError
         raise ArgumentError(f"device={device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+    if store is None and rank is None and world_size is None:
+        from .multinode import maybe_init   # COLLECTX_HOSTS or several hosts: shm + engine
+        hier = maybe_init(timeout)
+        if hier is not None:
+            return hier
     from ..config import get_config
     from .bootstrap import bootstrap
     t = float(timeout if timeout is not None else get_config().timeout_s)
