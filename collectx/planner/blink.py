@@ -33,6 +33,7 @@ from .treesched import Share, TreeEmitter, pack_both_ways, pack_rooted
 
 SUPPORTED = ("allreduce", "broadcast", "reduce")
 MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pipelining
+MAX_INSTRUCTIONS = 16384       # keeps schedules small enough to ship, verify and simulate
 CANDIDATE_CHUNKS = (16, 32, 64, 128, 256, 512)
 
 
@@ -134,7 +135,8 @@ _EMIT = {"allreduce": _emit_allreduce, "broadcast": _emit_broadcast, "reduce": _
 
 
 def _candidates(collective, nbytes, n) -> list[int]:
-    most = max(1, int(unit_bytes(collective, nbytes, n) // MIN_CHUNK_BYTES))
+    most = max(1, min(int(unit_bytes(collective, nbytes, n) // MIN_CHUNK_BYTES),
+                      MAX_INSTRUCTIONS // (2 * (n - 1))))
     return [c for c in CANDIDATE_CHUNKS if c <= most] or [1]
 
 

@@ -33,6 +33,7 @@ from .treesched import Share, TreeEmitter, pack_rooted
 
 SUPPORTED = ("allgather", "reduce_scatter", "allreduce")
 MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pipelining
+MAX_INSTRUCTIONS = 16384       # keeps schedules small enough to ship, verify and simulate
 CANDIDATE_CHUNKS = (8, 16, 32, 64, 128, 256)
 
 
@@ -163,7 +164,7 @@ def _counts(packed: dict, collective: str, nbytes: int, n: int, nchunks) -> tupl
         cands = [-(-nchunks // n) if collective == "allreduce" else nchunks]
     else:
         unit = unit_bytes(collective, nbytes, n) / (n if collective == "allreduce" else 1)
-        most = max(1, int(unit // MIN_CHUNK_BYTES))
+        most = max(1, min(int(unit // MIN_CHUNK_BYTES), MAX_INSTRUCTIONS // (n * (n - 1))))
         cands = [c for c in CANDIDATE_CHUNKS if c <= most] or [1]
     chosen = {phase: chunk_counts(p, caps, cands) for phase, (p, caps) in packed.items()}
     q = max(c for c, _ in chosen.values())
