@@ -10,7 +10,7 @@
 //      every peer's ready >= e and, on tile 0, compares the descriptors. Then each block walks its
 //      lane: thread 0 waits for the instruction's deps (epoch-stamped flags of any rank, read
 //      with system-scope acquire loads over IPC-mapped memory), __syncthreads, the whole block
-//      copies / reduces (16-byte packs when every pointer is aligned), __syncthreads, thread 0
+//      copies / reduces (16-byte packs once every pointer is aligned), __syncthreads, thread 0
 //      publishes the lane flag with a system-scope release store. Block 0 finally waits for the
 //      instructions that write my output (fin_deps);
 //   3. copy the tile out of my staging set into the user's output, then scale (avg).
@@ -178,37 +178,17 @@ template <class T> __device__ __forceinline__ T load_elem(const T* p) {
 struct Piece {
   char* addr[CX_CUDA_MAX_SRCS + 1];  // [0] destination, then sources
   long long len;
+  long long head;  // leading elements done one by one before the 16-byte packs
   int nsrc;
-  int aligned;
+  int packed;      // 1: every pointer is equally misaligned, so packs start at `head`
 };
 
-// The whole block: dst = src0 op src1 op ... (or a copy) over len elements.
+// Elements [lo, hi) one by one, block-strided.
 template <class T, class Op>
-__device__ void block_apply(const Piece& p, bool copy) {
+__device__ void block_scalar(const Piece& p, bool copy, long long lo, long long hi) {
   typedef typename cx_compute<T>::type C;
-  constexpr int V = sizeof(uint4) / sizeof(T);
-  long long npacks = p.aligned ? p.len / V : 0;
-  for (long long i = threadIdx.x; i < npacks; i += blockDim.x) {
-    uint4 in = __ldcg(reinterpret_cast<const uint4*>(p.addr[1]) + i);
-    if (!copy) {
-      const T* e = reinterpret_cast<const T*>(&in);
-      C acc[V];
-#pragma unroll
-      for (int v = 0; v < V; v++) acc[v] = cx_load(e[v]);
-      for (int s = 2; s <= p.nsrc; s++) {
-        uint4 more = __ldcg(reinterpret_cast<const uint4*>(p.addr[s]) + i);
-        const T* m = reinterpret_cast<const T*>(&more);
-#pragma unroll
-        for (int v = 0; v < V; v++) acc[v] = Op::apply(acc[v], cx_load(m[v]));
-      }
-      T* o = reinterpret_cast<T*>(&in);
-#pragma unroll
-      for (int v = 0; v < V; v++) o[v] = cx_store<T>(acc[v]);
-    }
-    reinterpret_cast<uint4*>(p.addr[0])[i] = in;
-  }
-  for (long long i = npacks * V + threadIdx.x; i < p.len; i += blockDim.x) {
-    T* dst = reinterpret_cast<T*>(p.addr[0]);
+  T* dst = reinterpret_cast<T*>(p.addr[0]);
+  for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
     T first = load_elem(reinterpret_cast<const T*>(p.addr[1]) + i);
     if (copy) {
       dst[i] = first;
@@ -219,6 +199,38 @@ __device__ void block_apply(const Piece& p, bool copy) {
       acc = Op::apply(acc, cx_load(load_elem(reinterpret_cast<const T*>(p.addr[s]) + i)));
     dst[i] = cx_store<T>(acc);
   }
+}
+
+// The whole block: dst = src0 op src1 op ... (or a copy) over len elements. Chunk boundaries
+// rarely fall on 16 bytes, but every ref of a piece usually sits at the same offset within its
+// slot, so after a short scalar head all pointers are aligned together and move in uint4 packs.
+template <class T, class Op>
+__device__ void block_apply(const Piece& p, bool copy) {
+  typedef typename cx_compute<T>::type C;
+  constexpr int V = sizeof(uint4) / sizeof(T);
+  const long long head = p.packed ? min(p.head, p.len) : p.len;
+  const long long npacks = (p.len - head) / V;
+  block_scalar<T, Op>(p, copy, 0, head);
+  for (long long i = threadIdx.x; i < npacks; i += blockDim.x) {
+    uint4 in = __ldcg(reinterpret_cast<const uint4*>(p.addr[1] + head * sizeof(T)) + i);
+    if (!copy) {
+      const T* e = reinterpret_cast<const T*>(&in);
+      C acc[V];
+#pragma unroll
+      for (int v = 0; v < V; v++) acc[v] = cx_load(e[v]);
+      for (int s = 2; s <= p.nsrc; s++) {
+        uint4 more = __ldcg(reinterpret_cast<const uint4*>(p.addr[s] + head * sizeof(T)) + i);
+        const T* m = reinterpret_cast<const T*>(&more);
+#pragma unroll
+        for (int v = 0; v < V; v++) acc[v] = Op::apply(acc[v], cx_load(m[v]));
+      }
+      T* o = reinterpret_cast<T*>(&in);
+#pragma unroll
+      for (int v = 0; v < V; v++) o[v] = cx_store<T>(acc[v]);
+    }
+    reinterpret_cast<uint4*>(p.addr[0] + head * sizeof(T))[i] = in;
+  }
+  block_scalar<T, Op>(p, copy, head + npacks * V, p.len);
 }
 
 // One instruction, in pieces that stay inside one unit of every ref (units are not adjacent in
@@ -244,12 +256,15 @@ __device__ int run_instr(const KArgs& a, const int* in, Piece& p, int* bad) {
                      cx_chunk_span(i + m - 1, nch, a.tile_len).length;
       p.addr[s] = buf_addr(a, ref[0], ref[1], unit, lo, int(sizeof(T)));
       if (s == 0) p.len = hi - lo;
-      if ((reinterpret_cast<uintptr_t>(p.addr[s]) & 15u) != 0) atomicOr(bad, 2);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
       p.nsrc = nsrc;
-      p.aligned = (*bad & 2) == 0;
+      unsigned mis = unsigned(reinterpret_cast<uintptr_t>(p.addr[0]) & 15u);
+      p.packed = mis % sizeof(T) == 0;
+      for (int s = 1; s <= nsrc; ++s)
+        p.packed &= unsigned(reinterpret_cast<uintptr_t>(p.addr[s]) & 15u) == mis;
+      p.head = ((16u - mis) & 15u) / sizeof(T);
       for (int s = 1; s <= nsrc; ++s) {  // refs of unequal element length: malformed plan
         const int* ref = srcs + 4 * (s - 1);
         long long i = (ref[2] + k) % nch;
@@ -266,8 +281,9 @@ __device__ int run_instr(const KArgs& a, const int* in, Piece& p, int* bad) {
   return CX_EXEC_OK;
 }
 
+// 512 threads x at most 128 registers: every block of every rank sharing a GPU stays resident.
 template <class T, class Op>
-__global__ void interpret(KArgs a) {
+__global__ void __launch_bounds__(kDefaultThreads) interpret(KArgs a) {
   __shared__ Piece piece;
   __shared__ int rc, bad;
   const int lane = blockIdx.x;
@@ -492,7 +508,7 @@ int cx_cuda_plan_free(cx_cuda_plan* plan) {
 
 int cx_cuda_exec_launch(const cx_cuda_exec_args* c, void* stream) {
   if (!c || !c->plan || !c->self_window || !c->d_windows || c->tile_count <= 0 || c->count < 0 ||
-      c->set_bytes <= 0 || c->timeout_ns <= 0 || c->threads < 0 || c->threads > 1024)
+      c->set_bytes <= 0 || c->timeout_ns <= 0 || c->threads < 0 || c->threads > kDefaultThreads)
     return CX_ERR_ARG;
   if (c->op < 0 || c->op >= CX_NUM_OPS) return CX_ERR_OP;
   int es = int(cx_dtype_size_of(c->dtype));
