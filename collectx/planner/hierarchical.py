@@ -38,7 +38,7 @@ from ._build import check_args
 from .hier_embed import Writers, embed
 
 SUPPORTED = ("allreduce", "allgather", "reduce_scatter", "broadcast")
-PIECE_BYTES = 16 << 20  # a pipeline piece per this many bytes of a shard ...
+PIECE_BYTES = 10 << 20  # a pipeline piece per this many bytes of a shard ...
 MAX_PIECES = 16         # ... up to this many (fill ~1/pieces of the time; more = more steps)
 _PREFIX = re.compile(r"^n\d+/")
 
@@ -64,7 +64,7 @@ def plan_hierarchical(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str,
         Must be False: the phases stage data in scratch, and the intra-node sub-plans are
         planned out of place.
     nchunks : int, optional
-        Pipeline pieces per shard (default: one per 16 MiB of a shard, at most 16).
+        Pipeline pieces per shard (default: one per 10 MiB of a shard, at most 16).
 
     Returns
     -------
