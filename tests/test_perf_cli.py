@@ -1,6 +1,7 @@
 """collectx-perf: argument parsing, the nccl-tests table format, and the driver's exit status."""
 
 import io
+import json
 
 import pytest
 
@@ -189,3 +190,23 @@ def test_an_unknown_algorithm_is_refused_before_starting_ranks(capsys):
     assert driver.main(["--algo", "nosuch"]) == 2
     err = capsys.readouterr().err
     assert "--algo 'nosuch': expected one of" in err and "ring" in err
+
+
+def test_rows_measured_before_a_crash_are_still_printed():
+    from collectx.errors import PeerFailure
+
+    def crashing_launch(fn, nprocs, args=()):
+        spec = args[0]
+        rows = run_threads(run_sweep, nprocs, (dict(spec, collectives=("allreduce",)),))[0]
+        with open(spec["rows_file"], "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        raise PeerFailure("rank 1 died during sendrecv\nremote traceback ...")
+
+    out = io.StringIO()
+    opts = parse_args(["--collective", "allreduce,sendrecv", "-b", "8", "-e", "16", "-I", "1",
+                       "--no-progress"])
+    assert driver.run_measured(opts, out=out, launch=crashing_launch) == 2
+    text = out.getvalue()
+    assert "# run failed after 2 rows: rank 1 died during sendrecv" in text
+    assert "# Collective: allreduce" in text and "remote traceback" not in text
+    assert "sendrecv: not run" not in text

@@ -7,8 +7,10 @@ JSON / CSV / plot / HTML. The exit status is 1 when any element was wrong, 2 on 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import tempfile
 
 from ..errors import ArgumentError, CollectXError, ConfigError
 from . import peers as peer_runners
@@ -39,9 +41,29 @@ def _collectx_rank(spec: dict) -> list[dict]:
         _bind_gpu()
     comm = collectx.init(device=spec.get("device", "cpu"))
     try:
-        return run_sweep(comm, spec, progress=stderr_progress if spec.get("progress") else None)
+        progress = stderr_progress if spec.get("progress") else None
+        return run_sweep(comm, spec, progress=progress, on_row=_row_writer(spec.get("rows_file")))
     finally:
         comm.close()
+
+
+def _row_writer(path: str | None):
+    """``on_row`` that appends each finished row to ``path`` as a JSON line (None: no file)."""
+    if path is None:
+        return None
+
+    def write(row: dict) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return write
+
+
+def _rows_so_far(path: str) -> list[dict]:
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except OSError:
+        return []
 
 
 def _check_algo(algo: str | None) -> None:
@@ -146,8 +168,18 @@ def run_measured(opts: Options, out=None, launch=None) -> int:
     if opts.root >= opts.nprocs:  # caught here, before any rank starts
         raise ArgumentError(f"-r {opts.root}: expected a root rank in [0, {opts.nprocs}) "
                             f"for -n {opts.nprocs}")
-    spec = opts.spec()
-    rows = launch(_collectx_rank, opts.nprocs, args=(spec,))[0]
+    with tempfile.TemporaryDirectory(prefix="collectx-perf-") as tmp:
+        spec = dict(opts.spec(), rows_file=os.path.join(tmp, "rows.jsonl"))
+        try:
+            rows = launch(_collectx_rank, opts.nprocs, args=(spec,))[0]
+        except CollectXError as exc:  # show what was measured before the failure, then fail
+            rows = _rows_so_far(spec["rows_file"])
+            if not rows:
+                raise
+            failure = str(exc).splitlines()[0]
+            report_measured(opts, opts.nprocs, {"collectx": rows}, {}, out,
+                            [f"# run failed after {len(rows)} rows: {failure}"])
+            return 2
     peers, skipped = {"collectx": rows}, {}
     for name in opts.compare:
         got = peer_runners.run_peer(name, spec, opts.nprocs)
@@ -158,15 +190,17 @@ def run_measured(opts: Options, out=None, launch=None) -> int:
     return report_measured(opts, opts.nprocs, peers, skipped, out)
 
 
-def report_measured(opts: Options, nranks: int, peers: dict, skipped: dict, out) -> int:
+def report_measured(opts: Options, nranks: int, peers: dict, skipped: dict, out,
+                    notes: list[str] = ()) -> int:
     """Print the table (and skipped peers), write the files; 1 if any result was wrong."""
-    lines = _preamble(opts, nranks)
+    lines = _preamble(opts, nranks) + list(notes)
     for name, info in skipped.items():
         hint = f"; install: {info['hint']}" if info.get("hint") else ""
         lines.append(f"# peer {name} skipped: {info['reason']}{hint}")
     measured = {row["collective"] for row in peers["collectx"]}
-    lines += [f"# {c}: not run, this communicator does not provide it"
-              for c in opts.collectives if c not in measured]
+    if not notes:  # after a failure, missing collectives are simply the ones not reached
+        lines += [f"# {c}: not run, this communicator does not provide it"
+                  for c in opts.collectives if c not in measured]
     others = {k: v for k, v in peers.items() if k != "collectx"}
     text = format_table(peers["collectx"], others, lines)
     out.write(text)

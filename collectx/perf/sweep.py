@@ -66,7 +66,7 @@ def iterations_for(nbytes: int, iters: int | None = None, warmup: int | None = N
 
 
 def run_sweep(comm, spec: dict, *, corrupt: Callable | None = None,
-              progress: Callable | None = None) -> list[dict]:
+              progress: Callable | None = None, on_row: Callable | None = None) -> list[dict]:
     """Run the sweep described by ``spec`` (see :meth:`Options.spec`) on this rank.
 
     Parameters
@@ -80,6 +80,9 @@ def run_sweep(comm, spec: dict, *, corrupt: Callable | None = None,
         before the comparison, to plant a wrong result.
     progress : callable, optional
         ``progress(done, total, label)``, called on rank 0 only.
+    on_row : callable, optional
+        ``on_row(row)``, called on rank 0 as each row completes (so a crash later in the sweep
+        does not lose the rows measured before it).
 
     Returns
     -------
@@ -108,6 +111,8 @@ def run_sweep(comm, spec: dict, *, corrupt: Callable | None = None,
         if key not in seen:  # tiny sizes round up to one element per rank: keep one row each
             seen.add(key)
             rows.append(row)
+            if on_row is not None and comm.rank == 0:
+                on_row(row)
     if progress is not None and comm.rank == 0:
         progress(len(jobs), len(jobs), "done")
     return rows
