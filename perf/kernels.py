@@ -35,13 +35,17 @@ def parse_bytes(text: str) -> int:
 
 
 def make_inputs(dtype: str, k: int, nelem: int, rng):
-    values = [rng.standard_normal(nelem, dtype=np.float32) for _ in range(k)]
+    """(inputs for collectx, inputs for numpy); shared where the dtype is the same."""
     if dtype == "bfloat16":
-        ours = [(v.view(np.uint32) >> 16).astype(np.uint16) for v in values]
-    else:
-        ours = [v.astype(dtype) for v in values]
-    theirs = [v.astype(NUMPY_DTYPE[dtype]) for v in values]
-    return ours, theirs
+        theirs = [rng.standard_normal(nelem, dtype=np.float32) for _ in range(k)]
+        return [(v.view(np.uint32) >> 16).astype(np.uint16) for v in theirs], theirs
+    ours = [rng.standard_normal(nelem, dtype=np.float32).astype(dtype) for _ in range(k)]
+    return ours, ours
+
+
+def row_bytes(dtype: str, k: int, nbytes: int) -> int:
+    """Memory one row allocates: inputs (shared unless bfloat16) and both outputs."""
+    return 3 * (k + 1) * nbytes if dtype == "bfloat16" else (k + 2) * nbytes
 
 
 def numpy_chain(out, srcs):
@@ -51,8 +55,8 @@ def numpy_chain(out, srcs):
 
 
 def reps_for(nbytes_moved: int) -> int:
-    # About 50 ms of work per measurement on a ~10 GB/s machine, between 5 and 300 repeats.
-    return max(5, min(300, int(0.05 * 10e9 / max(nbytes_moved, 1))))
+    # About 50 ms of work per measurement on a ~10 GB/s machine, between 3 and 300 repeats.
+    return max(3, min(300, int(0.05 * 10e9 / max(nbytes_moved, 1))))
 
 
 def time_interleaved(fns, reps: int) -> list[float]:
@@ -100,6 +104,8 @@ def main(argv=None) -> None:
     ap.add_argument("--ks", default="2,8")
     ap.add_argument("--min-bytes", default="4K")
     ap.add_argument("--max-bytes", default="256M")
+    ap.add_argument("--max-row-gib", type=float, default=4.0,
+                    help="skip rows that would allocate more than this (inputs + outputs)")
     args = ap.parse_args(argv)
     lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
     info = nat.build_info()
@@ -111,6 +117,9 @@ def main(argv=None) -> None:
     for dtype in args.dtypes.split(","):
         for k in map(int, args.ks.split(",")):
             for nbytes in (s for s in SIZES if lo <= s <= hi):
+                if row_bytes(dtype, k, nbytes) > args.max_row_gib * (1 << 30):
+                    print(f"{dtype:9} {k:>2} {human(nbytes):>8}   skipped: over --max-row-gib")
+                    continue
                 r = bench_row(dtype, k, nbytes, rng)
                 print(f"{dtype:9} {k:>2} {human(nbytes):>8} {r['numpy']:>11.2f} {r['cx']:>8.2f} "
                       f"{r['ratio']:>6.2f} {r['raw']:>9.2f} {r['ratio_raw']:>9.2f}", flush=True)
