@@ -128,3 +128,29 @@ def ring_sendrecv(n: int) -> list[str]:
             bad.append(f"rank {r} round {k}: got {y[:4]} want {want[:4]}")
     comm.close()
     return bad
+
+
+def zero_copy(n: int, iters: int) -> list[str]:
+    """Collectives on arrays from comm.empty(), reused call after call."""
+    comm = collectx.init(timeout=60)
+    r, s = comm.rank, comm.size
+    bad = []
+    x = comm.empty(n, np.float32)
+    g = comm.empty(n * s, np.float32)
+    for k in range(iters):
+        x[:] = np.arange(n, dtype=np.float32) + r + k
+        comm.allgather(x, out=g)                   # input and output both in the window
+        want = np.concatenate([np.arange(n, dtype=np.float32) + q + k for q in range(s)])
+        if not np.array_equal(g, want):
+            bad.append(f"allgather iter {k}: {g[:4]} vs {want[:4]}")
+        comm.allreduce(x)                          # in place on a window array
+        want = s * np.arange(n, dtype=np.float32) + sum(range(s)) + s * k
+        if not np.array_equal(x, want):
+            bad.append(f"allreduce iter {k}: {x[:4]} vs {want[:4]}")
+        y = np.empty(n, np.float32)
+        comm.allreduce(x, out=y, op="max")         # window input, private output
+        if not np.array_equal(y, want):
+            bad.append(f"allreduce max iter {k}")
+    del x, g
+    comm.close()
+    return bad

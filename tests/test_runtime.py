@@ -119,3 +119,18 @@ def test_send_to_self_is_an_argument_error():
     with collectx.init() as comm:
         with pytest.raises(ArgumentError, match="another rank"):
             comm.send(np.ones(2), 0)
+
+
+def test_zero_copy_window_arrays_over_several_tiles(monkeypatch):
+    monkeypatch.setenv("COLLECTX_WINDOW_BYTES", "300000")   # two tiles for 10001 floats
+    assert collectx.launch(W.zero_copy, 3, args=(10_001, 3), timeout=240) == [[]] * 3
+
+
+def test_empty_arrays_return_to_the_heap_when_collected():
+    with collectx.init() as comm:
+        a = comm.empty(1000, np.float64)
+        assert comm._heap.in_use >= 8000
+        del a
+        assert comm._heap.in_use == 0
+        with pytest.raises(DTypeError):
+            comm.empty(3, np.complex64)

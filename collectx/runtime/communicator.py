@@ -18,12 +18,15 @@ import numpy as np
 from ..config import get_config
 from ..errors import ArgumentError, DTypeError
 from .arrays import OP_CODES, as_array, empty_like_shape
+from .arrays import DTYPE_CODES
 from .engine import Engine
+from .heap import Heap
 from .store import HashStore, Store, as_store
 from .window import Window, sweep_stale
 from .work import Work, Worker
 
 _COMM_IDS = itertools.count()
+_HEAP_DTYPES = [np.dtype(n) for n in DTYPE_CODES if n != "bfloat16"]
 
 
 class Communicator:
@@ -48,6 +51,7 @@ class Communicator:
         prefix = f"collectx/comm{next(_COMM_IDS)}"
         self._window = Window(rank, size, as_store(store), prefix, cfg.window_bytes, self.timeout)
         self._engine = Engine(self._window, cfg, topology, self.timeout)
+        self._heap = Heap(self._window.heap_bytes)
         self._worker: Worker | None = None
         self._finalizer = weakref.finalize(self, _release, self._window)
 
@@ -129,6 +133,36 @@ class Communicator:
         self._engine.p2p(False, src, arr)
         return x
 
+    def empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """An uninitialised array in this rank's shared window: collectives on it skip staging.
+
+        Peers read (and for some schedules write) such arrays in place, so a collective with
+        an ``empty`` array as input or output copies nothing between the user and the window.
+        The memory returns to the window heap when the array is garbage collected.
+
+        >>> import collectx
+        >>> with collectx.init() as comm:
+        ...     x = comm.empty((2, 3), "float32")
+        ...     x[:] = 1
+        ...     float(comm.allreduce(x).sum())
+        6.0
+        """
+        dt = np.dtype(dtype)
+        if dt not in _HEAP_DTYPES:
+            raise DTypeError(f"empty(dtype={dt}): expected one of {', '.join(map(str, _HEAP_DTYPES))}")
+        n = int(np.prod(shape, dtype=np.int64))
+        off = self._heap.alloc(n * dt.itemsize)
+        view = self._window.heap_view(off, n * dt.itemsize)
+        arr = np.frombuffer(view, dtype=dt, count=n).reshape(shape)
+        weakref.finalize(arr, self._heap.free, off)
+        return arr
+
+    def _heap_offset(self, arr) -> int:
+        if arr is None:
+            return -1
+        off = arr.__array_interface__["data"][0] - self._window.heap_address
+        return off if 0 <= off and off + arr.nbytes <= self._window.heap_bytes else -1
+
     def _peer(self, peer: int, what: str) -> None:
         if not (isinstance(peer, int) and 0 <= peer < self.size and peer != self.rank):
             raise ArgumentError(f"{what}={peer!r}: expected another rank in 0..{self.size - 1} "
@@ -151,9 +185,14 @@ class Communicator:
             raise
         overlap = src is not None and dst is not None and np.may_share_memory(src, dst)
         itemsize = (src if src is not None else dst).itemsize if count or src is not None else 1
+        in_heap = out_heap = -1
+        if self._heap.in_use:  # zero copy for arrays from empty(); in place, the input is staged
+            in_heap = -1 if overlap else self._heap_offset(src)
+            out_heap = self._heap_offset(dst)
 
         def go():
-            self._engine.run(coll, src, dst, count, dt, itemsize, op, root, overlap)
+            self._engine.run(coll, src, dst, count, dt, itemsize, op, root, overlap, in_heap,
+                             out_heap)
             return res
         if async_op:
             if self._worker is None:

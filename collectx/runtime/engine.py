@@ -81,8 +81,13 @@ class Engine:
 
     # -- running --------------------------------------------------------------------------------
     def run(self, coll: str, src, dst, count: int, dtype: int, itemsize: int, op: int = 0,
-            root: int = 0, in_overlaps_out: bool = False) -> None:
-        """One collective; ``src``/``dst`` are numpy arrays or None (nothing to stage / copy out)."""
+            root: int = 0, in_overlaps_out: bool = False, in_heap: int = -1,
+            out_heap: int = -1) -> None:
+        """One collective; ``src``/``dst`` are numpy arrays or None (nothing to stage / copy out).
+
+        ``in_heap``/``out_heap``: byte offsets of ``src``/``dst`` in this rank's window heap
+        (arrays from Communicator.empty), which the executor then uses in place; -1 otherwise.
+        """
         with self._lock:
             if self._poisoned:
                 self._check_usable()
@@ -95,6 +100,7 @@ class Engine:
             keep_out = c.user_out = self._null if dst is None else self._ffi.from_buffer(dst)
             seq = c.seq = self._seq
             c.epoch = self._epoch
+            c.in_heap, c.out_heap = in_heap, out_heap
             res = self._res
             self._lib.cx_exec_run(fp.native, self._wnative, c, res)
             del keep_in, keep_out          # the user's buffers were pinned until here

@@ -94,13 +94,16 @@ class FlatPlan:
     def _struct(self, lane_off, instrs, srcs, deps, fin) -> None:
         ffi, _ = native()
         arr = lambda v: ffi.new("int[]", list(v) or [0])  # noqa: E731  (never a NULL array)
+        last = [(r, li, len(lane) - 1) for r, lanes in enumerate(self.schedule.lanes)
+                for li, lane in enumerate(lanes) if len(lane)]
         self._keep = [arr(lane_off), arr(instrs), arr(srcs), arr(deps),
-                      arr([x for d in fin for x in (d.rank, d.lane, d.index)])]
+                      arr([x for d in fin for x in (d.rank, d.lane, d.index)]),
+                      arr([x for d in last for x in d])]
         p = ffi.new("cx_exec_plan*")
         p.nranks, p.rank, p.nchunks = self.schedule.nranks, self.rank, self.schedule.nchunks
         p.nlanes = len(lane_off) - 1
-        p.lane_off, p.instrs, p.srcs, p.deps, p.fin_deps = self._keep
-        p.nfin = len(fin)
+        p.lane_off, p.instrs, p.srcs, p.deps, p.fin_deps, p.all_deps = self._keep
+        p.nfin, p.nall = len(fin), len(last)
         p.units = list(self.units)
         self.native = p
 

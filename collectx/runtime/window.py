@@ -6,7 +6,9 @@ Layout of a rank's segment (the byte offsets are the ``cx_ctl`` struct of cx_exe
                               one epoch-stamped flag per lane (each hot word on its own line)
     [4096, 4096 + set)        staging set 0: input | output | scratch slots of one tile
     [4096 + set, 4096 + 2set) staging set 1 (tiles alternate sets: double buffering)
-    [4096 + 2set, end)        point-to-point area: per-peer counters, then a slot per peer
+    [4096 + 2set, heap)       point-to-point area: per-peer counters, then a slot per peer
+    [heap, end)               heap of 2set bytes: Communicator.empty arrays, which collectives
+                              use in place (peers read them directly: zero copy)
 
 One segment per rank (not one shared one) so each rank creates, sizes and first-touches its own
 memory, and a rank's window is named after its creator's pid. Segments are created in /dev/shm
@@ -134,7 +136,9 @@ class Window:
         self.set_bytes = max(1 << 16, (agreed // 2) & ~4095)
         self.p2p_offset = CTL_BYTES + 2 * self.set_bytes
         p2p_header = (self.size * 128 + 4095) // 4096 * 4096
-        total = self.p2p_offset + p2p_header + self.size * P2P_SLOT_BYTES
+        self.heap_offset = self.p2p_offset + p2p_header + self.size * P2P_SLOT_BYTES
+        self.heap_bytes = 2 * self.set_bytes
+        total = self.heap_offset + self.heap_bytes
         self._name, self._maps[self.rank] = _create_segment(total)
         self._init_ctl(self._maps[self.rank])
         store.set(f"{prefix}/seg/{self.rank}", self._name)
@@ -177,6 +181,15 @@ class Window:
         self._p2p_ptrs = ffi.new("char*[]", [ffi.cast("char*", b) + self.p2p_offset
                                              for b in self._bufs])
         self.native.p2p, self.native.p2p_slot_bytes = self._p2p_ptrs, P2P_SLOT_BYTES
+        self._heap_ptrs = ffi.new("char*[]", [ffi.cast("char*", b) + self.heap_offset
+                                              for b in self._bufs])
+        self.native.heap = self._heap_ptrs
+        self.heap_address = int(ffi.cast("uintptr_t", self._heap_ptrs[self.rank]))
+
+    def heap_view(self, offset: int, nbytes: int) -> memoryview:
+        """Writable bytes of this rank's heap (what Communicator.empty hands out)."""
+        start = self.heap_offset + offset
+        return memoryview(self._maps[self.rank])[start:start + nbytes]
 
     def close(self) -> None:
         """Unmap every segment (and unlink ours if setup never got that far). Idempotent."""

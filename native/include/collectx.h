@@ -120,6 +120,8 @@ typedef struct {
   const int* deps;
   const int* fin_deps;
   int nfin;
+  const int* all_deps;    /* the last instruction of every lane of every rank (zero-copy fence) */
+  int nall;
   int units[3];           /* units per rank of input, output, scratch (scratch: max over ranks) */
 } cx_exec_plan;
 
@@ -133,6 +135,7 @@ typedef struct {
   int spin;               /* busy polls before yielding the CPU */
   char** p2p;             /* [nranks] point-to-point area: counters, then one slot per peer */
   long long p2p_slot_bytes;  /* bytes of one peer's slot (two halves, double-buffered) */
+  char** heap;            /* [nranks] start of each rank's heap (Communicator.empty arrays) */
 } cx_exec_window;
 
 /* One collective call of this rank. */
@@ -152,6 +155,8 @@ typedef struct {
   long long timeout_ns;
   int coll;               /* collective code and root, written with seq, dtype, op and count */
   int root;               /* into this rank's call descriptor before the first barrier */
+  long long in_heap;      /* byte offset of user_in in this rank's heap, or -1: peers then read */
+  long long out_heap;     /* it in place (zero copy); likewise user_out, or -1 */
 } cx_exec_call;
 
 typedef struct {

@@ -58,6 +58,7 @@ struct Ctx {
     uint64_t epoch;
     int64_t tile_off, tile_len;
     int64_t deadline;
+    bool zero_copy;
     char* ptr[3 * kMaxRanks];
     int64_t stride[3 * kMaxRanks];
 };
@@ -75,12 +76,21 @@ void place_buffers(Ctx& c) {
             c.ptr[3 * r + b] = c.win->data[r] + set + slot_off[b];
             c.stride[3 * r + b] = tc;
         }
+    // Buffers that live in a rank's heap (Communicator.empty) are used in place, whole.
+    const int slot = int(k->seq & 1);
+    for (int r = 0; r < p->nranks; ++r)
+        for (int b = 0; b < 2; ++b) {
+            uint64_t at = load_acq(&c.win->ctl[r]->desc[slot][6 + b]);
+            if (at == 0) continue;
+            c.ptr[3 * r + b] = c.win->heap[r] + int64_t(at - 1) + c.tile_off * es;
+            c.stride[3 * r + b] = k->count;
+        }
     int me = 3 * p->rank;
-    if (k->in_private && k->user_in) {
+    if (k->in_private && k->user_in && k->in_heap < 0) {
         c.ptr[me] = (char*)k->user_in + c.tile_off * es;
         c.stride[me] = k->count;
     }
-    if (k->out_private && k->user_out) {
+    if (k->out_private && k->user_out && k->out_heap < 0) {
         c.ptr[me + 1] = (char*)k->user_out + c.tile_off * es;
         c.stride[me + 1] = k->count;
     }
@@ -187,6 +197,8 @@ int check_descriptors(Ctx& c) {
     for (int r = 0; r < w->nranks; ++r)
         if (memcmp(mine, w->ctl[r]->desc[slot], kDescCompared * sizeof(uint64_t)) != 0)
             return fail(c, CX_EXEC_MISMATCH, r);
+    for (int r = 0; r < w->nranks; ++r)
+        c.zero_copy |= (w->ctl[r]->desc[slot][6] | w->ctl[r]->desc[slot][7]) != 0;
     return CX_EXEC_OK;
 }
 
@@ -229,15 +241,21 @@ void scale_output(Ctx& c) {
 int run_tile(Ctx& c, bool first) {
     const cx_exec_call* k = c.call;
     place_buffers(c);
-    if (k->user_in && !k->in_private) stage(c, 0, false);
+    if (k->user_in && !k->in_private && k->in_heap < 0) stage(c, 0, false);
     if (int rc = barrier(c)) return rc;
-    if (first)
+    if (first) {
         if (int rc = check_descriptors(c)) return rc;
+        place_buffers(c);  // now that every descriptor (heap offsets) is known
+    }
     if (int rc = run_lanes(c)) return rc;
-    if (!k->user_out) return CX_EXEC_OK;
-    if (int rc = wait_deps(c, c.plan->fin_deps, c.plan->nfin)) return rc;
-    if (!k->out_private) stage(c, 1, true);
-    if (k->scale != 1.0) scale_output(c);
+    if (k->user_out) {
+        if (int rc = wait_deps(c, c.plan->fin_deps, c.plan->nfin)) return rc;
+        if (!k->out_private && k->out_heap < 0) stage(c, 1, true);
+        if (k->scale != 1.0) scale_output(c);
+    }
+    // Zero copy: peers read heap buffers in place, so nobody may return (and let its caller
+    // reuse the buffer) before every rank has finished the tile.
+    if (c.zero_copy) return wait_deps(c, c.plan->all_deps, c.plan->nall);
     return CX_EXEC_OK;
 }
 
@@ -278,6 +296,8 @@ extern "C" int cx_exec_run(const cx_exec_plan* plan, const cx_exec_window* win,
     desc[3] = uint64_t(call->op);
     desc[4] = uint64_t(call->count);
     desc[5] = uint64_t(call->root);
+    desc[6] = uint64_t(call->in_heap + 1);   // 0: staged; else heap offset + 1 (not compared)
+    desc[7] = uint64_t(call->out_heap + 1);
     int64_t deadline = call->deadline_ns ? call->deadline_ns : now_ns() + call->timeout_ns;
     c.deadline = deadline;
     int64_t ntiles = call->count == 0 ? 1 : (call->count + call->tile_count - 1) / call->tile_count;

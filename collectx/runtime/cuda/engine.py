@@ -111,6 +111,7 @@ class CudaEngine:
         with self._lock:
             self._check_usable()
             self._poll_locked(block=False)
+            _rt.set_device(self.win.device)  # the current device is per thread (torch workers)
             plan, tile = self._plan(coll, dtype, itemsize, count, root)
             slot = self._free_slot()
             a = self._fill(plan, tile, coll, src, dst, count, dtype, op, root, overlap, slot)

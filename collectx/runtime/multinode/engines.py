@@ -126,26 +126,34 @@ class MPIEngine(InterEngine):
         return {"sum": M.SUM, "avg": M.SUM, "prod": M.PROD, "min": M.MIN, "max": M.MAX}[op]
 
     def allreduce(self, buf, op):
-        with _failures(self.name, "allreduce"):
-            self.comm.Allreduce(self._MPI.IN_PLACE, _mpi_buf(buf), op=self._op(op))
+        if buf.size == 0:
+            return
+        with _failures(self.name, "allreduce"), _reducible(buf) as work:
+            self.comm.Allreduce(self._MPI.IN_PLACE, work, op=self._op(op))
         _finish_avg(buf, op, self.size)
 
     def allgather(self, src, dst):
-        with _failures(self.name, "allgather"):
-            self.comm.Allgather(_mpi_buf(src), _mpi_buf(dst))
+        if src.size:
+            with _failures(self.name, "allgather"):
+                self.comm.Allgather(_raw(src), _raw(dst))
 
     def reduce_scatter(self, src, dst, op):
-        with _failures(self.name, "reduce_scatter"):
-            self.comm.Reduce_scatter_block(_mpi_buf(src), _mpi_buf(dst), op=self._op(op))
+        if dst.size == 0:
+            return
+        with _failures(self.name, "reduce_scatter"), _reducible(src) as a, \
+                _reducible(dst) as b:
+            self.comm.Reduce_scatter_block(a, b, op=self._op(op))
         _finish_avg(dst, op, self.size)
 
     def broadcast(self, buf, root):
-        with _failures(self.name, "broadcast"):
-            self.comm.Bcast(_mpi_buf(buf), root=root)
+        if buf.size:
+            with _failures(self.name, "broadcast"):
+                self.comm.Bcast(_raw(buf), root=root)
 
     def alltoall(self, src, dst):
-        with _failures(self.name, "alltoall"):
-            self.comm.Alltoall(_mpi_buf(src), _mpi_buf(dst))
+        if src.size:
+            with _failures(self.name, "alltoall"):
+                self.comm.Alltoall(_raw(src), _raw(dst))
 
     def barrier(self):
         with _failures(self.name, "barrier"):
@@ -357,10 +365,22 @@ def _finish_avg(buf, op: str, size: int) -> None:
     buf /= size
 
 
-def _mpi_buf(arr: np.ndarray):
+def _raw(arr: np.ndarray) -> np.ndarray:
+    """Bytes of ``arr``: data movement needs no MPI datatype (float16, bfloat16 included)."""
+    return arr.view(np.uint8)
+
+
+@contextlib.contextmanager
+def _reducible(arr: np.ndarray):
+    """``arr`` itself, or for float16 (no MPI type) a float32 copy written back afterwards."""
     if arr.dtype == np.uint16:   # how collectx views bfloat16 storage
-        raise DTypeError("MPI has no bfloat16; use the torch engine for bfloat16 tensors")
-    return arr
+        raise DTypeError("MPI has no bfloat16 reductions; use the torch engine for bfloat16")
+    if arr.dtype != np.float16:
+        yield arr
+        return
+    wide = arr.astype(np.float32)
+    yield wide
+    arr[...] = wide
 
 
 @contextlib.contextmanager
