@@ -243,3 +243,68 @@ def test_gpu_check_script_parses_and_is_shellcheck_clean():
     if shutil.which("shellcheck"):
         res = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
         assert res.returncode == 0, res.stdout
+
+
+# ---- the engine's host side, with the GPU calls replaced ------------------------------------------
+class _FakeEvent:
+    def __init__(self, done=True):
+        self.done, self.handle = done, 1
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.done = True
+
+    def destroy(self):
+        self.handle = 0
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    """A CudaEngine whose pinned status ring is a numpy array and whose window is a stub."""
+    from types import SimpleNamespace
+    from collectx.runtime.cuda import _rt, engine as E
+    ring = np.zeros(E.RING * E.STATUS_BYTES // 4, dtype=np.int32)
+    monkeypatch.setattr(_rt, "host_alloc", lambda n: ring.ctypes.data)
+    monkeypatch.setattr(_rt, "host_free", lambda p: None)
+    win = SimpleNamespace(rank=1, size=2, device=0, set_bytes=1 << 20, self_base=4096,
+                          d_windows=8192, shared_gpu=True,
+                          read_words=lambda r, off, n: [0, 1, 6, 0, 100 + r, 0])
+    from collectx.config import get_config
+    eng = E.CudaEngine(win, get_config(), None, timeout=5.0)
+    return eng, ring, E
+
+
+@needs_objects
+def test_engine_fills_the_launch_struct_the_library_checks(fake_engine):
+    from collectx.runtime.cuda.arrays import DeviceBuffer
+    eng, ring, E = fake_engine
+    flat = FlatPlan(make_schedule(None, "allreduce", 2, 400), 1)
+    plan = type("P", (), {"native": eng._ffi.NULL, "flat": flat})()
+    buf = DeviceBuffer(1 << 20, 100, 6, 4, 0, 0, "cai")
+    a = eng._fill(plan, flat.tile_count(1 << 20, 4), "allreduce", buf, buf, 100, 6, 4, 0, True, 3)
+    assert (a.count, a.dtype, a.op, a.coll, a.scale, a.epoch, a.seq) == (100, 6, 4, 1, 0.5, 1, 0)
+    assert a.in_private == 0 and a.timeout_ns == 5_000_000_000
+    assert int(eng._ffi.cast("uintptr_t", a.status_host)) == ring.ctypes.data + 3 * 16
+    assert eng._lib.cx_cuda_exec_launch(a, eng._ffi.NULL) == -3   # no uploaded plan: refused
+
+
+@needs_objects
+@pytest.mark.parametrize("status, err, text", [
+    (4, "CollectiveMismatch", "rank 1: allreduce.*count=101"),
+    (3, "PeerAborted", "rank 0 aborted"),
+    (1, "Timeout", "no progress within 5 s"),
+    (5, "NativeError", "rejected the plan"),
+])
+def test_engine_reports_kernel_failures_then_refuses_calls(fake_engine, status, err, text):
+    import collectx.errors as errors
+    eng, ring, E = fake_engine
+    eng._pending.append((0, "allreduce", 0, _FakeEvent(done=False)))
+    eng.poll()                                   # still running: nothing to report yet
+    eng._pending[0][3].done = True
+    ring[:4] = (status, 0, 2, 7)
+    with pytest.raises(getattr(errors, err), match=text):
+        eng.poll()
+    with pytest.raises(errors.CommError, match="unusable"):
+        eng._check_usable()
