@@ -6,7 +6,7 @@ Not a test module by itself (no test functions); tests/test_multinode.py starts 
 * ``check``: every collective, odd sizes, several dtypes and ops, against numpy;
 * ``kill``: rank 1 dies in the middle of a run of allreduces; the others must raise a collectx
   error (printed as ``SURVIVOR <rank> <ExceptionClass>``) instead of hanging;
-* ``perf``: used by perf/multinode.py (see there).
+* ``bulk``: ``check`` (quick) then three 4 MiB allreduces, for the veth test.
 
 Engine: MPI under mpirun; with ``CX_TEST_ENGINE=torch`` a gloo process group from
 ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE`` (``CX_TEST_IFNAME`` binds gloo to one
@@ -48,8 +48,11 @@ def check(comm) -> None:
     ops = {"sum": lambda a: a.sum(0), "max": lambda a: a.max(0), "min": lambda a: a.min(0),
            "prod": lambda a: a.prod(0)}
     salt = 0
-    for dtype in (np.float32, np.float64, np.int32, np.int64, np.float16):
-        for n in (0, 1, 3, 7, 1001):
+    quick = bool(os.environ.get("CX_TEST_QUICK"))
+    dtypes = (np.float32, np.int64) if quick else (np.float32, np.float64, np.int32, np.int64,
+                                                     np.float16)
+    for dtype in dtypes:
+        for n in ((0, 3, 1001) if quick else (0, 1, 3, 7, 1001)):
             for op, fn in ops.items():
                 salt += 1
                 if op == "prod" and np.dtype(dtype).kind == "f" and n > 7:
@@ -93,6 +96,15 @@ def check(comm) -> None:
     print(f"OK {rank} host {comm.layout.host} local {comm.layout.local_rank}", flush=True)
 
 
+def bulk(comm) -> None:
+    """Three allreduces of 4 MiB per rank (the veth test counts the bytes that cross)."""
+    for k in range(3):
+        x = np.full(1 << 20, float(comm.rank + k), np.float32)
+        comm.allreduce(x)
+        np.testing.assert_array_equal(x[:3], np.full(3, sum(range(comm.size)) + comm.size * k))
+    print(f"OK bulk {comm.rank}", flush=True)
+
+
 def kill(comm) -> None:
     import time
     from collectx.errors import CollectXError
@@ -114,8 +126,10 @@ def kill(comm) -> None:
 
 def main(mode: str) -> None:
     comm = make_comm()
-    if mode == "check":
+    if mode in ("check", "bulk"):
         check(comm)
+    if mode == "bulk":
+        bulk(comm)
     elif mode == "kill":
         kill(comm)
     comm.close()
