@@ -121,3 +121,14 @@ def test_tiled_inputs_equal_the_pattern_at_any_offset():
     assert np.array_equal(input_values("alltoall", "sum", 2, 100, start=437), whole[437:537])
     i = np.arange(1000)
     assert np.array_equal(input_values("allreduce", "sum", 3, 1000), (i * 3 + 15) % 7 + 1)
+
+
+def test_buffers_fall_back_to_ordinary_memory_when_the_window_is_full():
+    from collectx.errors import ArgumentError
+
+    class FullWindow:
+        def empty(self, shape, dtype):
+            raise ArgumentError("empty(): 64 bytes do not fit in the window heap")
+
+    buf = buffers.alloc(FullWindow(), 16, "float32")
+    assert isinstance(buf, np.ndarray) and buf.shape == (16,) and buf.dtype == np.float32

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DTypeError
+from ..errors import ArgumentError, DTypeError
 from .collectives import tile
 
 
@@ -39,9 +39,10 @@ def alloc(comm, n: int, dtype: str, device: str = "cpu"):
     if maker is not None:
         try:
             return maker((n,), dtype)
-        except (TypeError, DTypeError):
-            if dtype != "bfloat16":
-                raise
+        except (TypeError, DTypeError, ArgumentError):
+            # No window memory for this dtype, or the window is full: ordinary memory works
+            # too (the runtime stages it through the window).
+            pass
     if dtype == "bfloat16":
         torch = _torch()
         return torch.empty(n, dtype=torch.bfloat16)
