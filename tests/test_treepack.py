@@ -95,8 +95,8 @@ def test_packing_respects_capacities():
     load = np.zeros(len(index.links))
     for t in packing.trees:
         for path in t.paths:
-            for link in path:
-                load[link] += t.rate
+            for link, w in path:
+                load[link] += t.rate * w
     assert np.all(load <= np.asarray(index.caps) * (1 + 1e-7))
 
 

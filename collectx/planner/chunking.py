@@ -79,8 +79,8 @@ def _kept(counts, caps, rate, q) -> float:
     load: dict = {}
     for tree, n in counts:
         for path in tree.paths:
-            for link in path:
-                load[link] = load.get(link, 0.0) + n / caps[link]
+            for link, w in path:
+                load[link] = load.get(link, 0.0) + n * w / caps[link]
     z = max(load.values())
     return (q / rate) / z
 
@@ -98,8 +98,8 @@ def _solve_counts(packing, caps, q) -> list:
     link_rows = sp.lil_matrix((m, 2 * k + 1))
     for j, t in enumerate(cols):
         for path in t.paths:
-            for link in path:
-                link_rows[link, j] += 1.0 / caps[link]
+            for link, w in path:
+                link_rows[link, j] += w / caps[link]
     link_rows[:, 2 * k] = -1.0
     rows.append(LinearConstraint(link_rows.tocsr(), -np.inf, 0.0))
     group_rows = sp.lil_matrix((len(groups), 2 * k + 1))

@@ -114,8 +114,8 @@ def relay_paths(index: LinkIndex, gpus, weight) -> tuple[dict, dict]:
 
     Returns
     -------
-    (cost, path) : dicts keyed by ``(u, t)``; ``path`` is the tuple of link ids, ``cost`` its
-    price. Pairs without such a path are absent.
+    (cost, path) : dicts keyed by ``(u, t)``; ``path`` is a tuple of ``(link id, 1.0)`` (the
+    same form as :func:`simulator_routes`), ``cost`` its price. Pairs without a path are absent.
     """
     terminals = set(gpus)
     cost, path = {}, {}
@@ -138,39 +138,43 @@ def relay_paths(index: LinkIndex, gpus, weight) -> tuple[dict, dict]:
         for t in gpus:
             if t != src and t in dist:
                 cost[src, t] = dist[t]
-                path[src, t] = _walk_back(index, via, src, t)
+                path[src, t] = tuple((link, 1.0) for link in _walk_back(index, via, src, t))
     return cost, path
 
 
 def simulator_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False) -> dict:
-    """The link ids each ordered GPU pair's transfer crosses, as the simulator routes it.
+    """The links each ordered GPU pair's transfer crosses, as the simulator routes it.
 
-    :func:`collectx.schedule.simulate` sends every transfer over one route of its own choosing
-    (today the widest path, :func:`collectx.topology.paths.widest_path`, on the job's graph), so
-    packings that must come true there price each tree edge by that route instead of choosing
-    relay paths freely. The simulator's own route table is asked, so the two cannot drift apart.
+    Returns ``{(a, b): ((link id, share), ...)}``: :func:`collectx.schedule.simulate` sends a
+    transfer over a direct link, else its widest route, striped over NVSwitch planes in
+    proportion to the pair's max-flow, so packings that must come true there price each tree
+    edge by those shares instead of choosing relay paths freely. The simulator's own route table is asked, so the two cannot drift apart.
     With ``reverse``, ``index`` numbers the reversed graph and ``(p, c)`` maps to the reversed
     route of ``c -> p`` (in-trees packed as out-trees of the reversed graph).
     """
     from ..schedule._routes import routes_for
 
     table = routes_for(G)
-    hops = {(a, b): [table.names[r] for r in table.route(a, b)[0]]
-            for a in gpus for b in gpus if a != b}
+    stripes = {(a, b): [([table.names[r] for r in res], share)
+                        for res, _, share in table.spread(a, b)]
+               for a in gpus for b in gpus if a != b}
     # A tree edge whose route crosses another job GPU adds nothing a tree through that GPU
     # lacks, and makes the pricing degenerate (a ring's overlay becomes a complete graph).
     terminals = set(gpus)
-    direct = {k: h for k, h in hops.items() if not any(v in terminals for _, v in h[:-1])}
+    direct = {k: h for k, h in stripes.items()
+              if not any(v in terminals for hops, _ in h for _, v in hops[:-1])}
     overlay = nx.DiGraph(list(direct))
     overlay.add_nodes_from(gpus)
     if nx.is_strongly_connected(overlay):
-        hops = direct
+        stripes = direct
     routes = {}
-    for (a, b), h in hops.items():
-        if reverse:
-            routes[b, a] = tuple(index.ids[v, u] for u, v in reversed(h))
-        else:
-            routes[a, b] = tuple(index.ids[u, v] for u, v in h)
+    for (a, b), h in stripes.items():
+        use: dict = {}
+        for hops, share in h:
+            for u, v in hops:
+                link = index.ids[v, u] if reverse else index.ids[u, v]
+                use[link] = use.get(link, 0.0) + share
+        routes[(b, a) if reverse else (a, b)] = tuple(sorted(use.items()))
     return routes
 
 

@@ -39,7 +39,8 @@ _INF = float("inf")
 class Tree:
     """One packed tree: ``edges`` are ``(parent, child)`` GPU pairs, top-down.
 
-    ``paths[i]`` holds the link ids edge ``i`` takes (for undirected trees: both directions);
+    ``paths[i]`` holds the ``(link id, share)`` pairs edge ``i`` loads (for undirected trees:
+    both directions);
     ``rate`` is the GB/s the packing gives it.
     """
 
@@ -189,7 +190,8 @@ def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None) ->
         bias = 0.0 if exact else SHALLOW_BIAS * float(np.median(W[np.isfinite(W)]))
         cols = []
         for r in roots:
-            parent = min_arborescence(W + bias * hops[at[r]][:, None], at[r])
+            away = hops[at[r]] + (np.arange(len(gpus)) != at[r])   # relays, plus one per GPU
+            parent = min_arborescence(W + bias * away[:, None], at[r])
             if parent is None:
                 raise NoFeasiblePlan(f"{r} cannot reach every GPU of {gpus}; no tree exists")
             edges = _top_down(gpus, parent, at[r])
@@ -213,7 +215,8 @@ def pack_undirected_trees(index: LinkIndex, gpus, routes: dict | None = None) ->
         if routes is None:
             y2 = [y[e] + y[r] if r >= 0 else _INF for e, r in enumerate(index.rev)]
             cost, path = relay_paths(index, gpus, y2)
-            path = {e: p + tuple(index.rev[x] for x in reversed(p)) for e, p in path.items()}
+            path = {e: p + tuple((index.rev[x], w) for x, w in reversed(p))
+                    for e, p in path.items()}
         else:
             cost, path = _edge_costs(index, gpus, y, routes)
             path = {(u, t): p + routes[t, u] for (u, t), p in path.items() if (t, u) in path}
@@ -239,7 +242,7 @@ def _hop_matrix(index, gpus, routes) -> np.ndarray:
     H = np.zeros((n, n))
     for i, u in enumerate(gpus):
         for j, t in enumerate(gpus):
-            H[i, j] = len(routes.get((u, t), ())) if i != j else 0.0
+            H[i, j] = sum(w for _, w in routes.get((u, t), ())) if i != j else 0.0
     return H
 
 
@@ -308,8 +311,8 @@ def _orient(gpus, und, root) -> tuple:
 def _usage(paths) -> dict:
     use: dict = {}
     for p in paths:
-        for link in p:
-            use[link] = use.get(link, 0) + 1
+        for link, w in p:
+            use[link] = use.get(link, 0.0) + w
     return use
 
 
