@@ -105,6 +105,7 @@ def test_mpi_pseudo_hosts_every_collective():
     assert "OK 2 host 1 local 0" in r.stdout
 
 
+@pytest.mark.slow
 def test_torch_gloo_engine_every_collective():
     pytest.importorskip("torch.distributed")
     runs = _torch_ranks("check", env={r: {"CX_TEST_QUICK": 1} for r in range(4)})
@@ -112,6 +113,7 @@ def test_torch_gloo_engine_every_collective():
         assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:]
 
 
+@pytest.mark.slow
 def test_dead_rank_raises_on_every_survivor():
     pytest.importorskip("torch.distributed")
     runs = _torch_ranks("kill")
@@ -165,6 +167,7 @@ def _tx_bytes(space: str, link: str) -> int:
     return int(r.stdout.strip())
 
 
+@pytest.mark.slow
 def test_inter_host_stage_crosses_a_veth_pair(veth_hosts):
     pytest.importorskip("torch.distributed")
     ns, links = veth_hosts
