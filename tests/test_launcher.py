@@ -76,7 +76,9 @@ def test_run_cli_starts_n_ranks_that_find_each_other(tmp_path):
     p = _run(tmp_path, ["-n", "3"])
     out, err = p.communicate(timeout=180)
     assert p.returncode == 0, err
-    assert sorted(out.split("\n")[:3]) == [f"rank {r}/3 sum 6 args []" for r in range(3)]
+    # ranks share one pipe, so their lines may interleave: look for each one's report
+    for r in range(3):
+        assert f"rank {r}/3 sum 6 args []" in out
 
 
 def test_run_cli_returns_the_failing_rank_status(tmp_path):
