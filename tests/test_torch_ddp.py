@@ -25,6 +25,7 @@ def _torchrun(backend: str, nproc: int, out: Path, steps: int = 50) -> None:
     assert proc.returncode == 0, f"{backend} x{nproc} failed:\n{proc.stdout}\n{proc.stderr}"
 
 
+@pytest.mark.slow          # four torchrun launches: about a minute on an idle 2-core machine
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_ddp_matches_gloo(tmp_path, nproc):
     _torchrun("collectx", nproc, tmp_path / "collectx.pt")
