@@ -66,7 +66,8 @@ def symmetric_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0
     reps = machines[0]
     x_ag = _cut_rate(G, gpus, reps)
     if collective in ("allgather", "reduce_scatter"):
-        x = x_ag if collective == "allgather" else _cut_rate(G.reverse(copy=True), gpus, reps)
+        x = x_ag if collective == "allgather" or _self_reverse(G) else _cut_rate(
+            G.reverse(copy=True), gpus, reps)
         return Bounds(collective, (N - 1) * x, None, (N - 1) * x, None,
                       "ForestColl cut bound, max-flows to machine 0 only (machine symmetry)",
                       gpus)
@@ -80,7 +81,7 @@ def symmetric_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0
         return Bounds(collective, float(flow), None, (N - 1) * x_ag, None,
                       "min over v of maxflow, v on the root's machine and one other (symmetry)",
                       gpus)
-    x_rs = _cut_rate(G.reverse(copy=True), gpus, reps)
+    x_rs = x_ag if _self_reverse(G) else _cut_rate(G.reverse(copy=True), gpus, reps)
     cut = 2 * (N - 1) / (1 / x_rs + 1 / x_ag)
     factor = 2 * (N - 1) / N
     tree_cap = factor * _leaving_capacity(G, machines) / (2 * (n - 1))
@@ -138,6 +139,13 @@ def _cut_rate(G: nx.DiGraph, C, reps) -> float:
             return x
         x = _ratio(G, worst_S, C)
     return x
+
+
+def _self_reverse(G: nx.DiGraph) -> bool:
+    """Every link has a reverse of equal capacity: the reversed graph is the graph itself,
+    so reduce-scatter's cuts are allgather's."""
+    return all(G.has_edge(v, u) and G.edges[v, u]["cap"] == d["cap"]
+               for u, v, d in G.edges(data=True))
 
 
 def _leaving_capacity(G: nx.DiGraph, machines) -> float:
