@@ -11,9 +11,11 @@ buffers never change behind its back and each wait is one "producer finished" de
 
 Instructions are appended in the order of their time in a fluid pipeline model (see
 :class:`TreeEmitter`), one global order that respects every dependency. Each lane's list is
-therefore a subsequence of a topological order, so lanes never deadlock, however lanes are shared. Lanes are keyed by the
-link they pull over (``("down", parent)`` for broadcasts, ``("up", children)`` for reductions):
-transfers over one link share it anyway, while different links proceed at once.
+therefore a subsequence of a topological order, so lanes never deadlock, however lanes are
+shared. Lanes are keyed by the link they pull over (``("down", parent)`` for broadcasts,
+``("up", children)`` for reductions), :data:`SUBLANES` per link dealt round-robin: transfers
+over one link share it anyway, different links proceed at once, and a chunk that is late
+does not hold up the next one on its link.
 """
 
 from __future__ import annotations
