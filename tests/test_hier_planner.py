@@ -67,6 +67,9 @@ def test_plan_picks_hierarchical_across_machines_only():
     assert not spans_machines(multi_node(switch(2), 2, nic_bw=25.0), ("n0/GPU0", "n0/GPU1"))
     p = plan(multi_node(switch(2), 2, nic_bw=25.0), "allgather", 1 << 20)
     assert p.algorithm == "hierarchical" and p.verified and p.efficiency > 0
+    uneven = plan(multi_node(switch(2), 2, nic_bw=25.0), "allreduce", 1 << 20,
+                  gpus=["n0/GPU0", "n0/GPU1", "n1/GPU0"])
+    assert uneven.algorithm != "hierarchical" and uneven.verified
 
 
 @pytest.mark.parametrize("G", [multi_node(switch(2), 3, nic_bw=10.0),

@@ -107,7 +107,7 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
     t0 = time.perf_counter()
     _check_request(collective, nbytes)
     ranks, view = allocation(topo, gpus)                       # resolve the allocation
-    if algo is None and _multi_machine(view, ranks):           # clusters: phases + engine
+    if algo is None and _multi_machine(view, ranks, collective):  # clusters: phases + engine
         algo = "hierarchical"
     if algo is None:                                           # pick (or run) the algorithm
         name, schedule, predicted = select.choose(view, ranks, collective, nbytes, root=root,
@@ -191,12 +191,12 @@ def _check_connected(view: nx.DiGraph, ranks: tuple[str, ...]) -> None:
                              f"connected through links, switches or CPUs")
 
 
-def _multi_machine(view: nx.DiGraph, ranks: tuple[str, ...]) -> bool:
+def _multi_machine(view: nx.DiGraph, ranks: tuple[str, ...], collective: str) -> bool:
     try:
-        from .hierarchical import spans_machines
+        from .hierarchical import suits
     except ImportError:
         return False
-    return spans_machines(view, ranks)
+    return suits(view, ranks, collective)
 
 
 def _check_request(collective: str, nbytes: int) -> None:

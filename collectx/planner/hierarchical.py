@@ -148,6 +148,24 @@ def spans_machines(topo: nx.DiGraph, ranks: tuple[str, ...]) -> bool:
     return len({part[r] for r in ranks}) > 1
 
 
+def suits(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str) -> bool:
+    """Whether a hierarchical plan serves this request: a supported collective on ranks spread
+    evenly over several machines (what :func:`collectx.planner.plan` picks it for).
+
+    >>> from collectx.topology import multi_node, switch
+    >>> G = multi_node(switch(2), 2, nic_bw=25.0)
+    >>> suits(G, ("n0/GPU0", "n1/GPU0"), "allreduce"), suits(G, ("n0/GPU0", "n1/GPU0"), "alltoall")
+    (True, False)
+    """
+    if collective not in SUPPORTED or not spans_machines(topo, ranks):
+        return False
+    part = _node_of(topo)
+    counts = {}
+    for r in ranks:
+        counts[part[r]] = counts.get(part[r], 0) + 1
+    return len(set(counts.values())) == 1
+
+
 def flat_ring_busbw(topo: nx.DiGraph, ranks: tuple[str, ...], nodes) -> float | None:
     """Busbw (GB/s) of flat rings over all ranks, for comparison with the hierarchical plan.
 
