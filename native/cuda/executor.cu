@@ -25,13 +25,22 @@
 // record (first writer wins) and, unless it is a per-call condition (mismatch, aborted call),
 // to my abort word so peers stop too; the stream copies the record to pinned host memory.
 //
+// The interpreter itself (steps 2's waits, descriptor checks, pieces, copy/reduce, lane walk)
+// lives in interp.inc and is compiled twice: for the device (namespace gpu, the kernel) and for
+// the host (namespace host, cx_cuda_exec_emulate: one CPU thread per lane), so the CPU tests run
+// the kernel's own logic over host-memory windows.
+//
 // Several ranks may share one GPU (ranks as processes, or threads on separate streams): the
 // grid is at most 32 blocks, so the kernels of all ranks fit on the device at once.
 #include <cuda/atomic>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <sched.h>
+#include <time.h>
+
 #include <algorithm>
+#include <thread>
 #include <vector>
 
 #include "collectx.h"
@@ -62,118 +71,11 @@ struct KArgs {
   long long timeout_ns;
 };
 
-__device__ __forceinline__ cx_cuda_ctl* ctl_of(const KArgs& a, int r) {
-  return reinterpret_cast<cx_cuda_ctl*>(a.win[r]);
-}
-
-__device__ __forceinline__ uint64_t load_acquire(uint64_t* p) {
-  return cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*p).load(cuda::memory_order_acquire);
-}
-
-__device__ __forceinline__ void store_release(uint64_t* p, uint64_t v) {
-  cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_release);
-}
-
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-// Records the first failure of this call in my status words (thread 0 of a block only).
-// Returns status so callers can `return fail(...)`.
-__device__ int fail(const KArgs& a, int status, int rank, int lane, int index) {
-  cx_cuda_ctl* me = ctl_of(a, a.rank);
-  if (atomicCAS(&me->status[0], 0, status) == 0) {
-    me->status[1] = rank;
-    me->status[2] = lane;
-    me->status[3] = index;
-    // Timeouts and dead peers leave ranks out of step: tell every peer to stop waiting on us.
-    if (status == CX_EXEC_TIMEOUT || status == CX_EXEC_PEER_DEAD)
-      store_release(&me->abort_word, CX_CUDA_ABORT_FATAL | uint64_t(a.rank));
-    __threadfence_system();
-  }
-  return status;
-}
-
-// Spins until *word >= want. `peer` is the rank whose word it is (its abort word is watched).
-__device__ int wait_word(const KArgs& a, uint64_t* word, uint64_t want, int peer, int lane,
-                         int index, uint64_t deadline) {
-  volatile int32_t* my_status = &ctl_of(a, a.rank)->status[0];
-  for (unsigned polls = 1;; ++polls) {
-    if (load_acquire(word) >= want) return CX_EXEC_OK;
-    if (polls % kCheckEvery == 0) {
-      if (*my_status != 0) return *my_status;  // another block of mine failed: stop quietly
-      uint64_t ab = load_acquire(&ctl_of(a, peer)->abort_word);
-      if ((ab & CX_CUDA_ABORT_FATAL) || ab == a.seq + 1)
-        return fail(a, CX_EXEC_ABORTED, peer, lane, index);
-      if (global_ns() > deadline) return fail(a, CX_EXEC_TIMEOUT, peer, lane, index);
-    }
-    if (polls > 64) __nanosleep(polls > 4096 ? 2000 : 200);
-  }
-}
-
-__device__ int wait_deps(const KArgs& a, const int* deps, int n, int lane, int index,
-                         uint64_t deadline) {
-  for (int d = 0; d < n; ++d) {
-    const int* dep = deps + 3 * d;
-    uint64_t want = (a.epoch << 32) | uint64_t(dep[2] + 1);
-    uint64_t* flag = &ctl_of(a, dep[0])->lane_flag[dep[1]][0];
-    if (int rc = wait_word(a, flag, want, dep[0], lane, index, deadline)) return rc;
-  }
-  return CX_EXEC_OK;
-}
-
-// Thread 0 of each block: block 0 publishes (descriptor, ready); all wait for every peer's
-// ready and, on tile 0, compare descriptors -- every block checks, so all stop on a mismatch.
-__device__ int enter_tile(const KArgs& a, uint64_t deadline) {
-  cx_cuda_ctl* me = ctl_of(a, a.rank);
-  int slot = int(a.seq & 1);
-  if (blockIdx.x == 0) {
-    if (a.first)
-      for (int i = 0; i < CX_CUDA_DESC_COMPARED; ++i) me->desc[slot][i] = a.desc[i];
-    __threadfence_system();
-    store_release(&me->ready, a.epoch);
-  }
-  for (int i = 1; i < a.nranks; ++i) {
-    int r = (a.rank + i) % a.nranks;
-    if (int rc = wait_word(a, &ctl_of(a, r)->ready, a.epoch, r, -1, -1, deadline)) return rc;
-  }
-  if (!a.first) return CX_EXEC_OK;
-  for (int r = 0; r < a.nranks; ++r) {
-    if (r == a.rank) continue;  // mine equals a.desc (and block 0 may not have written it yet)
-    volatile uint64_t* d = ctl_of(a, r)->desc[slot];
-    if (d[1] == CX_CUDA_ABORTED_CALL) return fail(a, CX_EXEC_ABORTED, r, -1, -1);
-    for (int i = 0; i < CX_CUDA_DESC_COMPARED; ++i)
-      if (d[i] != a.desc[i]) return fail(a, CX_EXEC_MISMATCH, r, -1, -1);
-  }
-  return CX_EXEC_OK;
-}
-
-// Device address of element `elem` (within a unit) of unit `unit` of rank r's buffer b.
-__device__ __forceinline__ char* buf_addr(const KArgs& a, int r, int b, long long unit,
-                                          long long elem, int es) {
-  if (r == a.rank && b == 0 && a.user_in)
-    return const_cast<char*>(a.user_in) + (unit * a.count + a.tile_off + elem) * es;
-  if (r == a.rank && b == 1 && a.user_out)
-    return a.user_out + (unit * a.count + a.tile_off + elem) * es;
-  return a.win[r] + CX_CUDA_CTL_BYTES + a.set_off + a.slot_off[b] + (unit * a.tile_count + elem) * es;
-}
-
 template <int N> struct raw_of;
 template <> struct raw_of<1> { typedef unsigned char type; };
 template <> struct raw_of<2> { typedef unsigned short type; };
 template <> struct raw_of<4> { typedef unsigned int type; };
 template <> struct raw_of<8> { typedef unsigned long long type; };
-
-// Loads bypass L1 (__ldcg): a peer may have rewritten a line this SM read earlier in the tile.
-template <class T> __device__ __forceinline__ T load_elem(const T* p) {
-  typedef typename raw_of<sizeof(T)>::type R;
-  R bits = __ldcg(reinterpret_cast<const R*>(p));
-  T v;
-  memcpy(&v, &bits, sizeof v);
-  return v;
-}
 
 struct Piece {
   char* addr[CX_CUDA_MAX_SRCS + 1];  // [0] destination, then sources
@@ -183,140 +85,92 @@ struct Piece {
   int packed;      // 1: every pointer is equally misaligned, so packs start at `head`
 };
 
-// Elements [lo, hi) one by one, block-strided.
-template <class T, class Op>
-__device__ void block_scalar(const Piece& p, bool copy, long long lo, long long hi) {
-  typedef typename cx_compute<T>::type C;
-  T* dst = reinterpret_cast<T*>(p.addr[0]);
-  for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    T first = load_elem(reinterpret_cast<const T*>(p.addr[1]) + i);
-    if (copy) {
-      dst[i] = first;
-      continue;
-    }
-    C acc = cx_load(first);
-    for (int s = 2; s <= p.nsrc; s++)
-      acc = Op::apply(acc, cx_load(load_elem(reinterpret_cast<const T*>(p.addr[s]) + i)));
-    dst[i] = cx_store<T>(acc);
-  }
-}
+// Per-block scratch: __shared__ on the GPU, a local of the lane's thread in the emulation.
+struct Shared {
+  Piece piece;
+  int rc;
+  int bad;
+};
 
-// The whole block: dst = src0 op src1 op ... (or a copy) over len elements. Chunk boundaries
-// rarely fall on 16 bytes, but every ref of a piece usually sits at the same offset within its
-// slot, so after a short scalar head all pointers are aligned together and move in uint4 packs.
-template <class T, class Op>
-__device__ void block_apply(const Piece& p, bool copy) {
-  typedef typename cx_compute<T>::type C;
-  constexpr int V = sizeof(uint4) / sizeof(T);
-  const long long head = p.packed ? min(p.head, p.len) : p.len;
-  const long long npacks = (p.len - head) / V;
-  block_scalar<T, Op>(p, copy, 0, head);
-  for (long long i = threadIdx.x; i < npacks; i += blockDim.x) {
-    uint4 in = __ldcg(reinterpret_cast<const uint4*>(p.addr[1] + head * sizeof(T)) + i);
-    if (!copy) {
-      const T* e = reinterpret_cast<const T*>(&in);
-      C acc[V];
-#pragma unroll
-      for (int v = 0; v < V; v++) acc[v] = cx_load(e[v]);
-      for (int s = 2; s <= p.nsrc; s++) {
-        uint4 more = __ldcg(reinterpret_cast<const uint4*>(p.addr[s] + head * sizeof(T)) + i);
-        const T* m = reinterpret_cast<const T*>(&more);
-#pragma unroll
-        for (int v = 0; v < V; v++) acc[v] = Op::apply(acc[v], cx_load(m[v]));
-      }
-      T* o = reinterpret_cast<T*>(&in);
-#pragma unroll
-      for (int v = 0; v < V; v++) o[v] = cx_store<T>(acc[v]);
-    }
-    reinterpret_cast<uint4*>(p.addr[0] + head * sizeof(T))[i] = in;
-  }
-  block_scalar<T, Op>(p, copy, head + npacks * V, p.len);
+// The interpreter as device code (see interp.inc for the platform contract).
+namespace gpu {
+#define CX_FN __device__ __forceinline__
+#define CX_TID threadIdx.x
+#define CX_NTHREADS blockDim.x
+#define CX_SYNC() __syncthreads()
+#define CX_LOAD_ACQ(p) \
+  cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*(p)).load(cuda::memory_order_acquire)
+#define CX_STORE_REL(p, v) \
+  cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*(p)).store((v), cuda::memory_order_release)
+#define CX_FENCE() __threadfence_system()
+#define CX_CAS(p, c, v) atomicCAS((p), (c), (v))
+#define CX_NOW() gpu_ns()
+#define CX_NAP(polls) \
+  do { if ((polls) > 64) __nanosleep((polls) > 4096 ? 2000 : 200); } while (0)
+#define CX_LDCG(p) __ldcg(p)
+__device__ __forceinline__ uint64_t gpu_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
+#include "interp.inc"
+#undef CX_FN
+#undef CX_TID
+#undef CX_NTHREADS
+#undef CX_SYNC
+#undef CX_LOAD_ACQ
+#undef CX_STORE_REL
+#undef CX_FENCE
+#undef CX_CAS
+#undef CX_NOW
+#undef CX_NAP
+#undef CX_LDCG
+}  // namespace gpu
 
-// One instruction, in pieces that stay inside one unit of every ref (units are not adjacent in
-// the tiled layout) -- the CPU executor's run_instr, with thread s resolving ref s.
-template <class T, class Op>
-__device__ int run_instr(const KArgs& a, const int* in, Piece& p, int* bad) {
-  const long long nch = a.nchunks, n = in[4];
-  const int nsrc = in[6];
-  const int* srcs = a.words + a.off_srcs + 4 * in[5];
-  for (long long k = 0; k < n;) {
-    long long m = n - k;
-    for (int s = 0; s <= nsrc; ++s) {
-      const int* ref = s == 0 ? in + 1 : srcs + 4 * (s - 1);
-      m = min(m, nch - (ref[2] + k) % nch);
-    }
-    if (threadIdx.x == 0) *bad = 0;
-    __syncthreads();
-    for (int s = threadIdx.x; s <= nsrc; s += blockDim.x) {
-      const int* ref = s == 0 ? in + 1 : srcs + 4 * (s - 1);
-      long long j = ref[2] + k, unit = j / nch, i = j % nch;
-      long long lo = cx_chunk_span(i, nch, a.tile_len).offset;
-      long long hi = cx_chunk_span(i + m - 1, nch, a.tile_len).offset +
-                     cx_chunk_span(i + m - 1, nch, a.tile_len).length;
-      p.addr[s] = buf_addr(a, ref[0], ref[1], unit, lo, int(sizeof(T)));
-      if (s == 0) p.len = hi - lo;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      p.nsrc = nsrc;
-      unsigned mis = unsigned(reinterpret_cast<uintptr_t>(p.addr[0]) & 15u);
-      p.packed = mis % sizeof(T) == 0;
-      for (int s = 1; s <= nsrc; ++s)
-        p.packed &= unsigned(reinterpret_cast<uintptr_t>(p.addr[s]) & 15u) == mis;
-      p.head = ((16u - mis) & 15u) / sizeof(T);
-      for (int s = 1; s <= nsrc; ++s) {  // refs of unequal element length: malformed plan
-        const int* ref = srcs + 4 * (s - 1);
-        long long i = (ref[2] + k) % nch;
-        long long len = cx_range_span(i, m, nch, a.tile_len).length;
-        if (len != p.len) *bad |= 1;
-      }
-    }
-    __syncthreads();
-    if (*bad & 1) return CX_EXEC_BADARG;
-    if (p.len > 0) block_apply<T, Op>(p, in[0] == 0);
-    __syncthreads();
-    k += m;
-  }
-  return CX_EXEC_OK;
+// The same interpreter as host code, for cx_cuda_exec_emulate: one CPU thread per lane and one
+// "thread" per block, so the barriers are no-ops and every loop runs whole in that thread.
+namespace host {
+#define CX_FN inline
+#define CX_TID 0
+#define CX_NTHREADS 1
+#define CX_SYNC() ((void)0)
+#define CX_LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define CX_STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define CX_FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#define CX_CAS(p, c, v) host_cas((p), (c), (v))
+#define CX_NOW() host_ns()
+#define CX_NAP(polls) do { if ((polls) > 64) sched_yield(); } while (0)
+#define CX_LDCG(p) (*(p))
+inline int host_cas(int* p, int expected, int desired) {
+  __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  return expected;  // the old value, like atomicCAS
 }
+inline uint64_t host_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+#include "interp.inc"
+#undef CX_FN
+#undef CX_TID
+#undef CX_NTHREADS
+#undef CX_SYNC
+#undef CX_LOAD_ACQ
+#undef CX_STORE_REL
+#undef CX_FENCE
+#undef CX_CAS
+#undef CX_NOW
+#undef CX_NAP
+#undef CX_LDCG
+}  // namespace host
 
 // 512 threads x at most 128 registers: every block of every rank sharing a GPU stays resident.
 template <class T, class Op>
 __global__ void __launch_bounds__(kDefaultThreads) interpret(KArgs a) {
-  __shared__ Piece piece;
-  __shared__ int rc, bad;
-  const int lane = blockIdx.x;
-  const uint64_t deadline = global_ns() + uint64_t(a.timeout_ns);
-  cx_cuda_ctl* me = ctl_of(a, a.rank);
-  // An earlier tile of this call failed: every later tile returns at once.
-  if (threadIdx.x == 0) rc = *(volatile int32_t*)&me->status[0] ? -1 : enter_tile(a, deadline);
-  __syncthreads();
-  if (rc) return;
-  const int* lane_off = a.words + a.off_lane;
-  int begin = lane < a.nlanes ? lane_off[lane] : 0, end = lane < a.nlanes ? lane_off[lane + 1] : 0;
-  for (int pc = begin; pc < end; ++pc) {
-    const int* in = a.words + a.off_instrs + 9 * pc;
-    if (threadIdx.x == 0)
-      rc = wait_deps(a, a.words + a.off_deps + 3 * in[7], in[8], lane, pc - begin, deadline);
-    __syncthreads();
-    if (rc) return;
-    int st = run_instr<T, Op>(a, in, piece, &bad);
-    __syncthreads();  // every thread's writes done (and rc read) before the flag and next wait
-    if (st) {
-      if (threadIdx.x == 0) fail(a, st, a.rank, lane, pc - begin);
-      return;
-    }
-    if (threadIdx.x == 0) {
-      __threadfence_system();  // the block's writes (ordered by the barrier) before the flag
-      store_release(&me->lane_flag[lane][0], (a.epoch << 32) | uint64_t(pc - begin + 1));
-    }
-  }
-  if (blockIdx.x == 0 && threadIdx.x == 0 && a.wait_fin)
-    wait_deps(a, a.words + a.off_fin, a.nfin, -1, -1, deadline);
+  __shared__ Shared sh;
+  gpu::run_block<T, Op>(a, int(blockIdx.x), sh);
 }
 
-// Floats: x *= factor; integers: x /= d (factor = 1/d), truncating (cx_scale's rule).
 template <class T>
 __global__ void scale_kernel(T* x, long long n, double factor, long long divisor) {
   typedef typename cx_compute<T>::type C;
@@ -328,17 +182,62 @@ __global__ void scale_kernel(T* x, long long n, double factor, long long divisor
   }
 }
 
-// Host side of one call: the tile loop of cx_exec_run, queued on a stream.
+// The GPU: copies and kernels queued on the caller's stream.
+struct GpuBackend {
+  cudaStream_t stream;
+  int threads;
+  int copy(void* dst, const void* src, size_t n) {
+    return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream) == cudaSuccess
+               ? CX_OK : CX_ERR_CUDA;
+  }
+  template <class T, class Op> int tile(const KArgs& k) {
+    interpret<T, Op><<<std::max(k.nlanes, 1), threads, 0, stream>>>(k);
+    return cudaGetLastError() == cudaSuccess ? CX_OK : CX_ERR_CUDA;
+  }
+  template <class T> int scale(T* x, long long n, double factor, long long divisor) {
+    unsigned blocks = unsigned(std::min<long long>(1024, (n + 255) / 256));
+    if (blocks) scale_kernel<T><<<blocks, 256, 0, stream>>>(x, n, factor, divisor);
+    return cudaGetLastError() == cudaSuccess ? CX_OK : CX_ERR_CUDA;
+  }
+};
+
+// The CPU emulation: the same steps on host memory, one std::thread per lane per tile.
+struct HostBackend {
+  int copy(void* dst, const void* src, size_t n) {
+    memcpy(dst, src, n);
+    return CX_OK;
+  }
+  template <class T, class Op> int tile(const KArgs& k) {
+    std::vector<std::thread> lanes;
+    for (int lane = 0; lane < std::max(k.nlanes, 1); ++lane)
+      lanes.emplace_back([&k, lane] {
+        Shared sh;
+        host::run_block<T, Op>(k, lane, sh);
+      });
+    for (auto& t : lanes) t.join();
+    return CX_OK;
+  }
+  template <class T> int scale(T* x, long long n, double factor, long long divisor) {
+    typedef typename cx_compute<T>::type C;
+    for (long long i = 0; i < n; ++i) {
+      if constexpr (std::is_integral<C>::value) x[i] = cx_store<T>(C((long long)cx_load(x[i]) / divisor));
+      else x[i] = cx_store<T>(C(cx_load(x[i]) * C(factor)));
+    }
+    return CX_OK;
+  }
+};
+
+// One call: the tile loop of cx_exec_run (stage in, interpret, copy out, scale) on a backend.
+template <class B>
 struct Launch {
   const cx_cuda_exec_args* args;
-  cudaStream_t stream;
+  const int* h;  // packed-plan header
+  B backend;
   KArgs k;
   int es;
 
   template <class T, class Op> int run() {
     const cx_cuda_exec_args* c = args;
-    const int* h = c->plan->header;
-    int threads = c->threads > 0 ? c->threads : kDefaultThreads;
     long long ntiles = c->count == 0 ? 1 : (c->count + c->tile_count - 1) / c->tile_count;
     for (long long t = 0; t < ntiles; ++t) {
       k.epoch = c->epoch + uint64_t(t);
@@ -347,8 +246,7 @@ struct Launch {
       k.tile_len = std::min(c->tile_count, c->count - k.tile_off);
       k.set_off = c->set_bytes * (long long)(k.epoch & 1);
       if (int rc = stage(0, false)) return rc;
-      interpret<T, Op><<<std::max(h[CX_PK_NLANES], 1), threads, 0, stream>>>(k);
-      if (cudaGetLastError() != cudaSuccess) return CX_ERR_CUDA;
+      if (int rc = backend.template tile<T, Op>(k)) return rc;
       if (int rc = stage(1, true)) return rc;
       if (c->user_out && c->scale != 1.0)
         if (int rc = scale_tile<T>()) return rc;
@@ -364,12 +262,11 @@ struct Launch {
     if (!user || (out ? c->out_private : c->in_private) || k.tile_len == 0) return CX_OK;
     char* slot = static_cast<char*>(c->self_window) + CX_CUDA_CTL_BYTES + k.set_off + k.slot_off[buf];
     size_t nbytes = size_t(k.tile_len) * es;
-    for (long long u = 0; u < c->plan->header[CX_PK_UNITS0 + buf]; ++u) {
+    for (long long u = 0; u < h[CX_PK_UNITS0 + buf]; ++u) {
       char* uptr = const_cast<char*>(user) + (u * c->count + k.tile_off) * es;
       char* sptr = slot + u * c->tile_count * es;
-      cudaError_t e = out ? cudaMemcpyAsync(uptr, sptr, nbytes, cudaMemcpyDeviceToDevice, stream)
-                          : cudaMemcpyAsync(sptr, uptr, nbytes, cudaMemcpyDeviceToDevice, stream);
-      if (e != cudaSuccess) return CX_ERR_CUDA;
+      if (int rc = out ? backend.copy(uptr, sptr, nbytes) : backend.copy(sptr, uptr, nbytes))
+        return rc;
     }
     return CX_OK;
   }
@@ -378,18 +275,17 @@ struct Launch {
     const cx_cuda_exec_args* c = args;
     long long divisor = c->scale > 0 ? (long long)(1.0 / c->scale + 0.5) : 0;
     if (divisor < 1) divisor = 1;
-    unsigned blocks = unsigned(std::min<long long>(1024, (k.tile_len + 255) / 256));
-    if (blocks == 0) return CX_OK;
-    for (long long u = 0; u < c->plan->header[CX_PK_UNITS1]; ++u) {
+    for (long long u = 0; u < h[CX_PK_UNITS1]; ++u) {
       T* x = reinterpret_cast<T*>(static_cast<char*>(c->user_out) + (u * c->count + k.tile_off) * es);
-      scale_kernel<T><<<blocks, 256, 0, stream>>>(x, k.tile_len, c->scale, divisor);
+      if (int rc = backend.template scale<T>(x, k.tile_len, c->scale, divisor)) return rc;
     }
-    return cudaGetLastError() == cudaSuccess ? CX_OK : CX_ERR_CUDA;
+    return CX_OK;
   }
 };
 
+template <class B>
 struct LaunchByDtype {
-  Launch* l;
+  Launch<B>* l;
   int op;
   template <class T> int run() { return cx_dispatch_op<T>(op, *l); }
 };
@@ -431,9 +327,48 @@ __global__ void abort_kernel(cx_cuda_ctl* me, unsigned long long seq, unsigned l
   int slot = int(seq & 1);
   me->desc[slot][0] = seq;
   me->desc[slot][1] = CX_CUDA_ABORTED_CALL;
-  store_release(&me->abort_word, seq + 1);
+  typedef cuda::atomic_ref<uint64_t, cuda::thread_scope_system> ref;
+  ref(me->abort_word).store(seq + 1, cuda::memory_order_release);
   __threadfence_system();
-  store_release(&me->ready, epoch);
+  ref(me->ready).store(epoch, cuda::memory_order_release);
+}
+
+// Argument checks shared by the launch and the emulation; sets the element size.
+int check_call(const cx_cuda_exec_args* c, const int* h, int* es) {
+  if (!c->self_window || !c->d_windows || c->tile_count <= 0 || c->count < 0 ||
+      c->set_bytes <= 0 || c->timeout_ns <= 0 || c->threads < 0 || c->threads > kDefaultThreads)
+    return CX_ERR_ARG;
+  if (c->op < 0 || c->op >= CX_NUM_OPS) return CX_ERR_OP;
+  *es = int(cx_dtype_size_of(c->dtype));
+  if (*es == 0) return CX_ERR_DTYPE;
+  long long units = (long long)h[CX_PK_UNITS0] + h[CX_PK_UNITS1] + h[CX_PK_UNITS2];
+  if (units * c->tile_count * *es > c->set_bytes) return CX_ERR_ARG;  // a tile must fit a set
+  return CX_OK;
+}
+
+// The kernel's view of one call (tile fields are set per tile by Launch::run).
+KArgs make_kargs(const cx_cuda_exec_args* c, const int* h, const int* words, int es) {
+  KArgs k{};
+  k.words = words;
+  k.nranks = h[CX_PK_NRANKS], k.rank = h[CX_PK_RANK], k.nchunks = h[CX_PK_NCHUNKS];
+  k.nlanes = h[CX_PK_NLANES], k.nfin = h[CX_PK_NFIN];
+  k.off_lane = h[CX_PK_OFF_LANE], k.off_instrs = h[CX_PK_OFF_INSTRS];
+  k.off_srcs = h[CX_PK_OFF_SRCS], k.off_deps = h[CX_PK_OFF_DEPS], k.off_fin = h[CX_PK_OFF_FIN];
+  k.win = reinterpret_cast<char* const*>(c->d_windows);
+  long long tb = c->tile_count * es;
+  k.slot_off[0] = 0, k.slot_off[1] = h[CX_PK_UNITS0] * tb;
+  k.slot_off[2] = (long long)(h[CX_PK_UNITS0] + h[CX_PK_UNITS1]) * tb;
+  k.tile_count = c->tile_count, k.count = c->count;
+  k.user_in = c->in_private ? static_cast<const char*>(c->user_in) : nullptr;
+  k.user_out = c->out_private ? static_cast<char*>(c->user_out) : nullptr;
+  k.wait_fin = c->user_out != nullptr;
+  k.seq = c->seq;
+  unsigned long long desc[CX_CUDA_DESC_COMPARED] = {
+      c->seq, (unsigned long long)c->coll, (unsigned long long)c->dtype,
+      (unsigned long long)c->op, (unsigned long long)c->count, (unsigned long long)c->root};
+  std::copy(desc, desc + CX_CUDA_DESC_COMPARED, k.desc);
+  k.timeout_ns = c->timeout_ns;
+  return k;
 }
 
 }  // namespace
@@ -507,51 +442,42 @@ int cx_cuda_plan_free(cx_cuda_plan* plan) {
 }
 
 int cx_cuda_exec_launch(const cx_cuda_exec_args* c, void* stream) {
-  if (!c || !c->plan || !c->self_window || !c->d_windows || c->tile_count <= 0 || c->count < 0 ||
-      c->set_bytes <= 0 || c->timeout_ns <= 0 || c->threads < 0 || c->threads > kDefaultThreads)
-    return CX_ERR_ARG;
-  if (c->op < 0 || c->op >= CX_NUM_OPS) return CX_ERR_OP;
-  int es = int(cx_dtype_size_of(c->dtype));
-  if (es == 0) return CX_ERR_DTYPE;
+  if (!c || !c->plan) return CX_ERR_ARG;
   const int* h = c->plan->header;
-  long long units = (long long)h[CX_PK_UNITS0] + h[CX_PK_UNITS1] + h[CX_PK_UNITS2];
-  if (units * c->tile_count * es > c->set_bytes) return CX_ERR_ARG;  // a tile must fit a set
+  int es = 0;
+  if (int rc = check_call(c, h, &es)) return rc;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   cx_cuda_ctl* me = static_cast<cx_cuda_ctl*>(c->self_window);
   if (cudaMemsetAsync(me->status, 0, sizeof me->status, s) != cudaSuccess) {
     cudaGetLastError();
     return CX_ERR_CUDA;
   }
-  Launch l{c, s, {}, es};
-  KArgs& k = l.k;
-  k.words = c->plan->d_words;
-  k.nranks = h[CX_PK_NRANKS], k.rank = h[CX_PK_RANK], k.nchunks = h[CX_PK_NCHUNKS];
-  k.nlanes = h[CX_PK_NLANES], k.nfin = h[CX_PK_NFIN];
-  k.off_lane = h[CX_PK_OFF_LANE], k.off_instrs = h[CX_PK_OFF_INSTRS];
-  k.off_srcs = h[CX_PK_OFF_SRCS], k.off_deps = h[CX_PK_OFF_DEPS], k.off_fin = h[CX_PK_OFF_FIN];
-  k.win = reinterpret_cast<char* const*>(c->d_windows);
-  long long tb = c->tile_count * es;
-  k.slot_off[0] = 0, k.slot_off[1] = h[CX_PK_UNITS0] * tb;
-  k.slot_off[2] = (long long)(h[CX_PK_UNITS0] + h[CX_PK_UNITS1]) * tb;
-  k.tile_count = c->tile_count, k.count = c->count;
-  k.user_in = c->in_private ? static_cast<const char*>(c->user_in) : nullptr;
-  k.user_out = c->out_private ? static_cast<char*>(c->user_out) : nullptr;
-  k.wait_fin = c->user_out != nullptr;
-  k.seq = c->seq;
-  unsigned long long desc[CX_CUDA_DESC_COMPARED] = {c->seq, (unsigned long long)c->coll,
-                                                    (unsigned long long)c->dtype,
-                                                    (unsigned long long)c->op,
-                                                    (unsigned long long)c->count,
-                                                    (unsigned long long)c->root};
-  std::copy(desc, desc + CX_CUDA_DESC_COMPARED, k.desc);
-  k.timeout_ns = c->timeout_ns;
-  LaunchByDtype by_dtype{&l, c->op};
+  Launch<GpuBackend> l{c, h, {s, c->threads > 0 ? c->threads : kDefaultThreads},
+                       make_kargs(c, h, c->plan->d_words, es), es};
+  LaunchByDtype<GpuBackend> by_dtype{&l, c->op};
   int rc = cx_dispatch_dtype(c->dtype, by_dtype);
   if (rc == CX_OK && c->status_host &&
       cudaMemcpyAsync(c->status_host, me->status, sizeof me->status, cudaMemcpyDeviceToHost, s) !=
           cudaSuccess)
     rc = CX_ERR_CUDA;
   if (rc != CX_OK) cudaGetLastError();
+  return rc;
+}
+
+int cx_cuda_exec_emulate(const cx_exec_plan* plan, const cx_cuda_exec_args* c) {
+  long long n = 0;
+  if (!c) return CX_ERR_ARG;
+  if (int rc = cx_cuda_plan_pack(plan, nullptr, 0, &n)) return rc;
+  std::vector<int> words(size_t(n), 0);
+  if (int rc = cx_cuda_plan_pack(plan, words.data(), n, &n)) return rc;
+  int es = 0;
+  if (int rc = check_call(c, words.data(), &es)) return rc;
+  cx_cuda_ctl* me = static_cast<cx_cuda_ctl*>(c->self_window);
+  memset(me->status, 0, sizeof me->status);
+  Launch<HostBackend> l{c, words.data(), {}, make_kargs(c, words.data(), words.data(), es), es};
+  LaunchByDtype<HostBackend> by_dtype{&l, c->op};
+  int rc = cx_dispatch_dtype(c->dtype, by_dtype);
+  if (rc == CX_OK && c->status_host) memcpy(c->status_host, me->status, sizeof me->status);
   return rc;
 }
 

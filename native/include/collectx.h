@@ -280,6 +280,11 @@ typedef struct {
 
 /* Queues this rank's part of a collective on stream and returns without waiting. */
 int cx_cuda_exec_launch(const cx_cuda_exec_args* args, void* stream);
+/* CPU emulation of cx_cuda_exec_launch, for tests without a GPU: the same interpreter code
+ * compiled for the host, one thread per lane (one "thread" per block), on host-memory windows
+ * (self_window, d_windows and the user pointers are host pointers; args->plan is not used).
+ * Returns when this rank's call is done; the status record is filled as on the GPU. */
+int cx_cuda_exec_emulate(const cx_exec_plan* plan, const cx_cuda_exec_args* args);
 /* Tiles (epochs) a call of count elements per unit uses: the caller advances its epoch by this. */
 int cx_cuda_exec_ntiles(long long count, long long tile_count, long long* ntiles);
 /* This rank rejects call seq: peers fail it with CX_EXEC_ABORTED instead of waiting. */
