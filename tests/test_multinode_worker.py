@@ -29,7 +29,11 @@ def make_comm():
         import torch.distributed as dist
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
         return init(TorchEngine(), timeout=30)
-    return init(MPIEngine(), timeout=30)
+    import collectx
+    comm = collectx.init(timeout=30)      # COLLECTX_HOSTS under mpirun: the hierarchical one
+    assert type(comm).__name__ == "HierarchicalCommunicator", type(comm)
+    assert isinstance(comm.engine, MPIEngine)
+    return comm
 
 
 def data(rank: int, n: int, dtype, salt: int = 0) -> np.ndarray:
