@@ -109,9 +109,10 @@ class Routes:
         to milliseconds each.
         """
         if self._parts is None:
-            self._parts = _machine_parts(self.topo)
+            parts = _machine_parts(self.topo)
+            self._parts = parts if len(set(parts.values())) > 1 else {}
         pa, pb = self._parts.get(a), self._parts.get(b)
-        if pa is None or pb is None or len(set(self._parts.values())) < 2:
+        if pa is None or pb is None:
             return self.topo
         key = ("region", *sorted((pa, pb)))
         if key not in self._routes:
