@@ -232,7 +232,7 @@ def _node_view(topo: nx.DiGraph, part: dict, ids: tuple[str, ...]) -> nx.DiGraph
 
 def _shape(view: nx.DiGraph) -> tuple:
     strip = lambda n: _PREFIX.sub("", str(n))  # noqa: E731
-    return tuple(sorted((strip(u), strip(v), d.get("bw_gbps")) for u, v, d in view.edges(data=True)))
+    return tuple(sorted((strip(u), strip(v), bw) for u, v, bw in view.edges(data="bw_gbps")))
 
 
 def _reserve(b: ScheduleBuilder, chunks: int) -> None:
