@@ -80,6 +80,19 @@ def test_engine_failures_become_engine_errors():
             raise RuntimeError("Connection closed by peer")
 
 
+def test_engines_that_cannot_run_here_say_why():
+    from collectx.runtime.multinode import NCCLEngine, TorchEngine
+    try:
+        import cupy.cuda.nccl  # noqa: F401
+    except ImportError:
+        with pytest.raises(EngineError, match="CuPy built with NCCL"):
+            NCCLEngine(LoopbackEngine())
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_initialized():
+        with pytest.raises(EngineError, match="init_process_group"):
+            TorchEngine()
+
+
 def test_world_of_one_runs_every_collective():
     with init(LoopbackEngine()) as comm:
         x = np.arange(5, dtype=np.float32)
