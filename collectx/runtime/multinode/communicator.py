@@ -61,6 +61,7 @@ class HierarchicalCommunicator:
         leaders = tuple(h[0] for h in lay.hosts)
         self.leaders = engine.split(leaders if lay.local_rank == 0 else (self.rank,))
         self._worker: Worker | None = None
+        self._scratch: dict[str, np.ndarray] = {}
 
     # -- collectives ------------------------------------------------------------------------------
     def allreduce(self, x, out=None, op: str = "sum", async_op: bool = False):
@@ -124,10 +125,11 @@ class HierarchicalCommunicator:
             return res
         if self.regular:
             m = -(-dst.size // L) * L        # pad to whole shards; pads never reach the result
-            work = dst if m == dst.size else np.zeros(m, dst.dtype)
+            work = dst if m == dst.size else self._buffer("pad", m, dst.dtype)
             if work is not dst:
                 work[:dst.size] = dst
-            shard = np.empty(m // L, dst.dtype)
+                work[dst.size:] = 0
+            shard = self._buffer("shard", m // L, dst.dtype)
             self.local.reduce_scatter(work, out=shard, op=inner)
             self.rail.allreduce(shard, inner)
             self.local.allgather(shard, out=work)
@@ -154,7 +156,7 @@ class HierarchicalCommunicator:
         if n and self.regular:
             H, L = len(self.layout.hosts), self.layout.local_size
             by_local = src.reshape(H, L, n).transpose(1, 0, 2).reshape(-1)  # [local][host]
-            part = np.empty(H * n, src.dtype)
+            part = self._buffer("part", H * n, src.dtype)
             self.local.reduce_scatter(np.ascontiguousarray(by_local), out=part, op=inner)
             self.rail.reduce_scatter(part, dst, inner)
         elif n:
@@ -170,9 +172,9 @@ class HierarchicalCommunicator:
         dst = self._output(res, n * self.size, src.dtype)
         if n and self.regular:
             H, L = len(self.layout.hosts), self.layout.local_size
-            part = np.empty(H * n, src.dtype)
+            part = self._buffer("part", H * n, src.dtype)
             self.rail.allgather(np.ascontiguousarray(src), part)
-            tmp = np.empty(L * H * n, src.dtype)
+            tmp = self._buffer("gathered", L * H * n, src.dtype)
             self.local.allgather(part, out=tmp)
             dst.reshape(H, L, n)[...] = tmp.reshape(L, H, n).transpose(1, 0, 2)
         elif n:
@@ -201,6 +203,15 @@ class HierarchicalCommunicator:
         if self._worker is not None and self._worker.busy:
             self._worker.drain()
         return fn()
+
+    def _buffer(self, slot: str, n: int, dtype) -> np.ndarray:
+        """A staging array reused call after call (fresh pages would fault in every call);
+        calls run one at a time (async ones in order on one worker), so a slot is never shared.
+        """
+        buf = self._scratch.get(slot)
+        if buf is None or buf.dtype != dtype or buf.size < n:
+            buf = self._scratch[slot] = np.zeros(max(n, 1), dtype)
+        return buf[:n]
 
     def _input(self, x):
         arr, dt = as_array(x, "x")
