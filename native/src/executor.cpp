@@ -10,27 +10,23 @@
 //   3. run my lanes, interleaved in this one thread: round-robin over lanes, running the next
 //      instruction of any lane whose deps (epoch-stamped flags of any rank's lanes) are met, so
 //      lanes never deadlock each other; publish my lane flag after each instruction;
-//   4. wait for the instructions that write my output (fin_deps), copy the tile out, scale (avg).
+//   4. wait for the instructions that write my output (fin_deps), copy the tile out, scale (avg);
+//   5. when any rank's buffer lives in its window heap (Communicator.empty, read in place by
+//      peers), wait until every lane of every rank has finished the tile before returning, so
+//      no caller reuses a buffer a peer is still reading.
 //
 // Cross-epoch safety comes from the double buffer plus the barrier: a peer that passed barrier e
 // has finished every instruction of tile e-1 (it only publishes ready=e after completing e-1),
 // so writes into set e%2 can only race with tile e-2, which every rank finished before
 // publishing ready=e-1 -- and I saw those before running e-1. One barrier per tile, no trailing one.
 //
-// Waiting spins briefly, then sched_yield()s, then nanosleeps: tests run 4-8 ranks on 2 cores,
-// and a spinning rank must not starve the peer it waits for. About every millisecond of waiting
-// it checks the peers' abort words, their liveness (pid) and the deadline.
+// Every wait goes through cx_exec::Waiter (executor_wait.cpp): spin, yield, sleep, and about
+// every millisecond check peers' liveness, abort words and the deadline.
 
 #include "cx_executor.h"
 #include "cx_kernels.h"
 
-#include <errno.h>
-#include <sched.h>
-#include <signal.h>
-#include <stdio.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -47,7 +43,6 @@ namespace {
 constexpr uint64_t kAbortedCall = 0xFFFF;  // descriptor "collective" code of an aborted call
 constexpr int kMaxRanks = 256;
 constexpr int kDescCompared = 6;           // seq, collective, dtype, op, count, root
-
 
 struct Ctx {
     const cx_exec_plan* plan;
