@@ -1,0 +1,167 @@
+"""The CUDA executor's interpreter, run on the CPU: ``cx_cuda_exec_emulate`` compiles the very code
+the kernel runs (native/cuda/interp.inc) for the host, one thread per lane, over host-memory
+windows laid out like the GPU's. Ranks are Python threads (cffi releases the GIL), calls follow
+each other on the same windows (epochs, both staging sets, tiles), and results are compared with
+numpy. What this cannot show -- GPU memory ordering, IPC, streams -- is left to test_cuda_gpu.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import _runtime_workers as W
+from collectx.planner import make_schedule
+from collectx.runtime.arrays import DTYPE_CODES, OP_CODES
+from collectx.runtime.engine import COLL_CODES
+from collectx.runtime.executor import FlatPlan
+from collectx.topology import generators as G
+
+
+def _lib():
+    try:
+        from collectx.runtime.cuda import _rt
+        ffi, lib = _rt.lib()
+        getattr(lib, "cx_cuda_exec_emulate")
+        return ffi, lib
+    except Exception:
+        return None
+
+
+pytestmark = pytest.mark.skipif(_lib() is None, reason="libcollectx without CUDA objects")
+COLLS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall")
+
+
+def _aligned(nbytes: int, align: int = 64) -> np.ndarray:
+    raw = np.zeros(nbytes + align, np.uint8)
+    skip = -raw.ctypes.data % align
+    return raw[skip:skip + nbytes]
+
+
+class Emulator:
+    """``nranks`` host windows and the call sequence state every rank agrees on."""
+
+    def __init__(self, nranks: int, set_bytes: int = 1 << 16):
+        from collectx.runtime.cuda.window import ctl_bytes
+        self.ffi, self.lib = _lib()
+        self.nranks, self.set_bytes = nranks, set_bytes
+        self.windows = [_aligned(ctl_bytes() + 2 * set_bytes) for _ in range(nranks)]
+        self.table = self.ffi.new("void*[]", [self.ffi.cast("void*", w.ctypes.data)
+                                              for w in self.windows])
+        self.seq, self.epoch = 0, 1
+
+    def call(self, coll, schedule, ins, outs, counts, dtype, op="sum", root=0, ranks=None,
+             timeout_s=30.0):
+        """Every rank in ``ranks`` runs its part at once; returns each rank's status record."""
+        ranks = range(self.nranks) if ranks is None else ranks
+        status = {r: self.ffi.new("cx_cuda_exec_status*") for r in ranks}
+        keep, threads, ntiles = [], [], 1
+        for r in ranks:
+            fp = FlatPlan(schedule, r)
+            itemsize = np.dtype("uint16" if dtype == "bfloat16" else dtype).itemsize
+            tile = fp.tile_count(self.set_bytes, itemsize)
+            a = self._args(fp, r, coll, ins[r], outs[r], counts[r], tile, dtype, op, root,
+                           timeout_s, status[r])
+            keep.append((fp, a))
+            ntiles = max(ntiles, -(-counts[r] // tile) if counts[r] else 1)
+            threads.append(threading.Thread(target=self.lib.cx_cuda_exec_emulate,
+                                            args=(fp.native, a)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.seq += 1
+        self.epoch += ntiles
+        return {r: (s.status, s.rank) for r, s in status.items()}
+
+    def _args(self, fp, r, coll, x, out, count, tile, dtype, op, root, timeout_s, status):
+        ffi = self.ffi
+        a = ffi.new("cx_cuda_exec_args*")
+        a.self_window, a.d_windows = self.table[r], self.table
+        a.set_bytes, a.coll, a.root = self.set_bytes, COLL_CODES[coll], root
+        a.dtype, a.op, a.count, a.tile_count = DTYPE_CODES[dtype], OP_CODES[op], count, tile
+        a.user_in = ffi.cast("void*", 0 if x is None else x.ctypes.data)
+        a.user_out = ffi.cast("void*", 0 if out is None else out.ctypes.data)
+        overlap = x is not None and out is not None and np.shares_memory(x, out)
+        a.in_private, a.out_private = int(fp.in_private and not overlap), int(fp.out_private)
+        a.scale = 1.0 / self.nranks if op == "avg" else 1.0
+        a.seq, a.epoch = self.seq, self.epoch
+        a.timeout_ns, a.status_host = int(timeout_s * 1e9), status
+        return a
+
+
+def run_collective(emu, coll, dtype, op, n, root, seed=3, schedule=None, inplace=False):
+    """One collective on every rank against the numpy reference; returns failure texts."""
+    size = emu.nranks
+    if coll in ("reduce_scatter", "alltoall"):
+        n *= size
+    inputs = [W.rank_input(seed, r, n, dtype) for r in range(size)]
+    ins = [x.copy() for x in inputs]
+    out_n = {"allgather": n * size, "reduce_scatter": n // size}.get(coll, n)
+    outs = [x if inplace else np.full(out_n, 99, dtype) for x in ins]
+    count = {"reduce_scatter": n // size, "alltoall": n // size}.get(coll, n)
+    if coll == "broadcast":
+        ins = [x if r == root else None for r, x in enumerate(ins)]
+        outs = [x if r == root else np.full(n, 99, dtype) for r, x in enumerate(ins)]
+    if coll == "reduce":
+        outs = [o if r == root else None for r, o in enumerate(outs)]
+    itemsize = np.dtype(dtype).itemsize
+    schedule = schedule or make_schedule(None, coll, size, n * itemsize, root=root)
+    reduces = coll in ("allreduce", "reduce_scatter", "reduce")
+    status = emu.call(coll, schedule, ins, outs, [count] * size, dtype, op if reduces else "sum",
+                      root)
+    bad = [f"rank {r}: status {s}" for r, s in status.items() if s[0]]
+    for r in range(size):
+        if outs[r] is None:
+            continue
+        want = W.reference(coll, op, inputs, r, root)
+        if not np.array_equal(outs[r], want):
+            bad.append(f"rank {r}: {coll} {dtype} {op} n={n}: {outs[r][:5]} vs {want[:5]}")
+    return bad
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_every_collective_on_one_set_of_windows(nranks):
+    # A 64 KiB staging set: the 30001-element cases take several tiles, both sets, many epochs.
+    emu = Emulator(nranks)
+    bad = []
+    for coll in COLLS:
+        for dtype, op in (("float32", "sum"), ("int32", "max"), ("float64", "avg"),
+                          ("int8", "prod"), ("float16", "min")):
+            for n in (0, 1, 17, 30001):
+                bad += run_collective(emu, coll, dtype, op, n, root=nranks - 1)
+    assert bad == []
+
+
+@pytest.mark.parametrize("algo", ["ring", "tree"])
+def test_multi_lane_schedules_with_cross_rank_dependencies(algo):
+    emu = Emulator(4, set_bytes=1 << 18)
+    bad = []
+    for n in (5, 4096, 100_003):
+        s = make_schedule(G.ring(4), "allreduce", 4, n * 4, algo=algo)
+        bad += run_collective(emu, "allreduce", "float32", "sum", n, 0, schedule=s)
+    assert bad == []
+
+
+def test_in_place_allreduce_reads_and_writes_the_user_buffer():
+    emu = Emulator(3)
+    assert run_collective(emu, "allreduce", "int64", "sum", 1000, 0, inplace=True) == []
+
+
+def test_mismatched_counts_are_reported_by_every_rank():
+    emu = Emulator(2)
+    s = make_schedule(None, "allreduce", 2, 400)
+    xs = [np.ones(100, np.float32), np.ones(101, np.float32)]
+    status = emu.call("allreduce", s, xs, [x.copy() for x in xs], [100, 101], "float32")
+    assert status == {0: (4, 1), 1: (4, 0)}   # CX_EXEC_MISMATCH, naming the other rank
+
+
+def test_a_missing_rank_is_a_timeout_not_a_hang():
+    emu = Emulator(2)
+    s = make_schedule(None, "allreduce", 2, 400)
+    x = [np.ones(100, np.float32)] * 2
+    status = emu.call("allreduce", s, x, [a.copy() for a in x], [100, 100], "float32",
+                      ranks=[0], timeout_s=0.3)
+    assert status[0][0] == 1    # CX_EXEC_TIMEOUT
