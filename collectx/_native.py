@@ -269,6 +269,83 @@ def _op_code(op: str) -> int:
     return code
 
 
+# ---- fast path -------------------------------------------------------------------------------
+# The common call (plain C-contiguous ndarrays of a numpy dtype) should cost little more than
+# the cffi call itself, so it is checked with cheap reads only: cffi's backend from_buffer (one
+# C call per array) refuses non-C-contiguous arrays and, for dst, read-only ones; equal byte
+# lengths of equal dtypes mean equal element counts; the library refuses overlapping arguments
+# (CX_ERR_ARG, before writing anything). Whenever anything is off the fast path returns False
+# having touched nothing, and the fully checked path below raises the precise error.
+_CX_ERR_ARG = -3
+_AVG = OPS["avg"]
+_OP_CODES = dict(OPS)
+_BUFFER_ERRORS = (TypeError, ValueError, BufferError)
+_fast = None  # (backend from_buffer, char[] type, lib); False when the library is too old
+
+
+def _fast_entry():
+    global _fast
+    ffi, lib, _ = load()
+    probe = ffi.new("char[16]")
+    if lib.cx_copy(probe, probe + 4, 8) != _CX_ERR_ARG:
+        _fast = False  # an older library without the overlap checks the fast path relies on
+    else:
+        _fast = (ffi._backend.from_buffer, ffi.BCharA, lib)  # ffi.from_buffer minus a wrapper
+    return _fast
+
+
+def _reduce_fast(dst: np.ndarray, srcs: list, op: str) -> bool:
+    """Run ``reduce`` on plain arrays with cheap checks; False means "use the checked path"."""
+    dt = dst.dtype
+    code, op_code = _CODE_OF_DTYPE.get(dt), _OP_CODES.get(op)
+    entry = _fast if _fast is not None else _fast_entry()
+    if code is None or op_code is None or not entry or not srcs:
+        return False
+    from_buffer, char_array, lib = entry
+    try:
+        out = from_buffer(char_array, dst, True)
+        nbytes, bufs = len(out), []
+        for s in srcs:
+            # `is` first: arrays of one builtin dtype share the dtype object (cheaper than ==).
+            if type(s) is not np.ndarray or (s.dtype is not dt and s.dtype != dt):
+                return False
+            buf = from_buffer(char_array, s, False)
+            if len(buf) != nbytes:
+                return False
+            bufs.append(buf)
+    except _BUFFER_ERRORS:
+        return False
+    k, n = len(bufs), dst.size
+    rc = lib.cx_reduce(out, bufs, k, n, code, op_code)
+    if rc:
+        if rc == _CX_ERR_ARG:
+            return False  # an overlap: nothing was written, the checked path names it
+        check_rc(rc, "cx_reduce")
+    if op_code == _AVG and k > 1:
+        check_rc(lib.cx_scale(out, n, code, 1.0 / k), "cx_scale")
+    return True
+
+
+def _copy_fast(dst: np.ndarray, src: np.ndarray) -> bool:
+    """``copy`` on plain arrays with cheap checks; False means "use the checked path"."""
+    entry = _fast if _fast is not None else _fast_entry()
+    if not entry or src.dtype != dst.dtype:
+        return False
+    from_buffer, char_array, lib = entry
+    try:
+        out, buf = from_buffer(char_array, dst, True), from_buffer(char_array, src, False)
+    except _BUFFER_ERRORS:
+        return False
+    if len(out) != len(buf):
+        return False
+    rc = lib.cx_copy(out, buf, len(out))
+    if rc:
+        if rc == _CX_ERR_ARG:
+            return False  # partial overlap: nothing was written, the checked path names it
+        check_rc(rc, "cx_copy")
+    return True
+
+
 # ---- numpy-level kernels -----------------------------------------------------------------------
 def copy(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
     """Copy ``src`` into ``dst`` (same dtype and length, no partial overlap); returns ``dst``.
@@ -276,6 +353,8 @@ def copy(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
     >>> copy(np.zeros(3, np.int32), np.arange(3, dtype=np.int32))
     array([0, 1, 2], dtype=int32)
     """
+    if type(dst) is np.ndarray and type(src) is np.ndarray and _copy_fast(dst, src):
+        return dst
     dst, src = _check_output(dst), _as_array(src, "src")
     if src.dtype != dst.dtype or src.size != dst.size:
         raise ArgumentError(f"src is {src.size} x {src.dtype} but dst is {dst.size} x "
@@ -327,6 +406,9 @@ def reduce(dst: np.ndarray, srcs, op: str = "sum", *, dtype: str | None = None) 
     >>> reduce(np.empty(2), [np.array([1., 2.]), np.array([3., 5.])], op="avg")
     array([2. , 3.5])
     """
+    if dtype is None and type(dst) is np.ndarray and type(srcs) is list and type(op) is str:
+        if _reduce_fast(dst, srcs, op):
+            return dst
     dst = _check_output(dst)
     code, op_code = _array_code(dst, dtype), _op_code(op)
     ffi, lib, _ = load()

@@ -19,9 +19,11 @@ FLOATS = ("float16", "bfloat16", "float32", "float64")
 OPS = ("sum", "prod", "min", "max", "avg")
 NP_OPS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
           "avg": np.add}
-# (k, n) pairs: k in {2, 3, 8} x sizes {0, 1, 7, 4096+3}, plus 1 MiB + 1 elements for k <= 3.
-CASES = [(k, n) for k in (2, 3, 8) for n in (0, 1, 7, 4099)] + [(2, (1 << 20) + 1),
-                                                                (3, (1 << 20) + 1)]
+# (k, n) pairs: every k of the one-pass fused kernels (2..8) and the multi-pass ones (9, 16) x
+# sizes {0, 1, 7, 4096+3}; k = 8 and 16 over several 8 KiB blocks of every dtype; 1 MiB + 1
+# elements for k <= 3.
+CASES = ([(k, n) for k in (2, 3, 4, 5, 6, 7, 8, 9, 16) for n in (0, 1, 7, 4099)]
+         + [(8, 20011), (16, 20011), (2, (1 << 20) + 1), (3, (1 << 20) + 1)])
 
 
 # ---- bfloat16 helpers (numpy has no bfloat16: uint16 arrays hold the bits) ---------------------

@@ -1,6 +1,7 @@
 // The public C ABI of the kernels (collectx.h): argument checks around the internal kernels,
 // version and build information, and CUDA entry points that report CX_ERR_NO_CUDA when the
 // library was built without CUDA objects (so the ABI is the same in every build).
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -40,8 +41,16 @@ int cx_build_info(char* buf, size_t len) {
 
 size_t cx_dtype_bytes(int dtype) { return cx_dtype_size(dtype); }
 
+// True when [a, a + na) and [b, b + nb) share a byte.
+static bool ranges_overlap(const void* a, size_t na, const void* b, size_t nb) {
+  uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+  return na != 0 && nb != 0 && pa < pb + nb && pb < pa + na;
+}
+
 int cx_copy(void* dst, const void* src, size_t nbytes) {
   if (nbytes != 0 && (!dst || !src)) return CX_ERR_ARG;
+  // memcpy is undefined for partial overlap; dst == src is a no-op.
+  if (dst != src && ranges_overlap(dst, nbytes, src, nbytes)) return CX_ERR_ARG;
   cx_copy_impl(dst, src, nbytes);
   return CX_OK;
 }
@@ -50,10 +59,16 @@ int cx_reduce(void* dst, const void* const* srcs, int k, size_t n, int dtype, in
   if (k < 1 || !srcs) return CX_ERR_ARG;
   if (n != 0) {
     if (!dst) return CX_ERR_ARG;
+    size_t size = cx_dtype_size(dtype);
+    if (size == 0) return CX_ERR_DTYPE;
+    size_t nbytes = n * size;
     for (int s = 0; s < k; s++) {
       if (!srcs[s]) return CX_ERR_ARG;
-      // Only srcs[0] may be dst (in-place accumulate); the kernels read it before writing.
-      if (s > 0 && srcs[s] == dst) return CX_ERR_ARG;
+      // Only srcs[0] may be dst, and exactly (in-place accumulate: the kernels read each block
+      // before writing it); any other overlap would read partly written results. Checking here
+      // lets the Python wrapper skip its own overlap test on the fast path.
+      if (s == 0 && srcs[0] == dst) continue;
+      if (ranges_overlap(dst, nbytes, srcs[s], nbytes)) return CX_ERR_ARG;
     }
   }
   return cx_reduce_impl(dst, srcs, k, n, dtype, op);
