@@ -129,7 +129,8 @@ def test_every_collective_on_one_set_of_windows(nranks):
     bad = []
     for coll in COLLS:
         for dtype, op in (("float32", "sum"), ("int32", "max"), ("float64", "avg"),
-                          ("int8", "prod"), ("float16", "min")):
+                          ("int8", "prod"), ("float16", "min"), ("uint8", "max"),
+                          ("int64", "avg")):
             for n in (0, 1, 17, 30001):
                 bad += run_collective(emu, coll, dtype, op, n, root=nranks - 1)
     assert bad == []
