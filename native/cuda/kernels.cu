@@ -42,21 +42,26 @@ __global__ void reduce_packs(T* dst, SrcPtrs srcs, int k, size_t npacks) {
   constexpr int V = sizeof(uint4) / sizeof(T);
   typedef typename cx_compute<T>::type C;
   for (size_t p = grid_start(); p < npacks; p += grid_stride()) {
+    // memcpy between the pack and T lanes, not pointer casts: reading a uint4 through T* breaks
+    // strict aliasing; nvcc keeps these copies in registers.
+    T e[V];
     uint4 in = static_cast<const uint4*>(srcs.p[0])[p];
-    const T* e = reinterpret_cast<const T*>(&in);
+    memcpy(e, &in, sizeof in);
     C acc[V];
 #pragma unroll
     for (int v = 0; v < V; v++) acc[v] = cx_load(e[v]);
     for (int s = 1; s < k; s++) {
       in = static_cast<const uint4*>(srcs.p[s])[p];
+      memcpy(e, &in, sizeof in);
 #pragma unroll
       for (int v = 0; v < V; v++) acc[v] = Op::apply(acc[v], cx_load(e[v]));
     }
-    uint4 out;
-    T* o = reinterpret_cast<T*>(&out);
+    T o[V];
 #pragma unroll
     for (int v = 0; v < V; v++) o[v] = cx_store<T>(acc[v]);
-    reinterpret_cast<uint4*>(dst)[p] = out;
+    uint4 out;
+    memcpy(&out, o, sizeof out);
+    static_cast<uint4*>(static_cast<void*>(dst))[p] = out;
   }
 }
 
