@@ -25,7 +25,7 @@ from scipy.optimize import Bounds as LPBounds
 from scipy.optimize import LinearConstraint, milp
 
 TREE_PENALTY = 0.003     # rate fraction one extra tree level must buy to be worth it
-MIP_SECONDS = 0.25
+MIP_SECONDS = 0.1
 KEEP = 0.98              # accept the smallest chunk count that keeps this fraction of the rate
 
 
@@ -50,16 +50,21 @@ def split_chunks(first: int, count: int, rates) -> list[tuple]:
     return runs
 
 
-def chunk_counts(packing, caps, candidates, passes: int = 1) -> tuple[int, list]:
+def chunk_counts(packing, caps, candidates, passes: int = 1,
+                 memo: dict | None = None) -> tuple[int, list]:
     """Chunks per group ``Q`` and ``[(tree, n)]`` with ``n > 0``, grouped as the packing's trees.
 
     Tries the candidate counts in increasing order and keeps the first that retains
     :data:`KEEP` of the packing's rate (else the best seen), counting the pipeline fill of
-    each tree (``passes`` = 2 when a tree reduces up and broadcasts down).
+    each tree (``passes`` = 2 when a tree reduces up and broadcasts down). ``memo`` (one dict
+    per packing) keeps solved counts by ``Q`` across calls: each solve is a time-limited MIP.
     """
     best = None
+    memo = {} if memo is None else memo
     for q in sorted(candidates):
-        counts = _solve_counts(packing, caps, q)
+        if q not in memo:
+            memo[q] = _solve_counts(packing, caps, q)
+        counts = memo[q]
         kept = _kept(counts, caps, packing.rate, q) / (1 + _fill(counts, passes))
         if best is None or kept > best[0] + 1e-9:
             best = (kept, q, counts)
