@@ -23,34 +23,43 @@ def progressive_fill(links: dict[int, tuple[int, ...]], weight: dict[int, int],
     """Max-min fair rate per route class.
 
     ``links[c]`` are the resources class ``c`` crosses and ``weight[c]`` its number of active
-    flows (each gets the returned rate). Cost: O(levels x (resources + classes)).
+    flows (each gets the returned rate). Cost: O(levels x busy resources + sum of route
+    lengths): each level scans only the resources that still have unfrozen users, and a frozen
+    class is visited once through the resources it crosses.
     """
-    users: dict[int, float] = {}
+    users: dict[int, int] = {}              # unfrozen flows per resource (no zeros)
+    crossing: dict[int, list[int]] = {}     # classes per resource
     for c, w in weight.items():
         for link in links[c]:
             users[link] = users.get(link, 0) + w
-    left = {link: capacity[link] for link in users}
-    unfrozen = sorted(weight)
+            crossing.setdefault(link, []).append(c)
     rate: dict[int, float] = {}
+    for c, w in weight.items():
+        # A class alone on every resource it crosses (e.g. one link between two GPUs) gets
+        # its bottleneck's capacity; only classes sharing resources need the filling.
+        route = links[c]
+        if route and all(len(crossing[link]) == 1 for link in route):
+            rate[c] = min(capacity[link] for link in route) / w
+            for link in route:
+                del users[link]
+    left = {link: capacity[link] for link in users}
     level = 0.0
-    while unfrozen:
-        inc = min(left[link] / n for link, n in users.items() if n > 0)
+    while users:
+        inc = min(left[link] / n for link, n in users.items())
         level += inc
-        full = set()
+        full = []
         for link, n in users.items():
-            if n > 0:
-                left[link] -= inc * n
-                if left[link] <= _EPS * capacity[link] + 1e-9 * inc * n:
-                    full.add(link)
-        still = []
-        for c in unfrozen:
-            if full.isdisjoint(links[c]):
-                still.append(c)
-                continue
-            rate[c] = level
-            for link in links[c]:
-                users[link] -= weight[c]
-        unfrozen = still
+            left[link] -= inc * n
+            if left[link] <= _EPS * capacity[link] + 1e-9 * inc * n:
+                full.append(link)
+        for link in full:
+            for c in crossing[link]:
+                if c in rate:
+                    continue
+                rate[c] = level
+                for other in links[c]:
+                    users[other] -= weight[c]
+        users = {link: n for link, n in users.items() if n > 0}
     return rate
 
 
