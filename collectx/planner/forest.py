@@ -29,7 +29,7 @@ from ..schedule.metrics import unit_bytes
 from ._build import check_args
 from .edge_split import job_graph, require_connected
 from .chunking import chunk_counts, runs_by_group
-from .treesched import Share, TreeEmitter, pack_rooted
+from .treesched import Share, TreeEmitter, pack_rooted, pack_rooted_mirrored
 
 SUPPORTED = ("allgather", "reduce_scatter", "allreduce")
 MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pipelining
@@ -90,9 +90,11 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
         return _single(collective, inplace)
     G = job_graph(topo, ranks)
     require_connected(G, ranks)
-    packed = {phase: _pack(G, ranks, reverse=phase == "reduce_scatter")
-              for phase in (("allgather", "reduce_scatter") if collective == "allreduce"
-                            else (collective,))}
+    if collective == "allreduce":
+        both = pack_rooted_mirrored(G, ranks, ranks)
+        packed = {"allgather": both[False], "reduce_scatter": both[True]}
+    else:
+        packed = {collective: _pack(G, ranks, reverse=collective == "reduce_scatter")}
     at = {g: i for i, g in enumerate(ranks)}
     per_root, counts = _counts(packed, collective, nbytes, n, nchunks)
     ag, rs = (counts.get(k) for k in ("allgather", "reduce_scatter"))

@@ -163,6 +163,31 @@ def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool) -> tuple[Packing, tu
     return pack_out_trees(index, ranks, roots, routes=routes), index.caps
 
 
+def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots) -> dict:
+    """Out-tree and in-tree packings from ``roots``: ``{False: out, True: in}`` as
+    :func:`pack_rooted` gives them, solving one LP when the two problems are mirror images.
+
+    On symmetric machines (every link as wide as its reverse, every GPU pair routed back along
+    the same links) the in-tree problem on the reversed graph is the out-tree problem itself,
+    so its packing serves both (tree edges are GPU pairs; paths index the same capacities).
+    """
+    index = LinkIndex.of(G)
+    routes = simulator_routes(G, index, ranks)
+    out = pack_out_trees(index, ranks, roots, routes=routes), index.caps
+    rindex = LinkIndex.of(G.reverse(copy=True))
+    rroutes = simulator_routes(G, rindex, ranks, reverse=True)
+    if _named(index, routes) == _named(rindex, rroutes) and \
+            dict(zip(index.links, index.caps)) == dict(zip(rindex.links, rindex.caps)):
+        return {False: out, True: out}
+    return {False: out, True: (pack_out_trees(rindex, ranks, roots, routes=rroutes),
+                               rindex.caps)}
+
+
+def _named(index: LinkIndex, routes: dict) -> dict:
+    return {pair: sorted((index.links[link], share) for link, share in use)
+            for pair, use in routes.items()}
+
+
 def pack_both_ways(G: nx.DiGraph, ranks) -> tuple[Packing, tuple]:
     """Spanning trees used up and down (Blink allreduce), priced by simulator routes."""
     index = LinkIndex.of(G)
