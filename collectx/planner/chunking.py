@@ -54,23 +54,29 @@ def chunk_counts(packing, caps, candidates, passes: int = 1,
                  memo: dict | None = None) -> tuple[int, list]:
     """Chunks per group ``Q`` and ``[(tree, n)]`` with ``n > 0``, grouped as the packing's trees.
 
-    Tries the candidate counts in increasing order and keeps the first that retains
-    :data:`KEEP` of the packing's rate (else the best seen), counting the pipeline fill of
-    each tree (``passes`` = 2 when a tree reduces up and broadcasts down). ``memo`` (one dict
-    per packing) keeps solved counts by ``Q`` across calls: each solve is a time-limited MIP.
+    Screens the candidate counts in increasing order with the cheap largest-remainder rounding
+    and takes the first that retains :data:`KEEP` of the packing's rate (else the largest),
+    counting the pipeline fill of each tree (``passes`` = 2 when a tree reduces up and
+    broadcasts down); only that count gets the integer program (a time-limited MIP), whose
+    counts are kept when they do better. ``memo`` (one dict per packing) keeps the final
+    counts by ``Q`` across calls.
     """
-    best = None
     memo = {} if memo is None else memo
-    for q in sorted(candidates):
-        if q not in memo:
-            memo[q] = _solve_counts(packing, caps, q)
-        counts = memo[q]
-        kept = _kept(counts, caps, packing.rate, q) / (1 + _fill(counts, passes))
-        if best is None or kept > best[0] + 1e-9:
-            best = (kept, q, counts)
-        if kept >= KEEP:
+    order = sorted(candidates)
+    q = order[-1]
+    for c in order[:-1]:
+        if _score(_largest_remainder(packing, c), caps, packing.rate, c, passes) >= KEEP:
+            q = c
             break
-    return best[1], best[2]
+    if q not in memo:
+        rough = _largest_remainder(packing, q)
+        fine = _solve_counts(packing, caps, q)
+        memo[q] = max((rough, fine), key=lambda n: _score(n, caps, packing.rate, q, passes))
+    return q, memo[q]
+
+
+def _score(counts, caps, rate, q, passes) -> float:
+    return _kept(counts, caps, rate, q) / (1 + _fill(counts, passes))
 
 
 def _fill(counts, passes) -> float:

@@ -57,10 +57,11 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
     inplace : bool
         Build for aliased input/output.
     nchunks : int, optional
-        Chunks per payload unit; default the most that chunks of at least
-        :data:`MIN_CHUNK_BYTES` and a schedule of about :data:`MAX_INSTRUCTIONS` allow
-        (simulated busbw rises with the pipeline depth up to there). Allreduce rounds it up
-        to a multiple of N (every root reduces and broadcasts ``nchunks / N`` chunks).
+        Chunks per payload unit; default the smallest count whose integral shares keep 98%
+        of the packing's rate with the pipeline fill counted, within :data:`MIN_CHUNK_BYTES`
+        per chunk and about :data:`MAX_INSTRUCTIONS` per schedule (see :mod:`~.chunking`).
+        Allreduce rounds it up to a multiple of N (every root reduces and broadcasts
+        ``nchunks / N`` chunks).
 
     Returns
     -------
@@ -170,7 +171,7 @@ def _counts(packed: dict, collective: str, nbytes: int, n: int, nchunks) -> tupl
         unit = unit_bytes(collective, nbytes, n) / (n if collective == "allreduce" else 1)
         edges = len(packed) * n * (n - 1)       # one instruction per tree edge, chunk and phase
         most = max(1, min(int(unit // MIN_CHUNK_BYTES), MAX_INSTRUCTIONS // edges))
-        cands = [max([c for c in CANDIDATE_CHUNKS if c <= most] or [1])]   # deepest pipeline
+        cands = [c for c in CANDIDATE_CHUNKS if c <= most] or [1]
     memo: dict = {phase: {} for phase in packed}
     chosen = {phase: chunk_counts(p, caps, cands, memo=memo[phase])
               for phase, (p, caps) in packed.items()}
