@@ -105,17 +105,19 @@ def test_world_of_one_runs_every_collective():
 
 # -- processes -----------------------------------------------------------------------------------
 @pytest.mark.mpi
-def test_mpi_pseudo_hosts_every_collective():
+def test_mpi_pseudo_hosts_every_collective(tmp_path):
     why = _have_mpi()
     if why:
         pytest.skip(why)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "4", "-x", "COLLECTX_HOSTS",
-           "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", sys.executable, WORKER, "check"]
-    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+           "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "CX_TEST_REPORT_DIR",
+           sys.executable, WORKER, "check"]
+    r = subprocess.run(cmd, env=_env(CX_TEST_REPORT_DIR=tmp_path), capture_output=True,
+                       text=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert sorted(line.split()[1] for line in r.stdout.splitlines()
-                  if line.startswith("OK")) == ["0", "1", "2", "3"]
-    assert "OK 2 host 1 local 0" in r.stdout
+    reports = sorted(p.read_text() for p in tmp_path.glob("rank*"))
+    assert [x.split()[1] for x in reports] == ["0", "1", "2", "3"], r.stdout[-3000:]
+    assert "OK 2 host 1 local 0" in reports
 
 
 @pytest.mark.slow

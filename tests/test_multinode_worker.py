@@ -97,7 +97,12 @@ def check(comm) -> None:
     comm.allreduce(avg, op="avg")
     np.testing.assert_allclose(avg, np.full(5, (size - 1) / 2, np.float32))
     comm.barrier()
-    print(f"OK {rank} host {comm.layout.host} local {comm.layout.local_rank}", flush=True)
+    report = f"OK {rank} host {comm.layout.host} local {comm.layout.local_rank}"
+    print(report, flush=True)
+    if os.environ.get("CX_TEST_REPORT_DIR"):
+        # mpirun may interleave or lose the tail of a rank's stdout at exit; a file cannot be.
+        with open(os.path.join(os.environ["CX_TEST_REPORT_DIR"], f"rank{rank}"), "w") as f:
+            f.write(report)
 
 
 def bulk(comm) -> None:
