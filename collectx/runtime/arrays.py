@@ -91,3 +91,17 @@ def empty_like_shape(x, n: int, arr: np.ndarray, code: int):
     if code == DTYPE_CODES["bfloat16"] and isinstance(x, np.ndarray):
         return np.empty(n, dtype=x.dtype)
     return np.empty(n, dtype=arr.dtype)
+
+
+def op_code(op: str) -> int:
+    """The native code of a reduction op name; ArgumentError for anything else."""
+    if op not in OP_CODES:
+        raise ArgumentError(f"op={op!r}: expected one of {', '.join(OP_CODES)}")
+    return OP_CODES[op]
+
+
+def check_root(root, size: int) -> None:
+    """ArgumentError unless ``root`` is a rank of a world of ``size``."""
+    if not (isinstance(root, int) and 0 <= root < size):
+        raise ArgumentError(f"root={root!r}: expected a rank in 0..{size - 1}")
+

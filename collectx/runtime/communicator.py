@@ -17,7 +17,7 @@ import numpy as np
 
 from ..config import get_config
 from ..errors import ArgumentError, DTypeError
-from .arrays import OP_CODES, as_array, empty_like_shape
+from .arrays import as_array, check_root, empty_like_shape, op_code
 from .arrays import DTYPE_CODES
 from .engine import Engine
 from .heap import Heap
@@ -213,13 +213,10 @@ class Communicator:
         return arr
 
     def _op(self, op: str) -> int:
-        if op not in OP_CODES:
-            raise ArgumentError(f"op={op!r}: expected one of {', '.join(OP_CODES)}")
-        return OP_CODES[op]
+        return op_code(op)
 
     def _root(self, root: int) -> None:
-        if not (isinstance(root, int) and 0 <= root < self.size):
-            raise ArgumentError(f"root={root!r}: expected a rank in 0..{self.size - 1}")
+        check_root(root, self.size)
 
     def close(self) -> None:
         """Finish queued work and unmap the windows. Idempotent."""

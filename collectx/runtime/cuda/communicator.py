@@ -15,7 +15,7 @@ import itertools
 
 from ...config import get_config
 from ...errors import ArgumentError, DTypeError
-from ..arrays import OP_CODES
+from ..arrays import check_root, op_code
 from ..store import as_store
 from . import _rt
 from .arrays import DeviceBuffer, as_device_buffer, empty_like
@@ -185,13 +185,10 @@ class CudaCommunicator:
                                     f"{self.device}; expected the communicator's device")
 
     def _op(self, op: str) -> int:
-        if op not in OP_CODES:
-            raise ArgumentError(f"op={op!r}: expected one of {', '.join(OP_CODES)}")
-        return OP_CODES[op]
+        return op_code(op)
 
     def _root(self, root: int) -> None:
-        if not (isinstance(root, int) and 0 <= root < self.size):
-            raise ArgumentError(f"root={root!r}: expected a rank in 0..{self.size - 1}")
+        check_root(root, self.size)
 
     def close(self) -> None:
         """Wait for queued work, free plans and windows. Idempotent."""

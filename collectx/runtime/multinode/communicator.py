@@ -26,7 +26,7 @@ import numpy as np
 
 from ...config import get_config
 from ...errors import ArgumentError, DTypeError
-from ..arrays import DTYPE_CODES, OP_CODES, as_array, empty_like_shape
+from ..arrays import DTYPE_CODES, as_array, check_root, empty_like_shape, op_code
 from ..communicator import Communicator
 from ..store import FileStore
 from ..work import Worker
@@ -232,16 +232,14 @@ class HierarchicalCommunicator:
                              "torch.distributed group (collectx.multinode.init(group=...))")
 
     def _inner_op(self, op: str, dt: int) -> str:
-        if op not in OP_CODES:
-            raise ArgumentError(f"op={op!r}: expected one of {', '.join(OP_CODES)}")
+        op_code(op)
         if op == "avg" and dt not in (DTYPE_CODES["float16"], DTYPE_CODES["float32"],
                                       DTYPE_CODES["float64"]):
             raise DTypeError("op='avg' needs a floating dtype; use 'sum' and divide")
         return "sum" if op == "avg" else op     # divide once, after every stage
 
     def _check_root(self, root: int) -> None:
-        if not (isinstance(root, int) and 0 <= root < self.size):
-            raise ArgumentError(f"root={root!r}: expected a rank in 0..{self.size - 1}")
+        check_root(root, self.size)
 
     def close(self) -> None:
         """Finish queued work, unmap the host's windows, release the engine's sub-groups."""
