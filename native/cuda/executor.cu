@@ -113,18 +113,7 @@ __device__ __forceinline__ uint64_t gpu_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-#include "interp.inc"
-#undef CX_FN
-#undef CX_TID
-#undef CX_NTHREADS
-#undef CX_SYNC
-#undef CX_LOAD_ACQ
-#undef CX_STORE_REL
-#undef CX_FENCE
-#undef CX_CAS
-#undef CX_NOW
-#undef CX_NAP
-#undef CX_LDCG
+#include "interp.inc"  // undefines the CX_* platform macros at its end
 }  // namespace gpu
 
 // The same interpreter as host code, for cx_cuda_exec_emulate: one CPU thread per lane and one
@@ -150,18 +139,7 @@ inline uint64_t host_ns() {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
-#include "interp.inc"
-#undef CX_FN
-#undef CX_TID
-#undef CX_NTHREADS
-#undef CX_SYNC
-#undef CX_LOAD_ACQ
-#undef CX_STORE_REL
-#undef CX_FENCE
-#undef CX_CAS
-#undef CX_NOW
-#undef CX_NAP
-#undef CX_LDCG
+#include "interp.inc"  // undefines the CX_* platform macros at its end
 }  // namespace host
 
 // 512 threads x at most 128 registers: every block of every rank sharing a GPU stays resident.
