@@ -293,6 +293,38 @@ int cx_cuda_exec_abort(void* self_window, unsigned long long seq, unsigned long 
 
 /* ---- end CUDA executor ----------------------------------------------------------------------- */
 
+/* ---- flow simulator (planner) ---------------------------------------------------------------
+ * The event loop of collectx/schedule/simulate.py with max-min fair link sharing, in native code
+ * (same numbers as the Python loop). Arrays named *_off are CSR offsets with n + 1 entries.
+ * Sizes in bytes, times in microseconds, capacities in bytes per microsecond. */
+typedef struct cx_sim_graph {
+  int nres;                   /* resources (directed links, node memories) */
+  const double* capacity;     /* [nres] */
+  int nclasses;               /* route classes: flows with the same resources */
+  const int* class_off;       /* [nclasses + 1] */
+  const int* class_res;       /* resources of each class's route, non-empty */
+  int ntasks;                 /* tasks: one instruction or one engine call */
+  const int* part_off;        /* [ntasks + 1]: the flows a task queues when it starts */
+  const double* part_bytes;
+  const int* part_class;
+  const double* part_latency; /* delay before the flow starts moving bytes */
+  const int* member_off;      /* [ntasks + 1]: the graph nodes each task completes */
+  const int* members;
+  int nnodes;                 /* schedule instructions (happens-before graph nodes) */
+  const int* node_task;       /* [nnodes]: the task a node belongs to */
+  const int* succ_off;        /* [nnodes + 1] */
+  const int* succs;
+  const int* npreds;          /* [nnodes]: predecessors each node waits for */
+} cx_sim_graph;
+
+/* Runs the tasks until no flow is left: *time_us is the last completion, start_order[0 ..
+ * *nstarted) the tasks in the order they started (a task never started sits in a cycle).
+ * CX_ERR_ARG for out-of-range ids or missing arrays. */
+int cx_sim_fairshare(const cx_sim_graph* graph, double* time_us, int* start_order,
+                     int* nstarted);
+
+/* ---- end flow simulator ---------------------------------------------------------------------- */
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,278 @@
+// Flow simulator event loop: max-min fair link sharing over a task graph.
+//
+// How it works: this is collectx/schedule/_fairshare.py (FlowLoop, progressive_fill) plus the
+// task bookkeeping of collectx/schedule/simulate.py, operation for operation, so the two give
+// the same numbers. A task (one instruction, or one engine call) starts when any of its member
+// nodes has no unfinished predecessor; it queues its flows (parts) after their route latency
+// and finishes with its last flow, which may start successor tasks. Flows of one route class
+// always share one rate, so each active class keeps a *served* counter (bytes every one of its
+// flows has moved) and a min-heap of the counter values at which its flows end: an event costs
+// O(active classes). Rates are recomputed by progressive filling at every event. Planning
+// simulates thousands of events per schedule; in Python that was most of the planning time.
+//
+// The floating-point operations and their order per quantity match the Python code (the
+// filling is order-independent: every per-resource and per-class quantity is updated on its
+// own), and ties between equal times break by flow id as Python's heapq on (time, flow) does.
+
+#include <algorithm>
+#include <functional>
+#include <queue>
+#include <utility>
+#include <vector>
+
+#include "collectx.h"
+
+namespace {
+
+constexpr double kEps = 1e-12;  // _fairshare._EPS
+
+using Entry = std::pair<double, int>;  // (time or served bytes, flow id)
+using MinHeap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
+
+struct ClassState {
+  bool active = false;
+  int count = 0;         // active flows of the class
+  double served = 0.0;   // bytes each of its flows has moved since the class became active
+  MinHeap ends;          // (served at end, flow)
+};
+
+class Sim {
+ public:
+  explicit Sim(const cx_sim_graph* g)
+      : g_(g), cls_(g->nclasses), users_(g->nres, 0), left_(g->nres, 0.0),
+        crossing_(g->nres), flows_left_(g->ntasks, 0), started_(g->ntasks, 0),
+        waiting_(g->npreds, g->npreds + g->nnodes), rate_(g->nclasses, 0.0),
+        rated_(g->nclasses, 0) {}
+
+  int run(double* time_us, int* start_order, int* nstarted) {
+    order_out_ = start_order;
+    for (int v = 0; v < g_->nnodes; ++v)
+      if (waiting_[v] == 0) start(g_->node_task[v]);
+    while (!pending_.empty() || !active_.empty()) {
+      start_due();
+      if (active_.empty()) {
+        if (!pending_.empty()) now_ = pending_.top().first;
+        continue;
+      }
+      fill();
+      double step = 0.0;
+      bool first = true;
+      for (int c : active_) {
+        const ClassState& s = cls_[c];
+        double t = (s.ends.top().first - s.served) / rate_[c];
+        if (first || t < step) step = t;
+        first = false;
+      }
+      if (!pending_.empty()) step = std::min(step, pending_.top().first - now_);
+      advance(std::max(step, 0.0));
+    }
+    *time_us = now_;
+    *nstarted = nstarted_;
+    return CX_OK;
+  }
+
+ private:
+  void start(int t) {
+    if (started_[t]) return;
+    started_[t] = 1;
+    order_out_[nstarted_++] = t;
+    int lo = g_->part_off[t], hi = g_->part_off[t + 1];
+    flows_left_[t] = hi - lo;
+    for (int p = lo; p < hi; ++p) {
+      int f = static_cast<int>(size_.size());
+      size_.push_back(g_->part_bytes[p]);
+      fcls_.push_back(g_->part_class[p]);
+      ftask_.push_back(t);
+      pending_.push({now_ + g_->part_latency[p], f});
+    }
+    if (hi == lo) finish(t);
+  }
+
+  void finish(int t) {
+    for (int m = g_->member_off[t]; m < g_->member_off[t + 1]; ++m) {
+      int v = g_->members[m];
+      for (int k = g_->succ_off[v]; k < g_->succ_off[v + 1]; ++k) {
+        int w = g_->succs[k];
+        if (--waiting_[w] == 0) start(g_->node_task[w]);
+      }
+    }
+  }
+
+  void on_done(int f) {
+    int t = ftask_[f];
+    if (--flows_left_[t] == 0) finish(t);
+  }
+
+  void start_due() {
+    // Zero-byte flows finish as soon as their latency has passed; finishing may queue more.
+    while (!pending_.empty() && pending_.top().first <= now_ * (1 + kEps) + kEps) {
+      int f = pending_.top().second;
+      pending_.pop();
+      if (size_[f] <= 0.0) {
+        on_done(f);
+        continue;
+      }
+      int c = fcls_[f];
+      ClassState& s = cls_[c];
+      if (!s.active) {
+        s.active = true;
+        s.served = 0.0;
+        s.count = 0;
+        active_.push_back(c);
+      }
+      s.ends.push({s.served + size_[f], f});
+      s.count += 1;
+    }
+  }
+
+  void advance(double step) {
+    now_ += step;
+    done_.clear();
+    for (size_t i = 0; i < active_.size();) {
+      int c = active_[i];
+      ClassState& s = cls_[c];
+      double served = s.served + rate_[c] * step;
+      s.served = served;
+      while (!s.ends.empty() &&
+             s.ends.top().first - served <= 1e-9 * std::max(size_[s.ends.top().second], 1.0)) {
+        done_.push_back(s.ends.top().second);
+        s.ends.pop();
+      }
+      if (s.ends.empty()) {  // the class leaves the active set, keeping the others' order
+        s.active = false;
+        s.count = 0;
+        active_.erase(active_.begin() + static_cast<long>(i));
+      } else {
+        s.count = static_cast<int>(s.ends.size());
+        ++i;
+      }
+    }
+    for (int f : done_) on_done(f);  // may queue flows; never re-enters advance
+  }
+
+  const int* route_begin(int c) const { return g_->class_res + g_->class_off[c]; }
+  const int* route_end(int c) const { return g_->class_res + g_->class_off[c + 1]; }
+
+  // progressive_fill of _fairshare.py over the active classes weighted by their flow counts.
+  void fill() {
+    busy_.clear();
+    for (int c : active_) {
+      rated_[c] = 0;
+      for (const int* r = route_begin(c); r != route_end(c); ++r) {
+        if (crossing_[*r].empty()) busy_.push_back(*r);
+        users_[*r] += cls_[c].count;
+        crossing_[*r].push_back(c);
+      }
+    }
+    for (int c : active_) {
+      // A class alone on every resource it crosses gets its bottleneck's capacity.
+      const int* b = route_begin(c);
+      const int* e = route_end(c);
+      if (b == e) continue;
+      bool lone = true;
+      for (const int* r = b; r != e && lone; ++r) lone = crossing_[*r].size() == 1;
+      if (!lone) continue;
+      double cap = g_->capacity[*b];
+      for (const int* r = b + 1; r != e; ++r) cap = std::min(cap, g_->capacity[*r]);
+      rate_[c] = cap / cls_[c].count;
+      rated_[c] = 1;
+      for (const int* r = b; r != e; ++r) users_[*r] = 0;
+    }
+    live_.clear();
+    for (int r : busy_) {
+      if (users_[r] > 0) {
+        live_.push_back(r);
+        left_[r] = g_->capacity[r];
+      }
+    }
+    double level = 0.0;
+    while (!live_.empty()) {
+      double inc = left_[live_[0]] / users_[live_[0]];
+      for (size_t i = 1; i < live_.size(); ++i)
+        inc = std::min(inc, left_[live_[i]] / users_[live_[i]]);
+      level += inc;
+      full_.clear();
+      for (int r : live_) {
+        int n = users_[r];
+        left_[r] -= inc * n;
+        if (left_[r] <= kEps * g_->capacity[r] + 1e-9 * inc * n) full_.push_back(r);
+      }
+      for (int r : full_) {
+        for (int c : crossing_[r]) {
+          if (rated_[c]) continue;
+          rate_[c] = level;
+          rated_[c] = 1;
+          for (const int* o = route_begin(c); o != route_end(c); ++o)
+            users_[*o] -= cls_[c].count;
+        }
+      }
+      size_t k = 0;
+      for (int r : live_)
+        if (users_[r] > 0) live_[k++] = r;
+      live_.resize(k);
+    }
+    for (int r : busy_) {
+      crossing_[r].clear();
+      users_[r] = 0;
+    }
+  }
+
+  const cx_sim_graph* g_;
+  std::vector<ClassState> cls_;
+  std::vector<int> active_;  // active classes in activation order
+  std::vector<int> users_;
+  std::vector<double> left_;
+  std::vector<std::vector<int>> crossing_;
+  std::vector<int> busy_, live_, full_, done_;
+  std::vector<double> size_;
+  std::vector<int> fcls_, ftask_;
+  std::vector<int> flows_left_;
+  std::vector<char> started_;
+  std::vector<int> waiting_;
+  std::vector<double> rate_;
+  std::vector<char> rated_;
+  MinHeap pending_;
+  double now_ = 0.0;
+  int* order_out_ = nullptr;
+  int nstarted_ = 0;
+};
+
+bool valid(const cx_sim_graph* g) {
+  if (!g || g->nres < 0 || g->nclasses < 0 || g->ntasks < 0 || g->nnodes < 0) return false;
+  if (g->ntasks > 0 && (!g->part_off || !g->member_off)) return false;
+  if (g->nnodes > 0 && (!g->node_task || !g->succ_off || !g->npreds)) return false;
+  if (g->nclasses > 0 && !g->class_off) return false;
+  for (int c = 0; c < g->nclasses; ++c) {
+    if (g->class_off[c + 1] <= g->class_off[c]) return false;  // every route crosses something
+    for (int k = g->class_off[c]; k < g->class_off[c + 1]; ++k)
+      if (g->class_res[k] < 0 || g->class_res[k] >= g->nres) return false;
+  }
+  for (int t = 0; t < g->ntasks; ++t)
+    for (int p = g->part_off[t]; p < g->part_off[t + 1]; ++p)
+      if (g->part_class[p] < 0 || g->part_class[p] >= g->nclasses) return false;
+  for (int t = 0; t < g->ntasks; ++t)
+    for (int m = g->member_off[t]; m < g->member_off[t + 1]; ++m)
+      if (g->members[m] < 0 || g->members[m] >= g->nnodes) return false;
+  for (int v = 0; v < g->nnodes; ++v) {
+    if (g->node_task[v] < 0 || g->node_task[v] >= g->ntasks) return false;
+    for (int k = g->succ_off[v]; k < g->succ_off[v + 1]; ++k)
+      if (g->succs[k] < 0 || g->succs[k] >= g->nnodes) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+extern "C" int cx_sim_fairshare(const cx_sim_graph* graph, double* time_us, int* start_order,
+                                int* nstarted) {
+  if (!valid(graph) || !time_us || !nstarted || (graph->ntasks > 0 && !start_order))
+    return CX_ERR_ARG;
+  try {
+    Sim sim(graph);
+    return sim.run(time_us, start_order, nstarted);
+  } catch (const std::bad_alloc&) {
+    return CX_ERR_NOMEM;
+  } catch (...) {
+    return CX_ERR_INTERNAL;
+  }
+}
