@@ -198,6 +198,9 @@ _CODE_OF_DTYPE = {np.dtype(name): code for name, code in DTYPES.items() if name 
 
 
 def _array_code(a: np.ndarray, override: str | None) -> int:
+    if not a.dtype.isnative:
+        raise DTypeError(f"dtype {a.dtype.str} is byte-swapped; the kernels take native byte "
+                         f"order: convert with a.astype(a.dtype.newbyteorder('='))")
     if override is None:
         code = _CODE_OF_DTYPE.get(a.dtype)
         return dtype_code(a.dtype) if code is None else code
@@ -269,39 +272,83 @@ def _op_code(op: str) -> int:
     return code
 
 
-# ---- fast path -------------------------------------------------------------------------------
-# The common call (plain C-contiguous ndarrays of a numpy dtype) should cost little more than
-# the cffi call itself, so it is checked with cheap reads only: cffi's backend from_buffer (one
-# C call per array) refuses non-C-contiguous arrays and, for dst, read-only ones; equal byte
-# lengths of equal dtypes mean equal element counts; the library refuses overlapping arguments
-# (CX_ERR_ARG, before writing anything). Whenever anything is off the fast path returns False
-# having touched nothing, and the fully checked path below raises the precise error.
+# ---- fast paths --------------------------------------------------------------------------------
+# reduce() and copy() first try a fast path that recognises the common call (plain C-contiguous
+# ndarrays of one supported dtype) with cheap reads only. For anything else it returns False
+# having touched nothing, and the checked path below raises the precise error. Overlap is left to
+# the library, which refuses it with CX_ERR_ARG before writing anything.
+# Two implementations, chosen once when the library is loaded: the compiled module
+# collectx._fastpath (native/python/cx_fastpath.c: one C call, a few flag reads per array) when
+# it was built, else cffi calls with cheap checks (a libffi call and an ffi.from_buffer per array,
+# several microseconds on a slow core). An older library without the overlap checks gets neither.
+_FASTPATH_API = 1  # the contract version collectx._fastpath must declare (its API constant)
 _CX_ERR_ARG = -3
 _AVG = OPS["avg"]
-_OP_CODES = dict(OPS)
 _BUFFER_ERRORS = (TypeError, ValueError, BufferError)
-_fast = None  # (backend from_buffer, char[] type, lib); False when the library is too old
+_fast_kind = None  # "compiled", "cffi" or "none" once bound
+_cffi_entry = None  # (backend from_buffer, char[] type, lib) for the cffi fast path
 
 
-def _fast_entry():
-    global _fast
+def _compiled_module():
+    """collectx._fastpath when it is built for this interpreter and speaks our contract."""
+    try:
+        from . import _fastpath
+    except ImportError:
+        return None
+    return _fastpath if getattr(_fastpath, "API", None) == _FASTPATH_API else None
+
+
+def _bind_fast_paths(compiled: bool = True) -> str:
+    """Bind ``_fast_reduce``/``_fast_copy`` to the loaded library; returns which kind is in use.
+
+    ``compiled=False`` skips collectx._fastpath (the tests use it to run the cffi fallback).
+    """
+    global _fast_reduce, _fast_copy, _fast_kind, _cffi_entry
     ffi, lib, _ = load()
     probe = ffi.new("char[16]")
+    module = _compiled_module() if compiled else None
     if lib.cx_copy(probe, probe + 4, 8) != _CX_ERR_ARG:
-        _fast = False  # an older library without the overlap checks the fast path relies on
+        _fast_reduce, _fast_copy, _fast_kind = _decline, _decline, "none"
+    elif module is not None:
+        def address(name):
+            return int(ffi.cast("uintptr_t", getattr(lib, name)))
+        module.bind(address("cx_reduce"), address("cx_copy"), address("cx_scale"),
+                    address("cx_dtype_bytes"), DTYPES, OPS, check_rc)
+        _fast_reduce, _fast_copy, _fast_kind = module.reduce, module.copy, "compiled"
     else:
-        _fast = (ffi._backend.from_buffer, ffi.BCharA, lib)  # ffi.from_buffer minus a wrapper
-    return _fast
+        _cffi_entry = (ffi._backend.from_buffer, ffi.BCharA, lib)  # from_buffer minus a wrapper
+        _fast_reduce, _fast_copy, _fast_kind = _reduce_cffi, _copy_cffi, "cffi"
+    return _fast_kind
 
 
-def _reduce_fast(dst: np.ndarray, srcs: list, op: str) -> bool:
-    """Run ``reduce`` on plain arrays with cheap checks; False means "use the checked path"."""
-    dt = dst.dtype
-    code, op_code = _CODE_OF_DTYPE.get(dt), _OP_CODES.get(op)
-    entry = _fast if _fast is not None else _fast_entry()
-    if code is None or op_code is None or not entry or not srcs:
+def _decline(*_args) -> bool:
+    return False
+
+
+def _reduce_first_call(dst, srcs, op, dtype) -> bool:
+    _bind_fast_paths()
+    return _fast_reduce(dst, srcs, op, dtype)
+
+
+def _copy_first_call(dst, src) -> bool:
+    _bind_fast_paths()
+    return _fast_copy(dst, src)
+
+
+# Rebound by _bind_fast_paths on the first call (loading the library is not done at import).
+_fast_reduce = _reduce_first_call
+_fast_copy = _copy_first_call
+
+
+def _reduce_cffi(dst, srcs, op, dtype) -> bool:
+    """The cffi fast path of ``reduce``: False means "use the checked path"."""
+    if dtype is not None or type(dst) is not np.ndarray or type(srcs) is not list or not srcs:
         return False
-    from_buffer, char_array, lib = entry
+    dt = dst.dtype
+    code, op_code = _CODE_OF_DTYPE.get(dt), OPS.get(op) if type(op) is str else None
+    if code is None or op_code is None:
+        return False
+    from_buffer, char_array, lib = _cffi_entry
     try:
         out = from_buffer(char_array, dst, True)
         nbytes, bufs = len(out), []
@@ -316,34 +363,25 @@ def _reduce_fast(dst: np.ndarray, srcs: list, op: str) -> bool:
     except _BUFFER_ERRORS:
         return False
     k, n = len(bufs), dst.size
-    rc = lib.cx_reduce(out, bufs, k, n, code, op_code)
-    if rc:
-        if rc == _CX_ERR_ARG:
-            return False  # an overlap: nothing was written, the checked path names it
-        check_rc(rc, "cx_reduce")
+    if lib.cx_reduce(out, bufs, k, n, code, op_code):
+        return False  # refused before writing (an overlap): the checked path names it
     if op_code == _AVG and k > 1:
         check_rc(lib.cx_scale(out, n, code, 1.0 / k), "cx_scale")
     return True
 
 
-def _copy_fast(dst: np.ndarray, src: np.ndarray) -> bool:
-    """``copy`` on plain arrays with cheap checks; False means "use the checked path"."""
-    entry = _fast if _fast is not None else _fast_entry()
-    if not entry or src.dtype != dst.dtype:
+def _copy_cffi(dst, src) -> bool:
+    """The cffi fast path of ``copy``: False means "use the checked path"."""
+    if type(dst) is not np.ndarray or type(src) is not np.ndarray or src.dtype != dst.dtype \
+            or dst.dtype.hasobject:
         return False
-    from_buffer, char_array, lib = entry
+    from_buffer, char_array, lib = _cffi_entry
     try:
         out, buf = from_buffer(char_array, dst, True), from_buffer(char_array, src, False)
     except _BUFFER_ERRORS:
         return False
-    if len(out) != len(buf):
-        return False
-    rc = lib.cx_copy(out, buf, len(out))
-    if rc:
-        if rc == _CX_ERR_ARG:
-            return False  # partial overlap: nothing was written, the checked path names it
-        check_rc(rc, "cx_copy")
-    return True
+    # A refusal (partial overlap) wrote nothing: the checked path names it.
+    return len(out) == len(buf) and lib.cx_copy(out, buf, len(out)) == 0
 
 
 # ---- numpy-level kernels -----------------------------------------------------------------------
@@ -353,9 +391,12 @@ def copy(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
     >>> copy(np.zeros(3, np.int32), np.arange(3, dtype=np.int32))
     array([0, 1, 2], dtype=int32)
     """
-    if type(dst) is np.ndarray and type(src) is np.ndarray and _copy_fast(dst, src):
+    if _fast_copy(dst, src):
         return dst
     dst, src = _check_output(dst), _as_array(src, "src")
+    if dst.dtype.hasobject:
+        raise DTypeError(f"dst is an array of {dst.dtype}: object references cannot be copied "
+                         f"as bytes; use numpy.copyto")
     if src.dtype != dst.dtype or src.size != dst.size:
         raise ArgumentError(f"src is {src.size} x {src.dtype} but dst is {dst.size} x "
                             f"{dst.dtype}; copy needs the same dtype and length")
@@ -391,7 +432,7 @@ def reduce(dst: np.ndarray, srcs, op: str = "sum", *, dtype: str | None = None) 
     ArgumentError
         Mismatched dtypes or lengths, non-contiguous or read-only dst, overlap, ``k < 1``.
     DTypeError
-        Unsupported dtype (bool, complex, ...) or op.
+        Unsupported dtype (bool, complex, ...), byte-swapped arrays, or an unsupported op.
 
     Notes
     -----
@@ -406,9 +447,8 @@ def reduce(dst: np.ndarray, srcs, op: str = "sum", *, dtype: str | None = None) 
     >>> reduce(np.empty(2), [np.array([1., 2.]), np.array([3., 5.])], op="avg")
     array([2. , 3.5])
     """
-    if dtype is None and type(dst) is np.ndarray and type(srcs) is list and type(op) is str:
-        if _reduce_fast(dst, srcs, op):
-            return dst
+    if _fast_reduce(dst, srcs, op, dtype):
+        return dst
     dst = _check_output(dst)
     code, op_code = _array_code(dst, dtype), _op_code(op)
     ffi, lib, _ = load()
@@ -455,7 +495,8 @@ def build_info() -> dict:
     """What the loaded library was built with and what it found at run time.
 
     Keys: ``version``, ``compiler``, ``isa`` (vector ISA chosen for this CPU), ``cuda_objects``
-    (bool), ``cuda_archs``, ``cuda_devices`` (int) and ``library`` (path).
+    (bool), ``cuda_archs``, ``cuda_devices`` (int), ``library`` (path) and ``fast_path``
+    (``"compiled"`` when collectx._fastpath serves reduce/copy, ``"cffi"`` without it).
 
     >>> sorted(build_info())[:3]
     ['compiler', 'cuda_archs', 'cuda_devices']
@@ -467,4 +508,5 @@ def build_info() -> dict:
     info["cuda_objects"] = info.get("cuda_objects") == "1"
     info["cuda_devices"] = max(lib.cx_cuda_available(), 0)
     info["library"] = str(path)
+    info["fast_path"] = _fast_kind or _bind_fast_paths()
     return info

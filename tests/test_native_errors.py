@@ -1,10 +1,23 @@
-"""Bad input to the native kernels: the right exception type, and the output left untouched."""
+"""Bad input to the native kernels: the right exception type, and the output left untouched.
+
+Every test runs with each fast path in front of the checked path (the compiled collectx._fastpath
+module when it is built, and the cffi fallback): either must leave bad input to the checked path.
+"""
 
 import numpy as np
 import pytest
 
 from collectx import _native as nat
 from collectx.errors import ArgumentError, DTypeError, NativeError, PeerFailure, Timeout
+
+
+@pytest.fixture(autouse=True, params=["compiled", "cffi"])
+def fast_path(request):
+    if request.param == "compiled" and nat._compiled_module() is None:
+        pytest.skip("collectx._fastpath is not built")
+    assert nat._bind_fast_paths(compiled=request.param == "compiled") == request.param
+    yield request.param
+    nat._bind_fast_paths()
 
 
 def sentinel(n=16, dtype=np.float32):
@@ -58,6 +71,18 @@ def test_unsupported_dtype(dtype):
     dst = np.ones(8, dtype=dtype)
     expect_untouched(DTypeError, lambda: nat.reduce(dst, [dst.copy(), dst.copy()]), dst,
                      "not supported")
+
+
+def test_byte_swapped_arrays():
+    dst = sentinel(dtype=">f4")
+    expect_untouched(DTypeError, lambda: nat.reduce(dst, [dst.copy(), dst.copy()]), dst,
+                     "byte-swapped")
+
+
+def test_object_arrays_are_not_copied_as_bytes():
+    dst = np.array([object()] * 4)
+    expect_untouched(DTypeError, lambda: nat.copy(dst, np.array([1, 2, 3, 4], dtype=object)),
+                     dst, "object")
 
 
 def test_unsupported_op():

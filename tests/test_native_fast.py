@@ -1,8 +1,9 @@
-"""The cheap-check fast path of collectx._native.reduce/copy and the C-side overlap checks.
+"""The cheap-check fast paths of collectx._native.reduce/copy and the C-side overlap checks.
 
-The fast path skips the Python overlap test and leaves it to cx_reduce / cx_copy, so these
-tests check that the library refuses every overlap before writing, that the fast path really
-runs for plain arrays, and that anything unusual still reaches the fully checked path.
+The fast paths (the compiled collectx._fastpath module, and cffi calls without it) skip the
+Python overlap test and leave it to cx_reduce / cx_copy, so these tests check that the library
+refuses every overlap before writing, that a fast path really runs for plain arrays, and that
+anything unusual still reaches the fully checked path. Each test runs with both fast paths.
 """
 
 import numpy as np
@@ -10,6 +11,15 @@ import pytest
 
 from collectx import _native as nat
 from collectx.errors import ArgumentError
+
+
+@pytest.fixture(autouse=True, params=["compiled", "cffi"])
+def fast_path(request):
+    if request.param == "compiled" and nat._compiled_module() is None:
+        pytest.skip("collectx._fastpath is not built")
+    assert nat._bind_fast_paths(compiled=request.param == "compiled") == request.param
+    yield request.param
+    nat._bind_fast_paths()
 
 
 def _checked_path_forbidden(*_args, **_kwargs):

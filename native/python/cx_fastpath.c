@@ -1,0 +1,304 @@
+/* collectx._fastpath: the hot numpy-level entry points of collectx._native (reduce, copy) as a
+ * small CPython extension.
+ *
+ * Why it exists: through cffi's ABI mode a reduce() call pays a libffi call plus one
+ * ffi.from_buffer per array (about 0.5 us each on a slow core), several microseconds in all,
+ * which is the whole run time of a 64 KiB kernel. Here a call costs one C function call and a few
+ * flag reads per array.
+ *
+ * It does not link against libcollectx. collectx/_native.py stays the one loader (cffi ABI mode)
+ * and hands the addresses of cx_reduce/cx_copy/cx_scale to bind(), so both paths always run the
+ * same library, including one named by COLLECTX_NATIVE_LIB.
+ *
+ * Contract of reduce() and copy(): True when the call ran; False when nothing was touched and the
+ * caller must take the fully checked Python path, which raises the precise, typed error. So every
+ * unusual input only has to be recognised here, never explained: anything that is not a
+ * C-contiguous, native-byte-order ndarray of a supported dtype, a read-only dst, mismatched
+ * dtypes or lengths, an unknown op or dtype name, k < 1, and overlap (the library refuses it with
+ * CX_ERR_ARG before writing anything).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <stddef.h>
+
+/* Bumped when the Python-side contract changes; collectx/_native.py refuses other versions. */
+#define CX_FASTPATH_API 1
+
+/* Mirrors of collectx.h (only the codes this file tests; the rest pass through). */
+#define CX_OK 0
+#define CX_ERR_ARG (-3)
+
+/* Calls that move at least this many bytes (all inputs) release the GIL; below it the release
+ * and re-acquire would cost more than the overlap they buy. */
+#define RELEASE_GIL_BYTES ((Py_ssize_t)256 << 10)
+/* Source pointers up to this count live on the stack. */
+#define STACK_SRCS 16
+
+typedef int (*reduce_fn)(void*, const void* const*, int, size_t, int, int);
+typedef int (*copy_fn)(void*, const void*, size_t);
+typedef int (*scale_fn)(void*, size_t, int, double);
+typedef size_t (*dtype_bytes_fn)(int);
+
+/* Set once by bind(); reduce()/copy() before bind() return False (checked path). */
+static struct {
+  reduce_fn reduce;
+  copy_fn copy;
+  scale_fn scale;
+  dtype_bytes_fn dtype_bytes;
+  PyObject* dtypes;   /* dict: dtype name -> cx_dtype code (collectx._native.DTYPES) */
+  PyObject* ops;      /* dict: op name -> cx_op code (collectx._native.OPS) */
+  PyObject* check_rc; /* collectx._native.check_rc: raises the typed error of a status */
+  int avg;            /* cx_op code of "avg" */
+  /* cx_dtype codes of the numpy types the kernels take natively; -1 when absent. */
+  int int8, uint8, int32, int64, float16, float32, float64;
+} g = {0};
+
+/* The cx_dtype code of a native-byte-order numpy array, or -1 (unsupported: checked path). */
+static int array_code(PyArrayObject* a) {
+  if (PyArray_ISBYTESWAPPED(a)) return -1;
+  switch (PyArray_TYPE(a)) {
+    case NPY_BYTE: return g.int8;
+    case NPY_UBYTE: return g.uint8;
+    case NPY_INT:
+    case NPY_LONG:
+    case NPY_LONGLONG:
+      /* C int/long/long long map to int32/int64 by width, whatever the platform. */
+      if (PyArray_ITEMSIZE(a) == 4) return g.int32;
+      if (PyArray_ITEMSIZE(a) == 8) return g.int64;
+      return -1;
+    case NPY_HALF: return g.float16;
+    case NPY_FLOAT: return g.float32;
+    case NPY_DOUBLE: return g.float64;
+    default: return -1;
+  }
+}
+
+/* The code of a name in one of the bound tables (exact str only), or -1. */
+static int table_code(PyObject* table, PyObject* name) {
+  if (!PyUnicode_CheckExact(name)) return -1;
+  PyObject* code = PyDict_GetItemWithError(table, name); /* borrowed */
+  if (code == NULL) {
+    PyErr_Clear();
+    return -1;
+  }
+  long value = PyLong_AsLong(code);
+  if (value == -1 && PyErr_Occurred()) PyErr_Clear();
+  return (int)value;
+}
+
+/* dst's cx_dtype code: its own type, or the `dtype=` name when the element sizes agree. */
+static int dst_code(PyArrayObject* dst, PyObject* dtype) {
+  if (dtype == Py_None) return array_code(dst);
+  int code = table_code(g.dtypes, dtype);
+  if (code < 0 || g.dtype_bytes((int)code) != (size_t)PyArray_ITEMSIZE(dst)) return -1;
+  return code;
+}
+
+static int is_plain_array(PyObject* obj) {
+  return PyArray_Check(obj) && PyArray_IS_C_CONTIGUOUS((PyArrayObject*)obj);
+}
+
+static int is_plain_output(PyObject* obj) {
+  return is_plain_array(obj) && PyArray_ISWRITEABLE((PyArrayObject*)obj);
+}
+
+/* Same element type as dst: the same descriptor object (the common case) or an equivalent one. */
+static int same_dtype(PyArrayObject* a, PyArrayObject* dst) {
+  return PyArray_DESCR(a) == PyArray_DESCR(dst) || PyArray_EquivTypes(PyArray_DESCR(a),
+                                                                      PyArray_DESCR(dst));
+}
+
+/* Fills ptrs[0..k) with the sources' data pointers; 0 when any source is off the fast path. */
+static int gather_sources(PyObject* const* items, Py_ssize_t k, PyArrayObject* dst,
+                          const void** ptrs) {
+  npy_intp n = PyArray_SIZE(dst);
+  for (Py_ssize_t i = 0; i < k; i++) {
+    PyObject* obj = items[i];
+    if (!is_plain_array(obj)) return 0;
+    PyArrayObject* s = (PyArrayObject*)obj;
+    if (PyArray_SIZE(s) != n || !same_dtype(s, dst)) return 0;
+    ptrs[i] = PyArray_DATA(s);
+  }
+  return 1;
+}
+
+/* Runs cx_reduce, without the GIL for large calls. The sources are held for the duration: another
+ * thread may drop them from the list while the GIL is released. */
+static int run_reduce(PyArrayObject* dst, PyObject* const* items, const void** ptrs, int k,
+                      int code, int op) {
+  size_t n = (size_t)PyArray_SIZE(dst);
+  if ((Py_ssize_t)k * PyArray_NBYTES(dst) < RELEASE_GIL_BYTES)
+    return g.reduce(PyArray_DATA(dst), ptrs, k, n, code, op);
+  int rc;
+  for (int i = 0; i < k; i++) Py_INCREF(items[i]);
+  Py_BEGIN_ALLOW_THREADS
+  rc = g.reduce(PyArray_DATA(dst), ptrs, k, n, code, op);
+  Py_END_ALLOW_THREADS
+  for (int i = 0; i < k; i++) Py_DECREF(items[i]);
+  return rc;
+}
+
+/* Raises the typed error of a failed status through collectx._native.check_rc; returns NULL. */
+static PyObject* raise_status(int rc, const char* what) {
+  PyObject* result = PyObject_CallFunction(g.check_rc, "is", rc, what);
+  if (result != NULL) { /* check_rc returned: it did not see a failure; say so plainly */
+    Py_DECREF(result);
+    PyErr_Format(PyExc_SystemError, "%s failed with status %d but check_rc did not raise", what,
+                 rc);
+  }
+  return NULL;
+}
+
+PyDoc_STRVAR(reduce_doc,
+"reduce(dst, srcs, op, dtype) -> bool\n\n"
+"dst = srcs[0] op srcs[1] op ... through cx_reduce (and cx_scale for avg). False when the\n"
+"arguments are off the fast path; nothing was touched and the caller checks them fully.");
+
+static PyObject* fast_reduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_Format(PyExc_TypeError, "reduce() takes 4 arguments (dst, srcs, op, dtype), got %zd",
+                 nargs);
+    return NULL;
+  }
+  PyObject *dst_obj = args[0], *srcs = args[1];
+  if (g.reduce == NULL || !is_plain_output(dst_obj)) Py_RETURN_FALSE;
+  PyArrayObject* dst = (PyArrayObject*)dst_obj;
+  int code = dst_code(dst, args[3]);
+  int op = table_code(g.ops, args[2]);
+  if (code < 0 || op < 0) Py_RETURN_FALSE;
+  Py_ssize_t k;
+  PyObject* const* items;
+  if (PyList_CheckExact(srcs)) {
+    k = PyList_GET_SIZE(srcs);
+    items = ((PyListObject*)srcs)->ob_item;
+  } else if (PyTuple_CheckExact(srcs)) {
+    k = PyTuple_GET_SIZE(srcs);
+    items = ((PyTupleObject*)srcs)->ob_item;
+  } else {
+    Py_RETURN_FALSE;
+  }
+  if (k < 1 || k > INT_MAX) Py_RETURN_FALSE;
+  const void* stack_ptrs[STACK_SRCS];
+  const void** ptrs = stack_ptrs;
+  if (k > STACK_SRCS && (ptrs = PyMem_Malloc((size_t)k * sizeof(void*))) == NULL)
+    return PyErr_NoMemory();
+  int rc = gather_sources(items, k, dst, ptrs) ? run_reduce(dst, items, ptrs, (int)k, code, op)
+                                               : CX_ERR_ARG;
+  if (ptrs != stack_ptrs) PyMem_Free(ptrs);
+  /* Any refusal (overlap is CX_ERR_ARG) happened before a write: the checked path explains it. */
+  if (rc != CX_OK) Py_RETURN_FALSE;
+  if (op == g.avg && k > 1) {
+    rc = g.scale(PyArray_DATA(dst), (size_t)PyArray_SIZE(dst), code, 1.0 / (double)k);
+    if (rc != CX_OK) return raise_status(rc, "cx_scale"); /* dst is written: no fallback */
+  }
+  Py_RETURN_TRUE;
+}
+
+PyDoc_STRVAR(copy_doc,
+"copy(dst, src) -> bool\n\n"
+"dst[:] = src through cx_copy. False when the arguments are off the fast path; nothing was\n"
+"touched and the caller checks them fully.");
+
+static PyObject* fast_copy(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_Format(PyExc_TypeError, "copy() takes 2 arguments (dst, src), got %zd", nargs);
+    return NULL;
+  }
+  if (g.copy == NULL || !is_plain_output(args[0]) || !is_plain_array(args[1])) Py_RETURN_FALSE;
+  PyArrayObject *dst = (PyArrayObject*)args[0], *src = (PyArrayObject*)args[1];
+  /* Bytes are copied whatever the dtype, except object arrays (their references are counted). */
+  if (PyDataType_REFCHK(PyArray_DESCR(dst)) || PyArray_SIZE(src) != PyArray_SIZE(dst) ||
+      !same_dtype(src, dst))
+    Py_RETURN_FALSE;
+  size_t nbytes = (size_t)PyArray_NBYTES(dst);
+  int rc;
+  if ((Py_ssize_t)nbytes < RELEASE_GIL_BYTES) {
+    rc = g.copy(PyArray_DATA(dst), PyArray_DATA(src), nbytes);
+  } else {
+    Py_BEGIN_ALLOW_THREADS
+    rc = g.copy(PyArray_DATA(dst), PyArray_DATA(src), nbytes);
+    Py_END_ALLOW_THREADS
+  }
+  if (rc != CX_OK) Py_RETURN_FALSE; /* partial overlap, refused before writing */
+  Py_RETURN_TRUE;
+}
+
+/* A required int entry of a bound table. */
+static int required_code(PyObject* table, const char* name, int* out) {
+  PyObject* code = PyDict_GetItemString(table, name); /* borrowed, never raises */
+  if (code == NULL) {
+    PyErr_Format(PyExc_ValueError, "bind(): the table has no entry '%s'; expected the "
+                 "collectx._native tables", name);
+    return -1;
+  }
+  *out = (int)PyLong_AsLong(code);
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+static void* address_of(PyObject* obj) {
+  void* p = PyLong_AsVoidPtr(obj);
+  if (p == NULL && !PyErr_Occurred())
+    PyErr_SetString(PyExc_ValueError, "bind(): a function address is 0; expected the addresses "
+                    "of cx_reduce, cx_copy, cx_scale and cx_dtype_bytes");
+  return p;
+}
+
+PyDoc_STRVAR(bind_doc,
+"bind(reduce_addr, copy_addr, scale_addr, dtype_bytes_addr, dtypes, ops, check_rc)\n\n"
+"Points the fast path at a loaded libcollectx: the addresses of cx_reduce, cx_copy, cx_scale and\n"
+"cx_dtype_bytes, the name -> code tables (collectx._native.DTYPES, OPS) and check_rc.");
+
+static PyObject* bind(PyObject* self, PyObject* args) {
+  PyObject *a_reduce, *a_copy, *a_scale, *a_bytes, *dtypes, *ops, *check_rc;
+  if (!PyArg_ParseTuple(args, "OOOOO!O!O:bind", &a_reduce, &a_copy, &a_scale, &a_bytes,
+                        &PyDict_Type, &dtypes, &PyDict_Type, &ops, &check_rc))
+    return NULL;
+  void *f_reduce = address_of(a_reduce), *f_copy = NULL, *f_scale = NULL, *f_bytes = NULL;
+  if (f_reduce == NULL || (f_copy = address_of(a_copy)) == NULL ||
+      (f_scale = address_of(a_scale)) == NULL || (f_bytes = address_of(a_bytes)) == NULL)
+    return NULL;
+  int c[8];
+  const char* names[8] = {"int8", "uint8", "int32", "int64", "float16", "float32", "float64",
+                          NULL};
+  for (int i = 0; names[i]; i++)
+    if (required_code(dtypes, names[i], &c[i]) < 0) return NULL;
+  int avg;
+  if (required_code(ops, "avg", &avg) < 0) return NULL;
+  Py_INCREF(dtypes);
+  Py_INCREF(ops);
+  Py_INCREF(check_rc);
+  Py_XSETREF(g.dtypes, dtypes);
+  Py_XSETREF(g.ops, ops);
+  Py_XSETREF(g.check_rc, check_rc);
+  g.int8 = c[0], g.uint8 = c[1], g.int32 = c[2], g.int64 = c[3];
+  g.float16 = c[4], g.float32 = c[5], g.float64 = c[6];
+  g.avg = avg;
+  g.scale = (scale_fn)f_scale;
+  g.dtype_bytes = (dtype_bytes_fn)f_bytes;
+  g.copy = (copy_fn)f_copy;
+  g.reduce = (reduce_fn)f_reduce;
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"reduce", (PyCFunction)(void (*)(void))fast_reduce, METH_FASTCALL, reduce_doc},
+    {"copy", (PyCFunction)(void (*)(void))fast_copy, METH_FASTCALL, copy_doc},
+    {"bind", bind, METH_VARARGS, bind_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "collectx._fastpath",
+    "Compiled fast path of collectx._native.reduce/copy (see native/python/cx_fastpath.c).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+  import_array();
+  PyObject* m = PyModule_Create(&module);
+  if (m != NULL && PyModule_AddIntConstant(m, "API", CX_FASTPATH_API) < 0) Py_CLEAR(m);
+  return m;
+}
