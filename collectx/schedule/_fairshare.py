@@ -94,6 +94,14 @@ class RouteClasses:
         self.links: dict[int, tuple[int, ...]] = {}
         self.memo: dict[tuple, dict[int, float]] = {}
 
+    def class_of(self, route: tuple[int, ...]) -> int:
+        """The id of ``route``'s class, numbering it on first sight."""
+        c = self.ids.get(route)
+        if c is None:
+            c = self.ids[route] = len(self.links)
+            self.links[c] = route
+        return c
+
 
 class FlowLoop:
     """Event-driven flows: each starts after its latency, then shares links fairly until done.
@@ -130,6 +138,14 @@ class FlowLoop:
         f = len(self.size)
         self.size.append(float(nbytes))
         self.cls.append(self._class(route))
+        heapq.heappush(self._pending, (self.now + latency_us, f))
+        return f
+
+    def add_class(self, nbytes: float, cls: int, latency_us: float) -> int:
+        """:meth:`add` for a route already numbered in the shared :class:`RouteClasses`."""
+        f = len(self.size)
+        self.size.append(float(nbytes))
+        self.cls.append(cls)
         heapq.heappush(self._pending, (self.now + latency_us, f))
         return f
 

@@ -23,9 +23,9 @@ import dataclasses
 import networkx as nx
 
 from ..errors import ArgumentError
-from ._fairshare import FlowLoop
 from ._graph import build_graph
 from ._routes import Routes, routes_for
+from ._taskloop import TaskGraph, run as run_tasks
 from .engine_steps import engine_groups, span_ratio
 from .ir import Instr, Schedule, range_span
 from .metrics import algbw, bus_factor, unit_bytes
@@ -49,7 +49,8 @@ class SimResult:
 
 
 def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
-             dtype_size: int = 4, local_bw_gbps: float | None = None) -> SimResult:
+             dtype_size: int = 4, local_bw_gbps: float | None = None,
+             native: bool | None = None) -> SimResult:
     """Simulate ``schedule`` on ``topo`` for a message of ``nbytes`` (nccl-tests convention).
 
     Parameters
@@ -66,6 +67,9 @@ def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
         Element size; chunk sizes are whole elements as the executors cut them.
     local_bw_gbps : float, optional
         Bandwidth of rank-local copies; default per node (see :mod:`._routes`).
+    native : bool, optional
+        Run the event loop in libcollectx (True) or Python (False); default: native when the
+        library provides it. Both give the same numbers.
 
     Returns
     -------
@@ -89,59 +93,14 @@ def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
     size = lambda ref: range_span(ref.chunk, ref.count, s.nchunks, elems)[1] * dtype_size  # noqa
 
     g = build_graph(s)
-    groups = engine_groups(s, g)
-    jg = groups.joined_graph(g)
-    tasks = [(v,) for v in range(len(g)) if g.instrs[v].op != "engine"] + groups.calls
-    task_of = {v: t for t, members in enumerate(tasks) for v in members}
-    succs: list[list[int]] = [[] for _ in range(len(g))]
-    for v, ps in enumerate(jg.preds):
-        for p in ps:
-            succs[p].append(v)
-    waiting = [len(ps) for ps in jg.preds]
-    flows_left = [0] * len(tasks)
-    flow_task: list[int] = []
-    started = [False] * len(tasks)
+    tg = _task_graph(g, engine_groups(s, g), lambda a, b: _parts(routes, a, b), nodes, size)
+    time_us, order = run_tasks(tg, routes.capacity, routes.classes, native=native)
+    _check_all_ran(g, set(order), tg.node_task)
     link_bytes: dict[int, float] = {}
-
-    def start(t: int) -> None:
-        if started[t]:
-            return
-        started[t] = True
-        members = tasks[t]
-        if g.instrs[members[0]].op == "engine":
-            flows = _engine_flows(g, members, nodes, size)
-        else:
-            flows = _instr_flows(g.ids[members[0]].rank, g.instrs[members[0]], nodes, size)
-        parts = [(nb * share, route, lat) for a, b, nb in flows
-                 for route, lat, share in routes.spread(a, b)]
-        flows_left[t] = len(parts)
-        for nb, route, lat in parts:
-            flow_task.append(t)
-            loop.add(nb, route, lat)
-            for link in route:
+    for t in order:  # start order: the order the loop added each task's flows
+        for nb, cls, _ in tg.parts[t]:
+            for link in routes.classes.links[cls]:
                 link_bytes[link] = link_bytes.get(link, 0.0) + nb
-        if not flows:
-            finish(t, loop.now)
-
-    def finish(t: int, now: float) -> None:
-        for v in tasks[t]:
-            for w in succs[v]:
-                waiting[w] -= 1
-                if waiting[w] == 0:
-                    start(task_of[w])
-
-    def on_flow_done(f: int, now: float) -> None:
-        t = flow_task[f]
-        flows_left[t] -= 1
-        if flows_left[t] == 0:
-            finish(t, now)
-
-    loop = FlowLoop(routes.capacity, on_flow_done, routes.classes)
-    for v in range(len(g)):
-        if waiting[v] == 0:
-            start(task_of[v])
-    time_us = loop.run()
-    _check_all_ran(g, started, task_of)
     return _result(s, nbytes, time_us, routes, link_bytes)
 
 
@@ -187,8 +146,43 @@ def _engine_flows(g, members: tuple[int, ...], nodes: list, size) -> list[tuple]
     return [(ring[i], ring[(i + 1) % gsize], share) for i in range(gsize)]
 
 
-def _check_all_ran(g, started: list[bool], task_of: dict) -> None:
-    stuck = [v for v in range(len(g)) if not started[task_of[v]]]
+def _task_graph(g, groups, parts, nodes: list, size) -> TaskGraph:
+    """Tasks (instructions; an engine call is one task over its members) and their flows.
+
+    ``parts(a, b)`` is how a transfer from node ``a`` to ``b`` splits: ``[(share, class,
+    latency)]``. Engine members also wait for every other member's predecessors.
+    """
+    jg = groups.joined_graph(g)
+    tasks = [(v,) for v in range(len(g)) if g.instrs[v].op != "engine"] + groups.calls
+    node_task = [0] * len(g)
+    for t, members in enumerate(tasks):
+        for v in members:
+            node_task[v] = t
+    succs: list[list[int]] = [[] for _ in range(len(g))]
+    for v, ps in enumerate(jg.preds):
+        for p in ps:
+            succs[p].append(v)
+    flows = {}
+    task_parts = []
+    for members in tasks:
+        first = g.instrs[members[0]]
+        if first.op == "engine":
+            fl = _engine_flows(g, members, nodes, size)
+        else:
+            fl = _instr_flows(g.ids[members[0]].rank, first, nodes, size)
+        task_parts.append([(nb * share, cls, lat) for a, b, nb in fl
+                           for share, cls, lat in flows.get((a, b)) or
+                           flows.setdefault((a, b), parts(a, b))])
+    return TaskGraph(task_parts, tasks, node_task, succs, [len(ps) for ps in jg.preds])
+
+
+def _parts(routes: Routes, a, b) -> list[tuple[float, int, float]]:
+    of = routes.classes.class_of
+    return [(share, of(route), lat) for route, lat, share in routes.spread(a, b)]
+
+
+def _check_all_ran(g, started: set, node_task: list) -> None:
+    stuck = [v for v in range(len(g)) if node_task[v] not in started]
     if stuck:
         from ..errors import DependencyCycle
         raise DependencyCycle(f"{len(stuck)} instructions never became ready, first "

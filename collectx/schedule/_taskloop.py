@@ -1,0 +1,143 @@
+"""Run a schedule's task graph through the fair-share flow loop, natively or in Python.
+
+:func:`.simulate.simulate` turns a schedule into a :class:`TaskGraph`: tasks (one instruction,
+or one engine call), the flows each queues when it starts, and the happens-before edges between
+instruction nodes. :func:`run` plays it: a task starts when any of its member nodes has no
+unfinished predecessor, and finishes with its last flow. libcollectx's ``cx_sim_fairshare``
+does this in native code when the library is there (planning simulates every candidate, and
+the Python loop was most of the planning time); :func:`run_python` is the same loop over
+:class:`._fairshare.FlowLoop` and gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from ..errors import NativeError
+from ._fairshare import FlowLoop, RouteClasses
+
+
+@dataclasses.dataclass
+class TaskGraph:
+    """What a simulation runs: per task its flows and member nodes, per node its successors.
+
+    ``parts[t]`` lists ``(bytes, route class, latency_us)``; ``npreds[v]`` counts the
+    predecessors node ``v`` waits for (a node listed twice as a predecessor counts twice).
+    """
+
+    parts: list[list[tuple[float, int, float]]]
+    members: list[tuple[int, ...]]
+    node_task: list[int]
+    succs: list[list[int]]
+    npreds: list[int]
+
+
+def run(tg: TaskGraph, capacity: list[float], classes: RouteClasses, *,
+        native: bool | None = None) -> tuple[float, list[int]]:
+    """``(time of the last completion, tasks in start order)``.
+
+    ``native=None`` uses libcollectx when it provides the simulator, else Python; True
+    requires the library (NativeUnavailable without it), False forces Python.
+    """
+    if native is None:
+        native = native_available()
+    return run_native(tg, capacity, classes) if native else run_python(tg, capacity, classes)
+
+
+def run_python(tg: TaskGraph, capacity: list[float],
+               classes: RouteClasses) -> tuple[float, list[int]]:
+    """The event loop in Python (:class:`._fairshare.FlowLoop`)."""
+    waiting = list(tg.npreds)
+    flows_left = [0] * len(tg.parts)
+    flow_task: list[int] = []
+    started = [False] * len(tg.parts)
+    order: list[int] = []
+
+    def start(t: int) -> None:
+        if started[t]:
+            return
+        started[t] = True
+        order.append(t)
+        flows_left[t] = len(tg.parts[t])
+        for nb, cls, lat in tg.parts[t]:
+            flow_task.append(t)
+            loop.add_class(nb, cls, lat)
+        if not tg.parts[t]:
+            finish(t)
+
+    def finish(t: int) -> None:
+        for v in tg.members[t]:
+            for w in tg.succs[v]:
+                waiting[w] -= 1
+                if waiting[w] == 0:
+                    start(tg.node_task[w])
+
+    def on_flow_done(f: int, now: float) -> None:
+        t = flow_task[f]
+        flows_left[t] -= 1
+        if flows_left[t] == 0:
+            finish(t)
+
+    loop = FlowLoop(capacity, on_flow_done, classes)
+    for v, n in enumerate(waiting):
+        if n == 0:
+            start(tg.node_task[v])
+    return loop.run(), order
+
+
+@functools.lru_cache(maxsize=1)
+def native_available() -> bool:
+    """Whether libcollectx loads and has ``cx_sim_fairshare`` (an older build may not)."""
+    try:
+        from .. import _native
+        _, lib, _ = _native.load()
+        return hasattr(lib, "cx_sim_fairshare")
+    except Exception:  # no library, no cffi, or a library that fails to load: use Python
+        return False
+
+
+def run_native(tg: TaskGraph, capacity: list[float],
+               classes: RouteClasses) -> tuple[float, list[int]]:
+    """The event loop in libcollectx (``cx_sim_fairshare``)."""
+    from .. import _native
+    ffi, lib, _ = _native.load()
+    arrays = _flatten(tg, capacity, classes)
+    g = ffi.new("cx_sim_graph*")
+    g.nres, g.nclasses = len(capacity), len(classes.links)
+    g.ntasks, g.nnodes = len(tg.parts), len(tg.node_task)
+    for name, a in arrays.items():
+        setattr(g, name, ffi.cast("double*" if a.dtype == np.float64 else "int*",
+                                  ffi.from_buffer(a)))
+    time_us = ffi.new("double*")
+    nstarted = ffi.new("int*")
+    order = np.zeros(max(len(tg.parts), 1), dtype=np.int32)
+    rc = lib.cx_sim_fairshare(g, time_us, ffi.cast("int*", ffi.from_buffer(order)), nstarted)
+    if rc != 0:
+        raise NativeError(f"cx_sim_fairshare returned {rc} for a {len(tg.parts)}-task graph; "
+                          "expected 0 (the task graph is malformed: report this as a bug)")
+    return time_us[0], order[:nstarted[0]].tolist()
+
+
+def _csr(rows) -> tuple[np.ndarray, list]:
+    off = np.zeros(len(rows) + 1, dtype=np.int32)
+    off[1:] = np.cumsum([len(r) for r in rows])
+    return off, [x for r in rows for x in r]
+
+
+def _flatten(tg: TaskGraph, capacity: list[float], classes: RouteClasses) -> dict:
+    """The cx_sim_graph arrays (kept alive by the caller while the call runs)."""
+    i32 = lambda xs: np.asarray(xs, dtype=np.int32).reshape(-1)  # noqa: E731
+    f64 = lambda xs: np.asarray(xs, dtype=np.float64).reshape(-1)  # noqa: E731
+    class_off, class_res = _csr([classes.links[c] for c in range(len(classes.links))])
+    part_off, parts = _csr(tg.parts)
+    member_off, members = _csr(tg.members)
+    succ_off, succs = _csr(tg.succs)
+    return {"capacity": f64(capacity), "class_off": class_off, "class_res": i32(class_res),
+            "part_off": part_off, "part_bytes": f64([p[0] for p in parts]),
+            "part_class": i32([p[1] for p in parts]),
+            "part_latency": f64([p[2] for p in parts]), "member_off": member_off,
+            "members": i32(members), "node_task": i32(tg.node_task), "succ_off": succ_off,
+            "succs": i32(succs), "npreds": i32(tg.npreds)}

@@ -1,0 +1,87 @@
+"""The native flow loop (cx_sim_fairshare) gives the Python loop's numbers, bit for bit."""
+
+import pytest
+
+import collectx.topology as topo
+from collectx.errors import NativeError
+from collectx.planner import registry
+from collectx.planner.api import allocation
+from collectx.schedule import Ref, ScheduleBuilder, simulate
+from collectx.schedule._fairshare import RouteClasses
+from collectx.schedule._taskloop import TaskGraph, native_available, run_native, run_python
+
+pytestmark = pytest.mark.skipif(not native_available(),
+                                reason="libcollectx without cx_sim_fairshare")
+
+CASES = [("dgx1v", None, "allreduce", "blink"), ("dgx1v", None, "allgather", "forest"),
+         ("dgx1v", [0, 1, 3, 4, 5, 6, 7], "allreduce", "forest"),
+         ("dgx1v", [0, 2, 5], "broadcast", "tree"), ("dgx2", None, "allreduce", "ring"),
+         ("mi250_16gcd", None, "allgather", "direct")]
+
+
+def _same(a, b):
+    assert a.time_us == b.time_us
+    assert a.link_bytes == b.link_bytes and a.link_util == b.link_util
+
+
+@pytest.mark.parametrize("name,gpus,coll,algo", CASES)
+@pytest.mark.parametrize("nbytes", [8 << 10, 1 << 30])
+def test_native_matches_python_on_planned_schedules(name, gpus, coll, algo, nbytes):
+    ranks, view = allocation(topo.load(name), gpus)
+    s = registry.call(algo, view, ranks, coll, nbytes)
+    got = simulate(s, view, nbytes, ranks=list(ranks), native=True)
+    _same(got, simulate(s, view, nbytes, ranks=list(ranks), native=False))
+    assert got.time_us > 0
+
+
+def test_native_matches_python_with_zero_byte_flows_and_engine_calls():
+    # 3 elements over 4 chunks: chunk 3 is empty, so some flows carry nothing.
+    b = ScheduleBuilder("allgather", 3, nchunks=4, algorithm="ring")
+    for r in range(3):
+        for c in range(4):
+            b.copy(r, c, Ref((r + 1) % 3, "output", 4 * r + c), Ref(r, "input", c))
+            b.copy(r, c, Ref(r, "output", 4 * r + c), Ref(r, "input", c))
+    s = b.build()
+    G = topo.ring(3, bw=10.0)
+    _same(simulate(s, G, 36, dtype_size=4, native=True),
+          simulate(s, G, 36, dtype_size=4, native=False))
+
+
+def _toy_graph():
+    classes = RouteClasses()
+    a, b = classes.class_of((0,)), classes.class_of((0, 1))
+    # task 0 moves 100 B over resource 0 while task 1 shares it; task 2 waits for task 0.
+    return TaskGraph(parts=[[(100.0, a, 1.0)], [(50.0, b, 0.0)], [(10.0, b, 0.5)]],
+                     members=[(0,), (1,), (2,)], node_task=[0, 1, 2],
+                     succs=[[2], [], []], npreds=[0, 0, 1]), classes
+
+
+def test_native_and_python_agree_on_a_hand_computed_graph():
+    tg, classes = _toy_graph()
+    cap = [10.0, 4.0]
+    # t in [0, 1): class b alone at 4 B/us (link 1 is its bottleneck); then b keeps 4 and a
+    # gets link 0's other 6 B/us. b ends at 1 + 46/4 = 12.5, with 69 B of a moved; a then has
+    # link 0 alone and ends 31/10 later, at 15.6; task 2 starts 0.5 later, alone at 4 B/us.
+    want = 1 + 46 / 4 + 31 / 10 + 0.5 + 10 / 4
+    for run in (run_native, run_python):
+        t, order = run(tg, cap, classes)
+        assert t == pytest.approx(want, rel=1e-12)
+        assert order == [0, 1, 2]
+
+
+def test_native_rejects_an_out_of_range_class():
+    tg, classes = _toy_graph()
+    tg.parts[0] = [(100.0, 7, 1.0)]
+    with pytest.raises(NativeError, match="cx_sim_fairshare"):
+        run_native(tg, [10.0, 4.0], classes)
+
+
+def test_native_reports_tasks_left_in_a_cycle():
+    tg, classes = _toy_graph()
+    tg.npreds[1] = 1
+    tg.succs[2] = [1]        # task 1 waits for task 2, which never finishes before it
+    tg.npreds[2] = 2
+    tg.succs[1] = [2]
+    t, order = run_native(tg, [10.0, 4.0], classes)
+    assert order == [0] and t == pytest.approx(1 + 100 / 10)
+    assert run_python(tg, [10.0, 4.0], classes) == (t, order)
