@@ -117,8 +117,8 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
         return Bounds(collective, float("inf"), float("inf") if collective == "allreduce" else None,
                       float("inf"), None, "one GPU: nothing to move", gpus)
     # reduce-scatter runs allgather's trees reversed, so its cuts are those of the reversed graph
-    x_ag = cut_rate(G, gpus)[0]
-    x_rs = cut_rate(G.reverse(copy=True), gpus)[0]
+    x_ag = _memo("cut", G, gpus, lambda: cut_rate(G, gpus)[0])
+    x_rs = _memo("cut_reversed", G, gpus, lambda: cut_rate(G.reverse(copy=True), gpus)[0])
     if collective in ("allgather", "reduce_scatter"):
         cut = (n - 1) * (x_ag if collective == "allgather" else x_rs)
         graph = "" if collective == "allgather" else " of the reversed graph"
@@ -136,12 +136,33 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
                       "max concurrent multicommodity flow (N-1)*rate per pair", gpus)
     factor = 2 * (n - 1) / n
     cut = 2 * (n - 1) / (1 / x_rs + 1 / x_ag)   # reduce-scatter then allgather, times add up
-    tree = factor * pack_undirected_trees(LinkIndex.of(G), gpus).rate
-    ceiling = factor * min_pair_flow(G, gpus)
+    tree = factor * _memo("trees", G, gpus,
+                          lambda: pack_undirected_trees(LinkIndex.of(G), gpus).rate)
+    ceiling = factor * _memo("pair_flow", G, gpus, lambda: min_pair_flow(G, gpus))
     ref = max(cut, tree)
     which = "trees" if tree > cut else "reduce-scatter + allgather"
     return Bounds(collective, ref, ceiling, cut, tree,
                   f"reference = {which}; ceiling = 2(N-1)/N * min pair maxflow", gpus)
+
+
+_MEMO: dict = {}
+_MEMO_LIMIT = 1024
+
+
+def _memo(what: str, G: nx.DiGraph, gpus, compute):
+    """``compute()``, remembered for job graphs with the same nodes, links and capacities.
+
+    One plan asks for the same cut rates several times (the allgather, reduce-scatter and
+    allreduce bounds share them), and planning the same allocation again builds an equal job
+    graph; each piece is a deterministic function of the graph (in its node and link order) and
+    the GPUs, so the remembered value is the one a fresh computation gives.
+    """
+    key = (what, tuple(G.nodes(data="kind")), tuple(G.edges(data="cap")), tuple(gpus))
+    if key not in _MEMO:
+        if len(_MEMO) >= _MEMO_LIMIT:
+            _MEMO.clear()
+        _MEMO[key] = compute()
+    return _MEMO[key]
 
 
 def cut_rate(G: nx.DiGraph, gpus) -> tuple[float, frozenset]:

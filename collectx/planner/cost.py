@@ -13,7 +13,8 @@ import heapq
 
 import networkx as nx
 
-from ..schedule.ir import Dep, Schedule
+from ..schedule._graph import build_graph, depths, topo_order
+from ..schedule.ir import Schedule
 from .cost_tables import BASE_US, LINK_ORDER, alpha_us
 
 
@@ -24,29 +25,11 @@ def steps(schedule: Schedule) -> int:
     >>> steps(plan_direct(None, ("A", "B", "C"), "allreduce", 64))  # reduce, then copy
     2
     """
-    memo: dict[Dep, int] = {}
-    return max((_depth(schedule, d, memo) for d, _ in schedule.instructions()), default=0)
-
-
-def _depth(s: Schedule, d: Dep, memo: dict[Dep, int]) -> int:
-    # Iterative so that long pipelined chains (thousands of steps) do not hit recursion limits.
-    stack = [d]
-    while stack:
-        top = stack[-1]
-        if top in memo:
-            stack.pop()
-            continue
-        ins = s.instr(top)
-        need = [x for x in ins.deps if x not in memo]
-        if top.index and Dep(top.rank, top.lane, top.index - 1) not in memo:
-            need.append(Dep(top.rank, top.lane, top.index - 1))
-        if need:
-            stack.extend(need)
-            continue
-        prev = memo[Dep(top.rank, top.lane, top.index - 1)] if top.index else 0
-        memo[top] = 1 + max([prev] + [memo[x] for x in ins.deps])
-        stack.pop()
-    return memo[d]
+    # Over the dense happens-before graph in topological order: pipelined schedules have
+    # thousands of instructions, and integer lists are several times cheaper than a walk keyed
+    # by Dep. Raises DependencyCycle for a schedule that could never finish.
+    g = build_graph(schedule)
+    return max(depths(g, topo_order(g)), default=0)
 
 
 def link_class(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ...]) -> str:
