@@ -11,8 +11,6 @@ copying memory gets about 10 GB/s.
 
 from __future__ import annotations
 
-import weakref
-
 import networkx as nx
 
 from ..errors import TopologyError
@@ -23,7 +21,8 @@ LOCAL_BW_GBPS = {"gpu": 1000.0, "cpu": 10.0}
 SWITCH_KINDS = ("nvswitch",)
 _FALLBACK_LATENCY_US = 1.0
 
-_CACHE: "weakref.WeakKeyDictionary[nx.DiGraph, dict]" = weakref.WeakKeyDictionary()
+_CACHE: dict = {}
+_CACHE_LIMIT = 32
 
 
 class Routes:
@@ -173,12 +172,27 @@ def _machine_parts(topo: nx.DiGraph) -> dict:
 
 
 def routes_for(topo: nx.DiGraph, local_bw_gbps: float | None = None) -> Routes:
-    """The :class:`Routes` of ``topo``, cached on the graph object (topologies are immutable)."""
-    per_graph = _CACHE.setdefault(topo, {})
-    # A graph edited after first use would keep stale routes: the edge count catches the
-    # common case (links added or removed) cheaply.
-    key = (local_bw_gbps, topo.number_of_edges())
-    if key not in per_graph:
-        per_graph.clear()
-        per_graph[key] = Routes(topo, local_bw_gbps)
-    return per_graph[key]
+    """The :class:`Routes` of ``topo``, shared by every graph with the same routing content.
+
+    Planning routes one allocation several times over different graph objects (the planner's
+    view, the job graph of the tree packings, ring search), and striping a transfer over switch
+    planes costs a max-flow per GPU pair: the table is keyed by what routes depend on (node
+    kinds and memories, links with their bandwidth, type and latency, in graph order), so
+    equal graphs share it and an edited graph gets a fresh one.
+    """
+    key = (local_bw_gbps, _fingerprint(topo))
+    routes = _CACHE.get(key)
+    if routes is None:
+        if len(_CACHE) >= _CACHE_LIMIT:
+            _CACHE.clear()
+        # A copy: routes are computed lazily, and the caller may edit its graph afterwards.
+        routes = _CACHE[key] = Routes(topo.copy(), local_bw_gbps)
+    return routes
+
+
+def _fingerprint(topo: nx.DiGraph) -> tuple:
+    nodes = tuple((n, d.get("kind"), d.get("device"), d.get("mem_bw_gbps"))
+                  for n, d in topo.nodes(data=True))
+    edges = tuple((u, v, d.get("bw_gbps"), d.get("type"), d.get("latency_us"))
+                  for u, v, d in topo.edges(data=True))
+    return nodes, edges
