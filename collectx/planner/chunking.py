@@ -70,7 +70,7 @@ def chunk_counts(packing, caps, candidates, passes: int = 1,
             break
     if q not in memo:
         rough = _largest_remainder(packing, q)
-        fine = _solve_counts(packing, caps, q)
+        fine = _solved(packing, caps, q)
         memo[q] = max((rough, fine), key=lambda n: _score(n, caps, packing.rate, q, passes))
     return q, memo[q]
 
@@ -94,6 +94,27 @@ def _kept(counts, caps, rate, q) -> float:
                 load[link] = load.get(link, 0.0) + n * w / caps[link]
     z = max(load.values())
     return (q / rate) / z
+
+
+_SOLVED: dict = {}
+_SOLVED_LIMIT = 64
+
+
+def _solved(packing, caps, q) -> list:
+    """:func:`_solve_counts`, once per packing object, capacities and ``Q``.
+
+    Forest allreduce hands the same packing to both phases on symmetric machines, and the MIP
+    runs to its time limit on most 8-GPU packings, so a second solve would double that.
+    """
+    key = (id(packing), tuple(caps), q)
+    hit = _SOLVED.get(key)
+    if hit is not None and hit[0] is packing:   # the entry keeps its packing alive: ids stay unique
+        return hit[1]
+    if len(_SOLVED) >= _SOLVED_LIMIT:
+        _SOLVED.clear()
+    counts = _solve_counts(packing, caps, q)
+    _SOLVED[key] = (packing, counts)
+    return counts
 
 
 def _solve_counts(packing, caps, q) -> list:

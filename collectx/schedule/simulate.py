@@ -90,9 +90,16 @@ def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
     routes = routes_for(topo, local_bw_gbps)
     unit = unit_bytes(s.collective, nbytes, s.nranks)
     elems = int(unit // dtype_size)
-    size = lambda ref: range_span(ref.chunk, ref.count, s.nchunks, elems)[1] * dtype_size  # noqa
+    spans: dict[tuple[int, int], int] = {}   # pipelined schedules repeat a few chunk runs
 
-    g = build_graph(s)
+    def size(ref) -> int:
+        key = (ref.chunk, ref.count)
+        nb = spans.get(key)
+        if nb is None:
+            nb = spans[key] = range_span(ref.chunk, ref.count, s.nchunks, elems)[1] * dtype_size
+        return nb
+
+    g = schedule_graph(s)
     tg = _task_graph(g, engine_groups(s, g), lambda a, b: _parts(routes, a, b), nodes, size)
     time_us, order = run_tasks(tg, routes.capacity, routes.classes, native=native)
     _check_all_ran(g, set(order), tg.node_task)
@@ -102,6 +109,21 @@ def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
             for link in routes.classes.links[cls]:
                 link_bytes[link] = link_bytes.get(link, 0.0) + nb
     return _result(s, nbytes, time_us, routes, link_bytes)
+
+
+_LAST_GRAPH: list = [None, None]
+
+
+def schedule_graph(s: Schedule):
+    """``build_graph(s)``, kept for the last schedule asked about.
+
+    The planner asks for a candidate's critical path (:func:`collectx.planner.cost.steps`) right
+    after simulating it; on schedules of thousands of instructions building the graph twice
+    was a visible part of planning. Schedules are immutable, so the graph stays valid.
+    """
+    if _LAST_GRAPH[0] is not s:
+        _LAST_GRAPH[:] = [s, build_graph(s)]
+    return _LAST_GRAPH[1]
 
 
 def _rank_nodes(s: Schedule, topo: nx.DiGraph, ranks) -> list:
