@@ -157,3 +157,75 @@ def test_store_p2p_recv_times_out_naming_the_peer():
     with pytest.raises(errors.Timeout, match="rank 0"):
         p2p.recv(torch.zeros(1), 0)
     assert time.monotonic() - start < 5
+
+
+def test_host_views_contiguous_tensors_without_a_copy():
+    from collectx.integrations.torch_ops import host
+    dense = torch.arange(6, dtype=torch.float32).view(2, 3)
+    view = host(dense)
+    assert type(view).__name__ == "ndarray" and view.ctypes.data == dense.data_ptr()
+    view[0, 0] = 42.0                                 # writes land in the tensor
+    assert dense[0, 0].item() == 42.0
+    grad = torch.ones(3, requires_grad=True)          # a leaf that requires grad: still a view
+    assert host(grad).ctypes.data == grad.data_ptr()
+    for other in (dense[:, 1], torch.ones(2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.bool)):
+        assert host(other) is other                   # strided, no numpy dtype, unsupported
+
+
+class _RecordingComm:
+    """Stands in for the Communicator: records what each collective was handed."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def record(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+        return record
+
+
+def _group_with_recording_comm():
+    group = torch_backend.CollectxProcessGroup(dist.HashStore(), 0, 1)
+    group._comms["cpu"].close()
+    group._comms["cpu"] = _RecordingComm()
+    return group, group._comms["cpu"]
+
+
+def test_collectives_hand_the_communicator_the_tensors_own_memory():
+    from torch._C._distributed_c10d import AllgatherOptions
+    group, comm = _group_with_recording_comm()
+    x = torch.ones(4, 3)
+    out = torch.empty(12)
+    opts = [dist.AllreduceOptions(), AllgatherOptions(), dist.BroadcastOptions()]
+    for o in opts:
+        o.asyncOp = False                             # run inline: recorded on return
+    group.allreduce([x], opts[0])
+    group._allgather_base(out, x, opts[1])
+    group.broadcast([x], opts[2])
+    (_, (ar,), _), (_, (ag,), ag_kw), (_, (bc,), _) = comm.calls
+    assert ar.ctypes.data == x.data_ptr() == ag.ctypes.data == bc.ctypes.data
+    assert ag_kw["out"].ctypes.data == out.data_ptr()
+    group.shutdown()
+
+
+def test_work_future_made_before_or_after_completion_settles_once():
+    out = torch.ones(2)
+    early, late = CollectxWork([out]), CollectxWork([out])
+    seen = []
+    early.get_future().then(lambda fut: seen.append(fut.value()[0] is out))
+    assert seen == [] and not early.is_completed()
+    early._finish()
+    late._finish()
+    late.get_future().then(lambda fut: seen.append(fut.value()[0] is out))
+    assert seen == [True, True]
+    assert early.get_future() is early.get_future()   # one future per work
+    failed = CollectxWork([out])
+    failed._finish(errors.PeerFailure("rank 1 died", 1))
+    with pytest.raises(errors.PeerFailure, match="rank 1 died"):
+        failed.get_future().wait()
+
+
+def test_wait_blocks_until_another_thread_finishes_the_work():
+    work = CollectxWork([])
+    threading.Timer(0.2, work._finish).start()
+    assert work.wait(datetime.timedelta(seconds=10)) and work.is_completed()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ArgumentError
-from .torch_ops import (Flat, concat, device_type, premultiply, reduce_op, same_dtype,
+from .torch_ops import (Flat, concat, device_type, host, premultiply, reduce_op, same_dtype,
                         scatter_back, split_rows)
 
 
@@ -30,7 +30,7 @@ class Collectives:
             for tensor in tensors:
                 flat = Flat(tensor)
                 premultiply(flat.data, factor)
-                comm.allreduce(flat.data, op=op)
+                comm.allreduce(flat.buffer, op=op)
                 flat.commit()
         return self._submit(run, tensors, opts)
 
@@ -43,7 +43,7 @@ class Collectives:
             # One collective for the whole bucket: small tensors would each pay the latency.
             buffer = concat(tensors)
             premultiply(buffer, factor)
-            comm.allreduce(buffer, op=op)
+            comm.allreduce(host(buffer), op=op)
             scatter_back(buffer, tensors)
         return self._submit(run, tensors, opts)
 
@@ -66,7 +66,7 @@ class Collectives:
 
         def run():
             out = Flat(output, read=False)
-            comm.allgather(Flat(input).data, out=out.data)
+            comm.allgather(Flat(input).buffer, out=out.buffer)
             out.commit()
         return self._submit(run, [output], opts)
 
@@ -103,7 +103,7 @@ class Collectives:
                 source = source.clone()     # the caller's input must stay untouched
                 premultiply(source, factor)
             out = Flat(output, read=False)
-            comm.reduce_scatter(source, out=out.data, op=op)
+            comm.reduce_scatter(host(source), out=out.buffer, op=op)
             out.commit()
         return self._submit(run, [output], opts)
 
@@ -123,7 +123,7 @@ class Collectives:
         def run():
             for tensor in tensors:
                 flat = Flat(tensor)
-                comm.broadcast(flat.data, root=root)
+                comm.broadcast(flat.buffer, root=root)
                 flat.commit()
         return self._submit(run, tensors, opts)
 
@@ -136,7 +136,7 @@ class Collectives:
             for tensor in tensors:
                 flat = Flat(tensor)
                 premultiply(flat.data, factor)
-                comm.reduce(flat.data, root=root, op=op)
+                comm.reduce(flat.buffer, root=root, op=op)
                 flat.commit()
         return self._submit(run, tensors, opts)
 
@@ -165,7 +165,7 @@ class Collectives:
                 buffer = (concat(input_tensors[i]) if is_root else
                           torch.empty(n * self.group_size, dtype=output.dtype,
                                       device=output.device))
-                comm.broadcast(buffer, root=root)
+                comm.broadcast(host(buffer), root=root)
                 offset = self.group_rank * n
                 output.copy_(buffer[offset:offset + n].view(output.shape))
         return self._submit(run, output_tensors, opts)
@@ -181,7 +181,7 @@ class Collectives:
         def run():
             if even:
                 out = Flat(output, read=False)
-                comm.alltoall(Flat(input).data, out=out.data)
+                comm.alltoall(Flat(input).buffer, out=out.buffer)
                 out.commit()
             else:
                 _alltoall_list(comm, outs, ins)
@@ -243,7 +243,7 @@ def _allgather_list(comm, outputs, tensor):
     if source.numel() != width:
         source = concat([source], pad_to=width)
     gathered = torch.empty(width * len(outputs), dtype=tensor.dtype, device=tensor.device)
-    comm.allgather(source, out=gathered)
+    comm.allgather(host(source), out=host(gathered))
     scatter_back(gathered, outputs, stride=width)
 
 
@@ -253,7 +253,7 @@ def _reduce_scatter_list(comm, output, inputs, op, factor):
     buffer = concat(inputs, pad_to=width)
     premultiply(buffer, factor)
     result = torch.empty(width, dtype=output.dtype, device=output.device)
-    comm.reduce_scatter(buffer, out=result, op=op)
+    comm.reduce_scatter(host(buffer), out=host(result), op=op)
     output.copy_(result[:output.numel()].view(output.shape))
 
 
@@ -265,11 +265,11 @@ def _alltoall_list(comm, outputs, inputs):
     """
     local = max([t.numel() for t in (*outputs, *inputs)] + [0])
     width_t = torch.tensor([local], dtype=torch.int64, device=outputs[0].device)
-    comm.allreduce(width_t, op="max")
+    comm.allreduce(host(width_t), op="max")
     width = int(width_t.item())
     if width == 0:
         return
     buffer = concat(inputs, pad_to=width)
     received = torch.empty(width * len(outputs), dtype=buffer.dtype, device=buffer.device)
-    comm.alltoall(buffer, out=received)
+    comm.alltoall(host(buffer), out=host(received))
     scatter_back(received, outputs, stride=width)

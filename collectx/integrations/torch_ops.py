@@ -2,7 +2,8 @@
 
 The communicator works on flat contiguous buffers; torch hands over lists of tensors that may be
 strided, of uneven sizes, or split along dim 0. These helpers stage such tensors into flat buffers
-and copy results back, so the process group methods stay short.
+and copy results back, so the process group methods stay short. Contiguous tensors are never
+copied: :func:`host` hands the communicator a numpy view of the tensor's own memory.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ _OP_NAMES = {
     dist.ReduceOp.RedOpType.MAX: "max",
     dist.ReduceOp.RedOpType.PREMUL_SUM: "sum",   # the factor is applied before the sum
 }
+_PREMUL_SUM = dist.ReduceOp.RedOpType.PREMUL_SUM
+
+# torch dtypes whose tensors convert to numpy arrays (Tensor.numpy()) sharing their memory, and
+# which the CPU communicator reduces natively. bfloat16 has no numpy dtype: such tensors go to
+# the communicator as they are (it views them as uint16 tagged bfloat16, also without a copy).
+_NUMPY_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.int64,
+                           torch.int32, torch.int8, torch.uint8})
 
 
 def reduce_op(op) -> tuple[str, object | None]:
@@ -33,12 +41,14 @@ def reduce_op(op) -> tuple[str, object | None]:
     >>> reduce_op(dist._make_nccl_premul_sum(0.5))
     ('sum', 0.5)
     """
-    kind = op.op if hasattr(op, "op") else op
-    if kind not in _OP_NAMES:
+    kind = op.op if type(op) is dist.ReduceOp else op
+    name = _OP_NAMES.get(kind)
+    if name is None:
         raise DTypeError(f"reduce op {kind} is not supported by the collectx backend; expected "
                          f"SUM, AVG, PRODUCT, MIN, MAX or PREMUL_SUM. Use gloo for bitwise ops")
-    factor = getattr(op, "factor", None) if kind == dist.ReduceOp.RedOpType.PREMUL_SUM else None
-    return _OP_NAMES[kind], factor
+    if kind == _PREMUL_SUM:
+        return name, getattr(op, "factor", None)
+    return name, None
 
 
 def premultiply(tensor: torch.Tensor, factor) -> None:
@@ -72,12 +82,39 @@ def same_dtype(tensors: Sequence[torch.Tensor], what: str) -> torch.dtype:
     return dtypes.pop()
 
 
-class Flat:
-    """A contiguous 1-D view of ``tensor``, staged through a copy when it is strided.
+def host(tensor: torch.Tensor):
+    """What the communicator should be handed for ``tensor``: a numpy view of its memory (no
+    copy) when it is a contiguous CPU tensor of a numpy dtype, else the tensor itself.
 
-    ``Flat(t).data`` is what the communicator reads and writes; :meth:`commit` copies it back when
-    it was a staging copy.
+    The communicator accepts tensors too, but converting one there costs tens of microseconds
+    per call (dtype names, device objects), about as much as the whole collective at a few KiB;
+    ``Tensor.numpy()`` costs a few. The view is used only while the call runs, so it never
+    outlives the tensor.
+
+    >>> t = torch.arange(4, dtype=torch.float32)
+    >>> a = host(t)
+    >>> type(a).__name__, a.ctypes.data == t.data_ptr()
+    ('ndarray', True)
+    >>> type(host(t[::2])).__name__
+    'Tensor'
     """
+    if tensor.dtype in _NUMPY_DTYPES and tensor.is_cpu and tensor.is_contiguous():
+        try:
+            return (tensor.detach() if tensor.requires_grad else tensor).numpy()
+        except (RuntimeError, TypeError):  # a conj/neg view bit: let the communicator explain
+            return tensor
+    return tensor
+
+
+class Flat:
+    """A contiguous version of ``tensor``, staged through a copy when it is strided.
+
+    ``Flat(t).data`` is what the communicator reads and writes: ``t`` itself when it is
+    contiguous (any shape; the communicator flattens it without a copy), else a 1-D staging
+    copy, which :meth:`commit` copies back.
+    """
+
+    __slots__ = ("tensor", "staged", "data")
 
     def __init__(self, tensor: torch.Tensor, *, read: bool = True):
         self.tensor = tensor
@@ -87,7 +124,12 @@ class Flat:
                          else torch.empty(tensor.numel(), dtype=tensor.dtype,
                                           device=tensor.device)).view(-1)
         else:
-            self.data = tensor.view(-1)
+            self.data = tensor
+
+    @property
+    def buffer(self):
+        """:attr:`data` as the communicator takes it best (see :func:`host`)."""
+        return host(self.data)
 
     def commit(self) -> None:
         if self.staged:
@@ -96,13 +138,12 @@ class Flat:
 
 def concat(parts: Sequence[torch.Tensor], pad_to: int | None = None) -> torch.Tensor:
     """Parts flattened end to end into one new buffer, each zero-padded to ``pad_to`` elements."""
-    width = pad_to if pad_to is not None else None
-    total = sum(p.numel() for p in parts) if width is None else width * len(parts)
-    out = torch.zeros(total, dtype=parts[0].dtype, device=parts[0].device)
-    offset = 0
-    for part in parts:
-        out[offset:offset + part.numel()].copy_(part.reshape(-1))
-        offset += part.numel() if width is None else width
+    width = pad_to
+    if width is None:   # no padding: every element gets written, so skip zero-filling
+        return torch.cat([p.reshape(-1) for p in parts])
+    out = torch.zeros(width * len(parts), dtype=parts[0].dtype, device=parts[0].device)
+    for i, part in enumerate(parts):
+        out[i * width:i * width + part.numel()].copy_(part.reshape(-1))
     return out
 
 

@@ -30,41 +30,65 @@ from ..errors import CommError, Timeout
 _WorkBase = getattr(dist, "Work", None) or dist._Work
 
 
+# Guards the lazily created Event and Future of every work (held for a few instructions, never
+# while a callback or a wait runs). One lock for all: creating a lock per call costs more than
+# the contention among a handful of threads.
+_LAZY = threading.Lock()
+
+
 class CollectxWork(_WorkBase):
     """A collective in flight: ``wait()``, ``is_completed()`` and ``get_future()``.
 
     ``wait()`` raises the collective's error (a ``RuntimeError`` subclass from
     :mod:`collectx.errors`), so torch code that catches ``RuntimeError`` keeps working.
+
+    Notes
+    -----
+    The ``Event`` a waiter blocks on and the torch ``Future`` are created on first use: a blocking
+    call finishes before anyone can wait, and only DDP-style callers ask for the future, while
+    creating both costs more than a small collective. Exactly one of :meth:`_finish` and
+    :meth:`get_future` settles the future, decided under ``_LAZY``.
     """
 
-    def __init__(self, outputs: Sequence[torch.Tensor], queued: bool = True):
+    def __init__(self, outputs: Sequence[torch.Tensor]):
         super().__init__()
-        self._outputs = list(outputs)
-        self._future: Future = Future()
-        # Only queued work needs an event: inline work is finished before anyone can wait.
-        self._done = threading.Event() if queued else None
+        self._outputs = outputs if type(outputs) is list else list(outputs)
+        self._future: Future | None = None
+        self._done: threading.Event | None = None
         self._finished = False
         self._error: BaseException | None = None
 
     # -- completion, called by the runner ---------------------------------------------------
     def _finish(self, error: BaseException | None = None) -> None:
         self._error = error
-        self._finished = True
-        if self._done is not None:
-            self._done.set()
+        with _LAZY:
+            self._finished = True
+            done, future = self._done, self._future
+        if done is not None:
+            done.set()
         # Future callbacks (DDP comm hooks) run here, on the runner thread, after the data landed.
-        if error is None:
-            self._future.set_result(self._outputs)
+        if future is not None:
+            self._settle(future)
+
+    def _settle(self, future: Future) -> None:
+        if self._error is None:
+            future.set_result(self._outputs)
         else:
-            self._future.set_exception(error)
+            future.set_exception(self._error)
 
     # -- the torch.distributed.Work interface -------------------------------------------------
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        seconds = _seconds(timeout)
-        if not self._finished and not self._done.wait(seconds):
-            raise Timeout(f"collectx work did not complete within {seconds:.1f} s passed to "
-                          f"wait(); expected it to finish in time. Raise the timeout, or check "
-                          f"that every rank called the same collectives in the same order")
+        if not self._finished:
+            seconds = _seconds(timeout)
+            with _LAZY:
+                if not self._finished and self._done is None:
+                    self._done = threading.Event()
+                done = self._done
+            if done is not None and not done.wait(seconds):
+                raise Timeout(f"collectx work did not complete within {seconds:.1f} s passed to "
+                              f"wait(); expected it to finish in time. Raise the timeout, or "
+                              f"check that every rank called the same collectives in the same "
+                              f"order")
         if self._error is not None:
             raise self._error
         return True
@@ -86,7 +110,14 @@ class CollectxWork(_WorkBase):
         self.wait()
 
     def get_future(self) -> Future:
-        return self._future
+        with _LAZY:
+            future, created = self._future, self._future is None
+            if created:
+                future = self._future = Future()
+            settle = created and self._finished   # _finish ran before the future existed
+        if settle:
+            self._settle(future)
+        return future
 
 
 def _seconds(timeout) -> float | None:
@@ -119,7 +150,7 @@ class SerialRunner:
         with self._lock:
             self._check_usable()
             inline = not async_op and self._pending == 0
-            work = CollectxWork(outputs, queued=not inline)
+            work = CollectxWork(outputs)
             if not inline:
                 self._pending += 1
                 self._start_thread()
