@@ -24,6 +24,8 @@ def _async_while_peer_is_late(rank, world):
     work = dist.all_reduce(x, async_op=True)
     returned_s = time.perf_counter() - start
     done_at_return = work.is_completed()
+    loops = _python_for(LATE_S / 4) if rank == 0 else 0
+    done_after_python = work.is_completed()
     callback_seen = []
     chained = work.get_future().then(lambda fut: callback_seen.append(fut.value()[0][0].item()))
     work.wait()
@@ -31,13 +33,25 @@ def _async_while_peer_is_late(rank, world):
     return {"returned_s": returned_s, "done_at_return": done_at_return,
             "waited_s": time.perf_counter() - start, "value": x[0].item(),
             "all_equal": bool((x == x[0]).all()), "callback": callback_seen,
-            "future_is_output": work.get_future().value()[0] is x}
+            "future_is_output": work.get_future().value()[0] is x, "python_loops": loops,
+            "done_after_python": done_after_python}
+
+
+def _python_for(seconds: float) -> int:
+    """Spin the interpreter for ``seconds``; returns how many loop turns it managed."""
+    turns, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        turns += 1
+    return turns
 
 
 def test_async_returns_before_a_late_peer_joins():
     first, late = run_ranks(_async_while_peer_is_late, 2, timeout_s=120)
     assert first["returned_s"] < LATE_S / 3, first
     assert first["done_at_return"] is False
+    # The collective waits for the late peer off this thread with the GIL released: Python kept
+    # running meanwhile, and had finished its loop while the collective was still pending.
+    assert first["python_loops"] > 1000 and first["done_after_python"] is False, first
     assert first["waited_s"] >= LATE_S / 2, "wait() returned before the late peer joined"
     for result in (first, late):
         assert result["value"] == 3.0 and result["all_equal"]
