@@ -184,17 +184,25 @@ def _task_graph(g, groups, parts, nodes: list, size) -> TaskGraph:
     for v, ps in enumerate(jg.preds):
         for p in ps:
             succs[p].append(v)
-    flows = {}
+    split: dict = {}    # (a, b) -> parts(a, b)
+    shapes: dict = {}   # (rank, dst rank, bytes, src ranks) -> a task's parts, shared read-only
+
+    def expand(flows):
+        return [(nb * share, cls, lat) for a, b, nb in flows
+                for share, cls, lat in split.get((a, b)) or split.setdefault((a, b), parts(a, b))]
+
     task_parts = []
     for members in tasks:
-        first = g.instrs[members[0]]
-        if first.op == "engine":
-            fl = _engine_flows(g, members, nodes, size)
-        else:
-            fl = _instr_flows(g.ids[members[0]].rank, first, nodes, size)
-        task_parts.append([(nb * share, cls, lat) for a, b, nb in fl
-                           for share, cls, lat in flows.get((a, b)) or
-                           flows.setdefault((a, b), parts(a, b))])
+        ins = g.instrs[members[0]]
+        if ins.op == "engine":
+            task_parts.append(expand(_engine_flows(g, members, nodes, size)))
+            continue
+        rank = g.ids[members[0]].rank
+        key = (rank, ins.dst.rank, size(ins.dst), tuple(x.rank for x in ins.srcs))
+        got = shapes.get(key)
+        if got is None:
+            got = shapes[key] = expand(_instr_flows(rank, ins, nodes, size))
+        task_parts.append(got)
     return TaskGraph(task_parts, tasks, node_task, succs, [len(ps) for ps in jg.preds])
 
 
