@@ -81,20 +81,42 @@ def min_arborescence(W: np.ndarray, root: int) -> list[int] | None:
     >>> min_arborescence(W, 0)
     [-1, 0, 1]
     """
+    # On Python lists: pricing calls this thousands of times on matrices of 8 to 16 nodes,
+    # where numpy's per-call overhead was most of the planning time of 16-GPU forests. The
+    # arithmetic and the tie-breaking (first minimum, first NaN) are numpy's argmin's.
+    return _arborescence(np.asarray(W, dtype=float).tolist(), root)
+
+
+def _arborescence(W: list, root: int) -> list[int] | None:
     n = len(W)
-    W = W.copy()
-    np.fill_diagonal(W, _INF)
-    W[:, root] = _INF
+    W = [row[:] for row in W]
+    for i, row in enumerate(W):
+        row[i] = _INF
+        row[root] = _INF
     parent = [-1] * n
     for v in range(n):
         if v != root:
-            parent[v] = int(np.argmin(W[:, v]))
-            if W[parent[v], v] == _INF:
+            parent[v] = p = _argmin([row[v] for row in W])
+            if W[p][v] == _INF:
                 return None
     cycle = _find_cycle(parent, root)
     if cycle is None:
         return parent
     return _contract_and_solve(W, root, parent, cycle)
+
+
+def _argmin(xs: list) -> int:
+    """``numpy.argmin`` on a list: the first minimum, or the first NaN if there is one."""
+    at, best = 0, xs[0]
+    if best != best:
+        return 0
+    for i in range(1, len(xs)):
+        x = xs[i]
+        if x < best:
+            at, best = i, x
+        elif x != x:
+            return i
+    return at
 
 
 def _find_cycle(parent: list[int], root: int) -> list[int] | None:
@@ -118,17 +140,16 @@ def _contract_and_solve(W, root, parent, cycle):
     rest = [v for v in range(n) if v not in in_cycle]
     c = len(rest)                       # index of the contracted node
     pos = {v: i for i, v in enumerate(rest)}
-    W2 = np.full((c + 1, c + 1), _INF)
-    W2[:c, :c] = W[np.ix_(rest, rest)]
+    W2 = [[W[u][v] for v in rest] + [_INF] for u in rest] + [[_INF] * (c + 1)]
     enter, leave = {}, {}
     for u in rest:
-        gains = [W[u, v] - W[parent[v], v] for v in cycle]
-        k = int(np.argmin(gains))
-        W2[pos[u], c], enter[pos[u]] = gains[k], cycle[k]
-        outs = [W[v, u] for v in cycle]
-        k = int(np.argmin(outs))
-        W2[c, pos[u]], leave[pos[u]] = outs[k], cycle[k]
-    sub = min_arborescence(W2, pos[root])
+        gains = [W[u][v] - W[parent[v]][v] for v in cycle]
+        k = _argmin(gains)
+        W2[pos[u]][c], enter[pos[u]] = gains[k], cycle[k]
+        outs = [W[v][u] for v in cycle]
+        k = _argmin(outs)
+        W2[c][pos[u]], leave[pos[u]] = outs[k], cycle[k]
+    sub = _arborescence(W2, pos[root])
     if sub is None:
         return None
     result = list(parent)
