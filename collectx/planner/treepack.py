@@ -342,6 +342,7 @@ def _column_generation(index: LinkIndex, groups: tuple, price) -> Packing:
     caps = np.asarray(index.caps, dtype=float)
     gid = {g: i for i, g in enumerate(groups)}
     cols: list = []
+    lp = _Rows()
     seen: set = set()
     y = 1.0 / caps                       # start from short, fat paths
     mu = None                            # no duals before the first solve: take every column
@@ -359,7 +360,8 @@ def _column_generation(index: LinkIndex, groups: tuple, price) -> Packing:
             if key not in seen:
                 seen.add(key)
                 cols.append(c)
-        x, lam, y, mu = _solve(caps, gid, cols)
+                lp.add(gid[c[0]], c[2])
+        x, lam, y, mu = _solve(caps, len(gid), lp)
     else:
         raise PlanError(f"tree packing did not converge in {_MAX_ROUNDS} rounds on "
                         f"{len(index.links)} links; report this topology")
@@ -391,22 +393,36 @@ def _cost(use: dict, y) -> float:
     return float(sum(y[e] * k for e, k in use.items()))
 
 
-def _solve(caps, gid, cols):
-    m, k, ng = len(caps), len(cols), len(gid)
-    rows, cix, vals = [], [], []
-    for j, (_, _, use) in enumerate(cols):
+class _Rows:
+    """The packing LP's coefficients, extended column by column as columns arrive.
+
+    Column generation re-solves the LP after every batch; keeping the coordinate lists saves
+    rebuilding them from every column's link usage each time (hundreds of columns on 16 GPUs).
+    """
+
+    def __init__(self):
+        self.rows, self.cix, self.vals = [], [], []   # A_ub: link uses per column
+        self.group = []                               # A_eq: each column's group row
+
+    def add(self, group: int, use: dict) -> None:
+        j = len(self.group)
+        self.group.append(group)
         for e, cnt in use.items():
-            rows.append(e)
-            cix.append(j)
-            vals.append(cnt)
-    A_ub = sp.csr_matrix((vals, (rows, cix)), shape=(m, k + 1))
-    A_eq = sp.lil_matrix((ng, k + 1))
-    for j, (g, _, _) in enumerate(cols):
-        A_eq[gid[g], j] = 1.0
-    A_eq[:, k] = -1.0
+            self.rows.append(e)
+            self.cix.append(j)
+            self.vals.append(cnt)
+
+
+def _solve(caps, ng: int, lp: _Rows):
+    m, k = len(caps), len(lp.group)
+    A_ub = sp.csr_matrix((lp.vals, (lp.rows, lp.cix)), shape=(m, k + 1))
+    # Each column in its group's row, and -x in every row: sum of a group's rates = x.
+    A_eq = sp.csr_matrix(([1.0] * k + [-1.0] * ng, (lp.group + list(range(ng)),
+                                                     list(range(k)) + [k] * ng)),
+                         shape=(ng, k + 1))
     c = np.zeros(k + 1)
     c[k] = -1.0
-    res = linprog(c, A_ub=A_ub, b_ub=caps, A_eq=A_eq.tocsr(), b_eq=np.zeros(ng),
+    res = linprog(c, A_ub=A_ub, b_ub=caps, A_eq=A_eq, b_eq=np.zeros(ng),
                   bounds=(0, None), method="highs")
     if res.status != 0:
         raise PlanError(f"packing LP failed: {res.message}")
