@@ -174,3 +174,18 @@ def test_bounds_serialize():
     d = bounds(topo.ring(4), "allreduce").to_dict()
     assert d["kind"] == "allreduce" and d["gpus"] == ["GPU0", "GPU1", "GPU2", "GPU3"]
     assert isinstance(Bounds(**{**d, "gpus": tuple(d["gpus"])}), Bounds)
+
+
+def test_remembered_bounds_follow_an_edited_graph():
+    # Cut rates and tree rates are remembered per job-graph content: an edited topology must
+    # get the numbers of its own, equal to what a fresh process computes.
+    G = topo.ring(4, bw=100.0)
+    first = bounds(G, "allreduce")
+    assert bounds(topo.ring(4, bw=100.0), "allreduce") == first
+    for u, v in (("GPU0", "GPU1"), ("GPU1", "GPU0")):
+        G.edges[u, v]["bw_gbps"] = 50.0
+    edited = bounds(G, "allreduce")
+    assert edited.cut_busbw < first.cut_busbw
+    from collectx.planner import bounds as module
+    module._MEMO.clear()
+    assert bounds(G, "allreduce") == edited

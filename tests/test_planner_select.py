@@ -79,3 +79,26 @@ def test_cost_table_is_complete_and_ordered():
         assert "default" in row and all(v > 0 for v in row.values())
     assert alpha_us("shm", "ring") < alpha_us("nvlink", "ring") < alpha_us("pcie", "ring")
     assert transfer_us(0, 10.0, 1.0) == 0.0
+
+
+def test_steps_of_a_cyclic_schedule_raise_instead_of_hanging():
+    from collectx.errors import DependencyCycle
+    from collectx.schedule import Dep, Instr, Lane, Ref, Schedule
+    cp = lambda dst, src, deps=(): Instr("copy", dst, (src,), tuple(deps))  # noqa: E731
+    s = Schedule("allgather", 2, 1, ((Lane((cp(Ref(0, "output", 0), Ref(0, "input", 0),
+                                                [Dep(1, 0, 0)]),)),),
+                                     (Lane((cp(Ref(1, "output", 1), Ref(1, "input", 0),
+                                                [Dep(0, 0, 0)]),)),)))
+    with pytest.raises(DependencyCycle):
+        steps(s)
+
+
+def test_steps_is_the_longest_dependency_chain():
+    # Two lanes of 3 and 1 instructions; the single one waits for the end of the long lane.
+    from collectx.schedule import Ref, ScheduleBuilder
+    b = ScheduleBuilder("allgather", 2, nchunks=1)
+    last = None
+    for _ in range(3):
+        last = b.copy(0, 0, Ref(0, "output", 0), Ref(0, "input", 0))
+    b.copy(1, 0, Ref(1, "output", 0), Ref(0, "output", 0), deps=[last])
+    assert steps(b.build()) == 4

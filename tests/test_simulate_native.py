@@ -85,3 +85,23 @@ def test_native_reports_tasks_left_in_a_cycle():
     t, order = run_native(tg, [10.0, 4.0], classes)
     assert order == [0] and t == pytest.approx(1 + 100 / 10)
     assert run_python(tg, [10.0, 4.0], classes) == (t, order)
+
+
+def test_route_table_is_shared_by_equal_graphs_only():
+    from collectx.schedule._routes import routes_for
+    a, b = topo.load("dgx1v"), topo.load("dgx1v")
+    assert routes_for(a) is routes_for(b)
+    b.edges["GPU0", "GPU1"]["bw_gbps"] = 1.0
+    assert routes_for(b) is not routes_for(a)
+    assert routes_for(b).capacity != routes_for(a).capacity
+
+
+def test_route_table_does_not_see_later_edits_of_its_first_graph():
+    from collectx.schedule._routes import routes_for
+    G = topo.ring(4, bw=10.0)
+    table = routes_for(G)
+    G.edges["GPU0", "GPU1"]["bw_gbps"] = 99.0           # G now has other content
+    fresh = topo.ring(4, bw=10.0)
+    assert routes_for(fresh) is table
+    assert table.route("GPU0", "GPU1") == routes_for(topo.ring(4, bw=10.0)).route("GPU0", "GPU1")
+    assert table.topo.edges["GPU0", "GPU1"]["bw_gbps"] == 10.0

@@ -180,6 +180,25 @@ def test_chunk_counts_sum_per_group():
     assert q == 64 and per_group == {g: 64 for g in gpus[:3]}
 
 
+
+def test_chunk_count_mip_runs_once_per_packing(monkeypatch):
+    # Forest allreduce hands one packing to both phases; the time-limited MIP must not run twice.
+    import collectx.planner.chunking as chunking
+    G = topo.load("dgx1v")
+    gpus = tuple(topo.gpus(G))
+    index, _ = _index(G, gpus)
+    packing = pack_out_trees(index, gpus, gpus[:2])
+    solves = []
+    real = chunking._solve_counts
+    monkeypatch.setattr(chunking, "_solve_counts", lambda *a: solves.append(a) or real(*a))
+    first = chunk_counts(packing, index.caps, [48], memo={})
+    second = chunk_counts(packing, index.caps, [48], memo={})
+    assert first == second and len(solves) == 1
+    other = pack_out_trees(index, gpus, gpus[2:4])
+    chunk_counts(other, index.caps, [48], memo={})
+    assert len(solves) == 2
+
+
 BLINK = ("allreduce", "broadcast", "reduce")
 
 
