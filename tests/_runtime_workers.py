@@ -154,3 +154,36 @@ def zero_copy(n: int, iters: int) -> list[str]:
     del x, g
     comm.close()
     return bad
+
+
+def aliasing(n: int) -> list[str]:
+    """Inputs and outputs that are disjoint, the same memory through another view, or overlap
+    the NCCL in-place way (allgather input = own block of the output, reduce_scatter output =
+    own block of the input); several tiles each, so chunks used in place and staged chunks mix."""
+    comm = collectx.init(timeout=60)
+    r, s = comm.rank, comm.size
+    bad = []
+    inputs = [rank_input(5, q, n * s, "float32") for q in range(s)]
+    total = np.add.reduce(np.stack(inputs), axis=0)
+    for op in ("sum", "avg"):
+        want = total if op == "sum" else total * np.float32(1.0 / s)
+        x, out = inputs[r].copy(), np.full(n * s, -7, np.float32)
+        comm.allreduce(x, out=out, op=op)                      # disjoint
+        if not np.array_equal(out, want) or not np.array_equal(x, inputs[r]):
+            bad.append(f"allreduce {op} into a disjoint out: {out[:4]} vs {want[:4]}")
+        x = inputs[r].copy()
+        comm.allreduce(x, out=x.reshape(s, n), op=op)          # same memory, another view
+        if not np.array_equal(x, want):
+            bad.append(f"allreduce {op} into another view of x: {x[:4]} vs {want[:4]}")
+    g = np.zeros(n * s, np.float32)
+    g[r * n:(r + 1) * n] = inputs[r][:n]
+    comm.allgather(g[r * n:(r + 1) * n], out=g)                # input inside the output
+    want = np.concatenate([inputs[q][:n] for q in range(s)])
+    if not np.array_equal(g, want):
+        bad.append(f"allgather with the input inside the output: {g[:4]} vs {want[:4]}")
+    x = inputs[r].copy()
+    comm.reduce_scatter(x, out=x[r * n:(r + 1) * n])          # output inside the input
+    if not np.array_equal(x[r * n:(r + 1) * n], total[r * n:(r + 1) * n]):
+        bad.append(f"reduce_scatter with the output inside the input: {x[r * n:r * n + 4]}")
+    comm.close()
+    return bad

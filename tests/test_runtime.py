@@ -59,6 +59,13 @@ def test_every_collective_dtype_and_op_on_three_ranks_with_tiny_tiles(monkeypatc
     assert [f for per_rank in failures for f in per_rank] == []
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_disjoint_aliased_and_overlapping_buffers_over_many_tiles(monkeypatch, nranks):
+    # 4 KiB tiles: a few hundred floats per tile, so every call spans many tiles.
+    monkeypatch.setenv("COLLECTX_TILE_BYTES", "4096")
+    assert collectx.launch(W.aliasing, nranks, args=(3001,), timeout=240) == [[]] * nranks
+
+
 def test_async_torch_bf16_and_out_buffers():
     pytest.importorskip("torch")
     assert collectx.launch(W.async_and_torch, 2, args=(1000,), timeout=240) == [[], []]

@@ -18,7 +18,7 @@ import numpy as np
 from ..config import get_config
 from ..errors import ArgumentError, DTypeError
 from .arrays import as_array, check_root, empty_like_shape, op_code
-from .arrays import DTYPE_CODES
+from .arrays import DTYPE_CODES, OP_CODES
 from .engine import Engine
 from .heap import Heap
 from .store import HashStore, Store, as_store
@@ -58,6 +58,9 @@ class Communicator:
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, x, out=None, op: str = "sum", async_op: bool = False):
         """Reduce ``x`` over all ranks; result in ``out`` (default: in place in ``x``)."""
+        if out is None and not async_op and type(x) is np.ndarray and op in OP_CODES:
+            return self._allreduce_in_place(x, OP_CODES[op])
+
         def prepare():
             src, dt = self._input(x)
             res = x if out is None else out
@@ -177,16 +180,30 @@ class Communicator:
         return self._submit(lambda: ("barrier", None, None, 0, 1, 0, 0, None), async_op)
 
     # -- plumbing -------------------------------------------------------------------------------
+    def _allreduce_in_place(self, x: np.ndarray, op: int):
+        """allreduce(x) of a numpy array, synchronous and in place: the common small-message
+        call, without the closures and the overlap test of the general path (about 2 us less)."""
+        try:
+            src, dt = as_array(x, "x", writable=True)
+        except (ArgumentError, DTypeError) as e:
+            self._engine.abort_call(str(e))
+            raise
+        if self._worker is not None and self._worker.busy:
+            self._worker.drain()
+        heap = self._heap_offset(src) if self._heap.used else -1
+        self._engine.run("allreduce", src, src, src.size, dt, src.itemsize, op, 0, 1, -1, heap)
+        return x
+
     def _submit(self, prepare, async_op: bool):
         try:
             coll, src, dst, count, dt, op, root, res = prepare()
         except (ArgumentError, DTypeError) as e:
             self._engine.abort_call(str(e))
             raise
-        overlap = src is not None and dst is not None and np.may_share_memory(src, dst)
+        overlap = _overlap(src, dst)
         itemsize = (src if src is not None else dst).itemsize if count or src is not None else 1
         in_heap = out_heap = -1
-        if self._heap.in_use:  # zero copy for arrays from empty(); in place, the input is staged
+        if self._heap.used:  # zero copy for arrays from empty(); in place, the input is staged
             in_heap = -1 if overlap else self._heap_offset(src)
             out_heap = self._heap_offset(dst)
 
@@ -235,6 +252,19 @@ class Communicator:
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size})"
+
+
+def _overlap(src, dst) -> int:
+    """0: disjoint (or a side missing), 1: the same memory, 2: overlapping otherwise."""
+    if src is None or dst is None:
+        return 0
+    if src is dst:
+        return 1
+    if not np.may_share_memory(src, dst):
+        return 0
+    same = (src.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
+            and src.nbytes == dst.nbytes)
+    return 1 if same else 2
 
 
 def _warm_planner() -> None:

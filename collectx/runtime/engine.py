@@ -57,7 +57,8 @@ class Engine:
         if hit is None:
             schedule = self._schedule(coll, nbytes, root)
             fp = FlatPlan(schedule, self.rank)
-            hit = self._plans[key] = (fp, fp.tile_count(self.win.set_bytes, itemsize))
+            hit = self._plans[key] = (fp, fp.tile_count(self.win.set_bytes, itemsize,
+                                                               self.config.tile_bytes))
         return hit
 
     def _schedule(self, coll: str, nbytes: int, root: int) -> Schedule:
@@ -81,9 +82,12 @@ class Engine:
 
     # -- running --------------------------------------------------------------------------------
     def run(self, coll: str, src, dst, count: int, dtype: int, itemsize: int, op: int = 0,
-            root: int = 0, in_overlaps_out: bool = False, in_heap: int = -1,
+            root: int = 0, in_overlaps_out: int = 0, in_heap: int = -1,
             out_heap: int = -1) -> None:
         """One collective; ``src``/``dst`` are numpy arrays or None (nothing to stage / copy out).
+
+        ``in_overlaps_out``: 0 if ``src`` and ``dst`` are disjoint, 1 if they are the same
+        memory, 2 if they overlap otherwise (see :meth:`FlatPlan.direct_masks`).
 
         ``in_heap``/``out_heap``: byte offsets of ``src``/``dst`` in this rank's window heap
         (arrays from Communicator.empty), which the executor then uses in place; -1 otherwise.
@@ -95,9 +99,10 @@ class Engine:
             prepared = self._calls.get(key)
             if prepared is None:
                 prepared = self._prepare(coll, dtype, itemsize, count, op, root, in_overlaps_out)
-            fp, c = prepared
+            fp, c, _ = prepared
             keep_in = c.user_in = self._null if src is None else self._ffi.from_buffer(src)
-            keep_out = c.user_out = self._null if dst is None else self._ffi.from_buffer(dst)
+            keep_out = c.user_out = (keep_in if dst is src else
+                                     self._null if dst is None else self._ffi.from_buffer(dst))
             seq = c.seq = self._seq
             c.epoch = self._epoch
             c.in_heap, c.out_heap = in_heap, out_heap
@@ -117,12 +122,17 @@ class Engine:
         c.coll, c.root = COLL_CODES[coll], root
         c.in_private = int(fp.in_private and not in_overlaps_out)
         c.out_private = int(fp.out_private)
+        masks = fp.direct_masks(int(in_overlaps_out))
+        keep = None  # the mask arrays live as long as the cached call struct
+        if masks is not None:
+            keep = [self._ffi.new("unsigned char[]", m or b"\0") for m in masks]
+            c.in_direct, c.out_direct = keep
         c.scale = 1.0 / self.size if op == _AVG else 1.0
         c.deadline_ns, c.timeout_ns = 0, int(self.timeout * 1e9)
         if len(self._calls) > 512:  # many distinct sizes: start over rather than grow forever
             self._calls.clear()
-        self._calls[(coll, dtype, count, op, root, in_overlaps_out)] = (fp, c)
-        return fp, c
+        prepared = self._calls[(coll, dtype, count, op, root, in_overlaps_out)] = (fp, c, keep)
+        return prepared
 
     def p2p(self, send: bool, peer: int, arr) -> None:
         """Send ``arr`` to ``peer`` or receive into it (blocking; see executor_p2p.cpp)."""

@@ -50,6 +50,8 @@ class FlatPlan:
         self.out_private = not self._touched_by_peers("output")
         scratch = max(schedule.scratch_units) if schedule.scratch_units else 0
         self.units = (schedule.units(rank, "input"), schedule.units(rank, "output"), scratch)
+        self.shared = None if schedule.inplace else (self._shared_chunks("input"),
+                                                     self._shared_chunks("output"))
         self._struct(lane_off, instrs, srcs, deps, fin)
 
     def _record(self, ins, srcs: list, deps: list) -> list[int]:
@@ -91,6 +93,46 @@ class FlatPlan:
                     return True  # in place, input and output are one storage
         return False
 
+    def _shared_chunks(self, buf: str) -> bytes:
+        """Per chunk (unit * nchunks + chunk) of this rank's ``buf``: 1 if another rank reads or
+        writes it (it must then live in the window), 0 if only this rank does."""
+        s, me = self.schedule, self.rank
+        mask = bytearray(s.units(me, buf) * s.nchunks)
+        for d, ins in s.instructions():
+            if d.rank == me:
+                continue
+            for ref in (ins.dst, *ins.srcs):
+                if ref.rank == me and ref.buf == buf:
+                    mask[ref.chunk:ref.chunk + ref.count] = b"\x01" * ref.count
+        return bytes(mask)
+
+    def direct_masks(self, alias: int) -> tuple[bytes, bytes] | None:
+        """Which chunks of this rank's input and output a call uses in place in the user's
+        buffers (1) rather than staging them in the window (0); None for in-place schedules
+        (then ``in_private`` / ``out_private`` decide for whole buffers).
+
+        ``alias``: 0 when the user's input and output are disjoint, 1 when they are the same
+        memory (``allreduce(x)``), 2 when they overlap otherwise. When they are the same memory,
+        an input chunk is read in place only if its output chunk goes through the window (so it
+        is written back after every read of the tile); partial overlaps stage the whole input.
+
+        >>> from collectx.planner import make_schedule
+        >>> fp = FlatPlan(make_schedule(None, "allreduce", 2, 64), rank=0)
+        >>> [list(m) for m in fp.direct_masks(0)], [list(m) for m in fp.direct_masks(1)]
+        ([[1, 0], [0, 1]], [[1, 0], [0, 1]])
+        """
+        if self.shared is None:
+            return None
+        shared_in, shared_out = self.shared
+        out = bytes(1 - v for v in shared_out)
+        if alias == 2:
+            return bytes(len(shared_in)), out
+        if alias == 1:
+            inp = bytes(int(not a and b) for a, b in zip(shared_in, shared_out))
+        else:
+            inp = bytes(1 - v for v in shared_in)
+        return inp, out
+
     def _struct(self, lane_off, instrs, srcs, deps, fin) -> None:
         ffi, _ = native()
         arr = lambda v: ffi.new("int[]", list(v) or [0])  # noqa: E731  (never a NULL array)
@@ -107,7 +149,13 @@ class FlatPlan:
         p.units = list(self.units)
         self.native = p
 
-    def tile_count(self, set_bytes: int, itemsize: int) -> int:
-        """Elements per unit per tile: as many as one staging set holds, a multiple of 64."""
+    def tile_count(self, set_bytes: int, itemsize: int, tile_bytes: int | None = None) -> int:
+        """Elements per unit per tile, a multiple of 64: as many as one staging set holds, or
+        fewer when ``tile_bytes`` (the bytes of one tile's slots, all units) is smaller.
+
+        Small tiles keep a tile's slots, on every rank, in the caches while the next tile is
+        staged: with whole-message tiles every pass (stage, reduce, copy out) streams from DRAM.
+        """
         per_elem = max(1, sum(self.units)) * itemsize
-        return max(64, (set_bytes // per_elem) // 64 * 64)
+        budget = set_bytes if tile_bytes is None else min(set_bytes, tile_bytes)
+        return max(64, (budget // per_elem) // 64 * 64)

@@ -52,5 +52,10 @@ class Heap:
             self._free = merged
 
     @property
+    def used(self) -> bool:
+        """Whether any block is allocated (cheap: checked on every collective call)."""
+        return bool(self._used)
+
+    @property
     def in_use(self) -> int:
         return sum(self._used.values())

@@ -157,6 +157,11 @@ typedef struct {
   int root;               /* into this rank's call descriptor before the first barrier */
   long long in_heap;      /* byte offset of user_in in this rank's heap, or -1: peers then read */
   long long out_heap;     /* it in place (zero copy); likewise user_out, or -1 */
+  /* Per chunk (unit * nchunks + chunk) of user_in / user_out: 1 = used in place in the user's
+   * buffer, 0 = staged in the window (chunks some peer touches). NULL: in_private / out_private
+   * decide for every chunk. */
+  const unsigned char* in_direct;
+  const unsigned char* out_direct;
 } cx_exec_call;
 
 typedef struct {

@@ -11,6 +11,11 @@
  *
  * Flags are 64-bit words (epoch << 32 | instruction index + 1) published with release stores and
  * read with acquire loads, so a schedule replays call after call without any reset.
+ *
+ * Waiting: a rank spins briefly on the word it needs, then sleeps on its own doorbell (a futex
+ * word in its control block) after raising `asleep`; every publish (cx_exec::publish) rings the
+ * doorbell of each peer whose `asleep` is up. A store, a full fence, then a load on both sides
+ * (Dekker) means a publish cannot slip between a sleeper's last check and its sleep unseen.
  */
 #ifndef CX_EXECUTOR_H
 #define CX_EXECUTOR_H
@@ -41,7 +46,9 @@ struct cx_ctl {
     uint64_t pad2[7];
     uint64_t p2p_pad[8];
     uint64_t desc[2][CX_EXEC_DESC_WORDS]; /* call descriptors, slot = seq parity */
-    uint64_t pad3[80];
+    uint32_t doorbell;        /* futex word: bumped by a peer that publishes while I sleep */
+    uint32_t asleep;          /* 1 while this rank may sleep on its doorbell */
+    uint64_t pad3[79];
     uint64_t lane_flag[CX_EXEC_MAX_LANES][8]; /* [lane][0] used; one cache line per lane */
 };
 
@@ -58,8 +65,20 @@ inline void store_rel(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC
 int64_t now_ns();
 bool pid_alive(int64_t pid);
 
+// Rings the doorbell of every peer asleep now. Call after publishing (store_rel) a word peers
+// may wait on; costs a fence and one load per peer when nobody sleeps.
+void ring(const cx_exec_window* win);
+
+// memcpy without glibc's misaligned `rep movsb` cliff (see executor.cpp); disjoint buffers.
+void copy_bytes(void* dst, const void* src, size_t n);
+
+inline void publish(const cx_exec_window* win, uint64_t* p, uint64_t v) {
+    store_rel(p, v);
+    ring(win);
+}
+
 // Backoff plus the periodic health check (peers alive, abort words, deadline) of one wait site.
-// Use as: while (!condition) if (int rc = w.wait()) return rc;
+// Use as: if (int rc = w.until([&] { return condition; })) return rc;
 struct Waiter {
     const cx_exec_window* win;
     uint64_t seq;             // call sequence number: an abort word of seq + 1 aborts this call
@@ -73,10 +92,39 @@ struct Waiter {
     Waiter(const cx_exec_window* w, uint64_t s, int64_t d, cx_exec_result* r)
         : win(w), seq(s), deadline(d), res(r) {}
     void reset() { polls = 0; pending = 0; }
-    int wait();
     int fail(int status, int rank);
 
+    // Returns CX_EXEC_OK once cond() holds, or the failure (dead peer, abort, deadline) seen
+    // while it did not. A failure is reported only if cond(), re-checked after the health
+    // check, still fails: a peer may publish its last flag and exit right after our check.
+    template <class Cond>
+    int until(Cond&& cond) {
+        while (!cond()) {
+            if (pending) return fail(pending, pending_rank);
+            if (++polls < win->spin) {
+                relax();
+                continue;
+            }
+            uint32_t bell = arm();
+            if (!cond()) sleep(bell);
+            disarm();
+            check();
+        }
+        return CX_EXEC_OK;
+    }
+
 private:
+    static void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        asm volatile("yield");
+#endif
+    }
+    uint32_t arm();           // raise `asleep` (then a full fence); returns the doorbell value
+    void sleep(uint32_t bell);
+    void disarm();
+    void check();             // health check, about once a millisecond
     int health(int64_t t, bool check_proc);
 };
 

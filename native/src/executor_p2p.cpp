@@ -67,14 +67,14 @@ extern "C" int cx_exec_send(const cx_exec_window* w, int peer, const void* buf, 
     Waiter wt(w, kNoCall, deadline_ns, res);
     for (int64_t k = 0; k < pieces; ++k) {
         uint64_t p = mine->sent + 1;
-        while (load_acq(&theirs->acked) + 2 < p)
-            if (int rc = wt.wait()) return to_status(rc);
+        if (int rc = wt.until([&] { return load_acq(&theirs->acked) + 2 >= p; }))
+            return to_status(rc);
         wt.reset();
         int64_t off = k * half, len = std::min<int64_t>(half, nbytes - off);
-        if (len > 0) cx_copy_impl(slot(w, w->rank, peer) + (p & 1) * half, (const char*)buf + off,
+        if (len > 0) copy_bytes(slot(w, w->rank, peer) + (p & 1) * half, (const char*)buf + off,
                                   size_t(len));
         if (k == 0) mine->nbytes[p & 1] = uint64_t(nbytes);
-        store_rel(&mine->sent, p);
+        publish(w, &mine->sent, p);
     }
     return CX_OK;
 }
@@ -89,17 +89,16 @@ extern "C" int cx_exec_recv(const cx_exec_window* w, int peer, void* buf, long l
     Waiter wt(w, kNoCall, deadline_ns, res);
     for (int64_t k = 0; k < pieces; ++k) {
         uint64_t p = mine->acked + 1;
-        while (load_acq(&theirs->sent) < p)
-            if (int rc = wt.wait()) return to_status(rc);
+        if (int rc = wt.until([&] { return load_acq(&theirs->sent) >= p; })) return to_status(rc);
         wt.reset();
         if (k == 0 && theirs->nbytes[p & 1] != uint64_t(nbytes)) {
             res->epochs_used = theirs->nbytes[p & 1];  // the sender's length, for the error message
             return to_status(wt.fail(CX_EXEC_MISMATCH, peer));
         }
         int64_t off = k * half, len = std::min<int64_t>(half, nbytes - off);
-        if (len > 0) cx_copy_impl((char*)buf + off, slot(w, peer, w->rank) + (p & 1) * half,
+        if (len > 0) copy_bytes((char*)buf + off, slot(w, peer, w->rank) + (p & 1) * half,
                                   size_t(len));
-        store_rel(&mine->acked, p);
+        publish(w, &mine->acked, p);
     }
     return CX_OK;
 }

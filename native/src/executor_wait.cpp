@@ -1,17 +1,24 @@
-// Waiting on peers: spin, yield, sleep, and every millisecond check that the wait can still end.
+// Waiting on peers: spin, then sleep on a futex doorbell, and every millisecond check that the
+// wait can still end.
 //
-// Tests run 4-8 ranks on 2 cores, so a waiting rank must give its core to the peer it waits for:
-// it spins `win->spin` polls (large when every rank has a core, small when oversubscribed), then
-// sched_yield()s, then nanosleeps. About every millisecond it checks the peers' liveness (pid),
-// their abort words and the deadline.
+// Tests run 4-8 ranks on 2 cores, and benchmarks share their cores with other work, so a waiting
+// rank must give its core to the peer it waits for, yet wake as soon as that peer publishes. It
+// spins `win->spin` polls (large when every rank has a core, small when oversubscribed), then
+// sleeps on its doorbell (FUTEX_WAIT, at most a millisecond at a time): a peer that publishes a
+// word while we sleep rings it (see cx_executor.h). sched_yield and fixed-length sleeps did
+// neither well: a yield often returns at once to a spinning rank, and a 50 us nanosleep wakes up
+// to 100 us late, once per tile. Between sleeps it checks the peers' liveness (pid), their abort
+// words and the deadline.
 
 #include "cx_executor.h"
 
 #include <errno.h>
-#include <sched.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,16 +27,17 @@ namespace cx_exec {
 namespace {
 
 constexpr uint64_t kAbortFatal = 1ull << 63;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-}
+constexpr long kSleepNs = 1000000;  // longest single sleep: the health-check period
 
 bool pid_exists(int64_t pid) { return !(kill(pid_t(pid), 0) != 0 && errno == ESRCH); }
+
+// Shared (not FUTEX_PRIVATE) futexes: the words live in a MAP_SHARED segment of several processes.
+void futex_wait(uint32_t* word, uint32_t expected, long ns) {
+    timespec ts{0, ns};
+    syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
 
 }  // namespace
 
@@ -55,30 +63,44 @@ bool pid_alive(int64_t pid) {
     return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
 }
 
-// A failure is reported only if the caller, having re-checked its condition once more, still
-// cannot proceed: a peer may publish its last flag and exit (or die) right after our check,
-// and what it published before dying is still good.
-int Waiter::wait() {
-    if (pending) return fail(pending, pending_rank);
-    ++polls;
-    if (polls < win->spin) {
-        cpu_relax();
-        return CX_EXEC_OK;
+void ring(const cx_exec_window* win) {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);  // our publish before the loads of `asleep`
+    for (int r = 0; r < win->nranks; ++r) {
+        cx_ctl* c = win->ctl[r];
+        if (r == win->rank || !__atomic_load_n(&c->asleep, __ATOMIC_RELAXED)) continue;
+        __atomic_fetch_add(&c->doorbell, 1u, __ATOMIC_SEQ_CST);
+        futex_wake(&c->doorbell);
     }
-    if (polls < win->spin + 2000) {
-        sched_yield();
-    } else {
-        timespec ts{0, 50000};
-        nanosleep(&ts, nullptr);
+}
+
+uint32_t Waiter::arm() {
+    cx_ctl* me = win->ctl[win->rank];
+    uint32_t bell = __atomic_load_n(&me->doorbell, __ATOMIC_ACQUIRE);
+    __atomic_store_n(&me->asleep, 1u, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);  // `asleep` up before the caller re-checks
+    return bell;
+}
+
+void Waiter::sleep(uint32_t bell) {
+    long ns = kSleepNs;
+    if (deadline > 0) {
+        int64_t left = deadline - now_ns();
+        if (left < ns) ns = left > 1000 ? long(left) : 1000;
     }
-    if ((polls & 15) != 0 && polls > win->spin + 64) return CX_EXEC_OK;
+    futex_wait(&win->ctl[win->rank]->doorbell, bell, ns);
+}
+
+void Waiter::disarm() { __atomic_store_n(&win->ctl[win->rank]->asleep, 0u, __ATOMIC_RELAXED); }
+
+// Liveness, abort words and deadline, at most once a millisecond (pid state from /proc every
+// ten); what it finds is reported by until() only if the wait still cannot end.
+void Waiter::check() {
     int64_t t = now_ns();
-    if (t < next_check) return CX_EXEC_OK;
-    next_check = t + 1000000;
+    if (t < next_check) return;
+    next_check = t + kSleepNs;
     bool proc = t >= next_proc;
-    if (proc) next_proc = t + 10000000;
+    if (proc) next_proc = t + 10 * kSleepNs;
     pending = health(t, proc);
-    return CX_EXEC_OK;
 }
 
 // Liveness first: when a peer dies, every survivor should name the dead rank, not the first
