@@ -3,10 +3,12 @@
     python perf/torch_ddp.py --nranks 2 --max-bytes 256M
 
 For each message size (1 KiB .. --max-bytes, x4 steps) every rank times ``dist.all_reduce`` on
-the default collectx group and on a gloo group (``new_group(backend="gloo")``), alternating so both
-see the same machine load; then both time DDP training steps of an MLP. Prints one JSON line per
-measurement, then a side-by-side table with collectx/gloo ratios (and the Communicator called
-directly, to show what torch.distributed adds). busbw follows nccl-tests:
+the default collectx group (blocking, and ``async_op=True`` then ``wait()``), on a gloo group
+(``new_group(backend="gloo")``), and the collectx Communicator under the group called directly on
+a numpy view of the same tensor (what the backend adds is the difference). With ``--repeat N``
+the whole sweep runs N times, interleaved, and each cell is the median, so that every path sees
+the same machine load. Then both backends time DDP training steps of an MLP. Prints one JSON line
+per measurement, then a side-by-side table with collectx/gloo ratios. busbw follows nccl-tests:
 ``2 (n-1)/n * bytes / time``.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -33,37 +36,37 @@ def parse_bytes(text: str) -> int:
     return int(float(text[:-1]) * UNITS[text[-1]]) if text[-1] in UNITS else int(text)
 
 
-def _time_allreduce(x, group, budget_s: float) -> float:
-    """Mean seconds per all_reduce over enough iterations to fill ``budget_s`` (min 3)."""
-    dist.all_reduce(x, group=group)                       # warm-up (and first-touch of pages)
-    start = time.perf_counter()
-    dist.all_reduce(x, group=group)
-    once = time.perf_counter() - start
-    iters = max(3, min(200, int(budget_s / max(once, 1e-6))))
-    # All ranks must agree on the count: take rank 0's via the gloo-free max over the group.
-    count = torch.tensor([iters])
-    dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
-    dist.barrier(group=group)
-    start = time.perf_counter()
-    for _ in range(int(count)):
-        dist.all_reduce(x, group=group)
-    return (time.perf_counter() - start) / int(count)
+def _time_loop(call, agree_max, budget_s: float) -> float:
+    """Mean seconds per ``call()`` over enough iterations to fill ``budget_s`` (3 to 200).
 
-
-def _time_direct(comm, x, budget_s: float) -> float:
-    """Like :func:`_time_allreduce`, calling the Communicator under the group directly."""
-    comm.allreduce(x)
+    ``agree_max(tensor)`` makes every rank run the same count (the max over ranks).
+    """
+    call()                                                 # warm-up (and first-touch of pages)
     start = time.perf_counter()
-    comm.allreduce(x)
+    call()
     once = time.perf_counter() - start
     count = torch.tensor([max(3, min(200, int(budget_s / max(once, 1e-6))))])
-    comm.allreduce(count, op="max")
+    agree_max(count)
+    agree_max(torch.zeros(1, dtype=torch.int64))          # a barrier on the same path
     start = time.perf_counter()
     for _ in range(int(count)):
-        comm.allreduce(x)
+        call()
     return (time.perf_counter() - start) / int(count)
 
 
+def _paths(x, gloo):
+    """name -> (call, agree_max): the ways one all_reduce of ``x`` is timed."""
+    comm = dist.group.WORLD.communicator()
+    view = x.numpy()                                       # the tensor's memory, no copy
+
+    def torch_max(group):
+        return lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return {
+        "collectx": (lambda: dist.all_reduce(x), torch_max(None)),
+        "async": (lambda: dist.all_reduce(x, async_op=True).wait(), torch_max(None)),
+        "gloo": (lambda: dist.all_reduce(x, group=gloo), torch_max(gloo)),
+        "direct": (lambda: comm.allreduce(view), lambda t: comm.allreduce(t.numpy(), op="max")),
+    }
 def _ddp_step_ms(group, steps: int, width: int) -> float:
     from torch.nn.parallel import DistributedDataParallel
     torch.manual_seed(0)
@@ -83,20 +86,24 @@ def _ddp_step_ms(group, steps: int, width: int) -> float:
     return 1e3 * sorted(times[3:])[len(times[3:]) // 2]      # median: robust to a noisy core
 
 
-def _bench(rank, world, sizes, budget_s, ddp_steps, width):
+def _bench(rank, world, sizes, budget_s, repeat, ddp_steps, width):
     gloo = dist.new_group(backend="gloo")
-    groups = {"collectx": dist.group.WORLD, "gloo": gloo}
     factor = 2 * (world - 1) / world
+    samples: dict[int, dict[str, list[float]]] = {n: {} for n in sizes}
+    for _ in range(repeat):
+        for nbytes in sizes:
+            x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+            for name, (call, agree_max) in _paths(x, gloo).items():
+                samples[nbytes].setdefault(name, []).append(_time_loop(call, agree_max, budget_s))
     rows = []
     for nbytes in sizes:
-        x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
         row = {"bytes": nbytes}
-        timings = {name: _time_allreduce(x, group, budget_s) for name, group in groups.items()}
-        timings["direct"] = _time_direct(dist.group.WORLD.communicator(), x, budget_s)
-        for name, seconds in timings.items():
+        for name, times in samples[nbytes].items():
+            seconds = statistics.median(times)
             row[name] = {"us": seconds * 1e6, "busbw_gbps": factor * nbytes / seconds / 1e9}
         rows.append(row)
-    ddp = {name: _ddp_step_ms(group, ddp_steps, width) for name, group in groups.items()}
+    ddp = {name: _ddp_step_ms(group, ddp_steps, width)
+           for name, group in (("collectx", dist.group.WORLD), ("gloo", gloo))}
     return {"allreduce": rows, "ddp_step_ms": ddp} if rank == 0 else None
 
 
@@ -104,14 +111,16 @@ def _print_table(result, world) -> None:
     print(f"\nall_reduce float32 through torch.distributed, {world} ranks "
           f"(busbw GB/s, time us)")
     print(f"{'size':>9} {'collectx us':>12} {'gloo us':>10} {'collectx bw':>12} "
-          f"{'gloo bw':>9} {'ratio':>7} {'direct bw':>10}")
+          f"{'gloo bw':>9} {'ratio':>7} {'async bw':>9} {'direct bw':>10} {'vs direct':>10}")
     for row in result["allreduce"]:
-        cx, gl, direct = row["collectx"], row["gloo"], row["direct"]
+        cx, gl = row["collectx"], row["gloo"]
         print(f"{_human(row['bytes']):>9} {cx['us']:12.1f} {gl['us']:10.1f} "
               f"{cx['busbw_gbps']:12.3f} {gl['busbw_gbps']:9.3f} "
-              f"{cx['busbw_gbps'] / gl['busbw_gbps']:6.1f}x {direct['busbw_gbps']:10.3f}")
-    print("(direct: the same Communicator called without torch.distributed, for the "
-          "backend's own overhead)")
+              f"{cx['busbw_gbps'] / gl['busbw_gbps']:6.1f}x {row['async']['busbw_gbps']:9.3f} "
+              f"{row['direct']['busbw_gbps']:10.3f} "
+              f"{cx['busbw_gbps'] / row['direct']['busbw_gbps']:9.2f}x")
+    print("(async: async_op=True then wait(); direct: the same Communicator called on a numpy "
+          "view of the tensor, without torch.distributed; vs direct: collectx / direct busbw)")
     ddp = result["ddp_step_ms"]
     print(f"\nDDP step (median ms): collectx {ddp['collectx']:.2f}  gloo {ddp['gloo']:.2f}  "
           f"speed-up {ddp['gloo'] / ddp['collectx']:.2f}x")
@@ -131,6 +140,8 @@ def main(argv=None) -> None:
     parser.add_argument("--max-bytes", default="256M")
     parser.add_argument("--budget", type=float, default=0.3,
                         help="seconds of timed iterations per size and backend")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="sweeps to run, interleaved; each cell is the median")
     parser.add_argument("--ddp-steps", type=int, default=30)
     parser.add_argument("--width", type=int, default=1024, help="DDP MLP hidden width")
     args = parser.parse_args(argv)
@@ -138,10 +149,11 @@ def main(argv=None) -> None:
     while size <= parse_bytes(args.max_bytes):
         sizes.append(size)
         size *= 4
-    result = run_ranks(_bench, args.nranks, sizes, args.budget, args.ddp_steps, args.width,
+    result = run_ranks(_bench, args.nranks, sizes, args.budget, args.repeat, args.ddp_steps,
+                       args.width,
                        timeout_s=3600, env={"OMP_NUM_THREADS": "1"})[0]
     for row in result["allreduce"]:
-        for backend in ("collectx", "gloo", "direct"):
+        for backend in ("collectx", "async", "gloo", "direct"):
             print(json.dumps({"coll": "allreduce", "backend": backend, "nranks": args.nranks,
                               "bytes": row["bytes"], "time_us": row[backend]["us"],
                               "busbw_gbps": row[backend]["busbw_gbps"]}))

@@ -183,6 +183,11 @@ def case_barrier(rank, world, dtype, numel, gloo):
     return torch.ones(1), torch.ones(1)
 
 
+def case_large(rank, world, dtype, numel, gloo, case=None):
+    """``case`` on 64 Ki more elements: its work buffers go through the window heap."""
+    return case(rank, world, dtype, numel + (1 << 16), gloo)
+
+
 def _cases():
     """Case id -> (function, keyword arguments), built the same in the parent and the ranks."""
     table = {f"all_reduce-{op}": (case_all_reduce, {"op": op}) for op in REDUCE_OPS}
@@ -208,6 +213,10 @@ def _cases():
         "send_recv": (case_send_recv, {}),
         "barrier": (case_barrier, {}),
     })
+    table.update({f"{name}-large": (case_large, {"case": fn}) for name, fn in (
+        ("all_reduce_coalesced", case_all_reduce_coalesced),
+        ("all_gather-uneven", case_all_gather_uneven), ("reduce_scatter", case_reduce_scatter),
+        ("all_to_all-uneven", case_all_to_all), ("gather_scatter", case_gather_scatter))})
     return table
 
 

@@ -168,7 +168,8 @@ def test_host_views_contiguous_tensors_without_a_copy():
     assert dense[0, 0].item() == 42.0
     grad = torch.ones(3, requires_grad=True)          # a leaf that requires grad: still a view
     assert host(grad).ctypes.data == grad.data_ptr()
-    for other in (dense[:, 1], torch.ones(2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.bool)):
+    for other in (dense[:, 1], torch.ones(2, dtype=torch.bfloat16),
+                  torch.ones(2, dtype=torch.bool)):
         assert host(other) is other                   # strided, no numpy dtype, unsupported
 
 
@@ -229,3 +230,38 @@ def test_wait_blocks_until_another_thread_finishes_the_work():
     work = CollectxWork([])
     threading.Timer(0.2, work._finish).start()
     assert work.wait(datetime.timedelta(seconds=10)) and work.is_completed()
+
+
+def test_large_work_buffers_live_in_the_window_heap_while_it_has_room():
+    import collectx
+    from collectx.integrations.torch_ops import WORK_BUFFER_HEAP_BYTES, work_buffer
+    like = torch.zeros(1)
+    n = WORK_BUFFER_HEAP_BYTES // like.element_size()
+    with collectx.init(0, 1) as comm:
+        big, heap = work_buffer(comm, n, like)
+        assert heap and big.shape == (n,) and big.dtype == torch.float32
+        big.fill_(2.0)
+        out, _ = work_buffer(comm, n, like)
+        comm.allreduce(big.numpy(), out=out.numpy())        # the heap buffers work as buffers
+        assert out.sum().item() == 2.0 * n
+        assert not work_buffer(comm, 8, like)[1]              # small: a plain tensor
+        bf, heap = work_buffer(comm, n, like.bfloat16())      # no heap arrays of bfloat16
+        assert not heap and bf.dtype == torch.bfloat16
+        huge, heap = work_buffer(comm, 1 << 28, like)         # more than the heap holds
+        assert not heap and huge.numel() == 1 << 28
+        del big, out, huge
+
+
+def test_copy_and_zero_move_any_dtype_and_layout():
+    from collectx.integrations.torch_ops import copy, zero
+    base = torch.zeros(4, 2, dtype=torch.bfloat16)
+    copy(base[:, 1], torch.tensor([1.5, 2.5, 3.5, 4.5], dtype=torch.bfloat16))
+    assert base[:, 1].tolist() == [1.5, 2.5, 3.5, 4.5] and base[:, 0].tolist() == [0.0] * 4
+    flags = torch.zeros(2, 2, dtype=torch.bool)
+    copy(flags, torch.tensor([True, False, False, True]))      # shapes differ, counts agree
+    assert flags.tolist() == [[True, False], [False, True]]
+    wide = torch.ones(3, dtype=torch.float64)
+    copy(wide, torch.tensor([1, 2, 3], dtype=torch.int64))       # dtypes differ: torch converts
+    assert wide.tolist() == [1.0, 2.0, 3.0]
+    zero(base[:, 1])
+    assert not base.any()

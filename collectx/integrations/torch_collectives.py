@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import ArgumentError
-from .torch_ops import (Flat, concat, device_type, host, premultiply, reduce_op, same_dtype,
-                        scatter_back, split_rows)
+from .torch_ops import (Flat, concat, copy, device_type, host, premultiply, reduce_op,
+                        same_dtype, scatter_back, split_rows, work_buffer)
 
 
 class Collectives:
@@ -41,10 +41,15 @@ class Collectives:
 
         def run():
             # One collective for the whole bucket: small tensors would each pay the latency.
-            buffer = concat(tensors)
+            total = sum(t.numel() for t in tensors)
+            buffer, heap = work_buffer(comm, total, tensors[0])
+            concat(tensors, out=buffer)
             premultiply(buffer, factor)
-            comm.allreduce(host(buffer), op=op)
-            scatter_back(buffer, tensors)
+            # A heap buffer is used in place by the executor only as a distinct output (in place,
+            # it stages the input), so the result gets a heap buffer of its own.
+            result = work_buffer(comm, total, tensors[0])[0] if heap else buffer
+            comm.allreduce(host(buffer), out=None if result is buffer else host(result), op=op)
+            scatter_back(result, tensors)
         return self._submit(run, tensors, opts)
 
     # -- allgather -----------------------------------------------------------------------------
@@ -100,7 +105,7 @@ class Collectives:
         def run():
             source = Flat(input).data
             if factor is not None:
-                source = source.clone()     # the caller's input must stay untouched
+                source = concat([source])   # a copy: the caller's input must stay untouched
                 premultiply(source, factor)
             out = Flat(output, read=False)
             comm.reduce_scatter(host(source), out=out.buffer, op=op)
@@ -162,12 +167,12 @@ class Collectives:
         def run():
             for i, output in enumerate(output_tensors):
                 n = output.numel()
-                buffer = (concat(input_tensors[i]) if is_root else
-                          torch.empty(n * self.group_size, dtype=output.dtype,
-                                      device=output.device))
+                buffer = work_buffer(comm, n * self.group_size, output)[0]
+                if is_root:
+                    concat(input_tensors[i], out=buffer)
                 comm.broadcast(host(buffer), root=root)
                 offset = self.group_rank * n
-                output.copy_(buffer[offset:offset + n].view(output.shape))
+                copy(output, buffer[offset:offset + n])
         return self._submit(run, output_tensors, opts)
 
     # -- all-to-all ----------------------------------------------------------------------------
@@ -242,7 +247,7 @@ def _allgather_list(comm, outputs, tensor):
     source = Flat(tensor).data
     if source.numel() != width:
         source = concat([source], pad_to=width)
-    gathered = torch.empty(width * len(outputs), dtype=tensor.dtype, device=tensor.device)
+    gathered = work_buffer(comm, width * len(outputs), tensor)[0]
     comm.allgather(host(source), out=host(gathered))
     scatter_back(gathered, outputs, stride=width)
 
@@ -250,11 +255,11 @@ def _allgather_list(comm, outputs, tensor):
 def _reduce_scatter_list(comm, output, inputs, op, factor):
     """Reduce-scatter per-rank ``inputs`` into ``output``, padding uneven parts with zeros."""
     width = max(t.numel() for t in inputs)
-    buffer = concat(inputs, pad_to=width)
+    buffer = concat(inputs, pad_to=width, out=work_buffer(comm, width * len(inputs), output)[0])
     premultiply(buffer, factor)
-    result = torch.empty(width, dtype=output.dtype, device=output.device)
+    result = work_buffer(comm, width, output)[0]
     comm.reduce_scatter(host(buffer), out=host(result), op=op)
-    output.copy_(result[:output.numel()].view(output.shape))
+    copy(output, result[:output.numel()])
 
 
 def _alltoall_list(comm, outputs, inputs):
@@ -269,7 +274,7 @@ def _alltoall_list(comm, outputs, inputs):
     width = int(width_t.item())
     if width == 0:
         return
-    buffer = concat(inputs, pad_to=width)
-    received = torch.empty(width * len(outputs), dtype=buffer.dtype, device=buffer.device)
+    buffer = concat(inputs, pad_to=width, out=work_buffer(comm, width * len(inputs), inputs[0])[0])
+    received = work_buffer(comm, width * len(outputs), inputs[0])[0]
     comm.alltoall(host(buffer), out=host(received))
     scatter_back(received, outputs, stride=width)

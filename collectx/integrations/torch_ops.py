@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -54,6 +55,11 @@ def reduce_op(op) -> tuple[str, object | None]:
 def premultiply(tensor: torch.Tensor, factor) -> None:
     """Scale ``tensor`` in place by a PREMUL_SUM factor (a number or a one-element tensor)."""
     if factor is None:
+        return
+    view = host(tensor)
+    if type(view) is not torch.Tensor and tensor.is_floating_point():
+        # numpy, on this thread: see copy() for why not torch's mul_
+        np.multiply(view, float(factor), out=view, casting="same_kind")
         return
     if isinstance(factor, torch.Tensor):
         factor = factor.to(device=tensor.device, dtype=tensor.dtype)
@@ -106,6 +112,47 @@ def host(tensor: torch.Tensor):
     return tensor
 
 
+# Same-size integer dtypes: copies move bits, so any dtype (bfloat16, bool) copies as these.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(tensor: torch.Tensor):
+    """A numpy view of a CPU tensor's elements as same-size integers (any strides), or None."""
+    kind = _BITS.get(tensor.element_size())
+    if kind is None or not tensor.is_cpu:
+        return None
+    try:
+        return tensor.detach().view(kind).numpy()
+    except (RuntimeError, TypeError):  # conj/neg view bits and the like: torch copies those
+        return None
+
+
+def copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[...] = src`` (same dtype and element count, any shapes and strides).
+
+    CPU copies run in numpy on the calling thread. torch's ``copy_`` and ``cat`` split a large
+    copy over the intra-op thread pool, and when the machine has more busy threads than cores
+    (two ranks on two cores already do) the pool waits for descheduled threads: a 4 MiB
+    ``torch.cat`` took 124 ms with 2 intra-op threads on a loaded 2-core machine, 0.18 ms as
+    ``np.concatenate``. numpy also releases the GIL while it copies.
+    """
+    d = _bits(dst) if dst.dtype == src.dtype else None
+    s = _bits(src) if d is not None else None
+    if s is None:
+        dst.copy_(src.reshape(dst.shape))
+    else:
+        np.copyto(d, s.reshape(d.shape))
+
+
+def zero(tensor: torch.Tensor) -> None:
+    """Fill ``tensor`` with zeros (numpy on CPU, for the reason given in :func:`copy`)."""
+    view = _bits(tensor)
+    if view is None:
+        tensor.zero_()
+    else:
+        view.fill(0)
+
+
 class Flat:
     """A contiguous version of ``tensor``, staged through a copy when it is strided.
 
@@ -120,9 +167,9 @@ class Flat:
         self.tensor = tensor
         self.staged = not tensor.is_contiguous()
         if self.staged:
-            self.data = (tensor.contiguous() if read
-                         else torch.empty(tensor.numel(), dtype=tensor.dtype,
-                                          device=tensor.device)).view(-1)
+            self.data = torch.empty(tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+            if read:
+                copy(self.data, tensor)
         else:
             self.data = tensor
 
@@ -133,17 +180,57 @@ class Flat:
 
     def commit(self) -> None:
         if self.staged:
-            self.tensor.copy_(self.data.view(self.tensor.shape))
+            copy(self.tensor, self.data)
 
 
-def concat(parts: Sequence[torch.Tensor], pad_to: int | None = None) -> torch.Tensor:
-    """Parts flattened end to end into one new buffer, each zero-padded to ``pad_to`` elements."""
+# Work buffers at least this large go in the communicator's window heap: the collective then
+# skips staging them (a copy each way), which saves more than the allocation costs (a few
+# microseconds) from about this size up.
+WORK_BUFFER_HEAP_BYTES = 128 << 10
+_HEAP_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+               torch.int64: "int64", torch.int32: "int32", torch.int8: "int8",
+               torch.uint8: "uint8"}
+
+
+def work_buffer(comm, numel: int, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """A 1-D work buffer of ``numel`` elements of ``like``'s dtype for a collective on ``comm``,
+    and whether it lives in the communicator's shared window heap.
+
+    Large enough buffers go in the heap (``comm.empty``), which the executor reads and writes in
+    place: a concat or gather buffer there costs no staging copy. When the heap is full, the
+    dtype has no heap arrays (bfloat16), or the communicator has no heap (CUDA, hierarchical),
+    it is a plain tensor, which the communicator stages.
+    """
+    name = _HEAP_NAMES.get(like.dtype)
+    empty = getattr(comm, "empty", None)
+    if (name is not None and empty is not None and like.is_cpu
+            and numel * like.element_size() >= WORK_BUFFER_HEAP_BYTES):
+        try:
+            return torch.from_numpy(empty(numel, name)), True   # freed with the tensor
+        except ArgumentError:                                    # heap full: stage instead
+            pass
+    return torch.empty(numel, dtype=like.dtype, device=like.device), False
+
+
+def concat(parts: Sequence[torch.Tensor], pad_to: int | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """Parts flattened end to end into one buffer (``out``, or a new one), each zero-padded to
+    ``pad_to`` elements.
+
+    >>> concat([torch.tensor([1, 2]), torch.tensor([3])], pad_to=3).tolist()
+    [1, 2, 0, 3, 0, 0]
+    """
+    sizes = [p.numel() for p in parts]
     width = pad_to
-    if width is None:   # no padding: every element gets written, so skip zero-filling
-        return torch.cat([p.reshape(-1) for p in parts])
-    out = torch.zeros(width * len(parts), dtype=parts[0].dtype, device=parts[0].device)
-    for i, part in enumerate(parts):
-        out[i * width:i * width + part.numel()].copy_(part.reshape(-1))
+    if out is None:
+        total = sum(sizes) if width is None else width * len(parts)
+        out = torch.empty(total, dtype=parts[0].dtype, device=parts[0].device)
+    offset = 0
+    for part, n in zip(parts, sizes):
+        copy(out[offset:offset + n], part)
+        if width is not None and n < width:
+            zero(out[offset + n:offset + width])
+        offset += n if width is None else width
     return out
 
 
@@ -152,8 +239,9 @@ def scatter_back(buffer: torch.Tensor, parts: Sequence[torch.Tensor],
     """Inverse of :func:`concat`: copy consecutive slices of ``buffer`` into ``parts``."""
     offset = 0
     for part in parts:
-        part.copy_(buffer[offset:offset + part.numel()].view(part.shape))
-        offset += part.numel() if stride is None else stride
+        n = part.numel()
+        copy(part, buffer[offset:offset + n])
+        offset += n if stride is None else stride
 
 
 def split_rows(tensor: torch.Tensor, splits: Sequence[int], size: int) -> list[torch.Tensor]:

@@ -3,8 +3,9 @@
 torch's ``isend`` may be issued before the peer posts its ``irecv`` (``batch_isend_irecv`` does
 exactly that on both sides), so a send must not wait for its receiver; the Communicator's native
 send does once about 1 MiB is in flight. ``send``/``recv`` are rare in data-parallel training, so
-the bytes go through the store, which buffers any amount. Messages between a pair are matched by order: the n-th send from
-``a`` to ``b`` meets the n-th recv on ``b`` from ``a``, as in torch's own semantics for one tag.
+the bytes go through the store, which buffers any amount. Messages between a pair are matched by
+order: the n-th send from ``a`` to ``b`` meets the n-th recv on ``b`` from ``a``, as in torch's
+own semantics for one tag.
 A send returns once the bytes are in the store (buffered), so send/recv orders cannot deadlock.
 """
 
@@ -16,6 +17,7 @@ from collections import Counter
 import torch
 
 from ..errors import ArgumentError, Timeout
+from .torch_ops import copy
 
 
 class StoreP2P:
@@ -74,4 +76,4 @@ def _from_bytes(tensor: torch.Tensor, payload: bytes, src: int) -> None:
                             f"of {nbytes} bytes; expected send and recv tensors of the same size "
                             f"and dtype")
     source = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    tensor.reshape(-1).view(torch.uint8).copy_(source)
+    copy(tensor.reshape(-1).view(torch.uint8), source)

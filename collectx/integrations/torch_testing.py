@@ -35,7 +35,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args, backend: str = "co
     timeout_s : float
         Wall-clock limit for the whole run.
     env : dict, optional
-        Extra environment variables for the ranks.
+        Extra environment variables for the ranks; ``OMP_NUM_THREADS`` also sizes torch's
+        intra-op thread pool.
     may_exit : tuple of int
         Ranks allowed to exit without a result (their result is None), for failure tests.
 
@@ -98,6 +99,11 @@ def _collect(results, procs, timeout_s: float, may_exit: set[int]) -> list[Any]:
 def _rank_main(fn, rank, world_size, args, backend, init_file, env, results) -> None:
     os.environ.update(env)
     try:
+        if "OMP_NUM_THREADS" in env:
+            # torch sized its intra-op pool when the spawned rank imported it (unpickling ``fn``
+            # imports its module), before the variable was set here: apply it explicitly.
+            import torch
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
         import torch.distributed as dist
         if backend == "collectx":
             import collectx.torch  # noqa: F401  (registers the backend)
