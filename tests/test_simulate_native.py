@@ -105,3 +105,19 @@ def test_route_table_does_not_see_later_edits_of_its_first_graph():
     assert routes_for(fresh) is table
     assert table.route("GPU0", "GPU1") == routes_for(topo.ring(4, bw=10.0)).route("GPU0", "GPU1")
     assert table.topo.edges["GPU0", "GPU1"]["bw_gbps"] == 10.0
+
+
+@pytest.mark.parametrize("name", ["dgx1v", "dgx2", "pcie_gen4_8gpu", "multi:dgx_a100:2:25"])
+def test_route_table_takes_the_widest_paths(name):
+    # The table prepares each region's links once; its routes must be widest_path's.
+    from collectx.schedule._routes import Routes
+    from collectx.topology.paths import widest_path
+    G = topo.load(name)
+    table = Routes(G, None)
+    ids = topo.gpus(G)
+    for a in ids[:3]:
+        for b in ids:
+            if a != b and not G.has_edge(a, b):
+                hops = widest_path(table._region(a, b), a, b).hops
+                want = tuple(table._index[e] for e in zip(hops, hops[1:]))
+                assert table.route(a, b)[0] == want

@@ -124,14 +124,30 @@ class Routes:
         return (self._index[("local", node)],), 0.0
 
     def _remote(self, a, b) -> tuple[tuple[int, ...], float]:
-        from ..topology.paths import widest_path
-
         # A direct link is what a peer-to-peer copy uses, even where a wider detour exists
         # (DGX-1: GPU0-GPU1 is one NVLink, GPU0-GPU3-GPU2-GPU1 are doubled ones).
-        hops = (a, b) if self.topo.has_edge(a, b) else widest_path(self._region(a, b), a, b).hops
+        hops = (a, b) if self.topo.has_edge(a, b) else self._widest_hops(self._region(a, b), a, b)
         links = tuple(self._index[(u, v)] for u, v in zip(hops, hops[1:]))
         latency = sum(_latency(self.topo.edges[u, v]) for u, v in zip(hops, hops[1:]))
         return links, latency
+
+    def _widest_hops(self, region: nx.DiGraph, a, b) -> tuple:
+        """``widest_path(region, a, b).hops``, preparing the region's links once and the
+        bottleneck widths once per source (a 16-GPU switch machine asks 240 pairs; preparing
+        the sorted adjacency per pair was half of routing it)."""
+        from ..topology.paths import _fewest_hops, _Links, _widest_bottlenecks, widest_path
+
+        key = ("widths", id(region), a)
+        if key not in self._routes:
+            lkey = ("links", id(region))
+            if lkey not in self._routes:   # the region is kept alive by its own cache entry
+                self._routes[lkey] = (region, _Links(region))
+            links = self._routes[lkey][1]
+            self._routes[key] = (links, _widest_bottlenecks(links, a))
+        links, widths = self._routes[key]
+        if b not in widths:    # unreachable: widest_path raises the error that says so
+            return widest_path(region, a, b).hops
+        return _fewest_hops(links, a, {b}, widths[b])[b]
 
 
 def _decompose(flow: dict, a, b) -> list[tuple[list, float]]:
