@@ -1,8 +1,15 @@
 """The native library (libcollectx) behind cffi, and numpy-level copy/reduce/scale on top of it.
 
-The library is loaded in cffi ABI mode (``ffi.dlopen``): nothing is compiled at install time
-for Python, and one ``.so`` serves every interpreter. Its C declarations come from the one
-public header, ``collectx.h``, with preprocessor lines and the ``extern "C"`` guard removed.
+The library is loaded in cffi ABI mode (``ffi.dlopen``), so one ``.so`` serves every interpreter
+and :func:`load` is the one loader (``(ffi, lib, path)``; the runtime uses the same ``ffi``/``lib``).
+Its C declarations come from the one public header, ``collectx.h``, with preprocessor lines and
+the ``extern "C"`` guard removed.
+
+``reduce`` and ``copy`` run the common call (plain C-contiguous arrays) through a fast path: the
+compiled extension ``collectx._fastpath`` (native/python/cx_fastpath.c, built with the library
+when Python headers and numpy are found) is handed the loaded library's function addresses and
+costs a fraction of a microsecond per call; without it, cffi calls with cheap checks serve (a
+few microseconds). Anything unusual goes to the fully checked path, which raises typed errors.
 
 Every entry point returns an ``int`` status; :func:`check_rc` turns failures into typed errors.
 The numpy-level functions check everything first and touch nothing on bad input.

@@ -5,8 +5,10 @@ Rows: dtype x k x size. ``size`` is the bytes of ONE input array; ``GB/s`` is pa
 numpy baseline: ``np.add(a, b, out=c)`` for k=2 and the chain ``np.add(c, s, out=c)`` for more
 inputs; bfloat16 (which numpy lacks) is compared with float32 numpy on the same element count.
 ``ratio`` = numpy time / collectx time for the same elements (> 1: collectx is faster).
-``cx`` is the public ``collectx._native.reduce`` (argument checks and the cffi call included);
-``raw`` is the bare ``cx_reduce`` call with prepared pointers, i.e. the kernel itself.
+``cx`` is the public ``collectx._native.reduce``, argument checks included (through the compiled
+collectx._fastpath module when it is built: the header's ``fast_path``); ``raw`` is a bare cffi
+``cx_reduce`` call with prepared pointers: the kernel plus cffi's call cost (about 0.5-2 us on a
+slow core), so at small sizes ``cx`` can beat ``raw``.
 Each timing is the median of repeats, numpy and collectx interleaved in the same process.
 
     python perf/kernels.py                      # the full table, 4 KiB .. 256 MiB
@@ -117,7 +119,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
     info = nat.build_info()
-    print(f"collectx {info['version']} kernels, isa={info['isa']}, compiler={info['compiler']}")
+    print(f"collectx {info['version']} kernels, isa={info['isa']}, compiler={info['compiler']}, "
+          f"fast_path={info['fast_path']}")
     print(f"GB/s = k * (bytes of one input) / time ({args.clock} clock); "
           f"ratio = numpy time / collectx time")
     print(f"{'dtype':9} {'k':>2} {'size':>8} {'numpy GB/s':>11} {'cx GB/s':>8} {'ratio':>6} "
