@@ -10,6 +10,10 @@ the whole sweep runs N times, interleaved, and each cell is the median, so that 
 the same machine load. Then both backends time DDP training steps of an MLP. Prints one JSON line
 per measurement, then a side-by-side table with collectx/gloo ratios. busbw follows nccl-tests:
 ``2 (n-1)/n * bytes / time``.
+
+``--overhead`` instead prints the per-call CPU time (this thread's, so a busy machine does not
+inflate it) of a 1 KiB all_reduce on a world of one: through torch.distributed on a group that does
+nothing, the Communicator alone, and the collectx backend blocking and async.
 """
 
 from __future__ import annotations
@@ -107,6 +111,48 @@ def _bench(rank, world, sizes, budget_s, repeat, ddp_steps, width):
     return {"allreduce": rows, "ddp_step_ms": ddp} if rank == 0 else None
 
 
+class _NoopGroup(dist.ProcessGroup):
+    """A ProcessGroup whose all_reduce does nothing: torch.distributed's own per-call cost."""
+
+    class _Done(dist.Work):
+        def wait(self, timeout=None):
+            return True
+
+    def allreduce(self, tensors, opts):
+        return self._Done()
+
+    def getBackendName(self):  # noqa: N802 -- torch's name
+        return "noop"
+
+
+def _cpu_us(call, iters: int = 5000) -> float:
+    """Median over 5 runs of this thread's CPU time per ``call()``, in us: what the call itself
+    costs, unlike wall time not inflated when the machine's other work preempts this thread."""
+    for _ in range(200):
+        call()
+    runs = []
+    for _ in range(5):
+        start = time.thread_time()
+        for _ in range(iters):
+            call()
+        runs.append((time.thread_time() - start) / iters * 1e6)
+    return statistics.median(runs)
+
+
+def _overhead(rank, world):
+    """Per-call CPU cost of a 1 KiB all_reduce on a world of one, path by path."""
+    dist.Backend.register_backend("noop", lambda store, r, n, timeout=None: _NoopGroup(r, n),
+                                  devices=["cpu"])
+    noop = dist.new_group(backend="noop")
+    x = torch.ones(256)
+    comm, view = dist.group.WORLD.communicator(), x.numpy()
+    return {"torch.distributed on a no-op group": _cpu_us(lambda: dist.all_reduce(x, group=noop)),
+            "Communicator.allreduce(numpy view)": _cpu_us(lambda: comm.allreduce(view)),
+            "collectx dist.all_reduce": _cpu_us(lambda: dist.all_reduce(x)),
+            "collectx async_op=True + wait()": _cpu_us(
+                lambda: dist.all_reduce(x, async_op=True).wait())}
+
+
 def _print_table(result, world) -> None:
     print(f"\nall_reduce float32 through torch.distributed, {world} ranks "
           f"(busbw GB/s, time us)")
@@ -144,7 +190,14 @@ def main(argv=None) -> None:
                         help="sweeps to run, interleaved; each cell is the median")
     parser.add_argument("--ddp-steps", type=int, default=30)
     parser.add_argument("--width", type=int, default=1024, help="DDP MLP hidden width")
+    parser.add_argument("--overhead", action="store_true",
+                        help="only the per-call CPU cost of a 1 KiB all_reduce on one rank")
     args = parser.parse_args(argv)
+    if args.overhead:
+        costs = run_ranks(_overhead, 1, env={"OMP_NUM_THREADS": "1"})[0]
+        for path, us in costs.items():
+            print(json.dumps({"coll": "allreduce", "bytes": 1024, "path": path, "cpu_us": us}))
+        return
     sizes, size = [], parse_bytes(args.min_bytes)
     while size <= parse_bytes(args.max_bytes):
         sizes.append(size)

@@ -203,7 +203,7 @@ def test_collectives_hand_the_communicator_the_tensors_own_memory():
     group.allreduce([x], opts[0])
     group._allgather_base(out, x, opts[1])
     group.broadcast([x], opts[2])
-    (_, (ar,), _), (_, (ag,), ag_kw), (_, (bc,), _) = comm.calls
+    (_, (ar, *_), _), (_, (ag,), ag_kw), (_, (bc,), _) = comm.calls
     assert ar.ctypes.data == x.data_ptr() == ag.ctypes.data == bc.ctypes.data
     assert ag_kw["out"].ctypes.data == out.data_ptr()
     group.shutdown()

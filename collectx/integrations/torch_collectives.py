@@ -10,6 +10,9 @@ Method names and argument orders are exactly those the C++ ``ProcessGroup`` tram
 
 from __future__ import annotations
 
+from functools import partial
+
+import numpy as np
 import torch
 
 from ..errors import ArgumentError
@@ -23,8 +26,13 @@ class Collectives:
 
     # -- allreduce -----------------------------------------------------------------------------
     def allreduce(self, tensors, opts):
-        comm = self._comm(device_type(tensors))
         op, factor = reduce_op(opts.reduceOp)
+        if len(tensors) == 1 and factor is None:
+            view = host(tensors[0])
+            if type(view) is np.ndarray:    # the common call (DDP buckets): nothing to stage
+                return self._submit(partial(self._comm("cpu").allreduce, view, None, op),
+                                    tensors, opts)
+        comm = self._comm(device_type(tensors))
 
         def run():
             for tensor in tensors:

@@ -30,10 +30,10 @@ from ..errors import CommError, Timeout
 _WorkBase = getattr(dist, "Work", None) or dist._Work
 
 
-# Guards the lazily created Event and Future of every work (held for a few instructions, never
-# while a callback or a wait runs). One lock for all: creating a lock per call costs more than
-# the contention among a handful of threads.
-_LAZY = threading.Lock()
+# Completion of every work in the process: waiters block on it, _finish notifies it. One
+# condition for all (held for a few instructions, never while a callback runs): waiting on a
+# shared condition costs less than creating an Event per collective, and waiters are few.
+_STATE = threading.Condition()
 
 
 class CollectxWork(_WorkBase):
@@ -44,28 +44,25 @@ class CollectxWork(_WorkBase):
 
     Notes
     -----
-    The ``Event`` a waiter blocks on and the torch ``Future`` are created on first use: a blocking
-    call finishes before anyone can wait, and only DDP-style callers ask for the future, while
-    creating both costs more than a small collective. Exactly one of :meth:`_finish` and
-    :meth:`get_future` settles the future, decided under ``_LAZY``.
+    The torch ``Future`` is created on first use: only DDP-style callers ask for it, and creating
+    one costs about as much as the rest of a small collective's Python. Exactly one of
+    :meth:`_finish` and :meth:`get_future` settles it, decided under ``_STATE``.
     """
 
     def __init__(self, outputs: Sequence[torch.Tensor]):
         super().__init__()
         self._outputs = outputs if type(outputs) is list else list(outputs)
         self._future: Future | None = None
-        self._done: threading.Event | None = None
         self._finished = False
         self._error: BaseException | None = None
 
     # -- completion, called by the runner ---------------------------------------------------
     def _finish(self, error: BaseException | None = None) -> None:
         self._error = error
-        with _LAZY:
+        with _STATE:
             self._finished = True
-            done, future = self._done, self._future
-        if done is not None:
-            done.set()
+            future = self._future
+            _STATE.notify_all()
         # Future callbacks (DDP comm hooks) run here, on the runner thread, after the data landed.
         if future is not None:
             self._settle(future)
@@ -80,11 +77,9 @@ class CollectxWork(_WorkBase):
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if not self._finished:
             seconds = _seconds(timeout)
-            with _LAZY:
-                if not self._finished and self._done is None:
-                    self._done = threading.Event()
-                done = self._done
-            if done is not None and not done.wait(seconds):
+            with _STATE:
+                finished = _STATE.wait_for(self.is_completed, seconds)
+            if not finished:
                 raise Timeout(f"collectx work did not complete within {seconds:.1f} s passed to "
                               f"wait(); expected it to finish in time. Raise the timeout, or "
                               f"check that every rank called the same collectives in the same "
@@ -110,7 +105,7 @@ class CollectxWork(_WorkBase):
         self.wait()
 
     def get_future(self) -> Future:
-        with _LAZY:
+        with _STATE:
             future, created = self._future, self._future is None
             if created:
                 future = self._future = Future()
