@@ -8,6 +8,10 @@ anything faster than the topology allows.
 Flows with the same route always get the same rate, so the filling runs over *route classes*
 weighted by how many active flows each has: a schedule with many lanes between the same pair of
 GPUs costs no more than one with a single lane.
+
+``native/src/sim_fairshare.cpp`` is this loop in native code, operation for operation (see
+:mod:`._taskloop`); a change here needs the same change there, and
+``tests/test_simulate_native.py`` checks that the two agree bit for bit.
 """
 
 from __future__ import annotations
@@ -122,7 +126,7 @@ class FlowLoop:
         self.capacity = list(capacity)
         self.on_done = on_done
         shared = classes or RouteClasses()
-        self._class_of_route, self._links, self._memo = shared.ids, shared.links, shared.memo
+        self._classes, self._links, self._memo = shared, shared.links, shared.memo
         if len(self._memo) > _MEMO_LIMIT:
             self._memo.clear()
         self._count: dict[int, int] = {}      # active flows per route class (no zeros)
@@ -137,7 +141,7 @@ class FlowLoop:
         """Queue a flow of ``nbytes`` over ``route`` that starts ``latency_us`` from now."""
         f = len(self.size)
         self.size.append(float(nbytes))
-        self.cls.append(self._class(route))
+        self.cls.append(self._classes.class_of(route))
         heapq.heappush(self._pending, (self.now + latency_us, f))
         return f
 
@@ -148,13 +152,6 @@ class FlowLoop:
         self.cls.append(cls)
         heapq.heappush(self._pending, (self.now + latency_us, f))
         return f
-
-    def _class(self, route: tuple[int, ...]) -> int:
-        c = self._class_of_route.get(route)
-        if c is None:
-            c = self._class_of_route[route] = len(self._links)
-            self._links[c] = route
-        return c
 
     def _rates(self) -> dict[int, float]:
         # Schedules repeat the same mix of transfers step after step: memoize on the mix.
