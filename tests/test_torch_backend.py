@@ -184,7 +184,7 @@ def case_barrier(rank, world, dtype, numel, gloo):
 
 
 def case_large(rank, world, dtype, numel, gloo, case=None):
-    """``case`` on 64 Ki more elements: its work buffers go through the window heap."""
+    """``case`` on 64 Ki more elements: staging copies of more than torch's parallel grain."""
     return case(rank, world, dtype, numel + (1 << 16), gloo)
 
 

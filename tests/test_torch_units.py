@@ -232,26 +232,6 @@ def test_wait_blocks_until_another_thread_finishes_the_work():
     assert work.wait(datetime.timedelta(seconds=10)) and work.is_completed()
 
 
-def test_large_work_buffers_live_in_the_window_heap_while_it_has_room():
-    import collectx
-    from collectx.integrations.torch_ops import WORK_BUFFER_HEAP_BYTES, work_buffer
-    like = torch.zeros(1)
-    n = WORK_BUFFER_HEAP_BYTES // like.element_size()
-    with collectx.init(0, 1) as comm:
-        big, heap = work_buffer(comm, n, like)
-        assert heap and big.shape == (n,) and big.dtype == torch.float32
-        big.fill_(2.0)
-        out, _ = work_buffer(comm, n, like)
-        comm.allreduce(big.numpy(), out=out.numpy())        # the heap buffers work as buffers
-        assert out.sum().item() == 2.0 * n
-        assert not work_buffer(comm, 8, like)[1]              # small: a plain tensor
-        bf, heap = work_buffer(comm, n, like.bfloat16())      # no heap arrays of bfloat16
-        assert not heap and bf.dtype == torch.bfloat16
-        huge, heap = work_buffer(comm, 1 << 28, like)         # more than the heap holds
-        assert not heap and huge.numel() == 1 << 28
-        del big, out, huge
-
-
 def test_copy_and_zero_move_any_dtype_and_layout():
     from collectx.integrations.torch_ops import copy, zero
     base = torch.zeros(4, 2, dtype=torch.bfloat16)

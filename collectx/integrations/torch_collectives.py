@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from ..errors import ArgumentError
-from .torch_ops import (Flat, concat, copy, device_type, host, premultiply, reduce_op,
-                        same_dtype, scatter_back, split_rows, work_buffer)
+from .torch_ops import (Flat, concat, copy, device_type, empty, host, premultiply, reduce_op,
+                        same_dtype, scatter_back, split_rows)
 
 
 class Collectives:
@@ -49,15 +49,10 @@ class Collectives:
 
         def run():
             # One collective for the whole bucket: small tensors would each pay the latency.
-            total = sum(t.numel() for t in tensors)
-            buffer, heap = work_buffer(comm, total, tensors[0])
-            concat(tensors, out=buffer)
+            buffer = concat(tensors)
             premultiply(buffer, factor)
-            # A heap buffer is used in place by the executor only as a distinct output (in place,
-            # it stages the input), so the result gets a heap buffer of its own.
-            result = work_buffer(comm, total, tensors[0])[0] if heap else buffer
-            comm.allreduce(host(buffer), out=None if result is buffer else host(result), op=op)
-            scatter_back(result, tensors)
+            comm.allreduce(host(buffer), op=op)
+            scatter_back(buffer, tensors)
         return self._submit(run, tensors, opts)
 
     # -- allgather -----------------------------------------------------------------------------
@@ -175,9 +170,8 @@ class Collectives:
         def run():
             for i, output in enumerate(output_tensors):
                 n = output.numel()
-                buffer = work_buffer(comm, n * self.group_size, output)[0]
-                if is_root:
-                    concat(input_tensors[i], out=buffer)
+                size = n * self.group_size
+                buffer = concat(input_tensors[i]) if is_root else empty(size, output)
                 comm.broadcast(host(buffer), root=root)
                 offset = self.group_rank * n
                 copy(output, buffer[offset:offset + n])
@@ -255,7 +249,7 @@ def _allgather_list(comm, outputs, tensor):
     source = Flat(tensor).data
     if source.numel() != width:
         source = concat([source], pad_to=width)
-    gathered = work_buffer(comm, width * len(outputs), tensor)[0]
+    gathered = empty(width * len(outputs), tensor)
     comm.allgather(host(source), out=host(gathered))
     scatter_back(gathered, outputs, stride=width)
 
@@ -263,9 +257,9 @@ def _allgather_list(comm, outputs, tensor):
 def _reduce_scatter_list(comm, output, inputs, op, factor):
     """Reduce-scatter per-rank ``inputs`` into ``output``, padding uneven parts with zeros."""
     width = max(t.numel() for t in inputs)
-    buffer = concat(inputs, pad_to=width, out=work_buffer(comm, width * len(inputs), output)[0])
+    buffer = concat(inputs, pad_to=width)
     premultiply(buffer, factor)
-    result = work_buffer(comm, width, output)[0]
+    result = empty(width, output)
     comm.reduce_scatter(host(buffer), out=host(result), op=op)
     copy(output, result[:output.numel()])
 
@@ -282,7 +276,7 @@ def _alltoall_list(comm, outputs, inputs):
     width = int(width_t.item())
     if width == 0:
         return
-    buffer = concat(inputs, pad_to=width, out=work_buffer(comm, width * len(inputs), inputs[0])[0])
-    received = work_buffer(comm, width * len(outputs), inputs[0])[0]
+    buffer = concat(inputs, pad_to=width)
+    received = empty(width * len(outputs), buffer)
     comm.alltoall(host(buffer), out=host(received))
     scatter_back(received, outputs, stride=width)
