@@ -30,7 +30,7 @@ class Config:
     plan_dump_file: str | None = None  # COLLECTX_PLAN_DUMP_FILE: write each schedule used here
     timeout_s: float = 300.0     # COLLECTX_TIMEOUT: seconds before a collective raises Timeout
     window_bytes: int = 64 << 20  # COLLECTX_WINDOW_BYTES: shared window per rank (tiles beyond)
-    tile_bytes: int = 1 << 20    # COLLECTX_TILE_BYTES: one tile's staging slots (cache-sized)
+    tile_bytes: int = 2 << 20    # COLLECTX_TILE_BYTES: one tile's staging slots (cache-sized)
     hosts: str | None = None     # COLLECTX_HOSTS: split local ranks into pseudo-hosts ("2,2")
     native_lib: str | None = None  # COLLECTX_NATIVE_LIB: load this libcollectx instead of searching
 
@@ -50,7 +50,7 @@ class Config:
             plan_dump_file=get("COLLECTX_PLAN_DUMP_FILE"),
             timeout_s=_positive(get, "COLLECTX_TIMEOUT", 300.0, float),
             window_bytes=_positive(get, "COLLECTX_WINDOW_BYTES", 64 << 20, int),
-            tile_bytes=_positive(get, "COLLECTX_TILE_BYTES", 1 << 20, int),
+            tile_bytes=_positive(get, "COLLECTX_TILE_BYTES", 2 << 20, int),
             hosts=get("COLLECTX_HOSTS"),
             native_lib=get("COLLECTX_NATIVE_LIB"),
         )

@@ -19,6 +19,7 @@ from ..schedule.ir import Lane, Schedule
 from ._lib import native
 from .arrays import DTYPE_CODES, OP_CODES
 from .executor import FlatPlan
+from .small import replicated_allreduce, use_replicated
 from .window import ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, W_READY, Window
 
 COLL_CODES = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3, "broadcast": 4, "reduce": 5,
@@ -65,9 +66,12 @@ class Engine:
         if coll == "barrier":  # no data: only the descriptor check and the ready barrier
             return Schedule("allreduce", self.size, 1, tuple((Lane(()),) for _ in
                                                              range(self.size)), algorithm="none")
-        from ..planner import make_schedule
-        s = make_schedule(self.topology(), coll, self.size, nbytes, algo=self.config.algo,
-                          root=root)
+        if self.config.algo is None and use_replicated(coll, self.size, nbytes):
+            s = replicated_allreduce(self.size)  # small: one wait per call (runtime/small.py)
+        else:
+            from ..planner import make_schedule
+            s = make_schedule(self.topology(), coll, self.size, nbytes, algo=self.config.algo,
+                              root=root)
         if self.config.plan_dump_file and self.rank == 0:
             with open(self.config.plan_dump_file, "a") as f:
                 f.write(json.dumps({"nbytes": nbytes, "schedule": s.to_dict()}) + "\n")
