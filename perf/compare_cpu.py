@@ -5,6 +5,11 @@ table is printed with ratio columns (collectx / MPI, collectx / gloo). Benchmark
 
     python perf/compare_cpu.py                         # 2 and 4 ranks, allreduce/allgather/rs
     python perf/compare_cpu.py --ranks 2 --colls allreduce --sizes 8,1M,64M --json out.jsonl
+    python perf/compare_cpu.py --ranks 2 --colls allreduce --repeat 3   # medians of 3 rounds
+
+On a shared machine, --repeat N runs the backends round-robin N times (collectx, MPI, gloo,
+collectx, ...) and reports each backend's median time per point, so a burst of load from other
+work shifts one round, not one backend.
 
 busbw follows nccl-tests: allreduce 2(n-1)/n, allgather/reduce_scatter (n-1)/n of the full
 buffer (allgather output, reduce_scatter input).
@@ -143,6 +148,17 @@ def run_mpi(n, cases, budget):
         return json.load(open(f.name))
 
 
+def rounds(n, cases, budget, skip, repeat):
+    """Median time per case of each backend over ``repeat`` round-robin rounds."""
+    none = [float("nan")] * len(cases)
+    runs = {"cx": [], "mpi": [], "gloo": []}
+    for _ in range(repeat):
+        runs["cx"].append(run_collectx(n, cases, budget))
+        runs["mpi"].append(run_mpi(n, cases, budget) if "mpi" not in skip else none)
+        runs["gloo"].append(run_gloo(n, cases, budget) if "gloo" not in skip else none)
+    return [[float(np.median(col)) for col in zip(*runs[k])] for k in ("cx", "mpi", "gloo")]
+
+
 def table(rows) -> str:
     head = (f"{'coll':<15}{'ranks':>5}{'bytes':>11}{'collectx us':>13}{'MPI us':>11}"
             f"{'gloo us':>11}{'cx busbw':>10}{'MPI busbw':>10}{'gloo busbw':>11}"
@@ -163,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="8,64K,1M,16M,64M,256M")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds of work per point")
     ap.add_argument("--skip", default="", help="backends to skip: mpi,gloo")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds of all backends; each point reports the median round")
     ap.add_argument("--json", help="also write JSON lines here")
     ap.add_argument("--mpi-worker", help=argparse.SUPPRESS)
     ap.add_argument("--cases", help=argparse.SUPPRESS)
@@ -175,9 +193,7 @@ def main(argv=None) -> int:
     rows = []
     for n in map(int, a.ranks.split(",")):
         cases = [(c, parse_size(s)) for c in a.colls.split(",") for s in a.sizes.split(",")]
-        cx = run_collectx(n, cases, a.budget)
-        mpi = run_mpi(n, cases, a.budget) if "mpi" not in a.skip else [float("nan")] * len(cases)
-        gloo = run_gloo(n, cases, a.budget) if "gloo" not in a.skip else [float("nan")] * len(cases)
+        cx, mpi, gloo = rounds(n, cases, a.budget, a.skip, max(1, a.repeat))
         for (coll, nbytes), t_cx, t_mpi, t_gl in zip(cases, cx, mpi, gloo):
             f = FACTOR[coll](n)
             bw = lambda t: nbytes / t * f / 1e9 if t == t and t > 0 else float("nan")  # noqa
