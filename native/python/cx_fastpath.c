@@ -125,19 +125,24 @@ static int gather_sources(PyObject* const* items, Py_ssize_t k, PyArrayObject* d
   return 1;
 }
 
-/* Runs cx_reduce, without the GIL for large calls. The sources are held for the duration: another
- * thread may drop them from the list while the GIL is released. */
-static int run_reduce(PyArrayObject* dst, PyObject* const* items, const void** ptrs, int k,
-                      int code, int op) {
+/* Runs cx_reduce, without the GIL for large calls. While the GIL is released another thread may
+ * change the srcs list (and drop the last reference to a source), so the sources are held by a
+ * tuple snapshot for the duration; a tuple is immutable and is held by its caller already. */
+static int run_reduce(PyArrayObject* dst, PyObject* srcs, const void** ptrs, int k, int code,
+                      int op) {
   size_t n = (size_t)PyArray_SIZE(dst);
   if ((Py_ssize_t)k * PyArray_NBYTES(dst) < RELEASE_GIL_BYTES)
     return g.reduce(PyArray_DATA(dst), ptrs, k, n, code, op);
+  PyObject* hold = PyTuple_CheckExact(srcs) ? Py_NewRef(srcs) : PyList_AsTuple(srcs);
+  if (hold == NULL) {
+    PyErr_Clear();
+    return g.reduce(PyArray_DATA(dst), ptrs, k, n, code, op); /* no memory: keep the GIL */
+  }
   int rc;
-  for (int i = 0; i < k; i++) Py_INCREF(items[i]);
   Py_BEGIN_ALLOW_THREADS
   rc = g.reduce(PyArray_DATA(dst), ptrs, k, n, code, op);
   Py_END_ALLOW_THREADS
-  for (int i = 0; i < k; i++) Py_DECREF(items[i]);
+  Py_DECREF(hold);
   return rc;
 }
 
@@ -185,7 +190,7 @@ static PyObject* fast_reduce(PyObject* self, PyObject* const* args, Py_ssize_t n
   const void** ptrs = stack_ptrs;
   if (k > STACK_SRCS && (ptrs = PyMem_Malloc((size_t)k * sizeof(void*))) == NULL)
     return PyErr_NoMemory();
-  int rc = gather_sources(items, k, dst, ptrs) ? run_reduce(dst, items, ptrs, (int)k, code, op)
+  int rc = gather_sources(items, k, dst, ptrs) ? run_reduce(dst, srcs, ptrs, (int)k, code, op)
                                                : CX_ERR_ARG;
   if (ptrs != stack_ptrs) PyMem_Free(ptrs);
   /* Any refusal (overlap is CX_ERR_ARG) happened before a write: the checked path explains it. */
