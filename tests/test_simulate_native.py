@@ -10,13 +10,14 @@ from collectx.schedule import Ref, ScheduleBuilder, simulate
 from collectx.schedule._fairshare import RouteClasses
 from collectx.schedule._taskloop import TaskGraph, native_available, run_native, run_python
 
-pytestmark = pytest.mark.skipif(not native_available(),
-                                reason="libcollectx without cx_sim_fairshare")
+needs_native = pytest.mark.skipif(not native_available(),
+                                  reason="libcollectx without cx_sim_fairshare")
 
 CASES = [("dgx1v", None, "allreduce", "blink"), ("dgx1v", None, "allgather", "forest"),
          ("dgx1v", [0, 1, 3, 4, 5, 6, 7], "allreduce", "forest"),
          ("dgx1v", [0, 2, 5], "broadcast", "tree"), ("dgx2", None, "allreduce", "ring"),
-         ("mi250_16gcd", None, "allgather", "direct")]
+         ("mi250_16gcd", None, "allgather", "direct"),
+         ("multi:dgx_a100:2:25", None, "allreduce", "hierarchical")]   # engine calls
 
 
 def _same(a, b):
@@ -24,6 +25,7 @@ def _same(a, b):
     assert a.link_bytes == b.link_bytes and a.link_util == b.link_util
 
 
+@needs_native
 @pytest.mark.parametrize("name,gpus,coll,algo", CASES)
 @pytest.mark.parametrize("nbytes", [8 << 10, 1 << 30])
 def test_native_matches_python_on_planned_schedules(name, gpus, coll, algo, nbytes):
@@ -34,7 +36,8 @@ def test_native_matches_python_on_planned_schedules(name, gpus, coll, algo, nbyt
     assert got.time_us > 0
 
 
-def test_native_matches_python_with_zero_byte_flows_and_engine_calls():
+@needs_native
+def test_native_matches_python_with_zero_byte_flows():
     # 3 elements over 4 chunks: chunk 3 is empty, so some flows carry nothing.
     b = ScheduleBuilder("allgather", 3, nchunks=4, algorithm="ring")
     for r in range(3):
@@ -56,6 +59,7 @@ def _toy_graph():
                      succs=[[2], [], []], npreds=[0, 0, 1]), classes
 
 
+@needs_native
 def test_native_and_python_agree_on_a_hand_computed_graph():
     tg, classes = _toy_graph()
     cap = [10.0, 4.0]
@@ -69,6 +73,7 @@ def test_native_and_python_agree_on_a_hand_computed_graph():
         assert order == [0, 1, 2]
 
 
+@needs_native
 def test_native_rejects_an_out_of_range_class():
     tg, classes = _toy_graph()
     tg.parts[0] = [(100.0, 7, 1.0)]
@@ -76,6 +81,7 @@ def test_native_rejects_an_out_of_range_class():
         run_native(tg, [10.0, 4.0], classes)
 
 
+@needs_native
 def test_native_reports_tasks_left_in_a_cycle():
     tg, classes = _toy_graph()
     tg.npreds[1] = 1
