@@ -12,9 +12,8 @@
  * Flags are 64-bit words (epoch << 32 | instruction index + 1) published with release stores and
  * read with acquire loads, so a schedule replays call after call without any reset.
  *
- * Waiting: a rank spins briefly on the word it needs, yields its core for a while (staying
- * runnable), then sleeps on its own doorbell (a futex word in its control block) after raising
- * `asleep`; every publish (cx_exec::publish) rings the doorbell of each peer whose `asleep` is up. A store, a full fence, then a load on both sides
+ * Waiting: a rank spins briefly on the word it needs, then sleeps on its own doorbell (a futex
+ * word in its control block) after raising `asleep`; every publish (cx_exec::publish) rings the doorbell of each peer whose `asleep` is up. A store, a full fence, then a load on both sides
  * (Dekker) means a publish cannot slip between a sleeper's last check and its sleep unseen.
  */
 #ifndef CX_EXECUTOR_H
@@ -86,13 +85,12 @@ struct Waiter {
     cx_exec_result* res;
     int polls = 0;
     int64_t next_check = 0, next_proc = 0;
-    int64_t yield_until = 0;  // end of the sched_yield phase of the current wait
     int pending = 0;          // failure seen by the last health check, not yet reported
     int pending_rank = -1;
 
     Waiter(const cx_exec_window* w, uint64_t s, int64_t d, cx_exec_result* r)
         : win(w), seq(s), deadline(d), res(r) {}
-    void reset() { polls = 0; pending = 0; yield_until = 0; }
+    void reset() { polls = 0; pending = 0; }
     int fail(int status, int rank);
 
     // Returns CX_EXEC_OK once cond() holds, or the failure (dead peer, abort, deadline) seen
@@ -106,7 +104,6 @@ struct Waiter {
                 relax();
                 continue;
             }
-            if (yielding()) continue;
             uint32_t bell = arm();
             if (!cond()) sleep(bell);
             disarm();
@@ -123,7 +120,6 @@ private:
         asm volatile("yield");
 #endif
     }
-    bool yielding();          // sched_yield once if still in the yield phase of this wait
     uint32_t arm();           // raise `asleep` (then a full fence); returns the doorbell value
     void sleep(uint32_t bell);
     void disarm();

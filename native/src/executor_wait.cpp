@@ -4,9 +4,10 @@
 // Tests run 4-8 ranks on 2 cores, and benchmarks share their cores with other work, so a waiting
 // rank must give its core to the peer it waits for, yet resume as soon as that peer publishes. It
 // spins `win->spin` polls (large when every rank has a core, small when oversubscribed), then
-// sched_yield()s for up to 2 ms (still runnable: no wakeup needed), then sleeps on its doorbell
-// (FUTEX_WAIT, at most a millisecond at a time): a peer that publishes a word while we sleep rings
-// it (see cx_executor.h). Fixed-length sleeps, used before, woke up to 100 us late once per tile.
+// sleeps on its doorbell (FUTEX_WAIT, at most a millisecond at a time): a peer that publishes a
+// word while we sleep rings it (see cx_executor.h). Fixed-length sleeps, used before, woke up to
+// 100 us late once per tile; a sched_yield phase between spinning and sleeping measured no better
+// (often worse: on a loaded machine a yield hands the core to other work for a whole slice).
 // Every millisecond or so it checks the peers' liveness (pid), their abort words and the deadline.
 
 #include "cx_executor.h"
@@ -14,7 +15,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,11 +28,6 @@ namespace {
 
 constexpr uint64_t kAbortFatal = 1ull << 63;
 constexpr long kSleepNs = 1000000;  // longest single sleep: the health-check period
-// How long a wait yields (staying runnable) before it sleeps. A sleeping rank needs a wakeup, and
-// on a busy machine the scheduler may take a millisecond to run it; a yielding rank keeps its
-// place and sees the peer's publish the next time it runs. Long waits sleep, so oversubscribed
-// ranks blocked on a slow peer stop taking turns on the core.
-constexpr int64_t kYieldNs = 2000000;
 
 bool pid_exists(int64_t pid) { return !(kill(pid_t(pid), 0) != 0 && errno == ESRCH); }
 
@@ -76,15 +71,6 @@ void ring(const cx_exec_window* win) {
         __atomic_fetch_add(&c->doorbell, 1u, __ATOMIC_SEQ_CST);
         futex_wake(&c->doorbell);
     }
-}
-
-bool Waiter::yielding() {
-    int64_t t = now_ns();
-    if (yield_until == 0) yield_until = t + kYieldNs;
-    if (t >= yield_until) return false;
-    sched_yield();
-    check();
-    return true;
 }
 
 uint32_t Waiter::arm() {
