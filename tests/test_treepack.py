@@ -182,7 +182,7 @@ def test_chunk_counts_sum_per_group():
 
 
 def test_chunk_count_mip_runs_once_per_packing(monkeypatch):
-    # Forest allreduce hands one packing to both phases; the time-limited MIP must not run twice.
+    # Forest allreduce hands one packing to both phases; the MIP must not run twice.
     import collectx.planner.chunking as chunking
     G = topo.load("dgx1v")
     gpus = tuple(topo.gpus(G))
@@ -276,3 +276,19 @@ def test_blink_verifies_up_to_sixteen_ranks(gen):
         ranks = tuple(topo.gpus(G))
         for collective in BLINK:
             verify(plan_blink(G, ranks, collective, 1 << 20, root=random.Random(n).randrange(n)))
+
+
+def test_chunk_count_mip_has_no_wall_clock_limit(monkeypatch):
+    # Every rank plans on its own: a time limit would let a busy rank pick other counts.
+    import collectx.planner.chunking as chunking
+    G = topo.load("dgx1v")
+    gpus = tuple(topo.gpus(G))
+    index, _ = _index(G, gpus)
+    packing = pack_out_trees(index, gpus, gpus)
+    seen = []
+    real = chunking.milp
+    monkeypatch.setattr(chunking, "milp", lambda *a, **k: seen.append(k["options"]) or real(*a, **k))
+    first = chunking._solve_counts(packing, index.caps, 256)
+    second = chunking._solve_counts(packing, index.caps, 256)
+    assert seen and all("time_limit" not in o for o in seen)
+    assert [(id(t), n) for t, n in first] == [(id(t), n) for t, n in second]
