@@ -11,13 +11,7 @@ from collectx import _native as nat
 from collectx.errors import ArgumentError, DTypeError, NativeError, PeerFailure, Timeout
 
 
-@pytest.fixture(autouse=True, params=["compiled", "cffi"])
-def fast_path(request):
-    if request.param == "compiled" and nat._compiled_module() is None:
-        pytest.skip("collectx._fastpath is not built")
-    assert nat._bind_fast_paths(compiled=request.param == "compiled") == request.param
-    yield request.param
-    nat._bind_fast_paths()
+pytestmark = pytest.mark.usefixtures("native_fast_path")
 
 
 def sentinel(n=16, dtype=np.float32):

@@ -15,7 +15,7 @@ from collectx.planner.blink import plan_blink
 from collectx.planner.bounds import bounds, cut_rate, rooted_flow
 from collectx.planner.chunking import chunk_counts, split_chunks
 from collectx.planner.edge_split import LinkIndex, job_graph
-from collectx.planner.treepack import (_find_cycle, min_arborescence, min_spanning_tree,
+from collectx.planner.treepack import (min_arborescence, min_spanning_tree,
                                        pack_out_trees, pack_undirected_trees)
 from collectx.schedule import simulate, verify
 
@@ -55,69 +55,6 @@ def test_min_arborescence_unreachable_is_none():
     W = np.full((3, 3), np.inf)
     W[0, 1] = 1.0
     assert min_arborescence(W, 0) is None
-
-
-# The list-based arborescence must pick exactly the parents (not just the cost) of the numpy
-# formulation it replaced: packings, and so the planned trees, depend on the tie-breaking.
-def _numpy_arborescence(W: np.ndarray, root: int) -> list[int] | None:
-    """Chu–Liu/Edmonds on numpy arrays: the formulation the list version must reproduce."""
-    n = len(W)
-    W = W.copy()
-    np.fill_diagonal(W, np.inf)
-    W[:, root] = np.inf
-    parent = [-1] * n
-    for v in range(n):
-        if v != root:
-            parent[v] = int(np.argmin(W[:, v]))
-            if W[parent[v], v] == np.inf:
-                return None
-    cycle = _find_cycle(parent, root)
-    if cycle is None:
-        return parent
-    return _numpy_contract(W, root, parent, cycle)
-
-
-def _numpy_contract(W, root, parent, cycle):
-    n = len(W)
-    in_cycle = set(cycle)
-    rest = [v for v in range(n) if v not in in_cycle]
-    c = len(rest)                       # index of the contracted node
-    pos = {v: i for i, v in enumerate(rest)}
-    W2 = np.full((c + 1, c + 1), np.inf)
-    W2[:c, :c] = W[np.ix_(rest, rest)]
-    enter, leave = {}, {}
-    for u in rest:
-        gains = [W[u, v] - W[parent[v], v] for v in cycle]
-        k = int(np.argmin(gains))
-        W2[pos[u], c], enter[pos[u]] = gains[k], cycle[k]
-        outs = [W[v, u] for v in cycle]
-        k = int(np.argmin(outs))
-        W2[c, pos[u]], leave[pos[u]] = outs[k], cycle[k]
-    sub = _numpy_arborescence(W2, pos[root])
-    if sub is None:
-        return None
-    result = list(parent)
-    for u in rest:
-        p = sub[pos[u]]
-        if p == -1:
-            continue
-        result[u] = leave[pos[u]] if p == c else rest[p]
-    entry_from = sub[c]
-    v_in = enter[entry_from]
-    result[v_in] = rest[entry_from]
-    return result
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_min_arborescence_same_parents_as_numpy_formulation(seed):
-    rng = np.random.default_rng(100 + seed)
-    n = 2 + seed % 15
-    W = rng.integers(1, 4, size=(n, n)).astype(float)          # many ties
-    W[rng.random((n, n)) < 0.3] = np.inf
-    if seed % 4 == 0:
-        W = W + rng.random((n, n)) * 1e-3                       # and some without ties
-    root = seed % n
-    assert min_arborescence(W, root) == _numpy_arborescence(W, root)
 
 
 def test_min_spanning_tree_prim():
