@@ -296,13 +296,36 @@ _fast_kind = None  # "compiled", "cffi" or "none" once bound
 _cffi_entry = None  # (backend from_buffer, char[] type, lib) for the cffi fast path
 
 
-def _compiled_module():
-    """collectx._fastpath when it is built for this interpreter and speaks our contract."""
+def _compiled_module(lib_dir: Path | None = None):
+    """collectx._fastpath when it is built for this interpreter and speaks our contract.
+
+    It is looked for in this package first, then next to the loaded libcollectx (``lib_dir``):
+    a source checkout imports collectx from its tree while ``pip install .`` put the compiled
+    module, like the library, into site-packages.
+    """
     try:
         from . import _fastpath
     except ImportError:
-        return None
+        _fastpath = _module_beside(lib_dir or load()[2].parent)
     return _fastpath if getattr(_fastpath, "API", None) == _FASTPATH_API else None
+
+
+def _module_beside(folder: Path):
+    import importlib.machinery
+    import importlib.util
+
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = folder / f"_fastpath{suffix}"
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location(f"{__package__}._fastpath", path)
+            module = importlib.util.module_from_spec(spec)
+            try:
+                spec.loader.exec_module(module)
+            except ImportError:
+                return None
+            sys.modules[spec.name] = module
+            return module
+    return None
 
 
 def _bind_fast_paths(compiled: bool = True) -> str:
@@ -311,9 +334,9 @@ def _bind_fast_paths(compiled: bool = True) -> str:
     ``compiled=False`` skips collectx._fastpath (the tests use it to run the cffi fallback).
     """
     global _fast_reduce, _fast_copy, _fast_kind, _cffi_entry
-    ffi, lib, _ = load()
+    ffi, lib, lib_path = load()
     probe = ffi.new("char[16]")
-    module = _compiled_module() if compiled else None
+    module = _compiled_module(lib_path.parent) if compiled else None
     if lib.cx_copy(probe, probe + 4, 8) != _CX_ERR_ARG:
         _fast_reduce, _fast_copy, _fast_kind = _decline, _decline, "none"
     elif module is not None:

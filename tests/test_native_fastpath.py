@@ -176,7 +176,7 @@ def test_large_calls_from_several_threads():
 
 
 def test_missing_module_falls_back_to_cffi(monkeypatch):
-    monkeypatch.setattr(nat, "_compiled_module", lambda: None)
+    monkeypatch.setattr(nat, "_compiled_module", lambda *_: None)
     assert nat._bind_fast_paths() == "cffi"
     np.testing.assert_array_equal(nat.reduce(f32(4), [f32(4, 1), f32(4, 2)]), 3.0)
     with pytest.raises(ArgumentError, match="read-only"):
