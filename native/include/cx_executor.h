@@ -68,9 +68,6 @@ bool pid_alive(int64_t pid);
 // may wait on; costs a fence and one load per peer when nobody sleeps.
 void ring(const cx_exec_window* win);
 
-// memcpy without glibc's misaligned `rep movsb` cliff (see executor.cpp); disjoint buffers.
-void copy_bytes(void* dst, const void* src, size_t n);
-
 inline void publish(const cx_exec_window* win, uint64_t* p, uint64_t v) {
     store_rel(p, v);
     ring(win);

@@ -39,32 +39,6 @@ static_assert(offsetof(cx_ctl, ready) == 64 && offsetof(cx_ctl, abort_word) == 1
 
 using namespace cx_exec;
 
-namespace cx_exec {
-
-// memcpy, except where glibc's is pathological. Its large copies use `rep movsb` on CPUs with
-// ERMS/FSRM, and on AMD Zen 3 that runs 6-10x slower when dst - src mod 4096 is 1..31 (measured
-// on the EPYC this runs on: 256 KiB in ~130 us instead of ~8 us). That is the common case here:
-// staging slots are page-aligned and numpy buffers sit 16 bytes into a malloc'd page, so every
-// copy from the window into a user's buffer hit it. A plain 64-byte block loop has no such cliff.
-void copy_bytes(void* dst, const void* src, size_t n) {
-    uintptr_t skew = (uintptr_t(dst) - uintptr_t(src)) & 4095;
-    if (skew == 0 || skew >= 64 || n < 1024) {
-        cx_copy_impl(dst, src, n);
-        return;
-    }
-    char* d = static_cast<char*>(dst);
-    const char* s = static_cast<const char*>(src);
-    size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        char block[64];
-        __builtin_memcpy(block, s + i, 64);
-        __builtin_memcpy(d + i, block, 64);
-    }
-    cx_copy_impl(d + i, s + i, n - i);
-}
-
-}  // namespace cx_exec
-
 namespace {
 
 constexpr uint64_t kAbortedCall = 0xFFFF;  // descriptor "collective" code of an aborted call
@@ -172,7 +146,7 @@ int run_instr(Ctx& c, const int32_t* in) {
         }
         if (len > 0) {
             if (in[0] == 0) {
-                copy_bytes(addr[0], addr[1], size_t(len) * c.esize);
+                cx_copy_impl(addr[0], addr[1], size_t(len) * c.esize);
             } else if (cx_reduce_impl(addr[0], (const void* const*)(addr + 1), nsrc, size_t(len),
                                       c.call->dtype, c.call->op) != 0) {
                 return CX_EXEC_KERNEL;
@@ -296,8 +270,8 @@ void stage(Ctx& c, int buf, bool out) {
             int64_t lo = chunk_lo(i, nch, c.tile_len), hi = chunk_lo(e, nch, c.tile_len);
             char* uptr = user + (u * c.call->count + lo) * es;
             char* sptr = slot + (u * stride + lo) * es;
-            if (out) copy_bytes(uptr, sptr, size_t(hi - lo) * c.esize);
-            else copy_bytes(sptr, uptr, size_t(hi - lo) * c.esize);
+            if (out) cx_copy_impl(uptr, sptr, size_t(hi - lo) * c.esize);
+            else cx_copy_impl(sptr, uptr, size_t(hi - lo) * c.esize);
             i = e;
         }
     }

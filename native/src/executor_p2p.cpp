@@ -71,7 +71,7 @@ extern "C" int cx_exec_send(const cx_exec_window* w, int peer, const void* buf, 
             return to_status(rc);
         wt.reset();
         int64_t off = k * half, len = std::min<int64_t>(half, nbytes - off);
-        if (len > 0) copy_bytes(slot(w, w->rank, peer) + (p & 1) * half, (const char*)buf + off,
+        if (len > 0) cx_copy_impl(slot(w, w->rank, peer) + (p & 1) * half, (const char*)buf + off,
                                   size_t(len));
         if (k == 0) mine->nbytes[p & 1] = uint64_t(nbytes);
         publish(w, &mine->sent, p);
@@ -96,7 +96,7 @@ extern "C" int cx_exec_recv(const cx_exec_window* w, int peer, void* buf, long l
             return to_status(wt.fail(CX_EXEC_MISMATCH, peer));
         }
         int64_t off = k * half, len = std::min<int64_t>(half, nbytes - off);
-        if (len > 0) copy_bytes((char*)buf + off, slot(w, peer, w->rank) + (p & 1) * half,
+        if (len > 0) cx_copy_impl((char*)buf + off, slot(w, peer, w->rank) + (p & 1) * half,
                                   size_t(len));
         publish(w, &mine->acked, p);
     }
