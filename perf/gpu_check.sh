@@ -8,9 +8,13 @@
 #      (NCCL_MULTI_RANK_GPU_ENABLE=1 lets NCCL try several ranks per GPU; a refusal is reported,
 #      not fatal).
 # Results go to $OUT_DIR (default perf/gpu_results). Exit status: that of the GPU tests.
+# INSTALL=0 skips step 1 and uses the checkout as it is (a library built beforehand, found through
+# COLLECTX_NATIVE_LIB or next to the package; collectx's run-time dependencies already importable):
+# for machines with no package index. Each later step runs under STEP_TIMEOUT seconds (default 240).
 #
 #   perf/gpu_check.sh                 # defaults
 #   NRANKS=4 MAX_BYTES=1G perf/gpu_check.sh
+#   INSTALL=0 PYTHONPATH=$PWD perf/gpu_check.sh
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,6 +23,9 @@ OUT_DIR="${OUT_DIR:-$ROOT/perf/gpu_results}"
 NRANKS="${NRANKS:-2}"
 MAX_BYTES="${MAX_BYTES:-256M}"
 CUPY_PKG="${CUPY_PKG:-cupy-cuda13x}"
+INSTALL="${INSTALL:-1}"
+STEP_TIMEOUT="${STEP_TIMEOUT:-240}"
+PERF=("$PY" -m collectx.cli.perf)
 
 section() { printf '\n== %s\n' "$*"; }
 
@@ -32,29 +39,34 @@ mkdir -p "$OUT_DIR"
 
 section "install"
 cd "$ROOT" || exit 2
-if ! "$PY" -m pip install -q ".[test,cuda]"; then
-    echo "the [cuda] extra failed; trying $CUPY_PKG explicitly" >&2
-    "$PY" -m pip install -q ".[test]" "$CUPY_PKG" || exit 2
+if [[ "$INSTALL" != 0 ]]; then
+    if ! "$PY" -m pip install -q ".[test,cuda]"; then
+        echo "the [cuda] extra failed; trying $CUPY_PKG explicitly" >&2
+        "$PY" -m pip install -q ".[test]" "$CUPY_PKG" || exit 2
+    fi
+else
+    echo "INSTALL=0: using the checkout as it is"
 fi
 "$PY" -c 'import collectx; print(collectx.build_info())' || exit 2
 
 section "GPU tests"
-"$PY" -m pytest -q -m gpu -rs tests/test_cuda_gpu.py tests/test_cuda.py -p no:cacheprovider \
+timeout "$STEP_TIMEOUT" "$PY" -m pytest -q -m gpu -rs tests/test_cuda_gpu.py tests/test_native_cuda.py \
+    tests/test_cuda.py -p no:cacheprovider \
     2>&1 | tee "$OUT_DIR/pytest_gpu.txt"
 status=${PIPESTATUS[0]}
 
 section "collectx sweep (--device cuda, $NRANKS ranks)"
-collectx-perf --device cuda -n "$NRANKS" -b 8 -e "$MAX_BYTES" -f 4 --collective all \
+timeout "$STEP_TIMEOUT" "${PERF[@]}" --device cuda -n "$NRANKS" -b 8 -e "$MAX_BYTES" -f 4 --collective all \
     --json "$OUT_DIR/sweep_collectx.json" --no-progress \
     || echo "collectx-perf --device cuda failed (see above)" >&2
 
 section "kernel roofline (copy / reduce vs D2D memcpy)"
-"$PY" perf/gpu_roofline.py --max-bytes "$MAX_BYTES" --json "$OUT_DIR/roofline.json" \
+timeout "$STEP_TIMEOUT" "$PY" perf/gpu_roofline.py --max-bytes "$MAX_BYTES" --json "$OUT_DIR/roofline.json" \
     || echo "roofline failed (see above)" >&2
 
 section "NCCL beside collectx"
 if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() and torch.distributed.is_nccl_available() else 1)' 2>/dev/null; then
-    NCCL_MULTI_RANK_GPU_ENABLE=1 collectx-perf --device cuda -n "$NRANKS" -b 8 -e "$MAX_BYTES" \
+    NCCL_MULTI_RANK_GPU_ENABLE=1 timeout "$STEP_TIMEOUT" "${PERF[@]}" --device cuda -n "$NRANKS" -b 8 -e "$MAX_BYTES" \
         -f 4 --compare nccl --json "$OUT_DIR/sweep_vs_nccl.json" --no-progress \
         || echo "the NCCL comparison failed: NCCL may refuse $NRANKS ranks on $(nvidia-smi -L | wc -l) GPU(s)" >&2
 else

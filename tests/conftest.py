@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Several ranks as threads of this process share one GPU in the GPU tests; each needs its own
+# hardware queue, or a kernel can wait behind a peer's spinning one. Read when CUDA starts.
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
 
 @pytest.fixture(params=["compiled", "cffi"])

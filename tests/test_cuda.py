@@ -152,6 +152,7 @@ def test_entry_points_fail_with_a_status_and_a_message_without_a_device():
     assert lib.cx_cuda_event_create(ev, 1) < 0
     assert lib.cx_cuda_ipc_open(bytes(64), ptr) < 0
     assert lib.cx_cuda_set_device(0) < 0
+    assert lib.cx_cuda_preload() < 0
     assert lib.cx_cuda_host_alloc(ptr, 64) < 0
     base, size, dev = ffi.new("void**"), ffi.new("size_t*"), ffi.new("int*")
     host = np.zeros(4)
@@ -308,3 +309,26 @@ def test_engine_reports_kernel_failures_then_refuses_calls(fake_engine, status, 
         eng.poll()
     with pytest.raises(errors.CommError, match="unusable"):
         eng._check_usable()
+
+
+# ---- ranks as threads on one GPU: checks that need no device ----------------------------------
+def test_too_many_thread_ranks_per_gpu_for_the_hardware_queues_is_refused(monkeypatch):
+    from collectx.runtime.cuda import window
+    peers = [{"pid": 7, "bus": "0000:01:00.0", "device": 0}] * 8
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")
+    with pytest.raises(ArgumentError, match="CUDA_DEVICE_MAX_CONNECTIONS=32"):
+        window._check_hardware_queues(0, peers)
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    window._check_hardware_queues(0, peers)
+    apart = [dict(p, pid=r) for r, p in enumerate(peers)]  # processes: each has its own queues
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    window._check_hardware_queues(0, apart)
+
+
+def test_thread_ranks_sharing_a_store_get_the_same_rendezvous_keys():
+    from collectx.runtime.store import HashStore, next_key_prefix
+    a, b = HashStore(), HashStore()
+    assert [next_key_prefix("cuda", a, r) for r in (0, 1, 1, 0)] == \
+        ["collectx/cuda0", "collectx/cuda0", "collectx/cuda1", "collectx/cuda1"]
+    assert next_key_prefix("cuda", b, 1) == "collectx/cuda0"      # a new store starts afresh
+    assert next_key_prefix("comm", a, 0) == "collectx/comm0"      # kinds count apart

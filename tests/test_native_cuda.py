@@ -28,6 +28,14 @@ def _to_device(torch, a: np.ndarray, shift: int):
     return base, view
 
 
+def _values(rng, n: int, dtype: str) -> np.ndarray:
+    """n finite values of dtype; bfloat16 as its bit patterns (uint16), truncated from float32."""
+    f = (rng.standard_normal(n) * 20).astype(np.float32)
+    if dtype == "bfloat16":
+        return (f.view(np.uint32) >> 16).astype(np.uint16)
+    return f.astype(dtype)
+
+
 @pytest.mark.parametrize("shift", (0, 1))
 @pytest.mark.parametrize("dtype", ("int8", "uint8", "int32", "int64", "float16", "bfloat16",
                                    "float32", "float64"))
@@ -35,11 +43,9 @@ def test_cuda_reduce_equals_cpu(dtype, shift):
     torch = _torch_cuda()
     ffi, lib = nat.ffi, nat.lib
     rng = np.random.default_rng(5)
-    storage = np.uint16 if dtype == "bfloat16" else dtype
     for k in (1, 2, 3, 8):
         for n in (1, 7, 4099, (1 << 20) + 1):
-            srcs = [(rng.standard_normal(n) * 20).astype(np.float32).astype(storage)
-                    for _ in range(k)]
+            srcs = [_values(rng, n, dtype) for _ in range(k)]
             for op in ("sum", "prod", "min", "max"):
                 expected = np.empty_like(srcs[0])
                 nat.reduce(expected, srcs, op, dtype="bfloat16" if dtype == "bfloat16" else None)

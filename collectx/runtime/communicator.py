@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import importlib
-import itertools
 import weakref
 
 import numpy as np
@@ -21,11 +20,10 @@ from .arrays import as_array, check_root, empty_like_shape, op_code
 from .arrays import DTYPE_CODES, OP_CODES
 from .engine import Engine
 from .heap import Heap
-from .store import HashStore, Store, as_store
+from .store import HashStore, Store, as_store, next_key_prefix
 from .window import Window, sweep_stale
 from .work import Work, Worker
 
-_COMM_IDS = itertools.count()
 _HEAP_DTYPES = [np.dtype(n) for n in DTYPE_CODES if n != "bfloat16"]
 
 
@@ -48,7 +46,7 @@ class Communicator:
         self.timeout = float(timeout if timeout is not None else cfg.timeout_s)
         sweep_stale()
         _warm_planner()
-        prefix = f"collectx/comm{next(_COMM_IDS)}"
+        prefix = next_key_prefix("comm", store, rank)
         self._window = Window(rank, size, as_store(store), prefix, cfg.window_bytes, self.timeout)
         self._engine = Engine(self._window, cfg, topology, self.timeout)
         self._heap = Heap(self._window.heap_bytes)

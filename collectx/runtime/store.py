@@ -22,6 +22,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from datetime import timedelta
 
 from ..errors import ArgumentError, Timeout
@@ -160,3 +161,30 @@ def as_store(store) -> Store:
         return TorchStore(store)
     raise ArgumentError(f"store={store!r}: expected a collectx.runtime.Store or a "
                         f"torch.distributed.Store")
+
+
+_CREATED: "weakref.WeakKeyDictionary[object, dict[tuple[str, int], int]]" = weakref.WeakKeyDictionary()
+_CREATED_LOCK = threading.Lock()
+_UNTRACKED: dict[tuple[str, int], int] = {}
+
+
+def next_key_prefix(kind: str, store, rank: int) -> str:
+    """The store key prefix of the next communicator ``rank`` creates on ``store``.
+
+    Counted per store and rank, so every rank's k-th communicator on a store gets the same
+    prefix whether ranks are processes or threads of one process sharing the store object.
+    (A process-wide counter gave threads different prefixes, and their rendezvous never met.)
+
+    >>> s = HashStore()
+    >>> next_key_prefix("comm", s, 0), next_key_prefix("comm", s, 1), next_key_prefix("comm", s, 0)
+    ('collectx/comm0', 'collectx/comm0', 'collectx/comm1')
+    """
+    with _CREATED_LOCK:
+        try:
+            counts = _CREATED.setdefault(store, {})
+        except TypeError:  # a store that takes no weak reference: one count per process
+            counts = _UNTRACKED
+        n = counts.get((kind, rank), 0)
+        counts[(kind, rank)] = n + 1
+    return f"collectx/{kind}{n}"
+

@@ -349,9 +349,39 @@ KArgs make_kargs(const cx_cuda_exec_args* c, const int* h, const int* words, int
   return k;
 }
 
+// Loads every executor kernel now: see cx_cuda_kernels_preload in kernels.cu for why.
+struct LoadInterpret {
+  template <class T, class Op> int run() {
+    cudaFuncAttributes a;
+    return cudaFuncGetAttributes(&a, interpret<T, Op>) == cudaSuccess ? CX_OK : CX_ERR_CUDA;
+  }
+};
+
+struct LoadExecByDtype {
+  template <class T> int run() {
+    LoadInterpret load;
+    for (int op = 0; op < CX_NUM_OPS; op++)
+      if (int rc = cx_dispatch_op<T>(op, load)) return rc;
+    cudaFuncAttributes a;
+    return cudaFuncGetAttributes(&a, scale_kernel<T>) == cudaSuccess ? CX_OK : CX_ERR_CUDA;
+  }
+};
+
 }  // namespace
 
+int cx_cuda_kernels_preload();
+
 extern "C" {
+
+int cx_cuda_preload(void) {
+  cudaFuncAttributes a;
+  int rc = cudaFuncGetAttributes(&a, abort_kernel) == cudaSuccess ? CX_OK : CX_ERR_CUDA;
+  LoadExecByDtype by_dtype;
+  for (int d = 0; rc == CX_OK && d < CX_NUM_DTYPES; d++) rc = cx_dispatch_dtype(d, by_dtype);
+  if (rc == CX_OK) rc = cx_cuda_kernels_preload();
+  if (rc != CX_OK) cudaGetLastError();
+  return rc;
+}
 
 int cx_cuda_ctl_bytes(long long* nbytes) {
   if (!nbytes) return CX_ERR_ARG;

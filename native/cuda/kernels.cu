@@ -116,7 +116,41 @@ struct CudaReduceByDtype {
   template <class T> int run() { return cx_dispatch_op<T>(op, call); }
 };
 
+// Forces every instantiation of these kernels to load now. Under CUDA's lazy module loading
+// (the default since 12.2) a kernel's first launch may wait for the whole context to go idle;
+// if a peer rank's executor kernel in this context is spinning on this rank, that wait never
+// ends. Asking for a kernel's attributes loads it.
+struct LoadReduce {
+  template <class T, class Op> int run() {
+    cudaFuncAttributes a;
+    bool ok = cudaFuncGetAttributes(&a, reduce_packs<T, Op>) == cudaSuccess &&
+              cudaFuncGetAttributes(&a, reduce_scalar<T, Op>) == cudaSuccess;
+    return ok ? CX_OK : CX_ERR_CUDA;
+  }
+};
+
+struct LoadReduceByDtype {
+  template <class T> int run() {
+    LoadReduce load;
+    for (int op = 0; op < CX_NUM_OPS; op++)
+      if (int rc = cx_dispatch_op<T>(op, load)) return rc;
+    return CX_OK;
+  }
+};
+
 }  // namespace
+
+// Shared with executor.cu's cx_cuda_preload (not part of the C API).
+int cx_cuda_kernels_preload() {
+  cudaFuncAttributes a;
+  if (cudaFuncGetAttributes(&a, copy_packs) != cudaSuccess ||
+      cudaFuncGetAttributes(&a, copy_bytes) != cudaSuccess)
+    return CX_ERR_CUDA;
+  LoadReduceByDtype by_dtype;
+  for (int d = 0; d < CX_NUM_DTYPES; d++)
+    if (int rc = cx_dispatch_dtype(d, by_dtype)) return rc;
+  return CX_OK;
+}
 
 extern "C" {
 

@@ -292,6 +292,10 @@ int cx_cuda_exec_launch(const cx_cuda_exec_args* args, void* stream);
 int cx_cuda_exec_emulate(const cx_exec_plan* plan, const cx_cuda_exec_args* args);
 /* Tiles (epochs) a call of count elements per unit uses: the caller advances its epoch by this. */
 int cx_cuda_exec_ntiles(long long count, long long tile_count, long long* ntiles);
+/* Loads every collectx kernel into the current device's context now. Call it before a rank's
+ * first collective: with lazy module loading a kernel's first launch may wait for the context to
+ * go idle, and ranks sharing a context (threads of one process) spin on each other. */
+int cx_cuda_preload(void);
 /* This rank rejects call seq: peers fail it with CX_EXEC_ABORTED instead of waiting. */
 int cx_cuda_exec_abort(void* self_window, unsigned long long seq, unsigned long long epoch,
                        void* stream);

@@ -83,6 +83,14 @@ def get_device() -> int:
     return int(d[0])
 
 
+def preload_kernels() -> None:
+    """Load every collectx kernel into the current device's context before the first collective.
+
+    Under lazy module loading a kernel's first launch may wait for its context to go idle; ranks
+    that share a context (threads of one process) would then wait on each other forever."""
+    check(_loaded()[1].cx_cuda_preload(), "cudaFuncGetAttributes (loading collectx's kernels)")
+
+
 def pci_bus_id(device: int) -> str:
     """The device's PCI bus id ("0000:07:00.0"): ranks with equal ids share one GPU."""
     ffi, lib_ = _loaded()

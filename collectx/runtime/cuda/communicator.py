@@ -11,19 +11,17 @@ mismatch, an aborted peer) are raised by the next call, ``Work.wait`` / ``synchr
 
 from __future__ import annotations
 
-import itertools
 
 from ...config import get_config
 from ...errors import ArgumentError, DTypeError
 from ..arrays import check_root, op_code
-from ..store import as_store
+from ..store import as_store, next_key_prefix
 from . import _rt
 from .arrays import DeviceBuffer, as_device_buffer, empty_like
 from .engine import CudaEngine
 from .window import CudaWindow
 from .work import CudaWork, current_stream
 
-_COMM_IDS = itertools.count()
 
 
 class CudaCommunicator:
@@ -42,8 +40,9 @@ class CudaCommunicator:
         self.rank, self.size = rank, size
         self.device = rank % ndev if device is None else int(device)
         self.timeout = float(timeout if timeout is not None else cfg.timeout_s)
-        prefix = f"collectx/cuda{next(_COMM_IDS)}"
+        prefix = next_key_prefix("cuda", store, rank)
         _rt.set_device(self.device)
+        _rt.preload_kernels()
         self._window = CudaWindow(rank, size, as_store(store), prefix, cfg.window_bytes,
                                   self.timeout, self.device)
         self._engine = CudaEngine(self._window, cfg, topology, self.timeout)

@@ -22,12 +22,16 @@ import json
 import os
 import threading
 
-from ...errors import CommError
+from ...errors import ArgumentError, CommError
 from . import _rt
 
 # (device, handle) -> [base address, users]
 _OPENED: dict[tuple[int, bytes], list[int]] = {}
 _OPENED_LOCK = threading.Lock()
+# In-process window base -> holders: its owner and every rank of this process that mapped it.
+# A rank that closes early must not free memory a peer's kernel may still read (ranks as
+# threads see each other's windows directly; cudaFree under a running kernel is a fault).
+_LOCAL: dict[int, int] = {}
 
 
 def ctl_bytes() -> int:
@@ -56,6 +60,22 @@ def _open_peer(device: int, handle: bytes) -> int:
         return hit[0]
 
 
+def _hold_local(base: int) -> int:
+    with _OPENED_LOCK:
+        _LOCAL[base] = _LOCAL.get(base, 0) + 1
+    return base
+
+
+def _drop_local(base: int) -> None:
+    with _OPENED_LOCK:
+        left = _LOCAL.get(base, 1) - 1
+        if left > 0:
+            _LOCAL[base] = left
+            return
+        _LOCAL.pop(base, None)
+    _rt.free(base)
+
+
 def _release_peer(device: int, handle: bytes) -> None:
     with _OPENED_LOCK:
         hit = _OPENED.get((device, handle))
@@ -80,6 +100,7 @@ class CudaWindow:
         self.self_base = self.d_windows = 0
         self.bases: list[int] = []
         self._opened: list[bytes] = []
+        self._held: list[int] = []  # in-process peers' windows this rank keeps alive
         try:
             self._rendezvous(store, prefix, window_bytes, timeout)
         except BaseException:
@@ -92,7 +113,7 @@ class CudaWindow:
         self.set_bytes = set_bytes_for(int(store.get(f"{prefix}/window_bytes", timeout)))
         self.ctl_bytes = ctl_bytes()
         _rt.set_device(self.device)
-        self.self_base = _rt.malloc(self.ctl_bytes + 2 * self.set_bytes)
+        self.self_base = _hold_local(_rt.malloc(self.ctl_bytes + 2 * self.set_bytes))
         _rt.memset(self.self_base, 0, self.ctl_bytes)
         _rt.stream_synchronize(0)  # zeroed flags before any peer can look at them
         me = {"pid": os.getpid(), "device": self.device, "bus": _rt.pci_bus_id(self.device),
@@ -102,6 +123,7 @@ class CudaWindow:
                       for r in range(self.size)]
         self.bases = [self._map(r, p) for r, p in enumerate(self.peers)]
         self.shared_gpu = len({p["bus"] for p in self.peers}) < self.size
+        _check_hardware_queues(self.rank, self.peers)
         self._upload_bases()
         store.set(f"{prefix}/cuda_mapped/{self.rank}", "1")
         store.wait([f"{prefix}/cuda_mapped/{r}" for r in range(self.size)], timeout)
@@ -137,13 +159,44 @@ class CudaWindow:
         return [int(v) for v in out]
 
     def close(self) -> None:
-        """Unmap the peers' windows and free this rank's. Idempotent."""
+        """Unmap the peers' windows and free this rank's (once no rank of this process that
+        mapped it still holds it). Idempotent."""
         for handle in self._opened:
             _release_peer(self.device, handle)
         self._opened = []
-        for attr in ("d_windows", "self_base"):
-            ptr = getattr(self, attr, 0)
-            if ptr:
-                setattr(self, attr, 0)
-                _rt.free(ptr)
+        held, self._held = self._held, []
+        for base in held:
+            _drop_local(base)
+        if self.d_windows:
+            ptr, self.d_windows = self.d_windows, 0
+            _rt.free(ptr)
+        if self.self_base:
+            ptr, self.self_base = self.self_base, 0
+            _drop_local(ptr)
         self.bases = []
+
+
+def hardware_queues() -> int:
+    """CUDA's hardware work queues per device (CUDA_DEVICE_MAX_CONNECTIONS, default 8)."""
+    try:
+        return max(1, int(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8")))
+    except ValueError:
+        return 8
+
+
+def _check_hardware_queues(rank: int, peers: list[dict]) -> None:
+    """Refuses more same-process ranks on one GPU than half its hardware queues.
+
+    Each such rank drives two streams (the caller's and its communicator's). Streams beyond the
+    queue count share queues, and a kernel queued behind a peer's spinning kernel never starts:
+    every rank of the call would wait until its timeout (seen with 8 ranks and the default 8)."""
+    me = peers[rank]
+    sharing = sum(1 for p in peers if p["pid"] == me["pid"] and p["bus"] == me["bus"])
+    if sharing > 1 and 2 * sharing > hardware_queues():
+        raise ArgumentError(
+            f"{sharing} ranks of this process share GPU {me['device']}, but CUDA gives it "
+            f"{hardware_queues()} hardware queues (CUDA_DEVICE_MAX_CONNECTIONS); ranks whose "
+            f"streams share a queue deadlock. Expected at most half that many ranks per GPU and "
+            f"process: set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts, or run ranks as "
+            f"processes")
+
