@@ -29,12 +29,14 @@ from ..schedule.metrics import unit_bytes
 from ._build import check_args
 from .edge_split import job_graph, require_connected
 from .chunking import chunk_counts, runs_by_group
-from .treesched import Share, TreeEmitter, pack_both_ways, pack_rooted
+from .treesched import SUBLANES, Share, TreeEmitter, pack_both_ways, pack_rooted
 
 SUPPORTED = ("allreduce", "broadcast", "reduce")
 MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pipelining
 MAX_INSTRUCTIONS = 4096        # keeps schedules small enough to ship, verify and simulate fast
 CANDIDATE_CHUNKS = (16, 32, 64, 128, 256, 512)
+MAX_ROOTED_INSTRUCTIONS = 12288   # broadcast / reduce: one instruction per tree edge and chunk
+PER_TREE_CHUNKS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128)
 
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
@@ -92,16 +94,20 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
     require_connected(G, ranks)
     if collective == "allreduce":
         packing, caps = pack_both_ways(G, ranks)
+        nch, counts = chunk_counts(packing, caps, [nchunks] if nchunks else
+                                   _candidates(collective, nbytes, n), passes=2)
+        sublanes = SUBLANES
     else:
         packing, caps = pack_rooted(G, ranks, [ranks[root]], reverse=collective == "reduce")
-    nch, counts = chunk_counts(packing, caps, [nchunks] if nchunks else
-                               _candidates(collective, nbytes, n),
-                               passes=2 if collective == "allreduce" else 1)
+        nch, counts = chunk_counts(packing, caps, [nchunks] if nchunks else
+                                   _rooted_candidates(nbytes, n, len(packing.trees)),
+                                   latency=_chunk_wait(G, ranks, packing, nbytes))
+        sublanes = 1
     at = {g: i for i, g in enumerate(ranks)}
     shares = [Share(at[t.root], tuple((at[p], at[c]) for p, c in t.edges), run)
               for runs in runs_by_group(counts, lambda g: 0).values() for t, run in runs]
     b = ScheduleBuilder(collective, n, nch, root=root, inplace=inplace, algorithm="blink")
-    em = TreeEmitter(b)
+    em = TreeEmitter(b, sublanes)
     _EMIT[collective](b, em, shares)
     em.flush()
     b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks)]
@@ -139,6 +145,26 @@ def _candidates(collective, nbytes, n) -> list[int]:
     most = max(1, min(int(unit_bytes(collective, nbytes, n) // MIN_CHUNK_BYTES),
                       MAX_INSTRUCTIONS // (2 * (n - 1))))
     return [c for c in CANDIDATE_CHUNKS if c <= most] or [1]
+
+
+def _rooted_candidates(nbytes, n, ntrees) -> list[int]:
+    """Chunk counts for broadcast / reduce: whole chunks per tree (equal trees stay equal),
+    within :data:`MIN_CHUNK_BYTES` per chunk and :data:`MAX_ROOTED_INSTRUCTIONS`."""
+    most = max(1, min(int(nbytes // MIN_CHUNK_BYTES), MAX_ROOTED_INSTRUCTIONS // n))
+    ntrees = max(ntrees, 1)
+    return [m * ntrees for m in PER_TREE_CHUNKS if m * ntrees <= most] or [1]
+
+
+def _chunk_wait(G, ranks, packing, nbytes) -> float:
+    """Per-chunk wait of a tree edge (its route's latency: a lane pulls its next chunk only
+    after the last one landed) as a fraction of the time the packing needs for ``nbytes``."""
+    from ..schedule._routes import routes_for
+    table = routes_for(G)
+    at = {g: i for i, g in enumerate(ranks)}
+    waits = [max(lat for _, lat, _ in table.spread(p, c))
+             for t in packing.trees for p, c in t.edges if p in at and c in at]
+    full_us = nbytes / (packing.rate * 1e3) if packing.rate > 0 else 0.0
+    return max(waits, default=0.0) / full_us if full_us > 0 else 0.0
 
 
 def _single(collective: str, root: int, inplace: bool) -> Schedule:

@@ -54,7 +54,7 @@ def split_chunks(first: int, count: int, rates) -> list[tuple]:
 
 
 def chunk_counts(packing, caps, candidates, passes: int = 1,
-                 memo: dict | None = None) -> tuple[int, list]:
+                 memo: dict | None = None, latency: float | None = None) -> tuple[int, list]:
     """Chunks per group ``Q`` and ``[(tree, n)]`` with ``n > 0``, grouped as the packing's trees.
 
     Screens the candidate counts in increasing order with the cheap largest-remainder rounding
@@ -63,10 +63,19 @@ def chunk_counts(packing, caps, candidates, passes: int = 1,
     broadcasts down); only that count gets the integer program (a node-limited MIP), whose
     counts are kept when they do better. ``memo`` (one dict per packing) keeps the final
     counts by ``Q`` across calls.
+
+    ``latency`` (the wait before each chunk of one tree edge, as a fraction of the time the
+    packing needs for the whole payload) switches to the count with the best estimated time:
+    each tree edge then pulls its chunks one after the other, so more chunks shorten the
+    pipeline fill but add waits (see :func:`_timed`).
     """
     memo = {} if memo is None else memo
     order = sorted(candidates)
     q = order[-1]
+    if latency is not None:
+        q = max(order, key=lambda c: (_timed(_largest_remainder(packing, c), caps, packing.rate,
+                                             c, passes, latency), -c))
+        order = []
     for c in order[:-1]:
         if _score(_largest_remainder(packing, c), caps, packing.rate, c, passes) >= KEEP:
             q = c
@@ -80,6 +89,13 @@ def chunk_counts(packing, caps, candidates, passes: int = 1,
 
 def _score(counts, caps, rate, q, passes) -> float:
     return _kept(counts, caps, rate, q) / (1 + _fill(counts, passes))
+
+
+def _timed(counts, caps, rate, q, passes, latency) -> float:
+    """Rate fraction kept with the fill and one ``latency`` per chunk of the busiest tree:
+    ``1 / ((1 + fill) / kept + max_k n_k * latency)``."""
+    kept = _kept(counts, caps, rate, q)
+    return 1.0 / ((1 + _fill(counts, passes)) / kept + max(n for _, n in counts) * latency)
 
 
 def _fill(counts, passes) -> float:

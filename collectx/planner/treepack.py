@@ -429,3 +429,37 @@ def _solve(caps, ng: int, lp: _Rows):
     y = np.maximum(-np.asarray(res.ineqlin.marginals), 0.0)
     mu = np.asarray(res.eqlin.marginals)
     return res.x[k], res.x[:k], y, mu
+
+
+def pack_relay_trees(index: LinkIndex, gpus, root, routes: dict) -> Packing | None:
+    """Pack the ``N - 1`` two-level trees of ``root``: tree ``k`` is ``root -> k`` and
+    ``k -> v`` for every other GPU ``v`` (scatter, then every GPU forwards its piece).
+
+    On fabrics where every GPU reaches every other one at full rate (NVSwitch, full xGMI
+    meshes) these trees alone reach the broadcast optimum, at equal rates. That matters beyond
+    the LP value: the column generation returns some optimal vertex, typically a few trees of
+    very different rates, and a link shared max-min fairly between the trees' transfers gives
+    them equal rates, not the LP's; equal trees of depth 2 also fill their pipelines soonest.
+    The trees get equal rates (the largest every link admits), so the rate is below the
+    optimum where the fabric is uneven and the caller keeps its LP packing. Returns None when
+    some GPU pair has no route.
+    """
+    gpus = tuple(gpus)
+    cols = []
+    for k in gpus:
+        if k == root:
+            continue
+        edges = ((root, k),) + tuple((k, v) for v in gpus if v not in (root, k))
+        if any(e not in routes for e in edges):
+            return None
+        paths = tuple(routes[e] for e in edges)
+        cols.append((root, Tree(root, root, edges, paths, 0.0), _usage(paths)))
+    if not cols:
+        return None
+    total: dict = {}
+    for _, _, use in cols:
+        for e, k in use.items():
+            total[e] = total.get(e, 0.0) + k
+    each = min(index.caps[e] / k for e, k in total.items() if k > 0)
+    trees = tuple(Tree(t.group, t.root, t.edges, t.paths, each) for _, t, _ in cols)
+    return Packing(rate=each * len(trees), trees=trees, rounds=1, columns=trees)

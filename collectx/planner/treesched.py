@@ -28,10 +28,11 @@ import networkx as nx
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import Ref
 from .edge_split import LinkIndex, simulator_routes
-from .treepack import Packing, pack_out_trees, pack_undirected_trees
+from .treepack import Packing, pack_out_trees, pack_relay_trees, pack_undirected_trees
 
 MAX_LANES = 64   # lanes per rank (CUDA thread blocks / CPU work queues); more keys share lanes
 SUBLANES = 3     # lanes per link, dealt round-robin: one late chunk does not idle the link
+RELAY_KEEP = 0.999   # two-level relay trees replace a single root's packing if they keep this
 
 RefFn = Callable[[int, int, "Share"], Ref]   # (rank, chunk, share) -> Ref
 
@@ -55,8 +56,9 @@ class TreeEmitter:
     pipeline (emitting tree by tree instead ties lanes into cross-waits that serialize them).
     """
 
-    def __init__(self, builder: ScheduleBuilder):
+    def __init__(self, builder: ScheduleBuilder, sublanes: int = SUBLANES):
         self.b = builder
+        self.sublanes = sublanes
         self._lane_keys: list[dict] = [{} for _ in range(builder.nranks)]
         self._slot = [0] * builder.nranks          # next free scratch chunk per rank
         self._slot_end = [0] * builder.nranks
@@ -119,7 +121,7 @@ class TreeEmitter:
         turn: dict = {}
         for t, seq, rank, key, op, dst, srcs, tokens in sorted(self._items, key=lambda x: x[:2]):
             k = turn[rank, key] = turn.get((rank, key), -1) + 1
-            lane = self.lane(rank, (key, k % SUBLANES))
+            lane = self.lane(rank, (key, k % self.sublanes))
             wait = [dep_of[k] for k in tokens if k is not None]
             if op == "copy":
                 dep_of[seq] = self.b.copy(rank, lane, dst, srcs[0], deps=wait)
@@ -160,7 +162,12 @@ def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool) -> tuple[Packing, tu
     H = G.reverse(copy=True) if reverse else G
     index = LinkIndex.of(H)
     routes = simulator_routes(G, index, ranks, reverse=reverse)
-    return pack_out_trees(index, ranks, roots, routes=routes), index.caps
+    packing = pack_out_trees(index, ranks, roots, routes=routes)
+    if len(roots) == 1:
+        relay = pack_relay_trees(index, ranks, roots[0], routes)
+        if relay is not None and relay.rate >= packing.rate * RELAY_KEEP:
+            packing = relay
+    return packing, index.caps
 
 
 def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots) -> dict:
