@@ -96,6 +96,22 @@ def test_reduce_matches_numpy(dtype, op):
         np.testing.assert_array_equal(srcs[0], expected, err_msg=f"k={k} n={n} in place")
 
 
+@pytest.mark.parametrize("dtype", ("float32", "float64"))
+@pytest.mark.parametrize("op", ("sum", "prod"))
+@pytest.mark.parametrize("k", (2, 3, 8))
+def test_reductions_past_the_caches_equal_the_numpy_chain(dtype, op, k):
+    # Over 24 MiB of traffic a float sum/prod streams its output (non-temporal stores from
+    # vectors); a dst off the 32-byte grid exercises the scalar head and tail around them.
+    n = (24 << 20) // (np.dtype(dtype).itemsize * (k + 1)) + 1237
+    rng = np.random.default_rng(k)
+    srcs = [rng.standard_normal(n).astype(dtype) for _ in range(k)]
+    expected = functools.reduce(NP_OPS[op], srcs)
+    for shift in (0, 1):
+        out = np.zeros(n + shift, dtype)[shift:]
+        nat.reduce(out, srcs, op=op)
+        np.testing.assert_array_equal(out, expected, err_msg=f"dst shifted by {shift}")
+
+
 @pytest.mark.parametrize("dtype", INTS + FLOATS)
 def test_k1_copies(dtype):
     src = random_inputs(dtype, 1, 1001, "sum", np.random.default_rng(1))[0]
