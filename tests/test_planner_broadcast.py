@@ -79,3 +79,18 @@ def test_chunk_count_trades_pipeline_fill_for_per_chunk_waits():
     dear, _ = chunk_counts(packing, caps, cands, latency=1e-2)
     assert cheap == 128                            # waits are free: the deepest pipeline
     assert dear < cheap                            # each chunk waits: fewer, larger chunks
+
+
+def test_ring_chain_pieces_follow_size_and_route_latency():
+    from collectx.planner.ring import plan_ring
+    G = topo.load("pcie_gen4_8gpu")
+    ranks = tuple(topo.gpus(G))
+    small = plan_ring(G, ranks, "broadcast", 8 << 10)
+    big = plan_ring(G, ranks, "broadcast", 1 << 30)
+    assert small.nchunks == 1                     # one piece: every extra piece is a latency
+    assert 64 < big.nchunks <= 512                # a deep pipeline, within the budget
+    slow = topo.load("pcie_gen4_8gpu")
+    for _, _, d in slow.edges(data=True):
+        d["latency_us"] = d.get("latency_us", 1.0) * 16
+    assert plan_ring(slow, ranks, "broadcast", 1 << 30).nchunks < big.nchunks
+    verify(big)

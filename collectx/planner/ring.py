@@ -21,6 +21,8 @@ sum of the rings' bandwidths; latency grows with ``n`` (use trees for small mess
 
 from __future__ import annotations
 
+import math
+
 import networkx as nx
 
 from ..errors import PlanError
@@ -29,8 +31,9 @@ from ._build import Builder, check_args, shard, weighted_shares
 from .ring_search import Ring, find_rings
 
 SUPPORTED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
-PIECE_BYTES = 256 << 10   # broadcast/reduce chain: a piece per this many bytes per ring ...
-MAX_PIECES = 32           # ... up to this many (the pipeline's fill is ~n/pieces of the time)
+PIECE_BYTES = 64 << 10    # broadcast/reduce chain: pieces of at least this many bytes ...
+MAX_PIECES = 512          # ... and at most this many per ring
+MAX_CHAIN_INSTRUCTIONS = 8192   # a chain costs n instructions per chunk: keep schedules small
 
 
 def plan_ring(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: int, *,
@@ -69,7 +72,7 @@ def plan_ring(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes:
         raise PlanError(f"ring does not support {collective}; it supports {', '.join(SUPPORTED)}")
     rings = find_rings(topo, ranks, **({} if max_channels is None else
                                        {"max_channels": max_channels}))
-    c = nchunks or _default_nchunks(collective, n, nbytes, rings)
+    c = nchunks or _default_nchunks(collective, n, nbytes, rings, topo, ranks)
     rings = rings[:c]  # fewer chunks than rings: extra rings would carry nothing
     shares = weighted_shares(c, [r.bw_gbps for r in rings])
     b = Builder(collective, n, c, root=root, inplace=inplace)
@@ -87,13 +90,45 @@ def plan_ring(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes:
 plan_ring.collectives = SUPPORTED
 
 
-def _default_nchunks(collective: str, n: int, nbytes: int, rings: list[Ring]) -> int:
+def _default_nchunks(collective: str, n: int, nbytes: int, rings: list[Ring], topo=None,
+                     ranks=()) -> int:
     equal = len({round(r.bw_gbps, 6) for r in rings}) == 1
     per_ring = 1 if equal else 4  # unequal rings: finer shares follow bandwidth better
     if collective in ("broadcast", "reduce"):
-        pieces = max(1, min(MAX_PIECES, nbytes // (PIECE_BYTES * len(rings))))
+        pieces = _chain_pieces(n, nbytes, rings, topo, ranks)
+        pieces = max(1, min(pieces, MAX_CHAIN_INSTRUCTIONS // (n * len(rings) * per_ring)))
         return pieces * len(rings) * per_ring
     return n * len(rings) * per_ring
+
+
+def _chain_pieces(n: int, nbytes: int, rings: list[Ring], topo, ranks) -> int:
+    """Pieces per ring of a broadcast / reduce chain.
+
+    A chain of ``n - 1`` hops moving ``p`` pieces takes about ``(p + n - 2)`` piece times,
+    plus the route latency ``L`` each piece waits on each hop, ``p * L``: with ``T`` the time
+    of the ring's share at its bandwidth, ``T (n - 2) / p + p L`` is least at
+    ``p = sqrt((n - 2) T / L)``. Pieces stay at least :data:`PIECE_BYTES` and at most
+    :data:`MAX_PIECES`.
+    """
+    share = nbytes / max(len(rings), 1)
+    most = max(1, min(MAX_PIECES, int(share // PIECE_BYTES)))
+    bw = min((r.bw_gbps for r in rings), default=0.0)
+    wait = _hop_latency(topo, ranks, rings)
+    if n < 3 or bw <= 0 or wait <= 0:
+        return most
+    best = math.sqrt((n - 2) * share / (bw * 1e3) / wait)
+    return max(1, min(most, int(round(best))))
+
+
+def _hop_latency(topo, ranks, rings) -> float:
+    """The largest route latency (us) between ring neighbours, as the simulator routes them."""
+    if topo is None or not ranks:
+        return 0.0
+    from ..schedule._routes import routes_for
+    table = routes_for(topo)
+    waits = [lat for r in rings for a, b in zip(r.order, r.order[1:] + r.order[:1])
+             for _, lat, _ in table.spread(ranks[a], ranks[b])]
+    return max(waits, default=0.0)
 
 
 def _scratch(b: Builder) -> tuple[int, ...]:
