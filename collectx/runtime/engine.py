@@ -20,7 +20,7 @@ from ._lib import native
 from .arrays import DTYPE_CODES, OP_CODES
 from .executor import FlatPlan
 from .small import replicated_allreduce, use_replicated
-from .window import ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, W_READY, Window
+from .window import ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, Window
 
 COLL_CODES = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3, "broadcast": 4, "reduce": 5,
               "alltoall": 6, "barrier": 7}
@@ -40,15 +40,34 @@ class Engine:
         self._topology = topology
         self._ctl = window.ctl[self.rank]
         self._plans: dict[tuple, tuple[FlatPlan, int]] = {}
-        self._seq, self._epoch = 0, 1
         self._poisoned: str | None = None
         self._lock = threading.Lock()
         ffi, self._lib = native()
+        # [seq, epoch] in native memory: the compiled fast calls advance them too
+        self._state = ffi.new("unsigned long long[2]", [0, 1])
         self._calls: dict[tuple, tuple] = {}
+        self._fast_calls: dict[tuple, object] = {}
+        self._abort_struct = None
         self._wnative = window.native
         self._res = ffi.new("cx_exec_result*")
         self._ffi = ffi
         self._null = ffi.NULL
+
+    @property
+    def _seq(self) -> int:
+        return self._state[0]
+
+    @_seq.setter
+    def _seq(self, value: int) -> None:
+        self._state[0] = value
+
+    @property
+    def _epoch(self) -> int:
+        return self._state[1]
+
+    @_epoch.setter
+    def _epoch(self, value: int) -> None:
+        self._state[1] = value
 
     # -- planning -------------------------------------------------------------------------------
     def _flat(self, coll: str, dtype: int, itemsize: int, count: int, root: int):
@@ -138,6 +157,42 @@ class Engine:
         prepared = self._calls[(coll, dtype, count, op, root, in_overlaps_out)] = (fp, c, keep)
         return prepared
 
+    def fast_allreduce(self, arr, dtype: int, op_name: str, op: int):
+        """The compiled fast call (collectx._fastpath.FastCall) of an in-place allreduce of
+        arrays like ``arr`` (same dtype object, element count) with ``op``, or None without the
+        compiled module. Call it once the checked path has run the same call: it reuses the
+        prepared call struct. Cached per signature; disabled when the engine is poisoned."""
+        key = (arr.dtype, arr.size, op_name)
+        fast = self._fast_calls.get(key)
+        if fast is not None or self._poisoned:
+            return fast
+        module = _fast_module()
+        ckey = ("allreduce", dtype, arr.size, op, 0, 1)
+        prepared = self._calls.get(ckey)
+        if module is None or prepared is None:
+            return None
+        fp, c, _ = prepared
+        addr = lambda p: int(self._ffi.cast("uintptr_t", p))  # noqa: E731
+        heap = self.win.heap_address
+        fast = module.FastCall(addr(self._lib.cx_exec_run), addr(fp.native), addr(self._wnative),
+                               addr(c), addr(self._res), addr(self._state), heap,
+                               heap + self.win.heap_bytes, arr.dtype, arr.size, op_name,
+                               self._lock, self._fast_failed, (prepared, self.win))
+        if len(self._fast_calls) > 64:  # many signatures: start over rather than grow forever
+            self._drop_fast_calls()
+        self._fast_calls[key] = fast
+        return fast
+
+    def _fast_failed(self, seq: int):
+        """Raises the exception of the failed fast call ``seq`` (its status is in the result)."""
+        res = self._res
+        raise self._failure("allreduce", seq, res.status, res.rank, res.lane, res.index)
+
+    def _drop_fast_calls(self) -> None:
+        for fast in self._fast_calls.values():
+            fast.disable()
+        self._fast_calls.clear()
+
     def p2p(self, send: bool, peer: int, arr) -> None:
         """Send ``arr`` to ``peer`` or receive into it (blocking; see executor_p2p.cpp)."""
         with self._lock:
@@ -160,19 +215,37 @@ class Engine:
     def abort_call(self, reason: str) -> None:
         """This rank rejects its part of the next call: peers raise PeerAborted, not hang.
 
-        The aborted call still consumes one epoch on every rank (peers pass the first tile's
-        barrier or see the abort word there), so the communicator stays in step.
+        The aborted call runs as a barrier whose descriptor says "aborted": it consumes one
+        epoch on every rank, so the communicator stays in step, and it returns only once every
+        peer has entered the call. Returning sooner would let this rank's next call overwrite
+        the descriptor slot of the call before, which a slower peer may not have checked yet.
         """
         with self._lock:
             if self._poisoned:
                 return
             seq = self._seq
-            base = W_DESC + DESC_WORDS * (seq & 1)
-            self._ctl[base:base + 2] = (seq, ABORTED_CALL)
-            self._ctl[W_ABORT] = seq + 1
-            self._ctl[W_READY] = self._epoch
+            fp, _ = self._flat("barrier", 1, 1, 0, 0)
+            c = self._aborted_call()
+            c.seq, c.epoch = seq, self._epoch
+            self._ctl[W_ABORT] = seq + 1   # peers waiting anywhere in this call give up at once
+            res = self._res
+            self._lib.cx_exec_run(fp.native, self._wnative, c, res)
             self._seq += 1
-            self._epoch += 1
+            self._epoch += max(1, res.epochs_used)
+            # Peers' descriptors differ from ours by design; a dead or stuck peer (or a fatal
+            # abort) still poisons the communicator, but the caller raises its own error.
+            if res.status not in (_EXEC["OK"], _EXEC["MISMATCH"]):
+                self._failure("<aborted>", seq, res.status, res.rank, res.lane, res.index)
+
+    def _aborted_call(self):
+        c = self._abort_struct
+        if c is None:
+            c = self._abort_struct = self._ffi.new("cx_exec_call*")
+            c.dtype, c.count, c.tile_count, c.coll = 1, 0, 64, ABORTED_CALL
+            c.in_private = c.out_private = 1
+            c.scale, c.in_heap, c.out_heap = 1.0, -1, -1
+            c.timeout_ns = int(self.timeout * 1e9)
+        return c
 
     def poison(self, why: str, dead: int | None = None) -> None:
         """Mark the communicator unusable here and tell every peer (fatal abort word).
@@ -182,6 +255,7 @@ class Engine:
         """
         if self._poisoned is None:
             self._poisoned = why
+        self._drop_fast_calls()
         if len(self._ctl):
             culprit = (dead + 1) << 16 if dead is not None else 0
             self._ctl[W_ABORT] = ABORT_FATAL | culprit | self.rank
@@ -190,6 +264,7 @@ class Engine:
         """Drop every view of the window (so it can be unmapped); later calls raise."""
         with self._lock:
             self._poisoned = self._poisoned or "closed"
+            self._drop_fast_calls()
             self._ctl = self._ctl[:0].copy()
             self.win = self._wnative = None
 
@@ -244,3 +319,19 @@ class Engine:
                          f"count={d[4]}, root={d[5]})")
         return "; ".join(parts)
 
+
+
+def _fast_module():
+    """collectx._fastpath when it is built and has FastCall, else None (checked path only)."""
+    global _FAST_MODULE
+    if _FAST_MODULE is False:
+        try:
+            from .. import _native
+            module = _native._compiled_module()
+        except Exception:  # no library or no compiled module: the checked path serves
+            module = None
+        _FAST_MODULE = module if hasattr(module, "FastCall") else None
+    return _FAST_MODULE
+
+
+_FAST_MODULE = False  # not looked up yet

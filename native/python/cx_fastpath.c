@@ -24,12 +24,12 @@
 
 #include <stddef.h>
 
-/* Bumped when the Python-side contract changes; collectx/_native.py refuses other versions. */
-#define CX_FASTPATH_API 1
+/* Only the declarations (status codes, the executor's structs): nothing is linked. */
+#include "../include/collectx.h"
 
-/* Mirrors of collectx.h (only the codes this file tests; the rest pass through). */
-#define CX_OK 0
-#define CX_ERR_ARG (-3)
+/* Bumped when the Python-side contract changes; collectx/_native.py refuses other versions.
+ * (FastCall is an addition the runtime looks up by name; reduce/copy are unchanged.) */
+#define CX_FASTPATH_API 1
 
 /* Calls that move at least this many bytes (all inputs) release the GIL; below it the release
  * and re-acquire would cost more than the overlap they buy. */
@@ -288,6 +288,265 @@ static PyObject* bind(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+/* ---- FastCall: one prepared collective call of the CPU runtime, run in one C call ------------
+ *
+ * Why it exists: Communicator.allreduce(x) of a small array is dominated by the Python around the
+ * executor (validation, the plan cache lookup, ffi.from_buffer, cffi's libffi call, the result
+ * struct reads): several microseconds against about one of native work. The runtime builds a
+ * FastCall for one call signature (dtype, element count, op) once the checked path has run it,
+ * with the addresses of its cffi structs (plan, window, call, result) and of the engine's
+ * sequence/epoch counters; a later call with the same signature costs a few flag reads and
+ * cx_exec_run.
+ *
+ * Contract of a call fc(x, op): True when the collective ran; False when x or op does not match
+ * (or the FastCall was disabled, or another thread holds the engine's lock) and nothing was
+ * touched: the caller takes the checked path. A failed collective raises through the engine's
+ * callback (on_failure(seq)), which maps the result struct to the collectx exception, exactly as
+ * the checked path does. The GIL is released around cx_exec_run: it may wait for peers, which can
+ * be threads of this process. */
+
+typedef int (*exec_run_fn)(const cx_exec_plan*, const cx_exec_window*, const cx_exec_call*,
+                           cx_exec_result*);
+
+typedef struct {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  exec_run_fn run;
+  const cx_exec_plan* plan;
+  const cx_exec_window* win;
+  cx_exec_call* call;
+  cx_exec_result* res;
+  unsigned long long* state; /* the engine's [seq, epoch], a cffi array it reads and writes too */
+  PyArray_Descr* descr;      /* the dtype this call takes (compared by identity first) */
+  npy_intp count;            /* elements */
+  PyObject* op;              /* op name */
+  char* heap_lo;             /* this rank's window heap: arrays in it take the checked path */
+  char* heap_hi;
+  PyObject* acquire;         /* the engine lock's acquire and release (bound methods) */
+  PyObject* release;
+  PyObject* on_failure;      /* engine callback: raises the exception of res for call seq */
+  PyObject* keep;            /* the cffi objects the pointers above point into */
+  int enabled;
+  unsigned long long calls;  /* collectives this object ran (tests assert the path is taken) */
+} FastCall;
+
+static PyObject* fastcall_call(FastCall* self, PyObject* const* args, size_t nargsf,
+                               PyObject* kwnames);
+
+static void fastcall_dealloc(FastCall* self) {
+  Py_XDECREF(self->descr);
+  Py_XDECREF(self->op);
+  Py_XDECREF(self->acquire);
+  Py_XDECREF(self->release);
+  Py_XDECREF(self->on_failure);
+  Py_XDECREF(self->keep);
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static PyObject* fastcall_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
+  FastCall* self = (FastCall*)type->tp_alloc(type, 0); /* zeroed: disabled until __init__ */
+  if (self != NULL) self->vectorcall = (vectorcallfunc)fastcall_call;
+  return (PyObject*)self;
+}
+
+static void* pointer_arg(PyObject* obj, const char* what) {
+  void* p = PyLong_AsVoidPtr(obj);
+  if (p == NULL && !PyErr_Occurred())
+    PyErr_Format(PyExc_ValueError, "FastCall(): %s is 0; expected the address of a live struct",
+                 what);
+  return p;
+}
+
+static int fastcall_init(FastCall* self, PyObject* args, PyObject* kwds) {
+  PyObject *a_run, *a_plan, *a_win, *a_call, *a_res, *a_state, *a_lo, *a_hi;
+  PyObject *descr, *op, *lock, *on_failure, *keep;
+  Py_ssize_t count;
+  if (!PyArg_ParseTuple(args, "OOOOOOOOO!nUOOO:FastCall", &a_run, &a_plan, &a_win, &a_call,
+                        &a_res, &a_state, &a_lo, &a_hi, &PyArrayDescr_Type, &descr, &count, &op,
+                        &lock, &on_failure, &keep))
+    return -1;
+  void* p[6];
+  PyObject* objs[6] = {a_run, a_plan, a_win, a_call, a_res, a_state};
+  const char* names[6] = {"run", "plan", "window", "call", "result", "state"};
+  for (int i = 0; i < 6; i++)
+    if ((p[i] = pointer_arg(objs[i], names[i])) == NULL) return -1;
+  char* lo = PyLong_AsVoidPtr(a_lo);
+  char* hi = PyLong_AsVoidPtr(a_hi);
+  if (PyErr_Occurred()) return -1;
+  PyObject* acquire = PyObject_GetAttrString(lock, "acquire");
+  PyObject* release = acquire ? PyObject_GetAttrString(lock, "release") : NULL;
+  if (release == NULL || !PyCallable_Check(on_failure)) {
+    Py_XDECREF(acquire);
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_TypeError, "FastCall(): on_failure must be callable");
+    return -1;
+  }
+  self->run = (exec_run_fn)p[0];
+  self->plan = p[1];
+  self->win = p[2];
+  self->call = p[3];
+  self->res = p[4];
+  self->state = p[5];
+  self->heap_lo = lo;
+  self->heap_hi = hi;
+  self->count = count;
+  Py_INCREF(descr);
+  Py_INCREF(op);
+  Py_INCREF(on_failure);
+  Py_INCREF(keep);
+  Py_XSETREF(self->descr, (PyArray_Descr*)descr);
+  Py_XSETREF(self->op, op);
+  Py_XSETREF(self->acquire, acquire);
+  Py_XSETREF(self->release, release);
+  Py_XSETREF(self->on_failure, on_failure);
+  Py_XSETREF(self->keep, keep);
+  self->enabled = 1;
+  return 0;
+}
+
+/* Whether x is an array this call takes as it is: exact ndarray, C-contiguous, writable, the
+ * same dtype (native byte order; an equivalent descriptor counts) and count, outside the heap. */
+static int fastcall_accepts(FastCall* self, PyObject* x) {
+  if (!PyArray_CheckExact(x)) return 0;
+  PyArrayObject* a = (PyArrayObject*)x;
+  if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISWRITEABLE(a) || PyArray_SIZE(a) != self->count)
+    return 0;
+  if (PyArray_DESCR(a) != self->descr && !PyArray_EquivTypes(PyArray_DESCR(a), self->descr))
+    return 0;
+  char* data = PyArray_DATA(a);
+  return !(data < self->heap_hi && data + PyArray_NBYTES(a) > self->heap_lo);
+}
+
+static int same_op(FastCall* self, PyObject* op) {
+  if (op == self->op) return 1;
+  return PyUnicode_CheckExact(op) && PyUnicode_Compare(op, self->op) == 0;
+}
+
+/* lock.acquire(False): 1 when taken, 0 when busy, -1 on error. */
+static int try_lock(FastCall* self) {
+  PyObject* got = PyObject_CallOneArg(self->acquire, Py_False);
+  if (got == NULL) return -1;
+  int taken = got == Py_True;
+  Py_DECREF(got);
+  return taken;
+}
+
+/* Sets the exception of a failed call: the engine's callback raises it (under the lock, as on the
+ * checked path). */
+static void raise_failure(FastCall* self, unsigned long long seq) {
+  PyObject* seq_obj = PyLong_FromUnsignedLongLong(seq);
+  PyObject* r = seq_obj ? PyObject_CallOneArg(self->on_failure, seq_obj) : NULL;
+  Py_XDECREF(seq_obj);
+  if (r != NULL) {
+    Py_DECREF(r);
+    PyErr_Format(PyExc_SystemError, "FastCall: status %d but on_failure did not raise",
+                 self->res->status);
+  }
+}
+
+/* lock.release(), keeping an exception already set; -1 when release itself failed. */
+static int unlock(FastCall* self) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyObject* r = PyObject_CallNoArgs(self->release);
+  if (r == NULL) {
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return -1;
+  }
+  Py_DECREF(r);
+  PyErr_Restore(type, value, tb);
+  return 0;
+}
+
+static PyObject* fastcall_call(FastCall* self, PyObject* const* args, size_t nargsf,
+                               PyObject* kwnames) {
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (nargs != 2 || kwnames != NULL) {
+    PyErr_Format(PyExc_TypeError, "FastCall takes 2 positional arguments (x, op), got %zd",
+                 nargs);
+    return NULL;
+  }
+  if (!self->enabled || !fastcall_accepts(self, args[0]) || !same_op(self, args[1]))
+    Py_RETURN_FALSE;
+  int taken = try_lock(self);
+  if (taken <= 0) {
+    if (taken < 0) return NULL;
+    Py_RETURN_FALSE; /* another thread runs a collective: the checked path waits for it */
+  }
+  if (!self->enabled) { /* disabled (poisoned, closed) while we took the lock */
+    if (unlock(self) < 0) return NULL;
+    Py_RETURN_FALSE;
+  }
+  void* data = PyArray_DATA((PyArrayObject*)args[0]);
+  cx_exec_call* c = self->call;
+  unsigned long long seq = self->state[0];
+  c->user_in = data;
+  c->user_out = data;
+  c->seq = seq;
+  c->epoch = self->state[1];
+  c->in_heap = c->out_heap = -1;
+  Py_BEGIN_ALLOW_THREADS
+  self->run(self->plan, self->win, c, self->res);
+  Py_END_ALLOW_THREADS
+  self->state[0] = seq + 1;
+  self->state[1] += self->res->epochs_used;
+  self->calls++;
+  int failed = self->res->status != CX_EXEC_OK;
+  if (failed) raise_failure(self, seq);
+  if (unlock(self) < 0 || failed) return NULL;
+  Py_RETURN_TRUE;
+}
+
+static PyObject* fastcall_disable(FastCall* self, PyObject* unused) {
+  self->enabled = 0;
+  Py_RETURN_NONE;
+}
+
+static PyObject* fastcall_get_calls(FastCall* self, void* unused) {
+  return PyLong_FromUnsignedLongLong(self->calls);
+}
+
+static PyObject* fastcall_get_enabled(FastCall* self, void* unused) {
+  return PyBool_FromLong(self->enabled);
+}
+
+static PyMethodDef fastcall_methods[] = {
+    {"disable", (PyCFunction)fastcall_disable, METH_NOARGS,
+     "Decline every later call (the engine is poisoned or its window unmapped)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef fastcall_getset[] = {
+    {"calls", (getter)fastcall_get_calls, NULL, "collectives run through this object", NULL},
+    {"enabled", (getter)fastcall_get_enabled, NULL, "False once disable() was called", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyDoc_STRVAR(fastcall_doc,
+"FastCall(run, plan, window, call, result, state, heap_lo, heap_hi, dtype, count, op, lock,\n"
+"         on_failure, keep)\n\n"
+"One prepared collective call (see the comment in native/python/cx_fastpath.c). The first six\n"
+"are addresses: cx_exec_run, the cx_exec_plan, cx_exec_window, cx_exec_call and cx_exec_result\n"
+"structs, and the engine's unsigned long long [seq, epoch]; heap_lo/heap_hi bound this rank's\n"
+"window heap. fc(x, op) -> True when it ran, False when x/op do not match (nothing touched).");
+
+static PyTypeObject FastCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collectx._fastpath.FastCall",
+    .tp_basicsize = sizeof(FastCall),
+    .tp_dealloc = (destructor)fastcall_dealloc,
+    .tp_vectorcall_offset = offsetof(FastCall, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = fastcall_doc,
+    .tp_methods = fastcall_methods,
+    .tp_getset = fastcall_getset,
+    .tp_init = (initproc)fastcall_init,
+    .tp_new = fastcall_new,
+};
+
 static PyMethodDef methods[] = {
     {"reduce", (PyCFunction)(void (*)(void))fast_reduce, METH_FASTCALL, reduce_doc},
     {"copy", (PyCFunction)(void (*)(void))fast_copy, METH_FASTCALL, copy_doc},
@@ -303,7 +562,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
   import_array();
+  if (PyType_Ready(&FastCallType) < 0) return NULL;
   PyObject* m = PyModule_Create(&module);
-  if (m != NULL && PyModule_AddIntConstant(m, "API", CX_FASTPATH_API) < 0) Py_CLEAR(m);
+  if (m != NULL && (PyModule_AddIntConstant(m, "API", CX_FASTPATH_API) < 0 ||
+                    PyModule_AddObjectRef(m, "FastCall", (PyObject*)&FastCallType) < 0))
+    Py_CLEAR(m);
   return m;
 }

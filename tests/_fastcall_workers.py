@@ -1,0 +1,169 @@
+"""Rank functions for the compiled allreduce fast-call tests (module level so launch() can
+pickle them). Each returns what it saw, including how many calls the fast call ran."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import zlib
+
+import numpy as np
+
+import collectx
+
+REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce, "min": np.minimum.reduce,
+          "max": np.maximum.reduce}
+
+
+def _input(seed: int, rank: int, n: int, dtype: str) -> np.ndarray:
+    rng = np.random.default_rng([seed, rank])
+    return rng.integers(-3, 4 if dtype != "uint8" else 3, n).astype(dtype)
+
+
+def _expected(seed: int, size: int, n: int, dtype: str, op: str) -> np.ndarray:
+    stack = np.stack([_input(seed, r, n, dtype) for r in range(size)])
+    red = REDUCE["sum" if op == "avg" else op](stack, axis=0).astype(dtype)
+    if op != "avg":
+        return red
+    if stack.dtype.kind == "f":
+        return (red * stack.dtype.type(1.0 / size)).astype(dtype)
+    return np.trunc(red / size).astype(dtype)
+
+
+def _fast_calls(comm) -> int:
+    return getattr(comm._fast, "calls", -1)
+
+
+def results_per_signature(cases: list) -> list:
+    """Every (dtype, op, n) case four times in a row, fresh data each time; per case: the
+    failures and how many of the four calls the fast call ran."""
+    comm = collectx.init(timeout=60)
+    out = []
+    for dtype, op, n in cases:
+        failures, fast = [], 0
+        for rep in range(4):
+            seed = zlib.crc32(f"{dtype}{op}{n}{rep}".encode())  # equal on every rank
+            x = _input(seed, comm.rank, n, dtype).reshape(-1, 1) if n % 2 == 0 else \
+                _input(seed, comm.rank, n, dtype)
+            before = _fast_calls(comm)
+            got = comm.allreduce(x, op=op)
+            fast += int(_fast_calls(comm) == before + 1 and before >= 0)
+            if got is not x or not np.array_equal(x.reshape(-1), _expected(seed, comm.size, n,
+                                                                          dtype, op)):
+                failures.append((dtype, op, n, rep, x.reshape(-1)[:4].tolist()))
+        out.append((failures, fast))
+    comm.close()
+    return out
+
+
+def mismatch_on_fast_call(kind: str) -> list:
+    """Both ranks arm the fast call, then rank 1 makes a different call (``kind``) while rank 0
+    repeats the armed one; then both go on with the armed call."""
+    comm = collectx.init(timeout=60)
+    x = np.ones(8, np.float32)
+    comm.allreduce(x)
+    comm.allreduce(x)
+    odd = comm.rank == 1
+    calls = {"op": lambda: comm.allreduce(x, op="max" if odd else "sum"),
+             "size": lambda: comm.allreduce(np.ones(9 if odd else 8, np.float32)),
+             "dtype": lambda: comm.allreduce(np.ones(8, np.float64) if odd else x),
+             "collective": lambda: comm.allgather(x) if odd else comm.allreduce(x)}
+    before = _fast_calls(comm)
+    try:
+        calls[kind]()
+        got = [None]
+    except Exception as e:
+        got = [type(e).__name__, str(e)]
+    got.append(_fast_calls(comm) - before)
+    y = np.full(8, comm.rank + 1.0, np.float32)
+    comm.allreduce(y)
+    got.append(y.tolist())
+    comm.close()
+    return got
+
+
+def peer_dies_during_fast_call(path: str) -> None:
+    """Rank 1 SIGKILLs itself while rank 0 waits in the armed fast call; rank 0 writes what it
+    saw to ``path``/rank0.json."""
+    comm = collectx.init(timeout=60)
+    x = np.ones(4, np.float32)
+    comm.allreduce(x)
+    comm.allreduce(x)
+    if comm.rank == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    before = _fast_calls(comm)
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(x)
+        got = [None]
+    except Exception as e:
+        got = [type(e).__name__, getattr(e, "rank", None), time.monotonic() - t0]
+    got.append(_fast_calls(comm) - before)
+    try:
+        comm.allreduce(x)
+        got.append(None)
+    except Exception as e:
+        got.append(type(e).__name__)
+    with open(os.path.join(path, "rank0.json"), "w") as f:
+        json.dump(got, f)
+
+
+def peer_aborts_fast_call() -> list:
+    """Rank 1 passes a read-only array (ArgumentError, its call aborted) while rank 0 runs the
+    armed fast call; then both run it again."""
+    comm = collectx.init(timeout=60)
+    x = np.ones(4, np.float32)
+    comm.allreduce(x)
+    comm.allreduce(x)
+    before = _fast_calls(comm)
+    try:
+        if comm.rank == 1:
+            ro = np.ones(4, np.float32)
+            ro.flags.writeable = False
+            comm.allreduce(ro)
+        else:
+            comm.allreduce(x)
+        got = [None]
+    except Exception as e:
+        got = [type(e).__name__, getattr(e, "rank", None)]
+    got.append(_fast_calls(comm) - before)
+    y = np.full(4, comm.rank + 1.0, np.float32)
+    comm.allreduce(y)
+    comm.allreduce(y)
+    got.append(y.tolist())
+    return got
+
+
+def never_arrives_on_fast_call(timeout: float) -> list:
+    comm = collectx.init(timeout=timeout)
+    x = np.ones(4, np.float32)
+    comm.allreduce(x)
+    comm.allreduce(x)
+    if comm.rank == 1:
+        time.sleep(timeout + 2)
+        return ["skipped"]
+    before = _fast_calls(comm)
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(x)
+        return [None]
+    except Exception as e:
+        return [type(e).__name__, time.monotonic() - t0, _fast_calls(comm) - before]
+
+
+def async_then_fast() -> list:
+    """Queued async calls run before a later synchronous one (which declines the fast call
+    while they are pending), in call order."""
+    comm = collectx.init(timeout=60)
+    x = np.ones(4, np.float32)
+    comm.allreduce(x)
+    comm.allreduce(x)                       # armed
+    works = [comm.allreduce(np.full(4, float(i), np.float32), async_op=True) for i in range(3)]
+    comm.allreduce(x)                       # drains the queue, then runs
+    vals = [w.result().tolist()[0] for w in works]
+    before = _fast_calls(comm)
+    comm.allreduce(x)
+    return [vals, x.tolist(), _fast_calls(comm) - before]
