@@ -28,12 +28,12 @@ from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
 from ._build import check_args
 from .edge_split import job_graph, require_connected
-from .chunking import chunk_counts, runs_by_group
+from .chunking import chunk_counts, instruction_budget, runs_by_group
 from .treesched import SUBLANES, Share, TreeEmitter, pack_both_ways, pack_rooted
 
 SUPPORTED = ("allreduce", "broadcast", "reduce")
 MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pipelining
-MAX_INSTRUCTIONS = 4096        # keeps schedules small enough to ship, verify and simulate fast
+MAX_INSTRUCTIONS = 4096        # at 8 ranks, growing with n^2 (see chunking.instruction_budget)
 CANDIDATE_CHUNKS = (16, 32, 64, 128, 256, 512)
 MAX_ROOTED_INSTRUCTIONS = 12288   # broadcast / reduce: one instruction per tree edge and chunk
 PER_TREE_CHUNKS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128)
@@ -60,7 +60,7 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
     nchunks : int, optional
         Chunks of the payload; default the smallest count whose integral shares keep 98% of
         the packing's rate with the pipeline fill counted, within :data:`MIN_CHUNK_BYTES` per
-        chunk and about :data:`MAX_INSTRUCTIONS` per schedule (see :mod:`~.chunking`).
+        chunk and about ``instruction_budget(n)`` per schedule (see :mod:`~.chunking`).
 
     Returns
     -------
@@ -143,7 +143,7 @@ _EMIT = {"allreduce": _emit_allreduce, "broadcast": _emit_broadcast, "reduce": _
 
 def _candidates(collective, nbytes, n) -> list[int]:
     most = max(1, min(int(unit_bytes(collective, nbytes, n) // MIN_CHUNK_BYTES),
-                      MAX_INSTRUCTIONS // (2 * (n - 1))))
+                      instruction_budget(n, MAX_INSTRUCTIONS) // (2 * (n - 1))))
     return [c for c in CANDIDATE_CHUNKS if c <= most] or [1]
 
 

@@ -32,6 +32,18 @@ MIP_NODES = 0           # presolve and root heuristics only: on dgx1v allocation
 KEEP = 0.98              # accept the smallest chunk count that keeps this fraction of the rate
 
 
+def instruction_budget(n: int, at_8: int) -> int:
+    """Instructions a tree schedule of ``n`` ranks may hold: ``at_8`` up to 8 ranks, then
+    growing with ``n ** 2``. Instructions per chunk grow with ``n``, and so do the depth and
+    the number of trees whose pipelines the chunks must fill (16-GCD MI250 trees are ~10
+    levels deep: 4096 instructions left them ~16 chunks per root).
+
+    >>> instruction_budget(8, 4096), instruction_budget(16, 4096)
+    (4096, 16384)
+    """
+    return max(at_8, at_8 * n * n // 64)
+
+
 def split_chunks(first: int, count: int, rates) -> list[tuple]:
     """Cut chunks ``first .. first+count-1`` into consecutive runs proportional to ``rates``.
 

@@ -28,12 +28,12 @@ from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
 from ._build import check_args
 from .edge_split import job_graph, require_connected
-from .chunking import chunk_counts, runs_by_group
+from .chunking import chunk_counts, instruction_budget, runs_by_group
 from .treesched import Share, TreeEmitter, pack_rooted, pack_rooted_mirrored
 
 SUPPORTED = ("allgather", "reduce_scatter", "allreduce")
 MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pipelining
-MAX_INSTRUCTIONS = 4096        # keeps schedules small enough to ship, verify and simulate fast;
+MAX_INSTRUCTIONS = 4096        # at 8 ranks, growing with n^2 (see chunking.instruction_budget);
                                # 1 GiB at 8 GPUs keeps ~95% of 4x the chunks' simulated busbw
 CANDIDATE_CHUNKS = (8, 16, 32, 64, 128, 256)
 
@@ -59,7 +59,7 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
     nchunks : int, optional
         Chunks per payload unit; default the smallest count whose integral shares keep 98%
         of the packing's rate with the pipeline fill counted, within :data:`MIN_CHUNK_BYTES`
-        per chunk and about :data:`MAX_INSTRUCTIONS` per schedule (see :mod:`~.chunking`).
+        per chunk and about ``instruction_budget(n)`` per schedule (see :mod:`~.chunking`).
         Allreduce rounds it up to a multiple of N (every root reduces and broadcasts
         ``nchunks / N`` chunks).
 
@@ -170,7 +170,7 @@ def _counts(packed: dict, collective: str, nbytes: int, n: int, nchunks) -> tupl
     else:
         unit = unit_bytes(collective, nbytes, n) / (n if collective == "allreduce" else 1)
         edges = len(packed) * n * (n - 1)       # one instruction per tree edge, chunk and phase
-        most = max(1, min(int(unit // MIN_CHUNK_BYTES), MAX_INSTRUCTIONS // edges))
+        most = max(1, min(int(unit // MIN_CHUNK_BYTES), instruction_budget(n, MAX_INSTRUCTIONS) // edges))
         cands = [c for c in CANDIDATE_CHUNKS if c <= most] or [1]
     memo: dict = {phase: {} for phase in packed}
     chosen = {phase: chunk_counts(p, caps, cands, memo=memo[phase])
