@@ -13,6 +13,13 @@ work shifts one round, not one backend.
 
 busbw follows nccl-tests: allreduce 2(n-1)/n, allgather/reduce_scatter (n-1)/n of the full
 buffer (allgather output, reduce_scatter input).
+
+Binding: mpirun binds each rank to a core by default when there are at least as many cores as
+ranks, and on a shared machine where a rank sits matters more than any code path (two unbound
+ranks that land on one core while other work holds the other take turns on it: hundreds of
+microseconds per small allreduce, for every backend). So every backend gets the same policy:
+``--bind core`` (the default) pins rank r to the r-th allowed CPU when the ranks fit, which is
+what mpirun does; ``--bind none`` leaves placement to the scheduler everywhere.
 """
 
 from __future__ import annotations
@@ -68,9 +75,27 @@ def time_loop(run, barrier, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def bench_collectx(cases, budget):
+def allowed_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def bind_here(rank: int, size: int, bind: str) -> None:
+    """Pin this rank to one CPU, as ``mpirun --bind-to core`` does, when asked and it fits."""
+    cpus = allowed_cpus()
+    if bind == "core" and size <= len(cpus):
+        os.sched_setaffinity(0, {cpus[rank]})
+
+
+def mpi_binding(n: int, bind: str) -> str:
+    """mpirun's --bind-to for the same policy as bind_here (no pinning when ranks outnumber
+    CPUs: mpirun refuses to bind more ranks than cores)."""
+    return "core" if bind == "core" and n <= len(allowed_cpus()) else "none"
+
+
+def bench_collectx(cases, budget, bind="none"):
     import collectx
     comm = collectx.init()
+    bind_here(comm.rank, comm.size, bind)
     out = []
     for coll, nbytes in cases:
         ni, no = elements(coll, nbytes, comm.size)
@@ -83,10 +108,11 @@ def bench_collectx(cases, budget):
     return out
 
 
-def bench_gloo(cases, budget, rdzv):
+def bench_gloo(cases, budget, rdzv, bind="none"):
     import torch
     import torch.distributed as dist
     rank, size = int(os.environ["COLLECTX_RANK"]), int(os.environ["COLLECTX_WORLD_SIZE"])
+    bind_here(rank, size, bind)
     dist.init_process_group("gloo", init_method=f"file://{rdzv}/gloo", rank=rank,
                             world_size=size)
     out = []
@@ -123,39 +149,40 @@ def _rank0(results):
     return results[0]
 
 
-def run_collectx(n, cases, budget):
+def run_collectx(n, cases, budget, bind):
     import collectx
-    return _rank0(collectx.launch(bench_collectx, n, args=(cases, budget)))
+    return _rank0(collectx.launch(bench_collectx, n, args=(cases, budget, bind)))
 
 
-def run_gloo(n, cases, budget):
+def run_gloo(n, cases, budget, bind):
     import collectx
     rdzv = tempfile.mkdtemp(prefix="cmp-gloo-")
     try:
-        return _rank0(collectx.launch(bench_gloo, n, args=(cases, budget, rdzv)))
+        return _rank0(collectx.launch(bench_gloo, n, args=(cases, budget, rdzv, bind)))
     finally:
         shutil.rmtree(rdzv, ignore_errors=True)
 
 
-def run_mpi(n, cases, budget):
+def run_mpi(n, cases, budget, bind):
     if not shutil.which("mpirun"):
         return [float("nan")] * len(cases)
     with tempfile.NamedTemporaryFile("r", suffix=".json") as f:
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), sys.executable,
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
+               mpi_binding(n, bind), "-n", str(n), sys.executable,
                __file__, "--mpi-worker", f.name, "--budget", str(budget),
                "--cases", json.dumps(cases)]
         subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": ROOT})
         return json.load(open(f.name))
 
 
-def rounds(n, cases, budget, skip, repeat):
+def rounds(n, cases, budget, skip, repeat, bind):
     """Median time per case of each backend over ``repeat`` round-robin rounds."""
     none = [float("nan")] * len(cases)
     runs = {"cx": [], "mpi": [], "gloo": []}
     for _ in range(repeat):
-        runs["cx"].append(run_collectx(n, cases, budget))
-        runs["mpi"].append(run_mpi(n, cases, budget) if "mpi" not in skip else none)
-        runs["gloo"].append(run_gloo(n, cases, budget) if "gloo" not in skip else none)
+        runs["cx"].append(run_collectx(n, cases, budget, bind))
+        runs["mpi"].append(run_mpi(n, cases, budget, bind) if "mpi" not in skip else none)
+        runs["gloo"].append(run_gloo(n, cases, budget, bind) if "gloo" not in skip else none)
     return [[float(np.median(col)) for col in zip(*runs[k])] for k in ("cx", "mpi", "gloo")]
 
 
@@ -181,6 +208,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", default="", help="backends to skip: mpi,gloo")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds of all backends; each point reports the median round")
+    ap.add_argument("--bind", choices=("core", "none"), default="core",
+                    help="pin rank r to the r-th allowed CPU when the ranks fit, for every "
+                         "backend (mpirun's default), or leave placement to the scheduler")
     ap.add_argument("--json", help="also write JSON lines here")
     ap.add_argument("--mpi-worker", help=argparse.SUPPRESS)
     ap.add_argument("--cases", help=argparse.SUPPRESS)
@@ -193,11 +223,11 @@ def main(argv=None) -> int:
     rows = []
     for n in map(int, a.ranks.split(",")):
         cases = [(c, parse_size(s)) for c in a.colls.split(",") for s in a.sizes.split(",")]
-        cx, mpi, gloo = rounds(n, cases, a.budget, a.skip, max(1, a.repeat))
+        cx, mpi, gloo = rounds(n, cases, a.budget, a.skip, max(1, a.repeat), a.bind)
         for (coll, nbytes), t_cx, t_mpi, t_gl in zip(cases, cx, mpi, gloo):
             f = FACTOR[coll](n)
             bw = lambda t: nbytes / t * f / 1e9 if t == t and t > 0 else float("nan")  # noqa
-            rows.append({"coll": coll, "ranks": n, "bytes": nbytes,
+            rows.append({"coll": coll, "ranks": n, "bytes": nbytes, "bind": a.bind,
                          "collectx_us": t_cx * 1e6, "mpi_us": t_mpi * 1e6, "gloo_us": t_gl * 1e6,
                          "collectx_busbw": bw(t_cx), "mpi_busbw": bw(t_mpi),
                          "gloo_busbw": bw(t_gl), "ratio_mpi": t_mpi / t_cx,
