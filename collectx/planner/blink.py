@@ -35,7 +35,10 @@ SUPPORTED = ("allreduce", "broadcast", "reduce")
 MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pipelining
 MAX_INSTRUCTIONS = 4096        # at 8 ranks, growing with n^2 (see chunking.instruction_budget)
 CANDIDATE_CHUNKS = (16, 32, 64, 128, 256, 512)
-MAX_ROOTED_INSTRUCTIONS = 12288   # broadcast / reduce: one instruction per tree edge and chunk
+MAX_ROOTED_INSTRUCTIONS = 4096   # broadcast / reduce at 8 ranks (one per tree edge and chunk),
+                                 # growing with n^2 (see chunking.instruction_budget)
+SHALLOW_INSTRUCTIONS = 12288     # two-level trees, any n: they fill in one chunk time, and
+                                 # the best count balances that against per-chunk waits
 PER_TREE_CHUNKS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128)
 
 
@@ -99,10 +102,16 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         sublanes = SUBLANES
     else:
         packing, caps = pack_rooted(G, ranks, [ranks[root]], reverse=collective == "reduce")
+        # Two-level trees: one lane per edge, so that a relay's first chunk arrives alone,
+        # and the count that balances fill against per-chunk waits. Deeper trees: several
+        # lanes per edge (the waits of a long chain would add up) and the deepest pipeline
+        # that keeps the rate.
+        shallow = max(t.depth() for t in packing.trees) <= 2
         nch, counts = chunk_counts(packing, caps, [nchunks] if nchunks else
-                                   _rooted_candidates(nbytes, n, len(packing.trees)),
-                                   latency=_chunk_wait(G, ranks, packing, nbytes))
-        sublanes = 1
+                                   _rooted_candidates(nbytes, n, len(packing.trees), shallow),
+                                   latency=_chunk_wait(G, ranks, packing, nbytes)
+                                   if shallow else None)
+        sublanes = 1 if shallow else SUBLANES
     at = {g: i for i, g in enumerate(ranks)}
     shares = [Share(at[t.root], tuple((at[p], at[c]) for p, c in t.edges), run)
               for runs in runs_by_group(counts, lambda g: 0).values() for t, run in runs]
@@ -147,10 +156,12 @@ def _candidates(collective, nbytes, n) -> list[int]:
     return [c for c in CANDIDATE_CHUNKS if c <= most] or [1]
 
 
-def _rooted_candidates(nbytes, n, ntrees) -> list[int]:
+def _rooted_candidates(nbytes, n, ntrees, shallow) -> list[int]:
     """Chunk counts for broadcast / reduce: whole chunks per tree (equal trees stay equal),
-    within :data:`MIN_CHUNK_BYTES` per chunk and :data:`MAX_ROOTED_INSTRUCTIONS`."""
-    most = max(1, min(int(nbytes // MIN_CHUNK_BYTES), MAX_ROOTED_INSTRUCTIONS // n))
+    within :data:`MIN_CHUNK_BYTES` per chunk and the instruction budget
+    (:data:`SHALLOW_INSTRUCTIONS` for two-level trees)."""
+    budget = SHALLOW_INSTRUCTIONS if shallow else instruction_budget(n, MAX_ROOTED_INSTRUCTIONS)
+    most = max(1, min(int(nbytes // MIN_CHUNK_BYTES), budget // n))
     ntrees = max(ntrees, 1)
     return [m * ntrees for m in PER_TREE_CHUNKS if m * ntrees <= most] or [1]
 
