@@ -133,3 +133,31 @@ def test_heap_arrays_take_the_checked_path():
         comm.allreduce(y)
         assert comm._fast(x, "sum") is False and comm._fast(y, "sum") is True
         assert x.tolist() == [2.0] * 6
+
+
+def test_fast_call_declines_while_the_engine_lock_is_held():
+    comm, x = _one_rank_fast_call()
+    lock = comm._engine._lock
+    with lock:
+        assert lock.locked()
+        assert comm._fast(x, "sum") is False          # the checked path would wait for it
+    assert not lock.locked()
+    assert comm._fast(x, "sum") is True
+    with pytest.raises(RuntimeError, match="not held"):
+        lock.release()
+    comm.close()
+
+
+def test_engine_lock_waits_without_the_gil():
+    import threading
+    comm, x = _one_rank_fast_call()
+    lock, order = comm._engine._lock, []
+    lock.acquire()
+    t = threading.Thread(target=lambda: (comm.allreduce(x), order.append("call")))
+    t.start()
+    t.join(0.2)                                       # blocked on the lock, GIL free
+    order.append("main")
+    lock.release()
+    t.join(10)
+    assert order == ["main", "call"] and x.tolist() == list(range(6))
+    comm.close()

@@ -41,7 +41,8 @@ class Engine:
         self._ctl = window.ctl[self.rank]
         self._plans: dict[tuple, tuple[FlatPlan, int]] = {}
         self._poisoned: str | None = None
-        self._lock = threading.Lock()
+        module = _fast_module()  # its Lock can be taken by the compiled fast calls directly
+        self._lock = module.Lock() if module is not None else threading.Lock()
         ffi, self._lib = native()
         # [seq, epoch] in native memory: the compiled fast calls advance them too
         self._state = ffi.new("unsigned long long[2]", [0, 1])

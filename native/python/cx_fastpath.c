@@ -288,6 +288,88 @@ static PyObject* bind(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+/* ---- Lock: the engine's lock, also taken by FastCall without a Python call ------------------
+ * `with lock:` blocks (without the GIL) until it is free; FastCall only tries it. */
+
+typedef struct {
+  PyObject_HEAD
+  PyThread_type_lock lock;
+  int locked;
+} CxLock;
+
+static PyObject* cxlock_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
+  CxLock* self = (CxLock*)type->tp_alloc(type, 0);
+  if (self == NULL) return NULL;
+  if ((self->lock = PyThread_allocate_lock()) == NULL) {
+    Py_DECREF(self);
+    return PyErr_NoMemory();
+  }
+  return (PyObject*)self;
+}
+
+static void cxlock_dealloc(CxLock* self) {
+  if (self->lock != NULL) {
+    if (self->locked) PyThread_release_lock(self->lock);
+    PyThread_free_lock(self->lock);
+  }
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static int cxlock_try(CxLock* self) {
+  if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) return 0;
+  self->locked = 1;
+  return 1;
+}
+
+static void cxlock_release_held(CxLock* self) {
+  self->locked = 0;
+  PyThread_release_lock(self->lock);
+}
+
+static PyObject* cxlock_enter(CxLock* self, PyObject* unused) {
+  if (!cxlock_try(self)) {
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    Py_END_ALLOW_THREADS
+    self->locked = 1;
+  }
+  Py_RETURN_TRUE;
+}
+
+static PyObject* cxlock_exit(CxLock* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (!self->locked) {
+    PyErr_SetString(PyExc_RuntimeError, "Lock released while not held; expected a matching "
+                    "acquire (use `with lock:`)");
+    return NULL;
+  }
+  cxlock_release_held(self);
+  Py_RETURN_FALSE;
+}
+
+static PyObject* cxlock_is_locked(CxLock* self, PyObject* unused) {
+  return PyBool_FromLong(self->locked);
+}
+
+static PyMethodDef cxlock_methods[] = {
+    {"__enter__", (PyCFunction)cxlock_enter, METH_NOARGS, "Acquire, waiting without the GIL."},
+    {"__exit__", (PyCFunction)(void (*)(void))cxlock_exit, METH_FASTCALL, "Release."},
+    {"acquire", (PyCFunction)cxlock_enter, METH_NOARGS, "Acquire, waiting without the GIL."},
+    {"release", (PyCFunction)(void (*)(void))cxlock_exit, METH_FASTCALL, "Release."},
+    {"locked", (PyCFunction)cxlock_is_locked, METH_NOARGS, "True while held."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CxLockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collectx._fastpath.Lock",
+    .tp_basicsize = sizeof(CxLock),
+    .tp_dealloc = (destructor)cxlock_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A non-reentrant lock that FastCall can try from C (see the engine).",
+    .tp_methods = cxlock_methods,
+    .tp_new = cxlock_new,
+};
+
 /* ---- FastCall: one prepared collective call of the CPU runtime, run in one C call ------------
  *
  * Why it exists: Communicator.allreduce(x) of a small array is dominated by the Python around the
@@ -322,8 +404,7 @@ typedef struct {
   PyObject* op;              /* op name */
   char* heap_lo;             /* this rank's window heap: arrays in it take the checked path */
   char* heap_hi;
-  PyObject* acquire;         /* the engine lock's acquire and release (bound methods) */
-  PyObject* release;
+  CxLock* lock;              /* the engine's lock */
   PyObject* on_failure;      /* engine callback: raises the exception of res for call seq */
   PyObject* keep;            /* the cffi objects the pointers above point into */
   int enabled;
@@ -336,8 +417,7 @@ static PyObject* fastcall_call(FastCall* self, PyObject* const* args, size_t nar
 static void fastcall_dealloc(FastCall* self) {
   Py_XDECREF(self->descr);
   Py_XDECREF(self->op);
-  Py_XDECREF(self->acquire);
-  Py_XDECREF(self->release);
+  Py_XDECREF(self->lock);
   Py_XDECREF(self->on_failure);
   Py_XDECREF(self->keep);
   Py_TYPE(self)->tp_free((PyObject*)self);
@@ -361,9 +441,9 @@ static int fastcall_init(FastCall* self, PyObject* args, PyObject* kwds) {
   PyObject *a_run, *a_plan, *a_win, *a_call, *a_res, *a_state, *a_lo, *a_hi;
   PyObject *descr, *op, *lock, *on_failure, *keep;
   Py_ssize_t count;
-  if (!PyArg_ParseTuple(args, "OOOOOOOOO!nUOOO:FastCall", &a_run, &a_plan, &a_win, &a_call,
+  if (!PyArg_ParseTuple(args, "OOOOOOOOO!nUO!OO:FastCall", &a_run, &a_plan, &a_win, &a_call,
                         &a_res, &a_state, &a_lo, &a_hi, &PyArrayDescr_Type, &descr, &count, &op,
-                        &lock, &on_failure, &keep))
+                        &CxLockType, &lock, &on_failure, &keep))
     return -1;
   void* p[6];
   PyObject* objs[6] = {a_run, a_plan, a_win, a_call, a_res, a_state};
@@ -373,12 +453,8 @@ static int fastcall_init(FastCall* self, PyObject* args, PyObject* kwds) {
   char* lo = PyLong_AsVoidPtr(a_lo);
   char* hi = PyLong_AsVoidPtr(a_hi);
   if (PyErr_Occurred()) return -1;
-  PyObject* acquire = PyObject_GetAttrString(lock, "acquire");
-  PyObject* release = acquire ? PyObject_GetAttrString(lock, "release") : NULL;
-  if (release == NULL || !PyCallable_Check(on_failure)) {
-    Py_XDECREF(acquire);
-    if (!PyErr_Occurred())
-      PyErr_SetString(PyExc_TypeError, "FastCall(): on_failure must be callable");
+  if (!PyCallable_Check(on_failure)) {
+    PyErr_SetString(PyExc_TypeError, "FastCall(): on_failure must be callable");
     return -1;
   }
   self->run = (exec_run_fn)p[0];
@@ -392,12 +468,12 @@ static int fastcall_init(FastCall* self, PyObject* args, PyObject* kwds) {
   self->count = count;
   Py_INCREF(descr);
   Py_INCREF(op);
+  Py_INCREF(lock);
   Py_INCREF(on_failure);
   Py_INCREF(keep);
   Py_XSETREF(self->descr, (PyArray_Descr*)descr);
   Py_XSETREF(self->op, op);
-  Py_XSETREF(self->acquire, acquire);
-  Py_XSETREF(self->release, release);
+  Py_XSETREF(self->lock, (CxLock*)lock);
   Py_XSETREF(self->on_failure, on_failure);
   Py_XSETREF(self->keep, keep);
   self->enabled = 1;
@@ -422,15 +498,6 @@ static int same_op(FastCall* self, PyObject* op) {
   return PyUnicode_CheckExact(op) && PyUnicode_Compare(op, self->op) == 0;
 }
 
-/* lock.acquire(False): 1 when taken, 0 when busy, -1 on error. */
-static int try_lock(FastCall* self) {
-  PyObject* got = PyObject_CallOneArg(self->acquire, Py_False);
-  if (got == NULL) return -1;
-  int taken = got == Py_True;
-  Py_DECREF(got);
-  return taken;
-}
-
 /* Sets the exception of a failed call: the engine's callback raises it (under the lock, as on the
  * checked path). */
 static void raise_failure(FastCall* self, unsigned long long seq) {
@@ -444,22 +511,6 @@ static void raise_failure(FastCall* self, unsigned long long seq) {
   }
 }
 
-/* lock.release(), keeping an exception already set; -1 when release itself failed. */
-static int unlock(FastCall* self) {
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
-  PyObject* r = PyObject_CallNoArgs(self->release);
-  if (r == NULL) {
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
-    return -1;
-  }
-  Py_DECREF(r);
-  PyErr_Restore(type, value, tb);
-  return 0;
-}
-
 static PyObject* fastcall_call(FastCall* self, PyObject* const* args, size_t nargsf,
                                PyObject* kwnames) {
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -470,15 +521,8 @@ static PyObject* fastcall_call(FastCall* self, PyObject* const* args, size_t nar
   }
   if (!self->enabled || !fastcall_accepts(self, args[0]) || !same_op(self, args[1]))
     Py_RETURN_FALSE;
-  int taken = try_lock(self);
-  if (taken <= 0) {
-    if (taken < 0) return NULL;
+  if (!cxlock_try(self->lock))
     Py_RETURN_FALSE; /* another thread runs a collective: the checked path waits for it */
-  }
-  if (!self->enabled) { /* disabled (poisoned, closed) while we took the lock */
-    if (unlock(self) < 0) return NULL;
-    Py_RETURN_FALSE;
-  }
   void* data = PyArray_DATA((PyArrayObject*)args[0]);
   cx_exec_call* c = self->call;
   unsigned long long seq = self->state[0];
@@ -494,8 +538,9 @@ static PyObject* fastcall_call(FastCall* self, PyObject* const* args, size_t nar
   self->state[1] += self->res->epochs_used;
   self->calls++;
   int failed = self->res->status != CX_EXEC_OK;
-  if (failed) raise_failure(self, seq);
-  if (unlock(self) < 0 || failed) return NULL;
+  if (failed) raise_failure(self, seq); /* under the lock, as on the checked path */
+  cxlock_release_held(self->lock);
+  if (failed) return NULL;
   Py_RETURN_TRUE;
 }
 
@@ -562,10 +607,11 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
   import_array();
-  if (PyType_Ready(&FastCallType) < 0) return NULL;
+  if (PyType_Ready(&FastCallType) < 0 || PyType_Ready(&CxLockType) < 0) return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m != NULL && (PyModule_AddIntConstant(m, "API", CX_FASTPATH_API) < 0 ||
-                    PyModule_AddObjectRef(m, "FastCall", (PyObject*)&FastCallType) < 0))
+                    PyModule_AddObjectRef(m, "FastCall", (PyObject*)&FastCallType) < 0 ||
+                    PyModule_AddObjectRef(m, "Lock", (PyObject*)&CxLockType) < 0))
     Py_CLEAR(m);
   return m;
 }
