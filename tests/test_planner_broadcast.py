@@ -94,3 +94,23 @@ def test_ring_chain_pieces_follow_size_and_route_latency():
         d["latency_us"] = d.get("latency_us", 1.0) * 16
     assert plan_ring(slow, ranks, "broadcast", 1 << 30).nchunks < big.nchunks
     verify(big)
+
+
+def test_staggered_broadcast_pieces_alternate_lanes_half_a_piece_apart():
+    G = topo.load("dgx_h100")
+    s = plan_blink(G, tuple(topo.gpus(G)), "broadcast", 1 << 30)
+    verify(s)
+    relay = [lane for lane in s.lanes[3] if lane.instrs]
+    assert len(relay) >= 4                        # two lanes per edge the rank pulls over
+    for lane in relay:
+        srcs = {ins.srcs[0].rank for ins in lane.instrs}
+        assert len(srcs) == 1                     # a lane pulls over one edge
+    counts = sorted((lane.instrs[0].dst.count, lane.instrs[1].dst.count) for lane in relay)
+    assert (1, 2) in counts and (2, 2) in counts  # one lane of each pair starts with one chunk
+
+
+def test_reduce_on_relay_trees_keeps_one_lane_per_edge():
+    G = topo.load("dgx_h100")
+    s = plan_blink(G, tuple(topo.gpus(G)), "reduce", 1 << 28)
+    verify(s)
+    assert all(ins.dst.count == 1 for lanes in s.lanes for lane in lanes for ins in lane.instrs)

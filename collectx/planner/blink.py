@@ -39,7 +39,7 @@ MAX_ROOTED_INSTRUCTIONS = 4096   # broadcast / reduce at 8 ranks (one per tree e
                                  # growing with n^2 (see chunking.instruction_budget)
 SHALLOW_INSTRUCTIONS = 12288     # two-level trees, any n: they fill in one chunk time, and
                                  # the best count balances that against per-chunk waits
-PER_TREE_CHUNKS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128)
+PER_TREE_CHUNKS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 240)
 
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
@@ -102,22 +102,19 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         sublanes = SUBLANES
     else:
         packing, caps = pack_rooted(G, ranks, [ranks[root]], reverse=collective == "reduce")
-        # Two-level trees: one lane per edge, so that a relay's first chunk arrives alone,
-        # and the count that balances fill against per-chunk waits. Deeper trees: several
-        # lanes per edge (the waits of a long chain would add up) and the deepest pipeline
-        # that keeps the rate.
-        shallow = max(t.depth() for t in packing.trees) <= 2
-        nch, counts = chunk_counts(packing, caps, [nchunks] if nchunks else
-                                   _rooted_candidates(nbytes, n, len(packing.trees), shallow),
-                                   latency=_chunk_wait(G, ranks, packing, nbytes)
-                                   if shallow else None)
-        sublanes = 1 if shallow else SUBLANES
+        style = _rooted_style(collective, packing)
+        wait = _route_wait_us(G, ranks, packing)
+        cands = [nchunks] if nchunks else _rooted_candidates(nbytes, n, packing, style, wait)
+        full_us = nbytes / (packing.rate * 1e3) if packing.rate > 0 else 0.0
+        nch, counts = chunk_counts(packing, caps, cands, latency=wait / full_us
+                                   if style == "chain" and full_us > 0 else None)
+        sublanes = {"staggered": 2, "chain": 1, "deep": SUBLANES}[style]
     at = {g: i for i, g in enumerate(ranks)}
     shares = [Share(at[t.root], tuple((at[p], at[c]) for p, c in t.edges), run)
               for runs in runs_by_group(counts, lambda g: 0).values() for t, run in runs]
     b = ScheduleBuilder(collective, n, nch, root=root, inplace=inplace, algorithm="blink")
     em = TreeEmitter(b, sublanes)
-    _EMIT[collective](b, em, shares)
+    _EMIT[collective](b, em, shares, sublanes == 2 and collective == "broadcast")
     em.flush()
     b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks)]
                      for s in shares])
@@ -131,19 +128,22 @@ _OUT = lambda v, j, s: Ref(v, "output", j)  # noqa: E731
 _IN = lambda v, j, s: Ref(v, "input", j)  # noqa: E731
 
 
-def _emit_allreduce(b, em, shares):
+def _emit_allreduce(b, em, shares, staggered=False):
     done = em.reduce(shares, contrib=_IN, result=_OUT)
     em.broadcast(shares, src=_OUT, dst=_OUT, after=done)
 
 
-def _emit_broadcast(b, em, shares):
-    if not b.inplace:
-        for j in range(b.nchunks):
-            em.self_copy(b.root, Ref(b.root, "output", j), Ref(b.root, "input", j))
-    em.broadcast(shares, src=_IN, dst=_OUT)
+def _emit_broadcast(b, em, shares, staggered=False):
+    if not b.inplace:   # one rank-local copy: per chunk, it was a chain of nchunks steps
+        em.self_copy(b.root, Ref(b.root, "output", 0, b.nchunks),
+                     Ref(b.root, "input", 0, b.nchunks))
+    if staggered:
+        em.staggered_broadcast(shares, src=_IN, dst=_OUT)
+    else:
+        em.broadcast(shares, src=_IN, dst=_OUT)
 
 
-def _emit_reduce(b, em, shares):
+def _emit_reduce(b, em, shares, staggered=False):
     em.reduce(shares, contrib=_IN, result=_OUT)
 
 
@@ -156,26 +156,54 @@ def _candidates(collective, nbytes, n) -> list[int]:
     return [c for c in CANDIDATE_CHUNKS if c <= most] or [1]
 
 
-def _rooted_candidates(nbytes, n, ntrees, shallow) -> list[int]:
+def _rooted_style(collective, packing) -> str:
+    """How a broadcast / reduce packing is lowered.
+
+    * ``staggered`` (two-level broadcast trees): pieces of two chunks on two lanes per edge,
+      half a piece out of step (:meth:`~.treesched.TreeEmitter.staggered_broadcast`): the
+      route latency before each piece is hidden, so chunks can be small and the fill short;
+    * ``chain`` (two-level reduce trees): one lane per edge, so that a relay's first chunk
+      arrives alone, and the count that balances fill against per-chunk waits;
+    * ``deep``: several lanes per edge (the waits of a long chain would add up) and the
+      deepest pipeline that keeps the rate (the fill of ~10 levels dominates).
+    """
+    if max(t.depth() for t in packing.trees) > 2:
+        return "deep"
+    return "staggered" if collective == "broadcast" else "chain"
+
+
+def _rooted_candidates(nbytes, n, packing, style, wait_us) -> list[int]:
     """Chunk counts for broadcast / reduce: whole chunks per tree (equal trees stay equal),
-    within :data:`MIN_CHUNK_BYTES` per chunk and the instruction budget
-    (:data:`SHALLOW_INSTRUCTIONS` for two-level trees)."""
-    budget = SHALLOW_INSTRUCTIONS if shallow else instruction_budget(n, MAX_ROOTED_INSTRUCTIONS)
-    most = max(1, min(int(nbytes // MIN_CHUNK_BYTES), budget // n))
-    ntrees = max(ntrees, 1)
-    return [m * ntrees for m in PER_TREE_CHUNKS if m * ntrees <= most] or [1]
+    within :data:`MIN_CHUNK_BYTES` per chunk and the instruction budget.
+
+    Staggered pieces only hide the latency when a piece takes longer than it: the count is
+    the largest whose chunks take at least ``wait_us`` at a tree's rate (two per piece).
+    """
+    ntrees = max(len(packing.trees), 1)
+    if style == "deep":
+        budget = instruction_budget(n, MAX_ROOTED_INSTRUCTIONS) // n
+    elif style == "chain":
+        budget = SHALLOW_INSTRUCTIONS // n
+    else:
+        budget = 2 * SHALLOW_INSTRUCTIONS // n
+    most = max(1, min(int(nbytes // MIN_CHUNK_BYTES), budget))
+    out = [m * ntrees for m in PER_TREE_CHUNKS if m * ntrees <= most] or [1]
+    if style != "staggered":
+        return out
+    tree_rate = packing.rate / ntrees * 1e3          # bytes per microsecond
+    hidden = [q for q in out if nbytes / q >= wait_us * tree_rate]
+    return [max(hidden)] if hidden else out[:1]
 
 
-def _chunk_wait(G, ranks, packing, nbytes) -> float:
-    """Per-chunk wait of a tree edge (its route's latency: a lane pulls its next chunk only
-    after the last one landed) as a fraction of the time the packing needs for ``nbytes``."""
+def _route_wait_us(G, ranks, packing) -> float:
+    """The longest route latency (us) of a tree edge: what a lane waits before each chunk
+    it pulls starts to move."""
     from ..schedule._routes import routes_for
     table = routes_for(G)
     at = {g: i for i, g in enumerate(ranks)}
     waits = [max(lat for _, lat, _ in table.spread(p, c))
              for t in packing.trees for p, c in t.edges if p in at and c in at]
-    full_us = nbytes / (packing.rate * 1e3) if packing.rate > 0 else 0.0
-    return max(waits, default=0.0) / full_us if full_us > 0 else 0.0
+    return max(waits, default=0.0)
 
 
 def _single(collective: str, root: int, inplace: bool) -> Schedule:

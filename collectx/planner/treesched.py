@@ -87,6 +87,28 @@ class TreeEmitter:
                 ready[c] = (self._add(t, c, ("down", p), "copy", dst(c, j, share), (source,),
                                       (ready[p][0],)), t)
 
+    def staggered_broadcast(self, shares, src: RefFn, dst: RefFn) -> None:
+        """:meth:`broadcast` in pieces of two chunks, the first piece of each tree one chunk.
+
+        With two lanes per edge (``sublanes=2``) the pieces alternate between the lanes, and
+        the short first piece puts the lanes half a piece out of step: while one lane waits
+        for its next transfer to start (the route's latency), the other one has the link to
+        itself, so the link never idles between pieces. Lanes that start together and move
+        equal pieces stay in step and idle together.
+        """
+        for share in shares:
+            runs = _pieces(share.chunks)
+            m = len(runs)
+            for i, run in enumerate(runs):
+                j, n = run[0], len(run)
+                ready = {share.root: (None, (i + 0.5) / m)}
+                for p, c in share.edges:
+                    source = src(p, j, share) if p == share.root else dst(p, j, share)
+                    t = ready[p][1] + 1.0 / m
+                    ready[c] = (self._add(t, c, ("down", p), "copy",
+                                          _widen(dst(c, j, share), n), (_widen(source, n),),
+                                          (ready[p][0],)), t)
+
     def reduce(self, shares, contrib: RefFn, result: RefFn) -> dict:
         """Reduce ``contrib(v, j, share)`` over every tree node into ``result(root, j, share)``.
 
@@ -145,6 +167,16 @@ class TreeEmitter:
         slot = self._slot[rank]
         self._slot[rank] += 1
         return Ref(rank, "scratch", slot)
+
+
+def _pieces(chunks) -> list:
+    """Consecutive runs of two chunks, the first run one chunk (see staggered_broadcast)."""
+    chunks = tuple(chunks)
+    return [chunks[:1]] + [chunks[a:a + 2] for a in range(1, len(chunks), 2)] if chunks else []
+
+
+def _widen(ref: Ref, n: int) -> Ref:
+    return ref if n == 1 else Ref(ref.rank, ref.buf, ref.chunk, n)
 
 
 def _chunks(shares):
