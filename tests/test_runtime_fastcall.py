@@ -161,3 +161,14 @@ def test_engine_lock_waits_without_the_gil():
     t.join(10)
     assert order == ["main", "call"] and x.tolist() == list(range(6))
     comm.close()
+
+
+def test_a_dropped_communicator_and_its_fast_call_are_collected():
+    import gc
+    import weakref
+    comm, x = _one_rank_fast_call()
+    assert comm.allreduce(x) is x and comm._fast.calls == 1
+    engine = weakref.ref(comm._engine)
+    del comm
+    gc.collect()
+    assert engine() is None                           # the engine <-> fast call cycle is freed

@@ -414,12 +414,30 @@ typedef struct {
 static PyObject* fastcall_call(FastCall* self, PyObject* const* args, size_t nargsf,
                                PyObject* kwnames);
 
+/* Garbage-collected: on_failure is a bound method of the engine, which caches this object, so
+ * the two form a cycle the collector must be able to see. */
+static int fastcall_traverse(FastCall* self, visitproc visit, void* arg) {
+  Py_VISIT(self->descr);
+  Py_VISIT(self->op);
+  Py_VISIT(self->lock);
+  Py_VISIT(self->on_failure);
+  Py_VISIT(self->keep);
+  return 0;
+}
+
+static int fastcall_clear(FastCall* self) {
+  self->enabled = 0; /* the pointers may die with `keep` */
+  Py_CLEAR(self->descr);
+  Py_CLEAR(self->op);
+  Py_CLEAR(self->lock);
+  Py_CLEAR(self->on_failure);
+  Py_CLEAR(self->keep);
+  return 0;
+}
+
 static void fastcall_dealloc(FastCall* self) {
-  Py_XDECREF(self->descr);
-  Py_XDECREF(self->op);
-  Py_XDECREF(self->lock);
-  Py_XDECREF(self->on_failure);
-  Py_XDECREF(self->keep);
+  PyObject_GC_UnTrack(self);
+  fastcall_clear(self);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
@@ -584,7 +602,10 @@ static PyTypeObject FastCallType = {
     .tp_dealloc = (destructor)fastcall_dealloc,
     .tp_vectorcall_offset = offsetof(FastCall, vectorcall),
     .tp_call = PyVectorcall_Call,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)fastcall_traverse,
+    .tp_clear = (inquiry)fastcall_clear,
+    .tp_free = PyObject_GC_Del,
     .tp_doc = fastcall_doc,
     .tp_methods = fastcall_methods,
     .tp_getset = fastcall_getset,
