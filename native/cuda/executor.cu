@@ -359,9 +359,7 @@ struct LoadInterpret {
 
 struct LoadExecByDtype {
   template <class T> int run() {
-    LoadInterpret load;
-    for (int op = 0; op < CX_NUM_OPS; op++)
-      if (int rc = cx_dispatch_op<T>(op, load)) return rc;
+    if (int rc = cx_for_each_op<T>(LoadInterpret{})) return rc;
     cudaFuncAttributes a;
     return cudaFuncGetAttributes(&a, scale_kernel<T>) == cudaSuccess ? CX_OK : CX_ERR_CUDA;
   }

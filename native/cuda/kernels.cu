@@ -131,10 +131,7 @@ struct LoadReduce {
 
 struct LoadReduceByDtype {
   template <class T> int run() {
-    LoadReduce load;
-    for (int op = 0; op < CX_NUM_OPS; op++)
-      if (int rc = cx_dispatch_op<T>(op, load)) return rc;
-    return CX_OK;
+    return cx_for_each_op<T>(LoadReduce{});
   }
 };
 

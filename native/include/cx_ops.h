@@ -81,3 +81,10 @@ template <class T, class Fn> inline int cx_dispatch_op(int op, Fn&& fn) {
     default: return CX_ERR_OP;
   }
 }
+
+// Calls fn.template run<T, Op>() for every op code; the first failure is returned.
+template <class T, class Fn> inline int cx_for_each_op(Fn&& fn) {
+  for (int op = 0; op < CX_NUM_OPS; op++)
+    if (int rc = cx_dispatch_op<T>(op, fn)) return rc;
+  return CX_OK;
+}
