@@ -5,6 +5,7 @@ Like ``torchrun --standalone``: every rank runs ``python script.py args`` with
 so ``collectx.init()`` inside it joins the others. When a rank fails, the others get a grace
 period to notice and are then terminated; SIGINT/SIGTERM are forwarded; the exit status is the
 first failing rank's. The rendezvous directory and shared-memory segments are always cleaned up.
+``--bind-to core`` pins rank r to the r-th allowed CPU when the ranks fit, as mpirun does.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 
+from .runtime.affinity import BIND_POLICIES, bind_process
 from .runtime.launcher import DEFAULT_GRACE_S, rank_env
 from .runtime.window import sweep_stale
 
@@ -28,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--nproc", type=int, required=True, help="number of ranks")
     ap.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
                     help="seconds the other ranks get after one fails (default %(default)s)")
+    ap.add_argument("--bind-to", dest="bind", choices=BIND_POLICIES, default="none",
+                    help="core: pin rank r to the r-th allowed CPU when the ranks fit, as "
+                         "mpirun does (default %(default)s)")
     ap.add_argument("-m", dest="module", action="store_true",
                     help="run the target as a module (python -m target)")
     ap.add_argument("target", help="script path (or module name with -m)")
@@ -36,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     if ns.nproc < 1:
         ap.error(f"-n {ns.nproc}: expected at least 1 rank")
     cmd = [sys.executable] + (["-m"] if ns.module else []) + [ns.target] + ns.args
-    return run_group(cmd, ns.nproc, ns.grace)
+    return run_group(cmd, ns.nproc, ns.grace, ns.bind)
 
 
-def run_group(cmd: list[str], nproc: int, grace: float) -> int:
+def run_group(cmd: list[str], nproc: int, grace: float, bind: str = "none") -> int:
     """Run ``cmd`` as ``nproc`` ranks; the first failing rank's exit status, or 0."""
     rdzv = tempfile.mkdtemp(prefix="collectx-rdzv-")
     procs: list[subprocess.Popen] = []
@@ -54,6 +59,9 @@ def run_group(cmd: list[str], nproc: int, grace: float) -> int:
             old[sig] = signal.signal(sig, forward)
         for r in range(nproc):
             procs.append(subprocess.Popen(cmd, env={**os.environ, **rank_env(r, nproc, rdzv)}))
+            # Pinned from here rather than in a preexec_fn (unsafe in a threaded parent): the
+            # rank is still starting its interpreter, and the threads it starts inherit the mask.
+            bind_process(r, nproc, bind, pid=procs[-1].pid)
         return _watch(procs, grace)
     finally:
         for sig, h in old.items():

@@ -19,7 +19,8 @@ ranks, and on a shared machine where a rank sits matters more than any code path
 ranks that land on one core while other work holds the other take turns on it: hundreds of
 microseconds per small allreduce, for every backend). So every backend gets the same policy:
 ``--bind core`` (the default) pins rank r to the r-th allowed CPU when the ranks fit, which is
-what mpirun does; ``--bind none`` leaves placement to the scheduler everywhere.
+what mpirun does (``collectx.launch(..., bind="core")`` for collectx and gloo, ``--bind-to core``
+for mpirun); ``--bind none`` leaves placement to the scheduler everywhere.
 """
 
 from __future__ import annotations
@@ -75,27 +76,9 @@ def time_loop(run, barrier, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def allowed_cpus() -> list[int]:
-    return sorted(os.sched_getaffinity(0))
-
-
-def bind_here(rank: int, size: int, bind: str) -> None:
-    """Pin this rank to one CPU, as ``mpirun --bind-to core`` does, when asked and it fits."""
-    cpus = allowed_cpus()
-    if bind == "core" and size <= len(cpus):
-        os.sched_setaffinity(0, {cpus[rank]})
-
-
-def mpi_binding(n: int, bind: str) -> str:
-    """mpirun's --bind-to for the same policy as bind_here (no pinning when ranks outnumber
-    CPUs: mpirun refuses to bind more ranks than cores)."""
-    return "core" if bind == "core" and n <= len(allowed_cpus()) else "none"
-
-
-def bench_collectx(cases, budget, bind="none"):
+def bench_collectx(cases, budget):
     import collectx
     comm = collectx.init()
-    bind_here(comm.rank, comm.size, bind)
     out = []
     for coll, nbytes in cases:
         ni, no = elements(coll, nbytes, comm.size)
@@ -108,11 +91,10 @@ def bench_collectx(cases, budget, bind="none"):
     return out
 
 
-def bench_gloo(cases, budget, rdzv, bind="none"):
+def bench_gloo(cases, budget, rdzv):
     import torch
     import torch.distributed as dist
     rank, size = int(os.environ["COLLECTX_RANK"]), int(os.environ["COLLECTX_WORLD_SIZE"])
-    bind_here(rank, size, bind)
     dist.init_process_group("gloo", init_method=f"file://{rdzv}/gloo", rank=rank,
                             world_size=size)
     out = []
@@ -151,24 +133,25 @@ def _rank0(results):
 
 def run_collectx(n, cases, budget, bind):
     import collectx
-    return _rank0(collectx.launch(bench_collectx, n, args=(cases, budget, bind)))
+    return _rank0(collectx.launch(bench_collectx, n, args=(cases, budget), bind=bind))
 
 
 def run_gloo(n, cases, budget, bind):
     import collectx
     rdzv = tempfile.mkdtemp(prefix="cmp-gloo-")
     try:
-        return _rank0(collectx.launch(bench_gloo, n, args=(cases, budget, rdzv, bind)))
+        return _rank0(collectx.launch(bench_gloo, n, args=(cases, budget, rdzv), bind=bind))
     finally:
         shutil.rmtree(rdzv, ignore_errors=True)
 
 
 def run_mpi(n, cases, budget, bind):
+    from collectx.runtime.affinity import effective_policy
     if not shutil.which("mpirun"):
         return [float("nan")] * len(cases)
     with tempfile.NamedTemporaryFile("r", suffix=".json") as f:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
-               mpi_binding(n, bind), "-n", str(n), sys.executable,
+               effective_policy(bind, n), "-n", str(n), sys.executable,
                __file__, "--mpi-worker", f.name, "--budget", str(budget),
                "--cases", json.dumps(cases)]
         subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": ROOT})

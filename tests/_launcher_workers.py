@@ -21,3 +21,7 @@ def fail_on_rank(bad: int) -> int:
 
 def rdzv_dir() -> str:
     return os.environ["COLLECTX_RDZV_DIR"]
+
+
+def affinity() -> list:
+    return sorted(os.sched_getaffinity(0))

@@ -41,6 +41,21 @@ def test_launch_rejects_a_bad_process_count():
         collectx.launch(L.whoami, 0)
 
 
+def test_launch_binds_rank_r_to_the_rth_allowed_cpu_when_asked_and_the_ranks_fit():
+    cpus = sorted(os.sched_getaffinity(0))
+    n = min(2, len(cpus))
+    assert collectx.launch(L.affinity, n, bind="core", timeout=120) == [[c] for c in cpus[:n]]
+    assert collectx.launch(L.affinity, n, timeout=120) == [cpus] * n       # default: unbound
+    # more ranks than CPUs: nothing is pinned (mpirun refuses to bind then)
+    over = len(cpus) + 1
+    assert collectx.launch(L.affinity, over, bind="core", timeout=120) == [cpus] * over
+
+
+def test_launch_rejects_an_unknown_binding_before_starting_ranks():
+    with pytest.raises(ArgumentError, match="bind='socket'"):
+        collectx.launch(L.whoami, 1, args=("t",), bind="socket")
+
+
 def test_detect_reads_the_launcher_from_the_environment():
     assert bootstrap.detect({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h",
                              "MASTER_PORT": "1"}) == "torch"
@@ -79,6 +94,19 @@ def test_run_cli_starts_n_ranks_that_find_each_other(tmp_path):
     # ranks share one pipe, so their lines may interleave: look for each one's report
     for r in range(3):
         assert f"rank {r}/3 sum 6 args []" in out
+
+
+def test_run_cli_bind_to_core_pins_each_rank(tmp_path):
+    script = tmp_path / "where.py"
+    script.write_text("import os; print(os.environ['COLLECTX_RANK'], "
+                      "sorted(os.sched_getaffinity(0)), flush=True)\n")
+    cpus = sorted(os.sched_getaffinity(0))
+    n = min(2, len(cpus))
+    p = subprocess.run([sys.executable, "-m", "collectx.run", "-n", str(n), "--bind-to", "core",
+                        str(script)], env={**os.environ, "PYTHONPATH": ROOT},
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.splitlines()) == [f"{r} [{cpus[r]}]" for r in range(n)]
 
 
 def test_run_cli_returns_the_failing_rank_status(tmp_path):

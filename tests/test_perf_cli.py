@@ -1,6 +1,7 @@
 """collectx-perf: argument parsing, the nccl-tests table format, and the driver's exit status."""
 
 import io
+import subprocess
 import json
 
 import pytest
@@ -119,7 +120,7 @@ def test_peer_columns_show_their_busbw_and_our_ratio():
     assert "mpi busbw  ratio" in table.header_lines(("mpi", "gloo"))[1]
 
 
-def _thread_launch(fn, nprocs, args=()):
+def _thread_launch(fn, nprocs, args=(), bind="none"):
     return run_threads(run_sweep, nprocs, args)
 
 
@@ -132,8 +133,38 @@ def test_driver_prints_the_table_and_exits_zero_when_all_is_right():
     assert len([ln for ln in text.splitlines() if not ln.startswith("#")]) == 4
 
 
+def test_ranks_are_bound_like_mpiruns_unless_told_otherwise(monkeypatch):
+    from collectx.perf import peers
+    seen = {}
+
+    def launch(fn, nprocs, args=(), bind="none"):
+        seen["collectx"] = bind
+        return _thread_launch(fn, nprocs, args)
+
+    real_run = subprocess.run
+
+    def fake_run(cmd, **kw):  # the mpirun command line, then a worker that reports nothing
+        if "--bind-to" not in cmd:
+            return real_run(cmd, **kw)
+        seen["mpirun"] = cmd[cmd.index("--bind-to") + 1]
+        return subprocess.CompletedProcess(cmd, 0, '{"done": true}', "")
+    monkeypatch.setattr(peers.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(peers, "_has_module", lambda name: True)
+    monkeypatch.setattr(peers.subprocess, "run", fake_run)
+    monkeypatch.setattr(driver.peer_runners, "run_peer", lambda name, spec, n: peers.run_mpi(
+        spec, n))
+    monkeypatch.setattr("collectx.runtime.affinity.allowed_cpus", lambda: [0, 1])
+    for flags, want in (([], "core"), (["--bind", "none"], "none")):
+        out = io.StringIO()
+        opts = parse_args(["-b", "8", "-e", "8", "-I", "1", "-w", "0", "--no-progress",
+                           "--compare", "mpi", *flags])
+        driver.run_measured(opts, out=out, launch=launch)
+        assert seen == {"collectx": want, "mpirun": want}
+        assert f"bind: {want}" in out.getvalue()
+
+
 def test_driver_exits_nonzero_when_a_result_is_wrong(monkeypatch):
-    def corrupting_launch(fn, nprocs, args=()):
+    def corrupting_launch(fn, nprocs, args=(), bind="none"):
         def body(comm, spec):
             return run_sweep(comm, spec, corrupt=lambda c, v, out: out.__setitem__(0, -7))
         return run_threads(body, nprocs, args)
@@ -171,7 +202,7 @@ def test_a_collective_the_communicator_lacks_is_reported_not_fatal():
                 raise AttributeError(name)
             return getattr(self._comm, name)
 
-    def launch(fn, nprocs, args=()):
+    def launch(fn, nprocs, args=(), bind="none"):
         return run_threads(lambda comm, spec: run_sweep(NoPointToPoint(comm), spec), nprocs, args)
 
     out = io.StringIO()
@@ -195,7 +226,7 @@ def test_an_unknown_algorithm_is_refused_before_starting_ranks(capsys):
 def test_rows_measured_before_a_crash_are_still_printed():
     from collectx.errors import PeerFailure
 
-    def crashing_launch(fn, nprocs, args=()):
+    def crashing_launch(fn, nprocs, args=(), bind="none"):
         spec = args[0]
         rows = run_threads(run_sweep, nprocs, (dict(spec, collectives=("allreduce",)),))[0]
         with open(spec["rows_file"], "a") as f:

@@ -53,7 +53,7 @@ def test_a_skipped_peer_never_fails_the_run(monkeypatch):
     opts = parse_args(["--compare", "mpi,gloo", "-b", "8", "-e", "8", "-I", "1", "-w", "0",
                        "--no-progress"])
     status = driver.run_measured(opts, out=out,
-                                 launch=lambda fn, n, args: run_threads(run_sweep, n, args))
+                                 launch=lambda fn, n, args, bind: run_threads(run_sweep, n, args))
     text = out.getvalue()
     assert status == 0
     assert "# peer mpi skipped: mpirun not found on PATH; install: pip install collectx[mpi]" in text

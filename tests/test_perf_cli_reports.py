@@ -12,7 +12,7 @@ from collectx.perf.sweep import run_sweep
 from collectx.perf.threadcomm import run_threads
 
 
-def _launch(fn, nprocs, args=()):
+def _launch(fn, nprocs, args=(), bind="none"):
     return run_threads(run_sweep, nprocs, args)
 
 

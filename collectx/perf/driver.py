@@ -119,8 +119,15 @@ def _preamble(opts: Options, nranks: int) -> list[str]:
     return [f"# collectx-perf  nranks {nranks}  minBytes {min(opts.sizes)}  maxBytes "
             f"{max(opts.sizes)}  sizes {len(opts.sizes)}  warmup iters: {opts.warmup or auto}  "
             f"iters: {opts.iters or auto}  validation: {opts.check}  device: {opts.device}  "
-            f"algo: {opts.algo or 'auto'}",
+            f"algo: {opts.algo or 'auto'}  bind: {_binding(opts, nranks)}",
             f"# host {machine_info()['hostname']}  cpu {machine_info()['cpu_model']}"]
+
+
+def _binding(opts: Options, nranks: int) -> str:
+    if launched_externally():
+        return "by launcher"
+    from ..runtime.affinity import effective_policy
+    return effective_policy(opts.bind, nranks)
 
 
 def _result(opts: Options, nranks: int, mode: str, peers: dict, skipped: dict) -> dict:
@@ -171,7 +178,7 @@ def run_measured(opts: Options, out=None, launch=None) -> int:
     with tempfile.TemporaryDirectory(prefix="collectx-perf-") as tmp:
         spec = dict(opts.spec(), rows_file=os.path.join(tmp, "rows.jsonl"))
         try:
-            rows = launch(_collectx_rank, opts.nprocs, args=(spec,))[0]
+            rows = launch(_collectx_rank, opts.nprocs, args=(spec,), bind=opts.bind)[0]
         except CollectXError as exc:  # show what was measured before the failure, then fail
             rows = _rows_so_far(spec["rows_file"])
             if not rows:

@@ -63,12 +63,13 @@ class Options:
     plot: str | None = None
     html: str | None = None
     progress: bool = True
+    bind: str = "core"
 
     def spec(self) -> dict:
         """The JSON-able subset a rank process needs to run the sweep."""
         return {k: getattr(self, k) for k in ("collectives", "sizes", "dtype", "op", "root",
                                               "iters", "warmup", "check", "algo", "progress",
-                                              "device")}
+                                              "device", "bind")}
 
 
 def parse_size(text: str) -> int:
@@ -157,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", default=None, metavar="FILE", help="write results as CSV")
     p.add_argument("--plot", default=None, metavar="FILE", help="busbw plot (.png or .svg)")
     p.add_argument("--html", default=None, metavar="FILE", help="self-contained HTML report")
+    p.add_argument("--bind", choices=("core", "none"), default="core",
+                   help="ranks it starts, its own and its peers': core pins rank r to the r-th "
+                        "allowed CPU when they fit, as mpirun does (default); none leaves them "
+                        "to the scheduler")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar on stderr")
     return p
@@ -183,4 +188,4 @@ def parse_args(argv: list[str] | None = None) -> Options:
                    check=a.check, algo=a.algo, device=a.device,
                    compare=_csv_list(a.compare, PEERS, "--compare"), simulate=a.simulate,
                    gpus=_gpu_list(a.gpus) if a.gpus else None, json=a.json, csv=a.csv,
-                   plot=a.plot, html=a.html, progress=a.progress)
+                   plot=a.plot, html=a.html, progress=a.progress, bind=a.bind)

@@ -18,6 +18,7 @@ import sys
 import tempfile
 
 import collectx
+from collectx.runtime.affinity import effective_policy
 
 MPI_HINT = ("pip install collectx[mpi]  (and the library: apt-get install openmpi-bin "
             "libopenmpi-dev)")
@@ -84,7 +85,9 @@ def run_mpi(spec: dict, nprocs: int) -> PeerResult:
         return PeerResult("mpi", skipped="mpi4py is not installed", hint=MPI_HINT)
     if spec["dtype"] in ("float16", "bfloat16"):
         return PeerResult("mpi", skipped=f"Open MPI has no {spec['dtype']} reductions")
+    # Bound like collectx's own ranks: mpirun's default binding changes with the rank count.
     cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", str(nprocs),
+           "--bind-to", effective_policy(spec.get("bind", "none"), nprocs),
            "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"]
     # mpirun forwards stderr line by line, so a carriage-return progress bar cannot redraw
     # through it: announce the run instead.

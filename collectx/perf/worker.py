@@ -14,10 +14,13 @@ import sys
 from .sweep import run_sweep, stderr_progress
 
 
-def _connect(args):
+def _connect(args, bind: str = "none"):
     if args.engine == "mpi":
         from .adapters import MpiComm
         return MpiComm()
+    from ..runtime.affinity import bind_process
+    # The policy collectx's ranks ran under, set before torch starts any thread.
+    bind_process(args.rank, args.world, bind)
     import torch.distributed as dist
     from .adapters import TorchComm
     store = dist.FileStore(args.store, args.world)
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store", default=None, help="FileStore path (torch engines)")
     args = p.parse_args(argv)
     spec = json.loads(args.spec)
-    comm = _connect(args)
+    comm = _connect(args, spec.get("bind", "none"))
     try:
         progress = _progress(args.engine) if spec.get("progress") else None
         rows = run_sweep(comm, spec, progress=progress)

@@ -6,7 +6,8 @@ Each rank is a fresh process with ``COLLECTX_RANK``, ``COLLECTX_WORLD_SIZE`` and
 rank; when one fails it gives the others ``grace`` seconds to notice (they raise PeerFailure /
 PeerAborted on their own) and then terminates them. SIGINT/SIGTERM are forwarded to the ranks.
 Whatever happens, the rendezvous directory is removed and shared-memory segments created by the
-ranks are swept.
+ranks are swept. ``bind="core"`` pins rank r to the r-th allowed CPU when the ranks fit, as mpirun
+does by default (:mod:`collectx.runtime.affinity`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import traceback
 from multiprocessing.connection import wait as mp_wait
 
 from ..errors import ArgumentError, RankFailed
+from .affinity import bind_process, check_policy
 from .window import sweep_stale
 
 DEFAULT_GRACE_S = 3.0
@@ -39,7 +41,7 @@ def rank_env(rank: int, size: int, rdzv: str) -> dict[str, str]:
 
 
 def launch(fn, nprocs: int, args: tuple = (), *, grace: float = DEFAULT_GRACE_S,
-           timeout: float | None = None) -> list:
+           timeout: float | None = None, bind: str = "none") -> list:
     """Run ``fn(*args)`` in ``nprocs`` fresh processes and return their results, by rank.
 
     Parameters
@@ -54,6 +56,9 @@ def launch(fn, nprocs: int, args: tuple = (), *, grace: float = DEFAULT_GRACE_S,
         Seconds the other ranks get to finish after one fails, before they are terminated.
     timeout : float, optional
         Wall-clock limit for the whole group (None: no limit).
+    bind : {"none", "core"}
+        "core" pins rank r to the r-th CPU this process may use, when there are at least
+        ``nprocs`` of them (like ``mpirun --bind-to core``); "none" leaves it to the scheduler.
 
     Returns
     -------
@@ -67,13 +72,14 @@ def launch(fn, nprocs: int, args: tuple = (), *, grace: float = DEFAULT_GRACE_S,
     """
     if not isinstance(nprocs, int) or nprocs < 1:
         raise ArgumentError(f"nprocs={nprocs!r}: expected a positive int")
+    check_policy(bind)
     ctx = mp.get_context("spawn")
     rdzv = tempfile.mkdtemp(prefix="collectx-rdzv-")
     procs, conns = [], []
     try:
         for r in range(nprocs):
             parent, child = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child, args=(fn, args, rank_env(r, nprocs, rdzv), child),
+            p = ctx.Process(target=_child, args=(fn, args, rank_env(r, nprocs, rdzv), child, bind),
                             name=f"collectx-rank{r}", daemon=True)
             p.start()
             child.close()
@@ -87,10 +93,11 @@ def launch(fn, nprocs: int, args: tuple = (), *, grace: float = DEFAULT_GRACE_S,
         sweep_stale(pids={p.pid for p in procs if p.pid})
 
 
-def _child(fn, args, env, conn) -> None:
+def _child(fn, args, env, conn, bind="none") -> None:
     os.environ.update(env)
     rank = int(env["COLLECTX_RANK"])
     try:
+        bind_process(rank, int(env["COLLECTX_WORLD_SIZE"]), bind)
         value = fn(*args)
         msg = ("ok", value)
         try:
