@@ -163,6 +163,39 @@ def test_ranks_are_bound_like_mpiruns_unless_told_otherwise(monkeypatch):
         assert f"bind: {want}" in out.getvalue()
 
 
+def test_repeat_takes_turns_and_reports_each_cells_median(monkeypatch):
+    from collectx.perf import peers
+    turns, times = [], iter([30.0, 10.0, 20.0])
+
+    def launch(fn, nprocs, args=(), bind="none"):
+        turns.append("collectx")
+        rows = _thread_launch(fn, nprocs, args)[0]
+        t = next(times)  # plant one time per round in every cell
+        return [[dict(r, ip=dict(r["ip"], time_us=t, algbw=1e3 / t, busbw=1e3 / t))
+                 for r in rows]]
+
+    def run_peer(name, spec, n):
+        turns.append(name)
+        return peers.PeerResult(name, skipped="absent") if name == "gloo" else \
+            peers.PeerResult(name, _thread_launch(None, n, (spec,))[0])
+    monkeypatch.setattr(driver.peer_runners, "run_peer", run_peer)
+    out = io.StringIO()
+    opts = parse_args(["-b", "8", "-e", "8", "-I", "1", "-w", "0", "--no-progress",
+                       "--compare", "mpi,gloo", "--repeat", "3"])
+    assert driver.run_measured(opts, out=out, launch=launch) == 0
+    # round-robin; a peer skipped once is not retried
+    assert turns == ["collectx", "mpi", "gloo", "collectx", "mpi", "collectx", "mpi"]
+    text = out.getvalue()
+    assert "median of 3 rounds" in text and "peer gloo skipped: absent" in text
+    row = next(ln for ln in text.splitlines() if not ln.startswith("#"))
+    assert "20.00   50.00" in row  # median time 20 us, bandwidth from it: 1000 / 20
+
+
+def test_repeat_must_be_positive():
+    with pytest.raises(ArgumentError, match="--repeat 0"):
+        parse_args(["--repeat", "0"])
+
+
 def test_driver_exits_nonzero_when_a_result_is_wrong(monkeypatch):
     def corrupting_launch(fn, nprocs, args=(), bind="none"):
         def body(comm, spec):

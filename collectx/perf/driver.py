@@ -15,6 +15,7 @@ import tempfile
 from ..errors import ArgumentError, CollectXError, ConfigError
 from . import peers as peer_runners
 from .options import Options, parse_args
+from .rounds import median_rows
 from .report import library_versions, machine_info, write_csv, write_json
 from .sweep import run_sweep, stderr_progress
 from .table import format_table, total_wrong
@@ -132,7 +133,7 @@ def _binding(opts: Options, nranks: int) -> str:
 
 def _result(opts: Options, nranks: int, mode: str, peers: dict, skipped: dict) -> dict:
     return {"mode": mode, "nranks": nranks, "machine": machine_info(),
-            "versions": library_versions(), "options": opts.spec() | {"device": opts.device},
+            "versions": library_versions(), "options": opts.spec() | {"device": opts.device, "repeat": opts.repeat},
             "peers": peers, "skipped": skipped}
 
 
@@ -166,7 +167,11 @@ def run_simulated(opts: Options, out=None) -> int:
 
 
 def run_measured(opts: Options, out=None, launch=None) -> int:
-    """Measure collectx on ``opts.nprocs`` local ranks, then the peers, and report."""
+    """Measure collectx on ``opts.nprocs`` local ranks, then the peers, and report.
+
+    With ``--repeat N`` collectx and the peers take turns N times and each cell is the median of
+    its backend's rounds (:mod:`collectx.perf.rounds`).
+    """
     out = out or sys.stdout
     if launch is None:
         import collectx
@@ -175,37 +180,48 @@ def run_measured(opts: Options, out=None, launch=None) -> int:
     if opts.root >= opts.nprocs:  # caught here, before any rank starts
         raise ArgumentError(f"-r {opts.root}: expected a root rank in [0, {opts.nprocs}) "
                             f"for -n {opts.nprocs}")
+    rounds: dict[str, list] = {"collectx": []}
+    skipped: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="collectx-perf-") as tmp:
-        spec = dict(opts.spec(), rows_file=os.path.join(tmp, "rows.jsonl"))
-        try:
-            rows = launch(_collectx_rank, opts.nprocs, args=(spec,), bind=opts.bind)[0]
-        except CollectXError as exc:  # show what was measured before the failure, then fail
-            rows = _rows_so_far(spec["rows_file"])
-            if not rows:
-                raise
-            failure = str(exc).splitlines()[0]
-            report_measured(opts, opts.nprocs, {"collectx": rows}, {}, out,
-                            [f"# run failed after {len(rows)} rows: {failure}"])
-            return 2
-    peers, skipped = {"collectx": rows}, {}
-    for name in opts.compare:
-        got = peer_runners.run_peer(name, spec, opts.nprocs)
-        if got.rows is None:
-            skipped[name] = {"reason": got.skipped, "hint": got.hint}
-        else:
-            peers[name] = got.rows
-    return report_measured(opts, opts.nprocs, peers, skipped, out)
+        for i in range(opts.repeat):
+            if opts.repeat > 1 and opts.progress:
+                sys.stderr.write(f"collectx-perf: round {i + 1} of {opts.repeat}\n")
+            spec = dict(opts.spec(), rows_file=os.path.join(tmp, f"rows{i}.jsonl"))
+            try:
+                rows = launch(_collectx_rank, opts.nprocs, args=(spec,), bind=opts.bind)[0]
+            except CollectXError as exc:  # show what was measured before the failure, then fail
+                rows = _rows_so_far(spec["rows_file"])
+                if not rows:
+                    raise
+                failure = str(exc).splitlines()[0]
+                report_measured(opts, opts.nprocs, {"collectx": rows}, {}, out,
+                                [f"# run failed after {len(rows)} rows: {failure}"], failed=True)
+                return 2
+            rounds["collectx"].append(rows)
+            for name in opts.compare:
+                if name in skipped:
+                    continue  # not installed, or failed in an earlier round
+                got = peer_runners.run_peer(name, spec, opts.nprocs)
+                if got.rows is None:
+                    skipped[name] = {"reason": got.skipped, "hint": got.hint}
+                    rounds.pop(name, None)
+                else:
+                    rounds.setdefault(name, []).append(got.rows)
+    peers = {name: median_rows(r) for name, r in rounds.items()}
+    notes = [f"# each cell: median of {opts.repeat} rounds, backends taking turns"] \
+        if opts.repeat > 1 else []
+    return report_measured(opts, opts.nprocs, peers, skipped, out, notes)
 
 
 def report_measured(opts: Options, nranks: int, peers: dict, skipped: dict, out,
-                    notes: list[str] = ()) -> int:
+                    notes: list[str] = (), failed: bool = False) -> int:
     """Print the table (and skipped peers), write the files; 1 if any result was wrong."""
     lines = _preamble(opts, nranks) + list(notes)
     for name, info in skipped.items():
         hint = f"; install: {info['hint']}" if info.get("hint") else ""
         lines.append(f"# peer {name} skipped: {info['reason']}{hint}")
     measured = {row["collective"] for row in peers["collectx"]}
-    if not notes:  # after a failure, missing collectives are simply the ones not reached
+    if not failed:  # after a failure, missing collectives are simply the ones not reached
         lines += [f"# {c}: not run, this communicator does not provide it"
                   for c in opts.collectives if c not in measured]
     others = {k: v for k, v in peers.items() if k != "collectx"}

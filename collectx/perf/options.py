@@ -64,6 +64,7 @@ class Options:
     html: str | None = None
     progress: bool = True
     bind: str = "core"
+    repeat: int = 1
 
     def spec(self) -> dict:
         """The JSON-able subset a rank process needs to run the sweep."""
@@ -162,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ranks it starts, its own and its peers': core pins rank r to the r-th "
                         "allowed CPU when they fit, as mpirun does (default); none leaves them "
                         "to the scheduler")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run collectx and the --compare peers round-robin N times and report "
+                        "each cell's median (steadier on a shared machine; default 1)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar on stderr")
     return p
@@ -176,7 +180,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     if op not in OPS:
         raise ArgumentError(f"-o {a.op!r}: expected one of {', '.join(OPS)}")
     for flag, value, low in (("-n", a.nprocs, 1), ("-I", a.iters, 1), ("-w", a.warmup_iters, 0),
-                             ("-c", a.check, 0)):
+                             ("-c", a.check, 0), ("--repeat", a.repeat, 1)):
         if value is not None and value < low:
             raise ArgumentError(f"{flag} {value}: expected an integer >= {low}")
     if a.root < 0:  # the upper limit is the rank count, known once ranks exist
@@ -188,4 +192,5 @@ def parse_args(argv: list[str] | None = None) -> Options:
                    check=a.check, algo=a.algo, device=a.device,
                    compare=_csv_list(a.compare, PEERS, "--compare"), simulate=a.simulate,
                    gpus=_gpu_list(a.gpus) if a.gpus else None, json=a.json, csv=a.csv,
-                   plot=a.plot, html=a.html, progress=a.progress, bind=a.bind)
+                   plot=a.plot, html=a.html, progress=a.progress, bind=a.bind,
+                   repeat=a.repeat)
