@@ -46,8 +46,10 @@ struct cx_ctl {
     uint64_t p2p_pad[8];
     uint64_t desc[2][CX_EXEC_DESC_WORDS]; /* call descriptors, slot = seq parity */
     uint32_t doorbell;        /* futex word: bumped by a peer that publishes while I sleep */
-    uint32_t asleep;          /* 1 while this rank may sleep on its doorbell */
-    uint64_t pad3[79];
+    uint32_t asleep;          /* 0 running, 1 polling its doorbell, 2 may block on it (futex) */
+    int64_t next_check_ns;    /* owner only: when its waits next check the peers' health, */
+    int64_t next_proc_ns;     /* and their /proc state (kept across calls, see Waiter) */
+    uint64_t pad3[77];
     uint64_t lane_flag[CX_EXEC_MAX_LANES][8]; /* [lane][0] used; one cache line per lane */
 };
 
@@ -81,12 +83,17 @@ struct Waiter {
     int64_t deadline;
     cx_exec_result* res;
     int polls = 0;
-    int64_t next_check = 0, next_proc = 0;
+    // The health-check clock lives in this rank's control block, not here: a Waiter lasts one
+    // wait, and restarting the clock each time made every wait of an oversubscribed rank (which
+    // reaches check() after a few polls) read each peer's /proc stat, ~20 us a call.
+    int64_t& next_check;
+    int64_t& next_proc;
     int pending = 0;          // failure seen by the last health check, not yet reported
     int pending_rank = -1;
 
     Waiter(const cx_exec_window* w, uint64_t s, int64_t d, cx_exec_result* r)
-        : win(w), seq(s), deadline(d), res(r) {}
+        : win(w), seq(s), deadline(d), res(r), next_check(w->ctl[w->rank]->next_check_ns),
+          next_proc(w->ctl[w->rank]->next_proc_ns) {}
     void reset() { polls = 0; pending = 0; }
     int fail(int status, int rank);
 

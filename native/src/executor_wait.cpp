@@ -16,7 +16,10 @@
 // preceded by up to kYieldNs of sched_yield() (polling the doorbell): the queued peer runs at
 // once and a rank stays runnable. Measured with 4 ranks on 2 cores: 8 B allreduce 244-323 us ->
 // 70-101 us, 64 KiB 383 -> 166 us, 1 MiB 807 -> 417 us (with every rank having a CPU a yield only
-// hands it to unrelated work, so the phase is skipped there).
+// hands it to unrelated work, so the phase is skipped there). Two more costs were found there
+// with perf and removed: each wait restarted the health-check clock, so every call read each
+// peer's /proc stat; and every publish paid a futex-wake syscall for peers that were only
+// yielding. With both gone, 4 ranks on 2 cores: 8 B allreduce 85-91 us -> 17-19 us.
 
 #include "cx_executor.h"
 
@@ -74,20 +77,28 @@ bool pid_alive(int64_t pid) {
     return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
 }
 
+// `asleep` is kWatching while a waiter polls its doorbell (the oversubscribed yield phase) and
+// kInFutex once it may block in FUTEX_WAIT: only then does a publish pay for the wake syscall
+// (a shared futex's wake pins the page: most of an oversubscribed 8-byte allreduce went there).
+// The publisher bumps the doorbell and only then re-reads `asleep`; the waiter raises kInFutex,
+// fences, and FUTEX_WAIT compares the doorbell with the value it armed with. So either the waiter
+// sees the bump (and does not block) or the publisher sees kInFutex (and wakes it).
+constexpr uint32_t kWatching = 1, kInFutex = 2;
+
 void ring(const cx_exec_window* win) {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);  // our publish before the loads of `asleep`
     for (int r = 0; r < win->nranks; ++r) {
         cx_ctl* c = win->ctl[r];
         if (r == win->rank || !__atomic_load_n(&c->asleep, __ATOMIC_RELAXED)) continue;
-        __atomic_fetch_add(&c->doorbell, 1u, __ATOMIC_SEQ_CST);
-        futex_wake(&c->doorbell);
+        __atomic_fetch_add(&c->doorbell, 1u, __ATOMIC_SEQ_CST);  // a full barrier on x86 too
+        if (__atomic_load_n(&c->asleep, __ATOMIC_SEQ_CST) == kInFutex) futex_wake(&c->doorbell);
     }
 }
 
 uint32_t Waiter::arm() {
     cx_ctl* me = win->ctl[win->rank];
     uint32_t bell = __atomic_load_n(&me->doorbell, __ATOMIC_ACQUIRE);
-    __atomic_store_n(&me->asleep, 1u, __ATOMIC_RELAXED);
+    __atomic_store_n(&me->asleep, kWatching, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);  // `asleep` up before the caller re-checks
     return bell;
 }
@@ -113,7 +124,10 @@ void Waiter::sleep(uint32_t bell) {
         int64_t left = deadline - now_ns();
         if (left < ns) ns = left > 1000 ? long(left) : 1000;
     }
-    futex_wait(&win->ctl[win->rank]->doorbell, bell, ns);
+    cx_ctl* me = win->ctl[win->rank];
+    __atomic_store_n(&me->asleep, kInFutex, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);  // peers that publish from now on wake us
+    futex_wait(&me->doorbell, bell, ns);
 }
 
 void Waiter::disarm() { __atomic_store_n(&win->ctl[win->rank]->asleep, 0u, __ATOMIC_RELAXED); }
