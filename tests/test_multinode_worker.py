@@ -97,7 +97,8 @@ def check(comm) -> None:
     comm.allreduce(avg, op="avg")
     np.testing.assert_allclose(avg, np.full(5, (size - 1) / 2, np.float32))
     comm.barrier()
-    report = f"OK {rank} host {comm.layout.host} local {comm.layout.local_rank}"
+    report = (f"OK {rank} host {comm.layout.host} local {comm.layout.local_rank} "
+              f"machine {comm.local._window.machine_ranks}")
     print(report, flush=True)
     if os.environ.get("CX_TEST_REPORT_DIR"):
         # mpirun may interleave or lose the tail of a rank's stdout at exit; a file cannot be.

@@ -35,10 +35,12 @@ class Communicator:
     C-contiguous. Every rank must make the same calls in the same order (checked: ranks that
     disagree raise :class:`~collectx.errors.CollectiveMismatch`). ``async_op=True`` returns a
     :class:`~collectx.runtime.work.Work`; async calls run in order on a background thread.
+    ``machine_ranks`` (default ``size``) counts the ranks of all communicators sharing this
+    machine, as pseudo-hosts do; when they outnumber the CPUs, waits yield sooner.
     """
 
     def __init__(self, rank: int, size: int, store: Store, *, topology=None,
-                 timeout: float | None = None, config=None):
+                 timeout: float | None = None, config=None, machine_ranks: int | None = None):
         cfg = config or get_config()
         if not (isinstance(size, int) and size >= 1 and isinstance(rank, int)
                 and 0 <= rank < size):
@@ -48,7 +50,8 @@ class Communicator:
         sweep_stale()
         _warm_planner()
         prefix = next_key_prefix("comm", store, rank)
-        self._window = Window(rank, size, as_store(store), prefix, cfg.window_bytes, self.timeout)
+        self._window = Window(rank, size, as_store(store), prefix, cfg.window_bytes, self.timeout,
+                              machine_ranks)
         self._engine = Engine(self._window, cfg, topology, self.timeout)
         self._heap = Heap(self._window.heap_bytes)
         self._worker: Worker | None = None

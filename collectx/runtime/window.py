@@ -110,16 +110,29 @@ def _map_segment(name: str, total: int) -> mmap.mmap:
         os.close(fd)
 
 
+def spin_polls(machine_ranks: int, cpus: int | None = None) -> int:
+    """Busy polls before a wait yields or sleeps: many when every rank on the machine has a CPU,
+    few when they outnumber the CPUs (the peer waited for is then often queued on ours).
+
+    >>> spin_polls(2, cpus=2), spin_polls(4, cpus=2)
+    (2000, 50)
+    """
+    cpus = (os.cpu_count() or 1) if cpus is None else cpus
+    return 2000 if machine_ranks <= cpus else 50
+
+
 class Window:
     """Every rank's segment mapped in this process, plus the native view of them.
 
     ``ctl[r]`` is rank r's control block as a uint64 numpy array; ``native`` is the
-    ``cx_exec_window`` struct the executor takes.
+    ``cx_exec_window`` struct the executor takes. ``machine_ranks`` counts the ranks of every
+    communicator sharing this machine (default ``size``): it sets how long waits spin.
     """
 
     def __init__(self, rank: int, size: int, store: Store, prefix: str, window_bytes: int,
-                 timeout: float):
+                 timeout: float, machine_ranks: int | None = None):
         self.rank, self.size = rank, size
+        self.machine_ranks = size if machine_ranks is None else machine_ranks
         self._maps: list[mmap.mmap | None] = [None] * size
         self._name = None
         try:
@@ -177,7 +190,7 @@ class Window:
         self.native.nranks, self.native.rank = self.size, self.rank
         self.native.ctl, self.native.data = self._ctl_ptrs, self._data_ptrs
         self.native.set_bytes = self.set_bytes
-        self.native.spin = 2000 if self.size <= (os.cpu_count() or 1) else 50
+        self.native.spin = spin_polls(self.machine_ranks)
         self._p2p_ptrs = ffi.new("char*[]", [ffi.cast("char*", b) + self.p2p_offset
                                              for b in self._bufs])
         self.native.p2p, self.native.p2p_slot_bytes = self._p2p_ptrs, P2P_SLOT_BYTES

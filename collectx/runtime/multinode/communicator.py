@@ -20,6 +20,7 @@ failures raise EngineError.
 from __future__ import annotations
 
 import shutil
+import socket
 import tempfile
 
 import numpy as np
@@ -268,11 +269,13 @@ def _host_communicator(engine: InterEngine, layout: HostLayout, timeout, cfg) ->
     """The host's CPU communicator; its rendezvous directory is made by the host's first rank
     and announced over the engine, so no other rendezvous service is needed."""
     path = tempfile.mkdtemp(prefix="collectx-host-") if layout.local_rank == 0 else None
-    paths = engine.exchange(path)
+    paths, names = zip(*engine.exchange((path, socket.gethostname())))
+    # Pseudo-hosts (COLLECTX_HOSTS) may share one machine: its CPUs serve all of their ranks.
+    machine = names.count(names[engine.rank])
     mine = paths[layout.hosts[layout.host][0]]
     try:
         comm = Communicator(layout.local_rank, layout.local_size, FileStore(mine),
-                            timeout=timeout, config=cfg)
+                            timeout=timeout, config=cfg, machine_ranks=machine)
         engine.barrier()          # every rank of every host has mapped its host's windows
     finally:
         if path is not None:
