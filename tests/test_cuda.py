@@ -332,3 +332,35 @@ def test_thread_ranks_sharing_a_store_get_the_same_rendezvous_keys():
         ["collectx/cuda0", "collectx/cuda0", "collectx/cuda1", "collectx/cuda1"]
     assert next_key_prefix("cuda", b, 1) == "collectx/cuda0"      # a new store starts afresh
     assert next_key_prefix("comm", a, 0) == "collectx/comm0"      # kinds count apart
+
+
+def test_a_thread_rank_that_closes_early_keeps_its_window_until_peers_close(monkeypatch):
+    # Ranks as threads map each other's windows directly; a rank that returns without calling
+    # must not cudaFree memory a peer's kernel still polls (on a GPU that faulted with an
+    # illegal address instead of the peer's Timeout).
+    import threading
+    from collectx.runtime.cuda import _rt, window
+    from collectx.runtime.store import HashStore
+    allocated, freed = iter(range(1 << 20, 1 << 30, 1 << 20)), []
+    for name, fn in {"malloc": lambda n: next(allocated), "free": freed.append,
+                     "memset": lambda *a, **k: None, "stream_synchronize": lambda s: None,
+                     "set_device": lambda d: None, "pci_bus_id": lambda d: "0000:01:00.0",
+                     "ipc_handle": lambda p: b"h" * 64}.items():
+        monkeypatch.setattr(_rt, name, fn)
+    monkeypatch.setattr(window, "ctl_bytes", lambda: 4096)
+    monkeypatch.setattr(window.CudaWindow, "_upload_bases", lambda self: None)
+    store, wins = HashStore(), [None, None]
+
+    def open_rank(r):
+        wins[r] = window.CudaWindow(r, 2, store, "t", 1 << 20, 10.0, device=0)
+    threads = [threading.Thread(target=open_rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    early, late = wins[1].self_base, wins[0].self_base
+    assert wins[0].bases == [late, early] and wins[1].bases == [late, early]
+    wins[1].close()
+    assert freed == []                       # rank 0 still maps rank 1's window
+    wins[0].close()
+    assert sorted(freed) == sorted([early, late])

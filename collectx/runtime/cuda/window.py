@@ -136,7 +136,10 @@ class CudaWindow:
                 raise CommError(f"rank {self.rank} (GPU {self.device}) cannot access rank {r}'s "
                                 f"GPU {peer['device']}; expected peer access between GPUs of "
                                 f"one process; run one process per GPU instead")
-            return int(peer["base"])
+            # Held until this rank closes: a peer that returns early (or never calls) frees its
+            # window only once nobody's kernel can still poll it.
+            self._held.append(_hold_local(int(peer["base"])))
+            return self._held[-1]
         handle = bytes.fromhex(peer["handle"])
         base = _open_peer(self.device, handle)
         self._opened.append(handle)
