@@ -167,3 +167,138 @@ def async_then_fast() -> list:
     before = _fast_calls(comm)
     comm.allreduce(x)
     return [vals, x.tolist(), _fast_calls(comm) - before]
+
+
+# -- out-of-place fast calls: allreduce(x, out=), allgather(x, out=), reduce_scatter(x, out=) --
+
+SLOTS = {"allreduce": "_fast_allreduce", "allgather": "_fast_allgather",
+         "reduce_scatter": "_fast_reduce_scatter"}
+
+
+def _slot_calls(comm, coll: str) -> int:
+    return getattr(getattr(comm, SLOTS[coll]), "calls", -1)
+
+
+def run_with_out(comm, coll: str, x, out, op=None):
+    """``coll`` of ``x`` into ``out`` (``op`` for the reductions); returns what the call did."""
+    if coll == "allgather":
+        return comm.allgather(x, out=out)
+    return getattr(comm, coll)(x, out=out, op=op)
+
+
+def with_out_shapes(coll: str, size: int, n: int) -> tuple[int, int]:
+    """(input, output) element counts of ``coll`` with ``n`` elements per rank's block."""
+    return {"allreduce": (n, n), "allgather": (n, n * size),
+            "reduce_scatter": (n * size, n)}[coll]
+
+
+def _expected_with_out(coll, seed, size, rank, n, dtype, op) -> np.ndarray:
+    if coll == "allgather":
+        return np.concatenate([_input(seed, r, n, dtype) for r in range(size)])
+    if coll == "allreduce":
+        return _expected(seed, size, n, dtype, op)
+    return _expected(seed, size, n * size, dtype, op)[rank * n:(rank + 1) * n]
+
+
+def results_with_out(cases: list) -> list:
+    """Every (collective, dtype, op, n) case four times in a row into a fresh ``out``, fresh
+    data each time; per case: the failures (wrong result, input changed, result not ``out``)
+    and how many of the four calls the collective's fast call ran."""
+    comm = collectx.init(timeout=60)
+    results = []
+    for coll, dtype, op, n in cases:
+        n_in, n_out = with_out_shapes(coll, comm.size, n)
+        failures, fast = [], 0
+        for rep in range(4):
+            seed = zlib.crc32(f"{coll}{dtype}{op}{n}{rep}".encode())  # equal on every rank
+            x = _input(seed, comm.rank, n_in, dtype)
+            if n_in % 2 == 0:
+                x = x.reshape(2, -1)                      # any C-contiguous shape
+            kept = x.copy()
+            out = np.full(n_out, 99, dtype)
+            before = _slot_calls(comm, coll)
+            got = run_with_out(comm, coll, x, out, op)
+            fast += int(_slot_calls(comm, coll) == before + 1 and before >= 0)
+            want = _expected_with_out(coll, seed, comm.size, comm.rank, n, dtype, op)
+            if got is not out or not np.array_equal(out, want) or not np.array_equal(x, kept):
+                failures.append((coll, dtype, op, n, rep, out[:4].tolist()))
+        results.append((failures, fast))
+    comm.close()
+    return results
+
+
+def _armed_with_out(comm, coll: str, n: int = 4):
+    """A function repeating an 8-element float32 ``coll`` call of ones into ``out``, run twice
+    so that its fast call is armed, its input and its ``out``."""
+    n_in, n_out = with_out_shapes(coll, comm.size, n)
+    x, out = np.ones(n_in, np.float32), np.empty(n_out, np.float32)
+    repeat = lambda: run_with_out(comm, coll, x, out, "sum")  # noqa: E731
+    repeat()
+    repeat()
+    return repeat, x, out
+
+
+def mismatch_and_abort_on_fast_call_with_out(coll: str) -> list:
+    """Both ranks arm ``coll``'s fast call; then rank 1 calls allreduce of another size, then
+    ``coll`` into a read-only out (ArgumentError, its call aborted), while rank 0 repeats the
+    armed call each time; then both repeat it. Per round: the exception's name, its message
+    (mismatch) or rank (abort), and how many calls the fast call ran; then the last result."""
+    comm = collectx.init(timeout=60)
+    repeat, x, out = _armed_with_out(comm, coll)
+    read_only = out.copy()
+    read_only.flags.writeable = False
+    odd = [lambda: comm.allreduce(np.ones(3, np.float32)),
+           lambda: run_with_out(comm, coll, x, read_only, "sum")]
+    got = []
+    for round_, call in enumerate(odd):
+        before = _slot_calls(comm, coll)
+        try:
+            call() if comm.rank == 1 else repeat()
+            seen = [None, None]
+        except Exception as e:
+            seen = [type(e).__name__, getattr(e, "rank", None) if round_ else str(e)]
+        got.append(seen + [_slot_calls(comm, coll) - before])
+    repeat()
+    got.append(out.tolist())
+    comm.close()
+    return got
+
+
+def peer_dies_during_fast_call_with_out(path: str, coll: str) -> None:
+    """Rank 1 SIGKILLs itself while rank 0 waits in ``coll``'s armed fast call; rank 0 writes
+    what it saw to ``path``/rank0.json."""
+    comm = collectx.init(timeout=60)
+    repeat, _, _ = _armed_with_out(comm, coll)
+    if comm.rank == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    before = _slot_calls(comm, coll)
+    t0 = time.monotonic()
+    try:
+        repeat()
+        got = [None]
+    except Exception as e:
+        got = [type(e).__name__, getattr(e, "rank", None), time.monotonic() - t0]
+    got.append(_slot_calls(comm, coll) - before)
+    try:
+        repeat()
+        got.append(None)
+    except Exception as e:
+        got.append(type(e).__name__)
+    with open(os.path.join(path, "rank0.json"), "w") as f:
+        json.dump(got, f)
+
+
+def never_arrives_on_fast_call_with_out(timeout: float, coll: str) -> list:
+    comm = collectx.init(timeout=timeout)
+    repeat, _, _ = _armed_with_out(comm, coll)
+    if comm.rank == 1:
+        time.sleep(timeout + 2)
+        return ["skipped"]
+    before = _slot_calls(comm, coll)
+    t0 = time.monotonic()
+    try:
+        repeat()
+        return [None]
+    except Exception as e:
+        return [type(e).__name__, time.monotonic() - t0, _slot_calls(comm, coll) - before]

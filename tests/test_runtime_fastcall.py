@@ -1,10 +1,11 @@
-"""The compiled fast call of Communicator.allreduce(x) (collectx._fastpath.FastCall).
+"""The compiled fast calls of the Communicator (collectx._fastpath.FastCall).
 
 Once an in-place allreduce of a plain numpy array has run, later calls with the same dtype,
-element count and op run through one C call. These tests check it is the path taken (its call
-counter), that results are right for every op and several dtypes and shapes, that it declines
-everything else untouched, and that mismatches, aborted calls, dead peers and timeouts raise as
-on the checked path.
+element count and op run through one C call; likewise allreduce, allgather and reduce_scatter
+into an ``out=`` array. These tests check it is the path taken (its call counter), that results
+are right for every op and several dtypes and shapes, that it declines everything else
+untouched, and that mismatches, aborted calls, dead peers and timeouts raise as on the checked
+path.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 import _fastcall_workers as W
 import collectx
-from collectx.errors import ArgumentError, CommError
+from collectx.errors import ArgumentError, CommError, DTypeError
 from collectx.runtime.engine import _fast_module
 
 pytestmark = pytest.mark.skipif(_fast_module() is None,
@@ -91,17 +92,18 @@ def _one_rank_fast_call():
 def test_fast_call_declines_other_arrays_and_ops_untouched():
     comm, x = _one_rank_fast_call()
     fast = comm._fast
-    assert fast(x, "sum") is True and fast.calls == 1
+    assert fast(x, None, "sum") is True and fast.calls == 1
     ro = x.copy()
     ro.flags.writeable = False
     declined = [x.astype(np.float64), x[::2].copy(), np.arange(12, dtype=np.float32)[::2],
                 ro, x.astype(">f4"), x[:5].copy(), x.tolist(), memoryview(x)]
     for y in declined:
         before = np.array(y, copy=True)
-        assert fast(y, "sum") is False
+        assert fast(y, None, "sum") is False
         np.testing.assert_array_equal(np.asarray(y), before)
-    assert fast(x, "max") is False and fast(x, 0) is False
-    assert fast(x.reshape(2, 3), "sum") is True      # same dtype and count, any C shape
+    assert fast(x, None, "max") is False and fast(x, None, 0) is False
+    assert fast(x, x.copy(), "sum") is False         # in place only: an out declines
+    assert fast(x.reshape(2, 3), None, "sum") is True  # same dtype and count, any C shape
     assert fast.calls == 2
     with pytest.raises(TypeError):
         fast(x)
@@ -120,7 +122,7 @@ def test_checked_path_errors_are_unchanged():
     comm.close()
     with pytest.raises(CommError):
         comm.allreduce(x)
-    assert comm._fast(x, "sum") is False
+    assert comm._fast(x, None, "sum") is False
 
 
 def test_heap_arrays_take_the_checked_path():
@@ -128,10 +130,10 @@ def test_heap_arrays_take_the_checked_path():
         x = comm.empty(6, np.float32)
         x[:] = 2
         comm.allreduce(x)
-        assert comm._fast(x, "sum") is False
+        assert comm._fast(x, None, "sum") is False
         y = np.ones(6, np.float32)
         comm.allreduce(y)
-        assert comm._fast(x, "sum") is False and comm._fast(y, "sum") is True
+        assert comm._fast(x, None, "sum") is False and comm._fast(y, None, "sum") is True
         assert x.tolist() == [2.0] * 6
 
 
@@ -140,9 +142,9 @@ def test_fast_call_declines_while_the_engine_lock_is_held():
     lock = comm._engine._lock
     with lock:
         assert lock.locked()
-        assert comm._fast(x, "sum") is False          # the checked path would wait for it
+        assert comm._fast(x, None, "sum") is False    # the checked path would wait for it
     assert not lock.locked()
-    assert comm._fast(x, "sum") is True
+    assert comm._fast(x, None, "sum") is True
     with pytest.raises(RuntimeError, match="not held"):
         lock.release()
     comm.close()
@@ -172,3 +174,146 @@ def test_a_dropped_communicator_and_its_fast_call_are_collected():
     del comm
     gc.collect()
     assert engine() is None                           # the engine <-> fast call cycle is freed
+
+
+# -- allreduce(x, out=), allgather(x, out=), reduce_scatter(x, out=) --------------------------
+
+WITH_OUT = ("allreduce", "allgather", "reduce_scatter")
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_calls_with_out_run_through_their_fast_calls(nranks):
+    cases = [("allreduce", d, o, n) for d, o, n in (
+        ("float32", "sum", 5), ("float64", "prod", 3), ("int32", "min", 17), ("int8", "max", 4),
+        ("int64", "avg", 9), ("float16", "sum", 64), ("float32", "avg", 6))]
+    cases += [("allgather", d, None, n) for d, n in (
+        ("float32", 5), ("int64", 3), ("uint8", 1000), ("float16", 2), ("int8", 1))]
+    cases += [("reduce_scatter", d, o, n) for d, o, n in (
+        ("float32", "sum", 5), ("float64", "avg", 3), ("int32", "max", 7), ("int8", "min", 2),
+        ("uint8", "sum", 3), ("int64", "prod", 4))]
+    per_rank = collectx.launch(W.results_with_out, nranks, args=(cases,), timeout=240)
+    for rank, results in enumerate(per_rank):
+        for case, (failures, fast) in zip(cases, results):
+            assert failures == [], (rank, failures)
+            assert fast == 3, (rank, case, fast)           # the first call arms it
+
+
+def _one_rank_fast_call_with_out(coll):
+    comm = collectx.init(0, 1)
+    x, out = np.arange(6, dtype=np.float32), np.empty(6, np.float32)
+    W.run_with_out(comm, coll, x, out, "sum")
+    return comm, x, out, getattr(comm, W.SLOTS[coll])
+
+
+def _op_of(coll):
+    return None if coll == "allgather" else "sum"
+
+
+@pytest.mark.parametrize("coll", WITH_OUT)
+def test_fast_call_with_out_declines_other_arrays_untouched(coll):
+    comm, x, out, fast = _one_rank_fast_call_with_out(coll)
+    op = _op_of(coll)
+    assert fast(x, out, op) is True and fast.calls == 1
+    ro = out.copy()
+    ro.flags.writeable = False
+    shared = np.zeros(9, np.float32)
+    heap = comm.empty(6, np.float32)
+    heap[:] = 5
+    bad_outs = [np.empty(5, np.float32), np.empty(7, np.float32), out.astype(np.float64), ro,
+                np.empty(12, np.float32)[::2], out.astype(">f4"), x, heap, out.tolist(),
+                memoryview(out), None]
+    bad_inputs = [x.astype(np.float64), np.arange(12, dtype=np.float32)[::2], x[:5].copy(),
+                  x.astype(">f4"), heap, x.tolist()]
+    calls = [(x, y) for y in bad_outs] + [(y, out) for y in bad_inputs]
+    calls += [(shared[:6], shared[3:]), (shared[3:], shared[:6]), (out, out)]  # overlapping
+    for a, b in calls:
+        before = [np.array(v, copy=True) for v in (a, b, x, out) if v is not None]
+        assert fast(a, b, op) is False, (a, b)
+        after = [np.asarray(v) for v in (a, b, x, out) if v is not None]
+        for u, v in zip(before, after):
+            np.testing.assert_array_equal(u, v)
+    assert fast(x, out, "max" if op else "sum") is False and fast(x, out, 0) is False
+    assert fast(x.reshape(2, 3), out.reshape(3, 2), op) is True  # any C shape
+    assert fast.calls == 2
+    with pytest.raises(TypeError):
+        fast(x, out)
+    comm.close()
+
+
+@pytest.mark.parametrize("coll", WITH_OUT)
+def test_checked_path_errors_with_out_are_unchanged(coll):
+    comm, x, out, fast = _one_rank_fast_call_with_out(coll)
+    op = _op_of(coll)
+    ro = out.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ArgumentError, match="expected 6"):
+        W.run_with_out(comm, coll, x, np.empty(7, np.float32), op)
+    with pytest.raises(DTypeError, match="same dtype"):
+        W.run_with_out(comm, coll, x, out.astype(np.float64), op)
+    with pytest.raises(ArgumentError, match="read-only"):
+        W.run_with_out(comm, coll, x, ro, op)
+    with pytest.raises(ArgumentError, match="non-contiguous"):
+        W.run_with_out(comm, coll, x, np.empty(12, np.float32)[::2], op)
+    if op is not None:
+        with pytest.raises(ArgumentError, match="op="):
+            W.run_with_out(comm, coll, x, out, "median")
+    assert fast.calls == 0
+    shared = np.arange(9, dtype=np.float32)             # overlapping: staged by the checked path
+    W.run_with_out(comm, coll, shared[:6], shared[3:], op)
+    assert shared.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 5]
+    heap_in, heap_out = comm.empty(6, np.float32), comm.empty(6, np.float32)
+    heap_in[:] = x
+    assert W.run_with_out(comm, coll, heap_in, heap_out, op) is heap_out
+    assert heap_out.tolist() == x.tolist() and fast.calls == 0
+    assert W.run_with_out(comm, coll, x, out, op) is out and fast.calls == 1  # still in step
+    comm.close()
+    with pytest.raises(CommError):
+        W.run_with_out(comm, coll, x, out, op)
+    assert fast.enabled is False
+    assert getattr(comm, W.SLOTS[coll])(x, out, op) is False
+
+
+def test_async_calls_drop_the_fast_calls_until_a_synchronous_one():
+    comm, x, out, fast = _one_rank_fast_call_with_out("allgather")
+    work = comm.allgather(x, out=out, async_op=True)
+    assert all(getattr(comm, slot)(x, out, None) is False for slot in W.SLOTS.values())
+    comm.allgather(x, out=out)                          # drains the queue on the checked path
+    assert work.result() is out and fast.calls == 0
+    assert comm._fast_allgather is fast                 # armed again, the same cached call
+    assert comm.allgather(x, out=out) is out and fast.calls == 1
+    comm.close()
+
+
+@pytest.mark.parametrize("coll", WITH_OUT)
+def test_mismatch_and_peer_abort_reach_a_fast_call_with_out(coll):
+    results = collectx.launch(W.mismatch_and_abort_on_fast_call_with_out, 2, args=(coll,),
+                              timeout=120)
+    want = [1.0] * 8 if coll == "allgather" else [2.0] * 4
+    for rank, (mismatch, abort, after) in enumerate(results):
+        name, message, _ = mismatch
+        assert name == "CollectiveMismatch", (rank, name, message)
+        assert "rank 0:" in message and "rank 1:" in message
+        assert after == want                               # still usable, and in step
+    assert results[0][0][2] == 1                           # rank 0's side ran the fast call
+    assert results[1][1][:2] == ["ArgumentError", None]
+    assert results[0][1] == ["PeerAborted", 1, 1]
+
+
+@pytest.mark.parametrize("coll", WITH_OUT)
+def test_peer_death_during_a_fast_call_with_out_raises_peer_failure(tmp_path, coll):
+    with pytest.raises(collectx.errors.RankFailed, match="rank 1 was killed by signal SIGKILL"):
+        collectx.launch(W.peer_dies_during_fast_call_with_out, 2, args=(str(tmp_path), coll),
+                        grace=20, timeout=120)
+    name, rank, seconds, fast, later = json.loads((tmp_path / "rank0.json").read_text())
+    assert (name, rank) == ("PeerFailure", 1)
+    assert seconds < 5.0
+    assert fast == 1
+    assert later == "CommError"
+
+
+def test_missing_peer_times_out_in_a_fast_call_with_out():
+    results = collectx.launch(W.never_arrives_on_fast_call_with_out, 2,
+                              args=(1.0, "reduce_scatter"), timeout=120)
+    name, seconds, fast = results[0]
+    assert name == "Timeout" and fast == 1
+    assert 0.9 < seconds < 6.0

@@ -26,6 +26,10 @@ from .work import Work, Worker
 
 _HEAP_DTYPES = [np.dtype(n) for n in DTYPE_CODES if n != "bfloat16"]
 _FAST_DTYPES = frozenset(_HEAP_DTYPES)
+_OP_NAMES = {code: name for name, code in OP_CODES.items()}
+# The compiled fast call of the last signature of: in-place allreduce, allreduce(x, out=),
+# allgather(x, out=), reduce_scatter(x, out=).
+_FAST_SLOTS = ("_fast", "_fast_allreduce", "_fast_allgather", "_fast_reduce_scatter")
 
 
 class Communicator:
@@ -55,27 +59,33 @@ class Communicator:
         self._engine = Engine(self._window, cfg, topology, self.timeout)
         self._heap = Heap(self._window.heap_bytes)
         self._worker: Worker | None = None
-        self._fast = _decline  # compiled call of the last in-place allreduce signature
+        self._drop_fast()
         self._finalizer = weakref.finalize(self, _release, self._window)
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, x, out=None, op: str = "sum", async_op: bool = False):
         """Reduce ``x`` over all ranks; result in ``out`` (default: in place in ``x``)."""
-        if out is None and not async_op:
-            if self._fast(x, op):  # same signature as the last in-place call: one C call
-                return x
-            if type(x) is np.ndarray and op in OP_CODES:
-                return self._allreduce_in_place(x, op)
+        if not async_op:
+            if out is None:
+                if self._fast(x, None, op):  # same signature as the last in-place call
+                    return x
+                if type(x) is np.ndarray and op in OP_CODES:
+                    return self._allreduce_in_place(x, op)
+            elif self._fast_allreduce(x, out, op):  # same signature as the last call with out
+                return out
 
         def prepare():
             src, dt = self._input(x)
             res = x if out is None else out
             dst = self._output(res, src.size, dt, "out")
             return ("allreduce", src, dst, src.size, dt, self._op(op), 0, res)
-        return self._submit(prepare, async_op)
+        return self._submit(prepare, async_op, None if out is None else "_fast_allreduce")
 
     def reduce_scatter(self, x, out=None, op: str = "sum", async_op: bool = False):
         """Reduce ``x`` (``size * n`` elements) and leave block ``rank`` (``n``) in ``out``."""
+        if not async_op and self._fast_reduce_scatter(x, out, op):
+            return out
+
         def prepare():
             src, dt = self._input(x)
             if src.size % self.size:
@@ -85,16 +95,19 @@ class Communicator:
             res = empty_like_shape(x, n, src, dt) if out is None else out
             return ("reduce_scatter", src, self._output(res, n, dt, "out"), n, dt,
                     self._op(op), 0, res)
-        return self._submit(prepare, async_op)
+        return self._submit(prepare, async_op, None if out is None else "_fast_reduce_scatter")
 
     def allgather(self, x, out=None, async_op: bool = False):
         """Gather every rank's ``x`` into ``out`` (``size * len(x)``, rank-major)."""
+        if not async_op and self._fast_allgather(x, out, None):
+            return out
+
         def prepare():
             src, dt = self._input(x)
             res = empty_like_shape(x, src.size * self.size, src, dt) if out is None else out
             return ("allgather", src, self._output(res, src.size * self.size, dt, "out"),
                     src.size, dt, 0, 0, res)
-        return self._submit(prepare, async_op)
+        return self._submit(prepare, async_op, None if out is None else "_fast_allgather")
 
     def alltoall(self, x, out=None, async_op: bool = False):
         """Block ``j`` of rank ``i``'s ``x`` lands in block ``i`` of rank ``j``'s ``out``."""
@@ -191,7 +204,7 @@ class Communicator:
         call, without the closures and the overlap test of the general path (about 2 us less).
 
         Once it ran, later calls of the same signature (dtype, size, op) go through a compiled
-        fast call (Engine.fast_allreduce) that skips all of this; the fast call declines (and
+        fast call (Engine.fast_call) that skips all of this; the fast call declines (and
         this path runs again) for anything else.
         """
         try:
@@ -205,10 +218,14 @@ class Communicator:
         op = OP_CODES[op_name]
         self._engine.run("allreduce", src, src, src.size, dt, src.itemsize, op, 0, 1, -1, heap)
         if heap < 0 and src.dtype in _FAST_DTYPES:  # not a bfloat16 view: x's dtype is src's
-            self._fast = self._engine.fast_allreduce(src, dt, op_name, op) or _decline
+            self._fast = (self._engine.fast_call("allreduce", src, dt, op_name, op, True)
+                          or _decline)
         return x
 
-    def _submit(self, prepare, async_op: bool):
+    def _submit(self, prepare, async_op: bool, fast_slot: str | None = None):
+        """Checks and runs (or queues) one collective. ``fast_slot``: the attribute that caches
+        this method's compiled fast call, armed after a successful synchronous run of plain
+        disjoint arrays outside the heap (the fast call then declines whatever else comes)."""
         try:
             coll, src, dst, count, dt, op, root, res = prepare()
         except (ArgumentError, DTypeError) as e:
@@ -226,12 +243,26 @@ class Communicator:
                              out_heap)
             return res
         if async_op:
-            self._fast = _decline  # queued work must run first: the checked path drains it
+            self._drop_fast()  # queued work must run first: the checked path drains it
             if self._worker is None:
                 self._worker = Worker(f"collectx-comm-rank{self.rank}")
             return self._worker.submit(go)
         self._drain()
-        return go()
+        result = go()
+        if fast_slot is not None and overlap == 0 and in_heap < 0 and out_heap < 0:
+            self._arm(fast_slot, coll, src, dt, op)
+        return result
+
+    def _arm(self, slot: str, coll: str, src, dt: int, op: int) -> None:
+        """Caches the fast call of the call that just ran (src's signature) in ``slot``."""
+        if src.dtype in _FAST_DTYPES:  # not a bfloat16 view: its dtype object is the input's
+            op_name = None if coll == "allgather" else _OP_NAMES[op]
+            setattr(self, slot, self._engine.fast_call(coll, src, dt, op_name, op) or _decline)
+
+    def _drop_fast(self) -> None:
+        """Every method takes the checked path until its next successful synchronous call."""
+        for slot in _FAST_SLOTS:
+            setattr(self, slot, _decline)
 
     def _input(self, x):
         return as_array(x, "x")
@@ -256,7 +287,7 @@ class Communicator:
             self._worker.drain()
             self._worker.stop()
             self._worker = None
-        self._fast = _decline
+        self._drop_fast()
         self._engine.detach()
         self._finalizer()
 
@@ -270,7 +301,7 @@ class Communicator:
         return f"Communicator(rank={self.rank}, size={self.size})"
 
 
-def _decline(x, op) -> bool:
+def _decline(x, out, op) -> bool:
     """The fast call when there is none: always take the checked path."""
     return False
 

@@ -10,6 +10,7 @@ aborted calls are detected by every rank at the same point and leave the communi
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 
@@ -158,36 +159,52 @@ class Engine:
         prepared = self._calls[(coll, dtype, count, op, root, in_overlaps_out)] = (fp, c, keep)
         return prepared
 
-    def fast_allreduce(self, arr, dtype: int, op_name: str, op: int):
-        """The compiled fast call (collectx._fastpath.FastCall) of an in-place allreduce of
-        arrays like ``arr`` (same dtype object, element count) with ``op``, or None without the
-        compiled module. Call it once the checked path has run the same call: it reuses the
-        prepared call struct. Cached per signature; disabled when the engine is poisoned."""
-        key = (arr.dtype, arr.size, op_name)
+    def fast_call(self, coll: str, arr, dtype: int, op_name: str | None, op: int,
+                  in_place: bool = False):
+        """The compiled fast call (collectx._fastpath.FastCall) of ``coll`` with an input like
+        ``arr`` (same dtype object, element count) and ``op``, in place or into a disjoint
+        output, or None without the compiled module. ``coll`` is "allreduce" (in place or not),
+        "allgather" or "reduce_scatter"; ``op_name`` is None for allgather. Call it once the
+        checked path has run the same call: it reuses the prepared call struct. Cached per
+        signature; disabled when the engine is poisoned."""
+        key = (coll, arr.dtype, arr.size, op_name, in_place)
         fast = self._fast_calls.get(key)
         if fast is not None or self._poisoned:
             return fast
         module = _fast_module()
-        ckey = ("allreduce", dtype, arr.size, op, 0, 1)
-        prepared = self._calls.get(ckey)
-        if module is None or prepared is None:
+        if module is None or (coll == "reduce_scatter" and arr.size % self.size):
+            return None
+        count, out_count = self._fast_counts(coll, arr.size)
+        prepared = self._calls.get((coll, dtype, count, op, 0, int(in_place)))
+        if prepared is None:
             return None
         fp, c, _ = prepared
         addr = lambda p: int(self._ffi.cast("uintptr_t", p))  # noqa: E731
         heap = self.win.heap_address
         fast = module.FastCall(addr(self._lib.cx_exec_run), addr(fp.native), addr(self._wnative),
                                addr(c), addr(self._res), addr(self._state), heap,
-                               heap + self.win.heap_bytes, arr.dtype, arr.size, op_name,
-                               self._lock, self._fast_failed, (prepared, self.win))
+                               heap + self.win.heap_bytes, arr.dtype, arr.size,
+                               None if in_place else out_count, op_name, self._lock,
+                               functools.partial(self._fast_failed, coll),
+                               (prepared, self.win))
         if len(self._fast_calls) > 64:  # many signatures: start over rather than grow forever
             self._drop_fast_calls()
         self._fast_calls[key] = fast
         return fast
 
-    def _fast_failed(self, seq: int):
+    def _fast_counts(self, coll: str, in_count: int) -> tuple[int, int]:
+        """(the call struct's count, the output's element count) of ``coll`` with ``in_count``
+        input elements: count is per rank's block, as Communicator passes it to :meth:`run`."""
+        if coll == "allgather":
+            return in_count, in_count * self.size
+        if coll == "reduce_scatter":
+            return in_count // self.size, in_count // self.size
+        return in_count, in_count
+
+    def _fast_failed(self, coll: str, seq: int):
         """Raises the exception of the failed fast call ``seq`` (its status is in the result)."""
         res = self._res
-        raise self._failure("allreduce", seq, res.status, res.rank, res.lane, res.index)
+        raise self._failure(coll, seq, res.status, res.rank, res.lane, res.index)
 
     def _drop_fast_calls(self) -> None:
         for fast in self._fast_calls.values():
@@ -323,7 +340,8 @@ class Engine:
 
 
 def _fast_module():
-    """collectx._fastpath when it is built and has FastCall, else None (checked path only)."""
+    """collectx._fastpath when it is built and has the FastCall this engine builds, else None
+    (checked path only)."""
     global _FAST_MODULE
     if _FAST_MODULE is False:
         try:
@@ -331,8 +349,9 @@ def _fast_module():
             module = _native._compiled_module()
         except Exception:  # no library or no compiled module: the checked path serves
             module = None
-        _FAST_MODULE = module if hasattr(module, "FastCall") else None
+        _FAST_MODULE = module if getattr(module, "FASTCALL_API", None) == _FASTCALL_API else None
     return _FAST_MODULE
 
 
 _FAST_MODULE = False  # not looked up yet
+_FASTCALL_API = 2     # FastCall(..., in_count, out_count, op, ...) called as fc(x, out, op)

@@ -30,6 +30,9 @@
 /* Bumped when the Python-side contract changes; collectx/_native.py refuses other versions.
  * (FastCall is an addition the runtime looks up by name; reduce/copy are unchanged.) */
 #define CX_FASTPATH_API 1
+/* Version of FastCall's constructor and call signature; the engine builds FastCalls only of the
+ * version it speaks, so a stale compiled module leaves the checked path in charge. */
+#define CX_FASTCALL_API 2
 
 /* Calls that move at least this many bytes (all inputs) release the GIL; below it the release
  * and re-acquire would cost more than the overlap they buy. */
@@ -372,20 +375,23 @@ static PyTypeObject CxLockType = {
 
 /* ---- FastCall: one prepared collective call of the CPU runtime, run in one C call ------------
  *
- * Why it exists: Communicator.allreduce(x) of a small array is dominated by the Python around the
- * executor (validation, the plan cache lookup, ffi.from_buffer, cffi's libffi call, the result
- * struct reads): several microseconds against about one of native work. The runtime builds a
- * FastCall for one call signature (dtype, element count, op) once the checked path has run it,
- * with the addresses of its cffi structs (plan, window, call, result) and of the engine's
- * sequence/epoch counters; a later call with the same signature costs a few flag reads and
- * cx_exec_run.
+ * Why it exists: a small collective (allreduce, allgather, reduce_scatter) is dominated by the
+ * Python around the executor (validation, the plan cache lookup, ffi.from_buffer, cffi's libffi
+ * call, the result struct reads): several microseconds against about one of native work. The
+ * runtime builds a FastCall for one call signature (collective, dtype, input and output element
+ * counts, op, in place or not) once the checked path has run it, with the addresses of its cffi
+ * structs (plan, window, call, result) and of the engine's sequence/epoch counters; a later call
+ * with the same signature costs a few flag reads and cx_exec_run.
  *
- * Contract of a call fc(x, op): True when the collective ran; False when x or op does not match
- * (or the FastCall was disabled, or another thread holds the engine's lock) and nothing was
- * touched: the caller takes the checked path. A failed collective raises through the engine's
- * callback (on_failure(seq)), which maps the result struct to the collectx exception, exactly as
- * the checked path does. The GIL is released around cx_exec_run: it may wait for peers, which can
- * be threads of this process. */
+ * Contract of a call fc(x, out, op): True when the collective ran; False when x, out or op does
+ * not match (or the FastCall was disabled, or another thread holds the engine's lock) and nothing
+ * was touched: the caller takes the checked path. An in-place FastCall takes out=None; an
+ * out-of-place one a writable out disjoint from x (the prepared call struct assumes disjoint
+ * buffers: its direct-chunk masks and in_private were chosen for that).
+ *
+ * A failed collective raises through the engine's callback (on_failure(seq)), which maps the
+ * result struct to the collectx exception, exactly as the checked path does. The GIL is released
+ * around cx_exec_run: it may wait for peers, which can be threads of this process. */
 
 typedef int (*exec_run_fn)(const cx_exec_plan*, const cx_exec_window*, const cx_exec_call*,
                            cx_exec_result*);
@@ -400,8 +406,9 @@ typedef struct {
   cx_exec_result* res;
   unsigned long long* state; /* the engine's [seq, epoch], a cffi array it reads and writes too */
   PyArray_Descr* descr;      /* the dtype this call takes (compared by identity first) */
-  npy_intp count;            /* elements */
-  PyObject* op;              /* op name */
+  npy_intp in_count;         /* elements of x */
+  npy_intp out_count;        /* elements of out; -1: in place (out is None, x is written) */
+  PyObject* op;              /* op name (None for allgather) */
   char* heap_lo;             /* this rank's window heap: arrays in it take the checked path */
   char* heap_hi;
   CxLock* lock;              /* the engine's lock */
@@ -455,14 +462,40 @@ static void* pointer_arg(PyObject* obj, const char* what) {
   return p;
 }
 
+/* The out count argument: None (in place) is -1, else a count >= 0. */
+static int out_count_arg(PyObject* obj, npy_intp* out) {
+  if (obj == Py_None) {
+    *out = -1;
+    return 0;
+  }
+  Py_ssize_t n = PyLong_AsSsize_t(obj);
+  if (n == -1 && PyErr_Occurred()) return -1;
+  if (n < 0) {
+    PyErr_SetString(PyExc_ValueError, "FastCall(): out_count must be >= 0 (None: in place)");
+    return -1;
+  }
+  *out = n;
+  return 0;
+}
+
 static int fastcall_init(FastCall* self, PyObject* args, PyObject* kwds) {
   PyObject *a_run, *a_plan, *a_win, *a_call, *a_res, *a_state, *a_lo, *a_hi;
-  PyObject *descr, *op, *lock, *on_failure, *keep;
-  Py_ssize_t count;
-  if (!PyArg_ParseTuple(args, "OOOOOOOOO!nUO!OO:FastCall", &a_run, &a_plan, &a_win, &a_call,
-                        &a_res, &a_state, &a_lo, &a_hi, &PyArrayDescr_Type, &descr, &count, &op,
-                        &CxLockType, &lock, &on_failure, &keep))
+  PyObject *descr, *a_out_count, *op, *lock, *on_failure, *keep;
+  Py_ssize_t in_count;
+  npy_intp out_count;
+  if (!PyArg_ParseTuple(args, "OOOOOOOOO!nOOO!OO:FastCall", &a_run, &a_plan, &a_win, &a_call,
+                        &a_res, &a_state, &a_lo, &a_hi, &PyArrayDescr_Type, &descr, &in_count,
+                        &a_out_count, &op, &CxLockType, &lock, &on_failure, &keep))
     return -1;
+  if (in_count < 0) {
+    PyErr_SetString(PyExc_ValueError, "FastCall(): in_count must be >= 0");
+    return -1;
+  }
+  if (out_count_arg(a_out_count, &out_count) < 0) return -1;
+  if (op != Py_None && !PyUnicode_CheckExact(op)) {
+    PyErr_SetString(PyExc_TypeError, "FastCall(): op must be an op name (str) or None");
+    return -1;
+  }
   void* p[6];
   PyObject* objs[6] = {a_run, a_plan, a_win, a_call, a_res, a_state};
   const char* names[6] = {"run", "plan", "window", "call", "result", "state"};
@@ -483,7 +516,8 @@ static int fastcall_init(FastCall* self, PyObject* args, PyObject* kwds) {
   self->state = p[5];
   self->heap_lo = lo;
   self->heap_hi = hi;
-  self->count = count;
+  self->in_count = (npy_intp)in_count;
+  self->out_count = out_count;
   Py_INCREF(descr);
   Py_INCREF(op);
   Py_INCREF(lock);
@@ -498,12 +532,14 @@ static int fastcall_init(FastCall* self, PyObject* args, PyObject* kwds) {
   return 0;
 }
 
-/* Whether x is an array this call takes as it is: exact ndarray, C-contiguous, writable, the
- * same dtype (native byte order; an equivalent descriptor counts) and count, outside the heap. */
-static int fastcall_accepts(FastCall* self, PyObject* x) {
-  if (!PyArray_CheckExact(x)) return 0;
-  PyArrayObject* a = (PyArrayObject*)x;
-  if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISWRITEABLE(a) || PyArray_SIZE(a) != self->count)
+/* Whether obj is an array this call takes as it is: exact ndarray, C-contiguous, writable when
+ * written, the same dtype (native byte order; an equivalent descriptor counts) and `count`
+ * elements, outside this rank's heap (heap arrays are used in place by peers: checked path). */
+static int fastcall_accepts_array(FastCall* self, PyObject* obj, npy_intp count, int written) {
+  if (!PyArray_CheckExact(obj)) return 0;
+  PyArrayObject* a = (PyArrayObject*)obj;
+  if (!PyArray_IS_C_CONTIGUOUS(a) || (written && !PyArray_ISWRITEABLE(a)) ||
+      PyArray_SIZE(a) != count)
     return 0;
   if (PyArray_DESCR(a) != self->descr && !PyArray_EquivTypes(PyArray_DESCR(a), self->descr))
     return 0;
@@ -511,9 +547,27 @@ static int fastcall_accepts(FastCall* self, PyObject* x) {
   return !(data < self->heap_hi && data + PyArray_NBYTES(a) > self->heap_lo);
 }
 
+/* Whether two accepted (C-contiguous) arrays occupy disjoint bytes. Equal start addresses count
+ * as overlapping even when empty: the checked path may call those the same memory. */
+static int disjoint(PyArrayObject* a, PyArrayObject* b) {
+  char *pa = PyArray_DATA(a), *pb = PyArray_DATA(b);
+  if (pa == pb) return 0;
+  return pa + PyArray_NBYTES(a) <= pb || pb + PyArray_NBYTES(b) <= pa;
+}
+
+/* Whether (x, out) is the signature this call was built for: in place (out is None and x is
+ * written) or into an out disjoint from x. */
+static int fastcall_accepts(FastCall* self, PyObject* x, PyObject* out) {
+  if (self->out_count < 0)
+    return out == Py_None && fastcall_accepts_array(self, x, self->in_count, 1);
+  return fastcall_accepts_array(self, x, self->in_count, 0) &&
+         fastcall_accepts_array(self, out, self->out_count, 1) &&
+         disjoint((PyArrayObject*)x, (PyArrayObject*)out);
+}
+
 static int same_op(FastCall* self, PyObject* op) {
   if (op == self->op) return 1;
-  return PyUnicode_CheckExact(op) && PyUnicode_Compare(op, self->op) == 0;
+  return self->op != Py_None && PyUnicode_CheckExact(op) && PyUnicode_Compare(op, self->op) == 0;
 }
 
 /* Sets the exception of a failed call: the engine's callback raises it (under the lock, as on the
@@ -532,23 +586,24 @@ static void raise_failure(FastCall* self, unsigned long long seq) {
 static PyObject* fastcall_call(FastCall* self, PyObject* const* args, size_t nargsf,
                                PyObject* kwnames) {
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  if (nargs != 2 || kwnames != NULL) {
-    PyErr_Format(PyExc_TypeError, "FastCall takes 2 positional arguments (x, op), got %zd",
+  if (nargs != 3 || kwnames != NULL) {
+    PyErr_Format(PyExc_TypeError, "FastCall takes 3 positional arguments (x, out, op), got %zd",
                  nargs);
     return NULL;
   }
-  if (!self->enabled || !fastcall_accepts(self, args[0]) || !same_op(self, args[1]))
+  PyObject *x = args[0], *out = args[1];
+  if (!self->enabled || !fastcall_accepts(self, x, out) || !same_op(self, args[2]))
     Py_RETURN_FALSE;
   if (!cxlock_try(self->lock))
     Py_RETURN_FALSE; /* another thread runs a collective: the checked path waits for it */
-  void* data = PyArray_DATA((PyArrayObject*)args[0]);
+  void* in = PyArray_DATA((PyArrayObject*)x);
   cx_exec_call* c = self->call;
   unsigned long long seq = self->state[0];
-  c->user_in = data;
-  c->user_out = data;
+  c->user_in = in;
+  c->user_out = out == Py_None ? in : PyArray_DATA((PyArrayObject*)out);
   c->seq = seq;
   c->epoch = self->state[1];
-  c->in_heap = c->out_heap = -1;
+  c->in_heap = c->out_heap = -1; /* as the checked path sets them for arrays outside the heap */
   Py_BEGIN_ALLOW_THREADS
   self->run(self->plan, self->win, c, self->res);
   Py_END_ALLOW_THREADS
@@ -588,12 +643,13 @@ static PyGetSetDef fastcall_getset[] = {
 };
 
 PyDoc_STRVAR(fastcall_doc,
-"FastCall(run, plan, window, call, result, state, heap_lo, heap_hi, dtype, count, op, lock,\n"
-"         on_failure, keep)\n\n"
+"FastCall(run, plan, window, call, result, state, heap_lo, heap_hi, dtype, in_count,\n"
+"         out_count, op, lock, on_failure, keep)\n\n"
 "One prepared collective call (see the comment in native/python/cx_fastpath.c). The first six\n"
 "are addresses: cx_exec_run, the cx_exec_plan, cx_exec_window, cx_exec_call and cx_exec_result\n"
 "structs, and the engine's unsigned long long [seq, epoch]; heap_lo/heap_hi bound this rank's\n"
-"window heap. fc(x, op) -> True when it ran, False when x/op do not match (nothing touched).");
+"window heap. out_count None: in place. op: the op name, or None (allgather).\n"
+"fc(x, out, op) -> True when it ran, False when x/out/op do not match (nothing touched).");
 
 static PyTypeObject FastCallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -631,6 +687,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
   if (PyType_Ready(&FastCallType) < 0 || PyType_Ready(&CxLockType) < 0) return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m != NULL && (PyModule_AddIntConstant(m, "API", CX_FASTPATH_API) < 0 ||
+                    PyModule_AddIntConstant(m, "FASTCALL_API", CX_FASTCALL_API) < 0 ||
                     PyModule_AddObjectRef(m, "FastCall", (PyObject*)&FastCallType) < 0 ||
                     PyModule_AddObjectRef(m, "Lock", (PyObject*)&CxLockType) < 0))
     Py_CLEAR(m);
