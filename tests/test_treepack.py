@@ -229,3 +229,37 @@ def test_chunk_count_mip_has_no_wall_clock_limit(monkeypatch):
     second = chunking._solve_counts(packing, index.caps, 256)
     assert seen and all("time_limit" not in o for o in seen)
     assert [(id(t), n) for t, n in first] == [(id(t), n) for t, n in second]
+
+
+def _packings(name, gpus=None):
+    from collectx.planner.edge_split import LinkIndex, job_graph, simulator_routes
+    from collectx.planner.treepack import pack_balanced_trees, pack_out_trees
+    G0 = topo.load(name)
+    ranks = tuple(gpus or topo.gpus(G0))
+    G = job_graph(G0, ranks)
+    index = LinkIndex.of(G)
+    routes = simulator_routes(G, index, ranks)
+    lp = pack_out_trees(index, ranks, ranks, routes=routes)
+    return index, lp, pack_balanced_trees(index, ranks, ranks, routes, start=lp)
+
+
+def test_balanced_trees_reach_the_lp_rate_on_pcie_switches():
+    index, lp, bal = _packings("pcie_gen4_8gpu")
+    assert bal.balanced and not lp.balanced
+    assert bal.rate == pytest.approx(lp.rate, rel=1e-9)
+    assert sorted(t.root for t in bal.trees) == sorted(topo.gpus(topo.load("pcie_gen4_8gpu")))
+    assert all(len(t.edges) == 7 and t.rate == bal.rate for t in bal.trees)
+    load = {}
+    for t in bal.trees:
+        for path in t.paths:
+            for link, w in path:
+                load[link] = load.get(link, 0.0) + w * bal.rate
+    assert all(v <= index.caps[e] * (1 + 1e-9) for e, v in load.items())
+
+
+def test_balanced_trees_span_every_gpu_once():
+    _, _, bal = _packings("dgx1v", ["GPU0", "GPU1", "GPU2", "GPU3"])
+    for t in bal.trees:
+        reached = {t.root} | {c for _, c in t.edges}
+        assert len(reached) == 4 and len(t.edges) == 3
+        assert all(p in reached for p, _ in t.edges)

@@ -103,7 +103,9 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
     b = ScheduleBuilder(collective, n, nch, inplace=inplace, algorithm="forest")
     em = TreeEmitter(b)
     trees_meta: list = []
-    _EMIT[collective](b, em, at, ag, rs, trees_meta)
+    # Equal-rate forests move each tree's transfers on their own lanes (see TreeEmitter).
+    per_tree = "allgather" in packed and packed["allgather"][0].balanced
+    _EMIT[collective](b, em, at, ag, rs, trees_meta, per_tree)
     em.flush()
     b.meta("trees", trees_meta)
     b.meta("rate_gbps", {phase: p.rate for phase, (p, _) in packed.items()})
@@ -128,7 +130,7 @@ def _shares(counts, at: dict, first_of, phase: str, meta: list) -> list:
     return out
 
 
-def _emit_allgather(b, em, at, ag, rs, meta):
+def _emit_allgather(b, em, at, ag, rs, meta, per_tree=False):
     c = b.nchunks
     shares = _shares(ag, at, lambda r: 0, "allgather", meta)
     if not b.inplace:
@@ -136,23 +138,25 @@ def _emit_allgather(b, em, at, ag, rs, meta):
             for j in range(c):
                 em.self_copy(r, Ref(r, "output", r * c + j), Ref(r, "input", j))
     em.broadcast(shares, src=lambda v, j, s: Ref(v, "input", j),
-                 dst=lambda v, j, s: Ref(v, "output", s.root * c + j))
+                 dst=lambda v, j, s: Ref(v, "output", s.root * c + j),
+                 per_tree=per_tree)
 
 
-def _emit_reduce_scatter(b, em, at, ag, rs, meta):
+def _emit_reduce_scatter(b, em, at, ag, rs, meta, per_tree=False):
     c = b.nchunks
     shares = _shares(rs, at, lambda r: 0, "reduce_scatter", meta)
     em.reduce(shares, contrib=lambda v, j, s: Ref(v, "input", s.root * c + j),
               result=lambda v, j, s: Ref(v, "output", j))
 
 
-def _emit_allreduce(b, em, at, ag, rs, meta):
+def _emit_allreduce(b, em, at, ag, rs, meta, per_tree=False):
     per_root = b.nchunks // b.nranks
     span = lambda r: r * per_root  # noqa: E731
     here = lambda v, j, s: Ref(v, "output", j)  # noqa: E731
     done = em.reduce(_shares(rs, at, span, "reduce_scatter", meta),
                      contrib=lambda v, j, s: Ref(v, "input", j), result=here)
-    em.broadcast(_shares(ag, at, span, "allgather", meta), src=here, dst=here, after=done)
+    em.broadcast(_shares(ag, at, span, "allgather", meta), src=here, dst=here, after=done,
+                 per_tree=per_tree)
 
 
 _EMIT = {"allgather": _emit_allgather, "reduce_scatter": _emit_reduce_scatter,

@@ -62,13 +62,15 @@ class Packing:
     """Result of a packing: ``rate`` per group (GB/s) and the trees with ``rate > 0``.
 
     ``columns`` holds every tree the column generation produced (rates 0 included): the
-    candidates an integral rounding may pick from.
+    candidates an integral rounding may pick from. ``balanced``: one tree per group, all at
+    the same rate (:func:`pack_balanced_trees`).
     """
 
     rate: float
     trees: tuple
     rounds: int
     columns: tuple = ()
+    balanced: bool = False
 
 
 def min_arborescence(W: np.ndarray, root: int) -> list[int] | None:
@@ -463,3 +465,162 @@ def pack_relay_trees(index: LinkIndex, gpus, root, routes: dict) -> Packing | No
     each = min(index.caps[e] / k for e, k in total.items() if k > 0)
     trees = tuple(Tree(t.group, t.root, t.edges, t.paths, each) for _, t, _ in cols)
     return Packing(rate=each * len(trees), trees=trees, rounds=1, columns=trees)
+
+
+BALANCE_POWER = 8      # the search minimises sum of cap * (load / cap)^p: the max, but smooth
+BALANCE_SWEEPS = 40    # hill-climbing passes over every (tree, node, new parent) move
+DEPTH_WEIGHT = 3e-3    # per hop below the root, relative to one fully loaded link
+
+
+def pack_balanced_trees(index: LinkIndex, gpus, roots, routes: dict,
+                        start: Packing | None = None) -> Packing | None:
+    """One out-tree per root, all at one rate: the largest every link admits.
+
+    Why: the LP's optimum is typically a vertex with a few trees per root at very different
+    rates, while the simulator (and the hardware) shares a link equally among the transfers
+    crossing it, so unequal trees never get their planned rates and the run ends with a tail.
+    With one tree per root and equal chunk counts, a link crossed by ``k`` tree edges carries
+    ``k`` equal transfers: equal sharing *is* the planned sharing. On tree-shaped fabrics
+    (PCIe switches under CPU sockets) such trees reach the cut bound, each GPU link carrying
+    exactly the ``N - 1`` pieces it must; elsewhere they fall short and the caller keeps the
+    LP packing.
+
+    The trees are found by hill climbing over "re-parent node v in the tree of root r" moves,
+    minimising a smooth stand-in for the busiest link's load over capacity (plus a small
+    charge per hop of depth, for the pipeline fill), from shortest-route stars. Returns None
+    when some GPU pair has no route.
+    """
+    gpus = tuple(gpus)
+    n = len(gpus)
+    at = {g: i for i, g in enumerate(gpus)}
+    pairs = {}
+    for a in gpus:
+        for b in gpus:
+            if a != b:
+                if (a, b) not in routes:
+                    return None
+                pairs[at[a], at[b]] = routes[a, b]
+    caps = np.asarray(index.caps, dtype=float)
+    parent = {at[r]: _star(n, at[r]) for r in roots}
+    if start is not None:
+        for t in sorted(start.trees, key=lambda t: t.rate):   # each root's widest tree last
+            par = [-1] * n
+            for p, c in t.edges:
+                par[at[c]] = at[p]
+            parent[at[t.root]] = par
+    load = np.zeros(len(caps))
+    for r, par in parent.items():
+        for v, p in enumerate(par):
+            if p >= 0:
+                _add_route(load, pairs[p, v], 1.0)
+    for _ in range(BALANCE_SWEEPS):
+        if not _improve(parent, load, caps, pairs, n):
+            break
+    limit = caps * float(np.max(load / caps)) * (1 + 1e-9)
+    for _ in range(BALANCE_SWEEPS):
+        if not _shallower(parent, load, limit, pairs, n):
+            break
+    each = float(min(caps[e] / k for e, k in enumerate(load) if k > 1e-12))
+    trees = []
+    for r in roots:
+        edges = _top_down(gpus, parent[at[r]], at[r])
+        paths = tuple(routes[e] for e in edges)
+        trees.append(Tree(r, r, edges, paths, each))
+    return Packing(rate=each, trees=tuple(trees), rounds=1, columns=tuple(trees), balanced=True)
+
+
+def _star(n: int, root: int) -> list:
+    return [-1 if v == root else root for v in range(n)]
+
+
+def _add_route(load, route, k: float) -> None:
+    for link, w in route:
+        load[link] += k * w
+
+
+def _penalty(load, caps, links, ref: float) -> float:
+    u = load[links] / (caps[links] * ref)
+    return float(np.sum(caps[links] * u ** BALANCE_POWER))
+
+
+def _levels(par: list, root: int) -> list:
+    level = [-1] * len(par)
+    level[root] = 0
+    changed = True
+    while changed:
+        changed = False
+        for v, p in enumerate(par):
+            if p >= 0 and level[v] < 0 and level[p] >= 0:
+                level[v] = level[p] + 1
+                changed = True
+    return level
+
+
+def _below(par: list, v: int) -> set:
+    """``v`` and its descendants."""
+    out = {v}
+    grew = True
+    while grew:
+        grew = False
+        for u, p in enumerate(par):
+            if p in out and u not in out:
+                out.add(u)
+                grew = True
+    return out
+
+
+def _improve(parent: dict, load, caps, pairs: dict, n: int) -> bool:
+    """One pass of first-improvement moves; whether any move was made."""
+    ref = float(np.max(load / caps))   # the busiest link now weighs one capacity
+    charge = DEPTH_WEIGHT * float(np.mean(caps))
+    moved = False
+    for r, par in parent.items():
+        for v in range(n):
+            if v == r:
+                continue
+            sub = _below(par, v)
+            level = _levels(par, r)
+            old = par[v]
+            best, best_p = 0.0, None
+            for p in range(n):
+                if p in sub or p == old:
+                    continue
+                links = np.unique([e for e, _ in pairs[old, v]] + [e for e, _ in pairs[p, v]])
+                before = _penalty(load, caps, links, ref)
+                _add_route(load, pairs[old, v], -1.0)
+                _add_route(load, pairs[p, v], 1.0)
+                after = _penalty(load, caps, links, ref)
+                _add_route(load, pairs[p, v], -1.0)
+                _add_route(load, pairs[old, v], 1.0)
+                gain = before - after + charge * (level[old] - level[p]) * len(sub)
+                if gain > best + 1e-12 * charge:
+                    best, best_p = gain, p
+            if best_p is not None:
+                _add_route(load, pairs[old, v], -1.0)
+                _add_route(load, pairs[best_p, v], 1.0)
+                par[v] = best_p
+                moved = True
+    return moved
+
+
+def _shallower(parent: dict, load, limit, pairs: dict, n: int) -> bool:
+    """One pass lifting nodes of each tree closer to its root without loading any link past
+    ``limit``; whether any node moved. Shallow trees fill their pipelines sooner."""
+    moved = False
+    for r, par in parent.items():
+        for v in sorted(range(n), key=lambda u: -_levels(par, r)[u]):   # deepest first
+            level = _levels(par, r)
+            sub = _below(par, v)
+            old = par[v]
+            for p in sorted(range(n), key=lambda u: level[u]):
+                if p in sub or level[p] + 1 >= level[v]:
+                    continue
+                _add_route(load, pairs[old, v], -1.0)
+                _add_route(load, pairs[p, v], 1.0)
+                if np.all(load <= limit):
+                    par[v] = p
+                    moved = True
+                    break
+                _add_route(load, pairs[p, v], -1.0)
+                _add_route(load, pairs[old, v], 1.0)
+    return moved

@@ -28,7 +28,8 @@ import networkx as nx
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import Ref
 from .edge_split import LinkIndex, simulator_routes
-from .treepack import Packing, pack_out_trees, pack_relay_trees, pack_undirected_trees
+from .treepack import (Packing, pack_balanced_trees, pack_out_trees, pack_relay_trees,
+                       pack_undirected_trees)
 
 MAX_LANES = 64   # lanes per rank (CUDA thread blocks / CPU work queues); more keys share lanes
 SUBLANES = 3     # lanes per link, dealt round-robin: one late chunk does not idle the link
@@ -70,11 +71,15 @@ class TreeEmitter:
             keys[key] = len(keys)
         return keys[key] % MAX_LANES
 
-    def broadcast(self, shares, src: RefFn, dst: RefFn, after: dict | None = None) -> None:
+    def broadcast(self, shares, src: RefFn, dst: RefFn, after: dict | None = None,
+                  per_tree: bool = False) -> None:
         """Send chunk ``j`` from ``src(root, j, share)`` to ``dst(v, j, share)`` of every node.
 
         ``after[root, j]`` (optional) is the ``(token, time)`` of the item that produced the
-        root's chunk ``j`` (as :meth:`reduce` returns them).
+        root's chunk ``j`` (as :meth:`reduce` returns them). ``per_tree`` gives every tree its
+        own lanes on each link: for equal-rate forests (``Packing.balanced``), where the ``k``
+        trees crossing a link must move as ``k`` concurrent transfers to get the equal shares
+        they were planned with (lanes shared by trees serialize them instead).
         """
         after = after or {}
         for share, i, j in _chunks(shares):
@@ -84,7 +89,8 @@ class TreeEmitter:
             for p, c in share.edges:
                 source = src(p, j, share) if p == share.root else dst(p, j, share)
                 t = ready[p][1] + 1.0 / m
-                ready[c] = (self._add(t, c, ("down", p), "copy", dst(c, j, share), (source,),
+                key = ("down", p, share.root) if per_tree else ("down", p)
+                ready[c] = (self._add(t, c, key, "copy", dst(c, j, share), (source,),
                                       (ready[p][0],)), t)
 
     def staggered_broadcast(self, shares, src: RefFn, dst: RefFn) -> None:
@@ -194,7 +200,8 @@ def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool) -> tuple[Packing, tu
     H = G.reverse(copy=True) if reverse else G
     index = LinkIndex.of(H)
     routes = simulator_routes(G, index, ranks, reverse=reverse)
-    packing = pack_out_trees(index, ranks, roots, routes=routes)
+    packing = _balanced_or(pack_out_trees(index, ranks, roots, routes=routes), index, ranks,
+                           roots, routes)
     if len(roots) == 1:
         relay = pack_relay_trees(index, ranks, roots[0], routes)
         if relay is not None and relay.rate >= packing.rate * RELAY_KEEP:
@@ -212,14 +219,26 @@ def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots) -> dict:
     """
     index = LinkIndex.of(G)
     routes = simulator_routes(G, index, ranks)
-    out = pack_out_trees(index, ranks, roots, routes=routes), index.caps
+    out = _balanced_or(pack_out_trees(index, ranks, roots, routes=routes), index, ranks, roots,
+                       routes), index.caps
     rindex = LinkIndex.of(G.reverse(copy=True))
     rroutes = simulator_routes(G, rindex, ranks, reverse=True)
     if _named(index, routes) == _named(rindex, rroutes) and \
             dict(zip(index.links, index.caps)) == dict(zip(rindex.links, rindex.caps)):
         return {False: out, True: out}
-    return {False: out, True: (pack_out_trees(rindex, ranks, roots, routes=rroutes),
-                               rindex.caps)}
+    back = _balanced_or(pack_out_trees(rindex, ranks, roots, routes=rroutes), rindex, ranks,
+                        roots, rroutes)
+    return {False: out, True: (back, rindex.caps)}
+
+
+def _balanced_or(packing: Packing, index, ranks, roots, routes) -> Packing:
+    """One equal-rate tree per root instead of the LP's forest when it keeps the LP's rate."""
+    if len(roots) < 2:
+        return packing
+    balanced = pack_balanced_trees(index, ranks, roots, routes, start=packing)
+    if balanced is not None and balanced.rate >= packing.rate * RELAY_KEEP:
+        return balanced
+    return packing
 
 
 def _named(index: LinkIndex, routes: dict) -> dict:
