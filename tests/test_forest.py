@@ -103,10 +103,10 @@ def test_forest_verifies_on_sixteen_gpu_presets(name):
         verify(plan_forest(G, ranks, collective, 1 << 22))
 
 
-@pytest.mark.parametrize("collective,floor", [("allgather", 0.95), ("allreduce", 0.89)])
+@pytest.mark.parametrize("collective,floor", [("allgather", 0.99), ("allreduce", 0.99)])
 def test_forest_on_pcie_switches_uses_equal_rate_trees(collective, floor):
     """One tree per root at one rate: each GPU link carries N - 1 equal transfers, so the
-    simulator's equal link sharing is the planned sharing (floors measured: 0.957, 0.900)."""
+    simulator's equal link sharing is the planned sharing (measured: 0.9995, 0.998)."""
     G = topo.load("pcie_gen4_8gpu")
     ranks = tuple(topo.gpus(G))
     s = plan_forest(G, ranks, collective, 1 << 30)

@@ -28,6 +28,7 @@ from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
 from ._build import check_args
 from .edge_split import job_graph, require_connected
+from .switch_trees import tree_shaped
 from .chunking import chunk_counts, instruction_budget, runs_by_group
 from .treesched import Share, TreeEmitter, pack_rooted, pack_rooted_mirrored
 
@@ -36,6 +37,7 @@ MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pi
 MAX_INSTRUCTIONS = 4096        # at 8 ranks, growing with n^2 (see chunking.instruction_budget);
                                # 1 GiB at 8 GPUs keeps ~95% of 4x the chunks' simulated busbw
 CANDIDATE_CHUNKS = (8, 16, 32, 64, 128, 256)
+NEAR_RATE = 0.97               # an allreduce this close to its packing rate needs no rival
 
 
 def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
@@ -92,10 +94,26 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
     G = job_graph(topo, ranks)
     require_connected(G, ranks)
     if collective == "allreduce":
-        both = pack_rooted_mirrored(G, ranks, ranks)
-        packed = {"allgather": both[False], "reduce_scatter": both[True]}
-    else:
-        packed = {collective: _pack(G, ranks, reverse=collective == "reduce_scatter")}
+        packed = _pack_allreduce(G, ranks)
+        s = _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
+        if all(p.balanced for p, _ in packed.values()) and tree_shaped(G, ranks):
+            # Switch-hierarchy trees lose to the LP's forest in the simulator on some uneven
+            # PCIe allocations (3 + 2 GPUs over two sockets): keep the faster of the two.
+            rate = min(p.rate for p, _ in packed.values())
+            s = _unless_lp_faster(s, rate, G, topo, nbytes, ranks, inplace, nchunks)
+        return s
+    packed = {collective: _pack(G, ranks, reverse=collective == "reduce_scatter")}
+    return _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
+
+
+def _pack_allreduce(G, ranks, balanced: bool = True) -> dict:
+    both = pack_rooted_mirrored(G, ranks, ranks, balanced=balanced)
+    return {"allgather": both[False], "reduce_scatter": both[True]}
+
+
+def _schedule(packed: dict, collective: str, nbytes: int, ranks: tuple, inplace: bool,
+              nchunks) -> Schedule:
+    n = len(ranks)
     at = {g: i for i, g in enumerate(ranks)}
     per_root, counts = _counts(packed, collective, nbytes, n, nchunks)
     ag, rs = (counts.get(k) for k in ("allgather", "reduce_scatter"))
@@ -103,13 +121,32 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
     b = ScheduleBuilder(collective, n, nch, inplace=inplace, algorithm="forest")
     em = TreeEmitter(b)
     trees_meta: list = []
-    # Equal-rate forests move each tree's transfers on their own lanes (see TreeEmitter).
-    per_tree = "allgather" in packed and packed["allgather"][0].balanced
+    # Equal-rate allgather forests move each tree's transfers on their own lanes (see
+    # TreeEmitter.broadcast). Allreduce keeps lanes per link: there each broadcast starts as
+    # its chunk's reduction ends, and lanes shared in that order simulate 1-3% faster.
+    per_tree = collective == "allgather" and packed["allgather"][0].balanced
     _EMIT[collective](b, em, at, ag, rs, trees_meta, per_tree)
     em.flush()
     b.meta("trees", trees_meta)
     b.meta("rate_gbps", {phase: p.rate for phase, (p, _) in packed.items()})
     return b.build()
+
+
+def _unless_lp_faster(s: Schedule, rate: float, G, topo, nbytes: int, ranks, inplace,
+                      nchunks) -> Schedule:
+    """``s``, or the LP forest's allreduce if the simulator finishes that one first; the LP
+    forest is not planned when ``s`` already reaches :data:`NEAR_RATE` of its packing
+    ``rate`` (GB/s per root; busbw ``(N - 1) * rate``)."""
+    try:
+        from ..schedule.simulate import simulate
+    except ImportError:
+        return s
+    mine = simulate(s, topo, nbytes, ranks=list(ranks))
+    if mine.busbw_GBps >= NEAR_RATE * (len(ranks) - 1) * rate:
+        return s
+    lp = _schedule(_pack_allreduce(G, ranks, balanced=False), "allreduce", nbytes, ranks,
+                   inplace, nchunks)
+    return lp if simulate(lp, topo, nbytes, ranks=list(ranks)).time_us < mine.time_us else s
 
 
 plan_forest.collectives = SUPPORTED

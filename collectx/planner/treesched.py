@@ -28,6 +28,7 @@ import networkx as nx
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import Ref
 from .edge_split import LinkIndex, simulator_routes
+from .switch_trees import pack_switch_trees
 from .treepack import (Packing, pack_balanced_trees, pack_out_trees, pack_relay_trees,
                        pack_undirected_trees)
 
@@ -209,9 +210,10 @@ def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool) -> tuple[Packing, tu
     return packing, index.caps
 
 
-def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots) -> dict:
+def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots, balanced: bool = True) -> dict:
     """Out-tree and in-tree packings from ``roots``: ``{False: out, True: in}`` as
     :func:`pack_rooted` gives them, solving one LP when the two problems are mirror images.
+    ``balanced=False`` keeps the LP's forests (no equal-rate trees).
 
     On symmetric machines (every link as wide as its reverse, every GPU pair routed back along
     the same links) the in-tree problem on the reversed graph is the out-tree problem itself,
@@ -219,23 +221,28 @@ def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots) -> dict:
     """
     index = LinkIndex.of(G)
     routes = simulator_routes(G, index, ranks)
-    out = _balanced_or(pack_out_trees(index, ranks, roots, routes=routes), index, ranks, roots,
-                       routes), index.caps
+    keep = _balanced_or if balanced else (lambda packing, *_: packing)
+    out = keep(pack_out_trees(index, ranks, roots, routes=routes), index, ranks, roots,
+               routes), index.caps
     rindex = LinkIndex.of(G.reverse(copy=True))
     rroutes = simulator_routes(G, rindex, ranks, reverse=True)
     if _named(index, routes) == _named(rindex, rroutes) and \
             dict(zip(index.links, index.caps)) == dict(zip(rindex.links, rindex.caps)):
         return {False: out, True: out}
-    back = _balanced_or(pack_out_trees(rindex, ranks, roots, routes=rroutes), rindex, ranks,
-                        roots, rroutes)
+    back = keep(pack_out_trees(rindex, ranks, roots, routes=rroutes), rindex, ranks, roots,
+                rroutes)
     return {False: out, True: (back, rindex.caps)}
 
 
 def _balanced_or(packing: Packing, index, ranks, roots, routes) -> Packing:
-    """One equal-rate tree per root instead of the LP's forest when it keeps the LP's rate."""
+    """One equal-rate tree per root instead of the LP's forest when it keeps the LP's rate:
+    built along the switch hierarchy on tree-shaped fabrics (shallow by construction), else
+    searched for."""
     if len(roots) < 2:
         return packing
-    balanced = pack_balanced_trees(index, ranks, roots, routes, start=packing)
+    balanced = pack_switch_trees(index, ranks, roots, routes, packing.rate)
+    if balanced is None or balanced.rate < packing.rate * RELAY_KEEP:
+        balanced = pack_balanced_trees(index, ranks, roots, routes, start=packing)
     if balanced is not None and balanced.rate >= packing.rate * RELAY_KEEP:
         return balanced
     return packing
