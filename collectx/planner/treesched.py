@@ -77,10 +77,11 @@ class TreeEmitter:
         """Send chunk ``j`` from ``src(root, j, share)`` to ``dst(v, j, share)`` of every node.
 
         ``after[root, j]`` (optional) is the ``(token, time)`` of the item that produced the
-        root's chunk ``j`` (as :meth:`reduce` returns them). ``per_tree`` gives every tree its
-        own lanes on each link: for equal-rate forests (``Packing.balanced``), where the ``k``
-        trees crossing a link must move as ``k`` concurrent transfers to get the equal shares
-        they were planned with (lanes shared by trees serialize them instead).
+        root's chunk ``j`` (as :meth:`reduce` returns them). ``per_tree`` gives every root's
+        trees their own lanes on each link: for equal-rate forests (``Packing.balanced``, one
+        tree per root), where the ``k`` trees crossing a link must move as ``k`` concurrent
+        transfers to get the equal shares they were planned with (lanes shared by trees
+        serialize them instead).
         """
         after = after or {}
         for share, i, j in _chunks(shares):
