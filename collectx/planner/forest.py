@@ -30,7 +30,7 @@ from ._build import check_args
 from .edge_split import job_graph, require_connected
 from .switch_trees import tree_shaped
 from .chunking import chunk_counts, instruction_budget, runs_by_group
-from .treesched import Share, TreeEmitter, pack_rooted, pack_rooted_mirrored
+from .treesched import SUBLANES, Share, TreeEmitter, pack_rooted, pack_rooted_mirrored
 
 SUPPORTED = ("allgather", "reduce_scatter", "allreduce")
 MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pipelining
@@ -105,11 +105,12 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
     packed = {collective: _pack(G, ranks, reverse=collective == "reduce_scatter")}
     s = _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
     if collective == "allgather" and not packed[collective][0].balanced:
-        # Unequal LP trees: whether a root's trees do better on lanes of their own (the
-        # links' equal sharing then goes per root, not per transfer) depends on the fabric:
-        # +8% on mi250_16gcd, up to -7% on DGX-1 allocations. The simulator decides.
+        # Unequal LP trees: whether a root's trees do better on one lane of their own per
+        # link (the links' equal sharing then goes per root, not per transfer) depends on
+        # the fabric: +12% on mi250_16gcd, up to -7% on DGX-1 allocations. The simulator
+        # decides.
         s = _faster(s, _schedule(packed, collective, nbytes, ranks, inplace, nchunks,
-                                 per_tree=True), topo, nbytes, ranks)
+                                 per_tree=True, sublanes=1), topo, nbytes, ranks)
     return s
 
 
@@ -119,14 +120,14 @@ def _pack_allreduce(G, ranks, balanced: bool = True) -> dict:
 
 
 def _schedule(packed: dict, collective: str, nbytes: int, ranks: tuple, inplace: bool,
-              nchunks, per_tree: bool | None = None) -> Schedule:
+              nchunks, per_tree: bool | None = None, sublanes: int = SUBLANES) -> Schedule:
     n = len(ranks)
     at = {g: i for i, g in enumerate(ranks)}
     per_root, counts = _counts(packed, collective, nbytes, n, nchunks)
     ag, rs = (counts.get(k) for k in ("allgather", "reduce_scatter"))
     nch = per_root * n if collective == "allreduce" else per_root
     b = ScheduleBuilder(collective, n, nch, inplace=inplace, algorithm="forest")
-    em = TreeEmitter(b)
+    em = TreeEmitter(b, sublanes)
     trees_meta: list = []
     # Equal-rate allgather forests move each tree's transfers on their own lanes (see
     # TreeEmitter.broadcast). Allreduce keeps lanes per link: there each broadcast starts as
