@@ -80,6 +80,8 @@ def test_iterations_shrink_with_size_and_explicit_values_win():
     small, large = iterations_for(8), iterations_for(64 << 20)
     assert small[1] > large[1] and small[0] >= large[0]
     assert iterations_for(1 << 30, iters=9, warmup=0) == (0, 9)
+    # however slow the previous size was, two untimed calls absorb per-size setup
+    assert iterations_for(1 << 30, estimate_us=1e7) == (2, 2)
 
 
 GOLDEN_HEADER = """\

@@ -25,8 +25,12 @@ from .collectives import BENCHES, REDUCING, ROOTED, input_pattern, input_values
 from ..schedule.metrics import bus_factor
 
 # Fewer iterations for big messages keeps the default 8 B..64 MiB sweep within seconds while
-# small sizes (microseconds each) still average over enough calls to be stable.
-_ITER_TABLE = ((64 << 10, 5, 20), (1 << 20, 3, 10), (16 << 20, 1, 5), (None, 1, 3))
+# small sizes (microseconds each) still average over enough calls to be stable. Every size gets
+# at least MIN_WARMUP untimed calls: a library may set up per size on its first calls (collectx
+# plans each power-of-two size class and first touches its staging pages: 1-3 ms each for the
+# first two calls on a 2-core VM, which one warm-up call left inside the timed loop).
+_ITER_TABLE = ((64 << 10, 5, 20), (1 << 20, 5, 20), (16 << 20, 3, 10), (None, 2, 5))
+MIN_WARMUP = 2
 # Seconds of timed calls aimed for per size and variant when iterations are chosen
 # automatically; on a loaded machine a call can take far longer than its size suggests, and this
 # keeps the whole default sweep under a minute even then.
@@ -54,14 +58,14 @@ def iterations_for(nbytes: int, iters: int | None = None, warmup: int | None = N
     count so the timed calls take about :data:`TIMED_BUDGET_S`.
 
     >>> iterations_for(8), iterations_for(64 << 20), iterations_for(64 << 20, iters=7)
-    ((5, 20), (1, 3), (1, 7))
+    ((5, 20), (2, 5), (2, 7))
     >>> iterations_for(8, estimate_us=100_000.0)
-    (1, 3)
+    (2, 3)
     """
     w, n = next((w, n) for limit, w, n in _ITER_TABLE if limit is None or nbytes <= limit)
     if estimate_us:
-        n = max(1, min(n, int(TIMED_BUDGET_S * 1e6 / estimate_us)))
-        w = min(w, max(1, n // 4))  # warm-up shrinks with the timed count
+        n = max(2, min(n, int(TIMED_BUDGET_S * 1e6 / estimate_us)))
+        w = min(w, max(MIN_WARMUP, n // 4))  # warm-up shrinks with the timed count
     return (w if warmup is None else warmup), (n if iters is None else iters)
 
 
