@@ -28,6 +28,7 @@ import networkx as nx
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import Ref
 from .edge_split import LinkIndex, simulator_routes
+from .integral_trees import pack_unit_trees
 from .switch_trees import pack_switch_trees
 from .treepack import (Packing, pack_balanced_trees, pack_out_trees, pack_relay_trees,
                        pack_undirected_trees)
@@ -208,7 +209,16 @@ def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool) -> tuple[Packing, tu
         relay = pack_relay_trees(index, ranks, roots[0], routes)
         if relay is not None and relay.rate >= packing.rate * RELAY_KEEP:
             packing = relay
+        elif not _equal_rates(packing):
+            unit = pack_unit_trees(index, ranks, roots[0], routes, packing.rate)
+            if unit is not None and unit.rate >= packing.rate * RELAY_KEEP:
+                packing = unit
     return packing, index.caps
+
+
+def _equal_rates(packing: Packing) -> bool:
+    rates = [t.rate for t in packing.trees]
+    return max(rates) <= min(rates) * (1 + 1e-6)
 
 
 def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots, balanced: bool = True) -> dict:

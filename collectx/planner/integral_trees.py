@@ -1,0 +1,136 @@
+"""Edge-disjoint broadcast trees over direct links counted in whole lanes (Edmonds).
+
+Why
+---
+The LP of :func:`~.treepack.pack_out_trees` reaches the broadcast optimum with a few trees of
+very different rates, but a link is shared equally among the transfers crossing it, so unequal
+trees never get their planned rates. When every direct GPU link is a whole multiple of one
+unit (xGMI links of 1, 2 or 4 lanes of 50 GB/s), Edmonds' branching theorem gives ``k``
+out-trees from the root that use each link at most its multiplicity times, where ``k`` is the
+smallest max-flow from the root in units: ``k`` equal trees of one unit each reach the
+optimum, and a link crossed by ``m`` tree edges carries ``m`` equal transfers, exactly what it
+was planned for.
+
+How it works
+------------
+Lovász's constructive proof: trees are grown one edge at a time, and edge ``(u, v)`` joins the
+tree being grown only if afterwards the unused links still hold ``k - 1`` unit paths from the
+root to every GPU, and ``k`` from the tree to every GPU outside it (max-flows per GPU). The
+theorem says some edge always passes. Among passing edges the one nearest the root is taken,
+so the trees stay shallow and their pipelines fill sooner.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import maximum_flow
+
+from .treepack import Packing, Tree
+
+UNIT_TOL = 1e-6
+
+
+def lane_counts(index, gpus, routes: dict) -> tuple[float, np.ndarray, dict] | None:
+    """The common unit (GB/s), the ``n x n`` integer multiplicities of direct GPU links and
+    the link id of each, or None when a direct link is not a whole multiple of the unit."""
+    at = {g: i for i, g in enumerate(gpus)}
+    direct = {}
+    for (a, b), route in routes.items():
+        if a in at and b in at and len(route) == 1 and abs(route[0][1] - 1.0) < UNIT_TOL:
+            direct[at[a], at[b]] = route[0][0]
+    if not direct:
+        return None
+    caps = {e: index.caps[link] for e, link in direct.items()}
+    unit = min(caps.values())
+    mult = np.zeros((len(gpus), len(gpus)), dtype=np.int32)
+    for (a, b), cap in caps.items():
+        k = round(cap / unit)
+        if k < 1 or abs(cap - k * unit) > UNIT_TOL * cap:
+            return None
+        mult[a, b] = k
+    return unit, mult, direct
+
+
+def _paths_ok(mult: np.ndarray, root: int, k: int, inside: set) -> bool:
+    """Lovász's condition for completing the tree spanning ``inside`` (root included) and
+    ``k - 1`` more from the links ``mult`` leaves: ``k - 1`` unit paths from the root to every
+    GPU, and ``k`` from the tree (taken as one source) to every GPU outside it."""
+    n = len(mult)
+    plain = csr_matrix(mult)
+    big = mult.copy()
+    for t in inside:
+        if t != root:
+            big[root, t] = n * int(mult.max() + 1) * max(k, 1)
+    merged = csr_matrix(big)
+    for v in range(n):
+        if v == root:
+            continue
+        if v not in inside and maximum_flow(merged, root, v).flow_value < k:
+            return False
+        if k > 1 and maximum_flow(plain, root, v).flow_value < k - 1:
+            return False
+    return True
+
+
+def disjoint_arborescences(mult: np.ndarray, root: int, k: int) -> list | None:
+    """``k`` out-trees from ``root`` spanning every GPU, together using arc ``(u, v)`` at
+    most ``mult[u, v]`` times: each a list of top-down ``(parent, child)`` pairs. None when
+    some GPU has fewer than ``k`` unit paths from the root."""
+    n = len(mult)
+    left = mult.copy()
+    if not _paths_ok(left, root, k, {root}):
+        return None
+    trees = []
+    for i in range(k, 0, -1):
+        level = {root: 0}
+        edges: list = []
+        while len(level) < n:
+            edge = _next_edge(left, root, i, level)
+            if edge is None:      # cannot happen when the theorem's condition holds
+                return None
+            u, v = edge
+            left[u, v] -= 1
+            level[v] = level[u] + 1
+            edges.append(edge)
+        trees.append(edges)
+    return trees
+
+
+def _next_edge(left: np.ndarray, root: int, k: int, level: dict):
+    """The shallowest arc leaving the tree (grown from ``level``) after which the unused links
+    still satisfy Lovász's condition (:func:`_paths_ok`) for this tree and ``k - 1`` more."""
+    n = len(left)
+    for u in sorted(level, key=level.get):
+        for v in sorted(range(n), key=lambda v: -left[u, v]):
+            if v in level or left[u, v] <= 0:
+                continue
+            left[u, v] -= 1
+            ok = _paths_ok(left, root, k, set(level) | {v})
+            left[u, v] += 1
+            if ok:
+                return u, v
+    return None
+
+
+def pack_unit_trees(index, gpus, root, routes: dict, rate: float) -> Packing | None:
+    """Edge-disjoint unit-rate out-trees from ``root`` (see the module doc) when they reach
+    ``rate`` (the LP's), else None: links that are not whole multiples of one unit, GPU pairs
+    joined only through switches, or too few trees."""
+    gpus = tuple(gpus)
+    found = lane_counts(index, gpus, routes)
+    if found is None:
+        return None
+    unit, mult, direct = found
+    k = int(np.floor(rate / unit + UNIT_TOL))
+    if k < 1 or k * unit < rate * (1 - 1e-9):
+        return None
+    trees = disjoint_arborescences(mult, gpus.index(root), k)
+    if trees is None:
+        return None
+    out = []
+    for edges in trees:
+        named = tuple((gpus[p], gpus[c]) for p, c in edges)
+        paths = tuple(((direct[e], 1.0),) for e in edges)
+        out.append(Tree(root, root, named, paths, unit))
+    return Packing(rate=unit * k, trees=tuple(out), rounds=1, columns=tuple(out), balanced=True)
