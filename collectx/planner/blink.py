@@ -99,7 +99,7 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         packing, caps = pack_both_ways(G, ranks)
         nch, counts = chunk_counts(packing, caps, [nchunks] if nchunks else
                                    _candidates(collective, nbytes, n), passes=2)
-        sublanes = SUBLANES
+        sublanes, own = SUBLANES, False
     else:
         packing, caps = pack_rooted(G, ranks, [ranks[root]], reverse=collective == "reduce")
         style = _rooted_style(collective, packing)
@@ -108,13 +108,17 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         full_us = nbytes / (packing.rate * 1e3) if packing.rate > 0 else 0.0
         nch, counts = chunk_counts(packing, caps, cands, latency=wait / full_us
                                    if style == "chain" and full_us > 0 else None)
-        sublanes = {"staggered": 2, "chain": 1, "deep": SUBLANES}[style]
+        # Equal unit trees of one root move on one lane per tree and link (see
+        # TreeEmitter.broadcast's own_lanes): 0.92 of the bound on mi250_16gcd against 0.88
+        # with three lanes per link shared by the trees.
+        own = style == "deep" and collective == "broadcast" and packing.balanced
+        sublanes = 1 if own else {"staggered": 2, "chain": 1, "deep": SUBLANES}[style]
     at = {g: i for i, g in enumerate(ranks)}
     shares = [Share(at[t.root], tuple((at[p], at[c]) for p, c in t.edges), run)
               for runs in runs_by_group(counts, lambda g: 0).values() for t, run in runs]
     b = ScheduleBuilder(collective, n, nch, root=root, inplace=inplace, algorithm="blink")
     em = TreeEmitter(b, sublanes)
-    _EMIT[collective](b, em, shares, sublanes == 2 and collective == "broadcast")
+    _EMIT[collective](b, em, shares, sublanes == 2 and collective == "broadcast", own)
     em.flush()
     b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks)]
                      for s in shares])
@@ -128,22 +132,22 @@ _OUT = lambda v, j, s: Ref(v, "output", j)  # noqa: E731
 _IN = lambda v, j, s: Ref(v, "input", j)  # noqa: E731
 
 
-def _emit_allreduce(b, em, shares, staggered=False):
+def _emit_allreduce(b, em, shares, staggered=False, own=False):
     done = em.reduce(shares, contrib=_IN, result=_OUT)
     em.broadcast(shares, src=_OUT, dst=_OUT, after=done)
 
 
-def _emit_broadcast(b, em, shares, staggered=False):
+def _emit_broadcast(b, em, shares, staggered=False, own=False):
     if not b.inplace:   # one rank-local copy: per chunk, it was a chain of nchunks steps
         em.self_copy(b.root, Ref(b.root, "output", 0, b.nchunks),
                      Ref(b.root, "input", 0, b.nchunks))
     if staggered:
         em.staggered_broadcast(shares, src=_IN, dst=_OUT)
     else:
-        em.broadcast(shares, src=_IN, dst=_OUT)
+        em.broadcast(shares, src=_IN, dst=_OUT, own_lanes=own)
 
 
-def _emit_reduce(b, em, shares, staggered=False):
+def _emit_reduce(b, em, shares, staggered=False, own=False):
     em.reduce(shares, contrib=_IN, result=_OUT)
 
 

@@ -74,7 +74,7 @@ class TreeEmitter:
         return keys[key] % MAX_LANES
 
     def broadcast(self, shares, src: RefFn, dst: RefFn, after: dict | None = None,
-                  per_tree: bool = False) -> None:
+                  per_tree: bool = False, own_lanes: bool = False) -> None:
         """Send chunk ``j`` from ``src(root, j, share)`` to ``dst(v, j, share)`` of every node.
 
         ``after[root, j]`` (optional) is the ``(token, time)`` of the item that produced the
@@ -82,9 +82,13 @@ class TreeEmitter:
         trees their own lanes on each link: for equal-rate forests (``Packing.balanced``, one
         tree per root), where the ``k`` trees crossing a link must move as ``k`` concurrent
         transfers to get the equal shares they were planned with (lanes shared by trees
-        serialize them instead).
+        serialize them instead). ``own_lanes`` goes further and gives every tree its own lanes
+        (trees of one root included): for equal unit-rate trees of one root
+        (:func:`~.integral_trees.pack_unit_trees`) with one lane per key, each chunk then crosses
+        a hop at its tree's full rate, so a deep tree fills in one chunk time per level.
         """
         after = after or {}
+        tree_of: dict = {}
         for share, i, j in _chunks(shares):
             m = len(share.chunks)
             token, t0 = after.get((share.root, j), (None, (i + 0.5) / m))
@@ -92,7 +96,10 @@ class TreeEmitter:
             for p, c in share.edges:
                 source = src(p, j, share) if p == share.root else dst(p, j, share)
                 t = ready[p][1] + 1.0 / m
-                key = ("down", p, share.root) if per_tree else ("down", p)
+                if own_lanes:
+                    key = ("down", p, "tree", tree_of.setdefault(id(share), len(tree_of)))
+                else:
+                    key = ("down", p, share.root) if per_tree else ("down", p)
                 ready[c] = (self._add(t, c, key, "copy", dst(c, j, share), (source,),
                                       (ready[p][0],)), t)
 
