@@ -28,6 +28,7 @@ from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
 from ._build import check_args
 from .edge_split import job_graph, require_connected
+from .integral_trees import depth_balanced_counts, pack_unit_spanning_trees
 from .chunking import chunk_counts, instruction_budget, runs_by_group
 from .treesched import SUBLANES, Share, TreeEmitter, pack_both_ways, pack_rooted
 
@@ -97,9 +98,15 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
     require_connected(G, ranks)
     if collective == "allreduce":
         packing, caps = pack_both_ways(G, ranks)
-        nch, counts = chunk_counts(packing, caps, [nchunks] if nchunks else
-                                   _candidates(collective, nbytes, n), passes=2)
-        sublanes, own = SUBLANES, False
+        s = _allreduce(packing, caps, nbytes, ranks, root, inplace, nchunks)
+        unit = None if packing.balanced else pack_unit_spanning_trees(G, ranks)
+        if unit is not None:
+            # LP trees of unequal rates against fewer equal unit trees on their own lanes:
+            # on mi250_16gcd three unit trees reach 0.82 of the reference where the LP's
+            # trees reach 0.79, but with a lower packing rate, so the simulator decides.
+            s = _faster(s, _allreduce(unit, caps, nbytes, ranks, root, inplace, nchunks,
+                                      own=True), topo, nbytes, ranks)
+        return s
     else:
         packing, caps = pack_rooted(G, ranks, [ranks[root]], reverse=collective == "reduce")
         style = _rooted_style(collective, packing)
@@ -112,6 +119,8 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         # TreeEmitter.broadcast's own_lanes): 0.92 of the bound on mi250_16gcd against 0.88
         # with three lanes per link shared by the trees.
         own = style == "deep" and collective == "broadcast" and packing.balanced
+        if own and not nchunks:
+            counts = depth_balanced_counts(packing.trees, nch)
         sublanes = 1 if own else {"staggered": 2, "chain": 1, "deep": SUBLANES}[style]
     at = {g: i for i, g in enumerate(ranks)}
     shares = [Share(at[t.root], tuple((at[p], at[c]) for p, c in t.edges), run)
@@ -128,13 +137,37 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
 
 plan_blink.collectives = SUPPORTED
 
+
+def _allreduce(packing, caps, nbytes, ranks, root, inplace, nchunks, own=False) -> Schedule:
+    n = len(ranks)
+    nch, counts = chunk_counts(packing, caps, [nchunks] if nchunks else
+                               _candidates("allreduce", nbytes, n), passes=2)
+    at = {g: i for i, g in enumerate(ranks)}
+    shares = [Share(at[t.root], tuple((at[p], at[c]) for p, c in t.edges), run)
+              for runs in runs_by_group(counts, lambda g: 0).values() for t, run in runs]
+    b = ScheduleBuilder("allreduce", n, nch, root=root, inplace=inplace, algorithm="blink")
+    em = TreeEmitter(b, 1 if own else SUBLANES)
+    _emit_allreduce(b, em, shares, own=own)
+    em.flush()
+    b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks)]
+                     for s in shares])
+    b.meta("rate_gbps", packing.rate)
+    return b.build()
+
+
+def _faster(a: Schedule, b: Schedule, topo, nbytes: int, ranks) -> Schedule:
+    """The schedule the simulator finishes first (``a`` on ties)."""
+    from ..schedule.simulate import simulate
+    ta, tb = (simulate(s, topo, nbytes, ranks=list(ranks)).time_us for s in (a, b))
+    return b if tb < ta else a
+
 _OUT = lambda v, j, s: Ref(v, "output", j)  # noqa: E731
 _IN = lambda v, j, s: Ref(v, "input", j)  # noqa: E731
 
 
 def _emit_allreduce(b, em, shares, staggered=False, own=False):
-    done = em.reduce(shares, contrib=_IN, result=_OUT)
-    em.broadcast(shares, src=_OUT, dst=_OUT, after=done)
+    done = em.reduce(shares, contrib=_IN, result=_OUT, own_lanes=own)
+    em.broadcast(shares, src=_OUT, dst=_OUT, after=done, own_lanes=own)
 
 
 def _emit_broadcast(b, em, shares, staggered=False, own=False):

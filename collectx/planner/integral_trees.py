@@ -268,3 +268,58 @@ def spanning_unit_trees(mult: np.ndarray, k: int, roots) -> list | None:
             edges.append((u, v))
         trees.append(edges)
     return trees
+
+
+def depth_balanced_counts(trees, nchunks: int) -> list:
+    """``[(tree, chunks)]`` for equal-rate trees so that every tree ends together.
+
+    A tree of depth ``d`` with ``m`` chunks finishes after about ``m + d - 1`` chunk times
+    (its pipeline fills one level per chunk time), so equal shares leave the deepest tree
+    last; giving each tree ``M - d`` chunks evens out the ends.
+    """
+    depth = [t.depth() for t in trees]
+    k = len(trees)
+    level = (nchunks + sum(depth)) / k
+    want = [max(1.0, level - d) for d in depth]
+    scale = nchunks / sum(want)
+    counts = [max(1, int(w * scale)) for w in want]
+    order = sorted(range(k), key=lambda i: want[i] * scale - counts[i], reverse=True)
+    i = 0
+    while sum(counts) < nchunks:          # largest remainders first
+        counts[order[i % k]] += 1
+        i += 1
+    while sum(counts) > nchunks:          # only when the floors of 1 overshoot
+        j = max(range(k), key=lambda t: counts[t])
+        counts[j] -= 1
+    return [(t, c) for t, c in zip(trees, counts)]
+
+
+def pack_unit_spanning_trees(G, ranks) -> Packing | None:
+    """As many unit-rate spanning trees used both ways (Blink allreduce) as
+    :func:`spanning_unit_trees` finds, each grown from another GPU, priced by simulator routes;
+    None when the direct links are not whole lanes or no tree fits."""
+    from .edge_split import LinkIndex, simulator_routes
+    index = LinkIndex.of(G)
+    routes = simulator_routes(G, index, ranks)
+    gpus = tuple(ranks)
+    found = lane_counts(index, gpus, routes)
+    if found is None:
+        return None
+    unit, mult, direct = found
+    both = np.minimum(mult, mult.T)
+    if any((b, a) not in direct for a, b in direct):
+        return None
+    n = len(gpus)
+    most = int(both.sum() // 2) // max(n - 1, 1)
+    for k in range(most, 0, -1):
+        trees = spanning_unit_trees(both, k, list(range(n)))
+        if trees is not None:
+            break
+    else:
+        return None
+    out = []
+    for edges in trees:
+        named = tuple((gpus[p], gpus[c]) for p, c in edges)
+        paths = tuple(((direct[e], 1.0), (direct[e[::-1]], 1.0)) for e in edges)
+        out.append(Tree(0, named[0][0], named, paths, unit))
+    return Packing(rate=unit * k, trees=tuple(out), rounds=1, columns=tuple(out), balanced=True)

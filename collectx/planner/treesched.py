@@ -125,12 +125,14 @@ class TreeEmitter:
                                           _widen(dst(c, j, share), n), (_widen(source, n),),
                                           (ready[p][0],)), t)
 
-    def reduce(self, shares, contrib: RefFn, result: RefFn) -> dict:
+    def reduce(self, shares, contrib: RefFn, result: RefFn, own_lanes: bool = False) -> dict:
         """Reduce ``contrib(v, j, share)`` over every tree node into ``result(root, j, share)``.
 
         Returns ``{(root, j): (token, time)}`` of the item completing chunk ``j`` at its root.
+        ``own_lanes``: every tree its own lanes (see :meth:`broadcast`).
         """
         done = {}
+        tree_of: dict = {}
         for share, i, j in _chunks(shares):
             m = len(share.chunks)
             kids: dict = {}
@@ -147,7 +149,10 @@ class TreeEmitter:
                 dst = result(u, j, share) if u == share.root else self._scratch_ref(u)
                 srcs = (contrib(u, j, share),) + tuple(partial[c][0] for c in kids[u])
                 t = (i + 0.5 + top - level[u]) / m
-                token = self._add(t, u, ("up", tuple(kids[u])), "reduce", dst, srcs,
+                key = ("up", tuple(kids[u]))
+                if own_lanes:
+                    key += ("tree", tree_of.setdefault(id(share), len(tree_of)))
+                token = self._add(t, u, key, "reduce", dst, srcs,
                                   tuple(partial[c][1] for c in kids[u]))
                 partial[u] = (dst, token)
             done[share.root, j] = (partial[share.root][1], (i + 0.5 + top) / m)
