@@ -16,6 +16,12 @@ allocations where none exists.
 
 Tree edges are priced by the route the simulator gives each GPU pair
 (:func:`~.edge_split.simulator_routes`), so the predicted rate is the packing's.
+
+Where every direct GPU link is a whole number of lanes of one rate (xGMI, NVLink), the LP's
+unequal trees are weighed against equal unit-rate trees (:mod:`~.integral_trees`), each on
+lanes of its own: a link is shared equally among its transfers, so only equal trees get the
+rates they were planned with. Broadcast / reduce take Edmonds' disjoint trees when they keep
+the LP's rate; allreduce takes greedy unit spanning trees when the simulator finds them faster.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Edge-disjoint broadcast trees over direct links counted in whole lanes (Edmonds).
+"""Equal unit-rate trees over direct links counted in whole lanes: Edmonds' disjoint
+broadcast trees, and greedy spanning trees for Blink allreduce.
 
 Why
 ---
@@ -17,7 +18,11 @@ Lovász's constructive proof: trees are grown one edge at a time, and edge ``(u,
 tree being grown only if afterwards the unused links still hold ``k - 1`` unit paths from the
 root to every GPU, and ``k`` from the tree to every GPU outside it (max-flows per GPU). The
 theorem says some edge always passes. Among passing edges the one nearest the root is taken,
-so the trees stay shallow and their pipelines fill sooner.
+so the trees stay shallow and their pipelines fill sooner; local moves that keep every link's
+count then shorten the deepest trees (:func:`_shallower`).
+
+Allreduce trees are used both ways, so they must share each GPU pair's lanes undirected
+(Nash-Williams–Tutte); :func:`spanning_unit_trees` finds them greedily, not exactly.
 """
 
 from __future__ import annotations
