@@ -9,6 +9,8 @@ one JSON line per (allocation, collective): best busbw, bound, efficiency, plann
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401  (this checkout's collectx first)
+
 import argparse
 import itertools
 import json

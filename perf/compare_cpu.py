@@ -36,10 +36,8 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:  # run from a checkout without installing
-    sys.path.insert(0, ROOT)
+from _checkout import ROOT  # this checkout's collectx first (also for the mpirun workers)
+
 FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
           "reduce_scatter": lambda n: (n - 1) / n}
 

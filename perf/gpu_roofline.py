@@ -12,6 +12,8 @@ Prints one JSON line per (kernel, size); needs CuPy and a libcollectx with CUDA 
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401  (this checkout's collectx first)
+
 import argparse
 import json
 import sys

@@ -18,6 +18,8 @@ Each timing is the median of repeats, numpy and collectx interleaved in the same
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401  (this checkout's collectx first)
+
 import argparse
 import statistics
 import time

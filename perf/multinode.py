@@ -9,6 +9,8 @@ with both busbw columns and their ratio. Started without mpirun it starts itself
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401  (this checkout's collectx first)
+
 import argparse
 import json
 import os

@@ -24,6 +24,8 @@ Run: ``python perf/planner.py`` (full), or e.g.
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401  (this checkout's collectx first)
+
 import argparse
 import itertools
 import json

@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from collectx.integrations.torch_testing import run_ranks  # noqa: E402
+import _checkout  # noqa: F401  (this checkout's collectx first)
+from collectx.integrations.torch_testing import run_ranks
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
