@@ -220,11 +220,9 @@ def test_mismatched_calls_raise_collective_mismatch():
     assert run_ranks(2, body) == [True, True]
 
 
-@pytest.mark.xfail(reason="seen on an H200: the waiting rank's kernel faulted "
-                          "(cudaErrorIllegalAddress) instead of reporting Timeout. The rank that "
-                          "returned early freed its window while the other still mapped it; "
-                          "windows of ranks in one process are now held until every rank closes "
-                          "(test_cuda.py), not yet re-run on a GPU", strict=False)
+# A rank that returns early must not unmap its window while a peer still reads it: windows of
+# ranks in one process are held until every rank closes (before that fix the waiting kernel
+# faulted with cudaErrorIllegalAddress instead of reporting Timeout).
 def test_a_missing_rank_turns_into_timeout_not_a_hang():
     def body(comm, fw):
         if comm.rank == 1:
