@@ -57,7 +57,7 @@ class Plan:
 def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
          gpus: Sequence[int | str] | None = None, algo: str | PlannerFn | None = None,
          root: int = 0, inplace: bool = False, nchunks: int | None = None,
-         verify: bool = True) -> Plan:
+         verify: bool = True, host_relays: bool = True) -> Plan:
     """Plan one collective on an allocation of a topology, and say how good the plan is.
 
     Parameters
@@ -83,6 +83,10 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
         Chunks per payload unit; default: the algorithm's choice for this size.
     verify : bool
         Symbolically verify the schedule (raises if it is wrong).
+    host_relays : bool
+        Let the cost-model choice stage a share of the data through host memory over PCIe
+        beside the direct links (:mod:`~.host_relay`; schedules then use ``host`` buffers).
+        Runtimes whose executor has no host buffers (CUDA) pass False. Ignored with ``algo``.
 
     Returns
     -------
@@ -112,6 +116,9 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
     if algo is None:                                           # pick (or run) the algorithm
         name, schedule, predicted = select.choose(view, ranks, collective, nbytes, root=root,
                                                   inplace=inplace, nchunks=nchunks)
+        if host_relays and nchunks is None:                    # PCIe beside NVLink
+            name, schedule, predicted = _with_relays(view, ranks, collective, nbytes, root,
+                                                     inplace, (name, schedule, predicted))
     else:
         name = registry.name_of(algo)
         schedule = registry.call(algo, view, ranks, collective, nbytes, root=root,
@@ -127,13 +134,16 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
 
 def make_schedule(topo: nx.DiGraph | None, collective: str, nranks: int, nbytes: int, *,
                   algo: str | PlannerFn | None = None, root: int = 0, inplace: bool = False,
-                  nchunks: int | None = None) -> Schedule:
+                  nchunks: int | None = None, host_relays: bool = True) -> Schedule:
     """A schedule for the first ``nranks`` GPUs of ``topo``, without simulation or bounds.
 
     The runtime calls this once per (collective, size class) and caches the result. With
     ``algo=None`` the analytic cost model (no simulator) chooses. ``topo=None`` means one
     host's shared memory (:func:`collectx.topology.host`): every rank reaches every other in
-    one hop, so the direct algorithm is chosen.
+    one hop, so the direct algorithm is chosen. ``host_relays`` as in :func:`plan`: with
+    ``algo=None``, a topology with CPUs and direct GPU links, and a large message, the chosen
+    schedule is joined with a share staged through host memory where the simulator finds that
+    faster; runtimes without host buffers (CUDA) pass False.
 
     Examples
     --------
@@ -151,9 +161,32 @@ def make_schedule(topo: nx.DiGraph | None, collective: str, nranks: int, nbytes:
                         f"1..{len(have)}; pass a topology that has a node per rank")
     ranks, view = allocation(topo, have[:nranks])
     if algo is None:
-        algo = select.choose_analytic(view, ranks, collective, nbytes)
+        name = select.choose_analytic(view, ranks, collective, nbytes)
+        schedule = registry.call(name, view, ranks, collective, nbytes, root=root,
+                                 inplace=inplace, nchunks=nchunks)
+        if host_relays and nchunks is None and _relays_possible(view, ranks):
+            predicted = select.predict(schedule, view, nbytes, ranks, name)
+            schedule = _with_relays(view, ranks, collective, nbytes, root, inplace,
+                                    (name, schedule, predicted))[1]
+        return schedule
     return registry.call(algo, view, ranks, collective, nbytes, root=root, inplace=inplace,
                          nchunks=nchunks)
+
+
+def _relays_possible(view: nx.DiGraph, ranks: tuple[str, ...]) -> bool:
+    """Cheap test before any simulation: a CPU and a direct GPU link in the allocation."""
+    from .host_relay import relay_view
+    return relay_view(view, ranks) is not None
+
+
+def _with_relays(view, ranks, collective, nbytes, root, inplace, chosen):
+    """``chosen`` joined with a host-relayed share where that simulates faster."""
+    from .host_relay import COLLECTIVES as RELAYED, MIN_BYTES, with_host_relays
+    if collective not in RELAYED or nbytes < MIN_BYTES or chosen[2] is None:
+        return chosen
+    bound = _bound(view, collective, ranks, root)
+    return with_host_relays(view, ranks, collective, nbytes, chosen,
+                            getattr(bound, "bound_busbw", None), root=root, inplace=inplace)
 
 
 def allocation(topo: nx.DiGraph, gpus: Sequence[int | str] | None

@@ -136,8 +136,9 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
     em = TreeEmitter(b, sublanes)
     _EMIT[collective](b, em, shares, sublanes == 2 and collective == "broadcast", own)
     em.flush()
+    # Chunks by depth can leave a tree of a small message without any chunk: it carries nothing.
     b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks)]
-                     for s in shares])
+                     for s in shares if s.chunks])
     b.meta("rate_gbps", packing.rate)
     return b.build()
 
@@ -156,8 +157,9 @@ def _allreduce(packing, caps, nbytes, ranks, root, inplace, nchunks, own=False) 
     em = TreeEmitter(b, 1 if own else SUBLANES)
     _emit_allreduce(b, em, shares, own=own)
     em.flush()
+    # Chunks by depth can leave a tree of a small message without any chunk: it carries nothing.
     b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks)]
-                     for s in shares])
+                     for s in shares if s.chunks])
     b.meta("rate_gbps", packing.rate)
     return b.build()
 

@@ -20,6 +20,7 @@ A :class:`FlatPlan` is built once per (schedule, rank) and cached by the communi
 from __future__ import annotations
 
 from ..errors import PlanError, ScheduleError
+from ..schedule.host import host_as_scratch
 from ..schedule.ir import Dep, Ref, Schedule, alias
 from ._lib import native
 
@@ -35,6 +36,8 @@ class FlatPlan:
     def __init__(self, schedule: Schedule, rank: int):
         if not 0 <= rank < schedule.nranks:
             raise ScheduleError(f"rank {rank} outside a schedule of {schedule.nranks} ranks")
+        # On a CPU host, host memory is the shared window: host buffers are more scratch.
+        schedule = host_as_scratch(schedule)
         self.schedule, self.rank = schedule, rank
         lanes = schedule.lanes[rank]
         if len(lanes) > MAX_LANES:

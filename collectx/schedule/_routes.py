@@ -7,6 +7,11 @@ copy uses the node's own memory, a resource named ``("local", node)`` whose band
 node's ``mem_bw_gbps`` attribute, else a default by device: a GPU device-to-device copy reads
 and writes HBM, so about half of V100/A100 peak (~900-2000 GB/s) -> 1000 GB/s; one CPU core
 copying memory gets about 10 GB/s.
+
+A rank's ``host`` buffer lives on its *host node* (:meth:`Routes.host_of`): the CPU its PCIe
+path reaches, so staging a chunk there costs PCIe up to that CPU and, for a reader on the other
+socket, the inter-socket link too. A rank without a CPU in the graph (CPU ranks, toy fabrics) is
+its own host node: its host buffer is local memory.
 """
 
 from __future__ import annotations
@@ -56,6 +61,20 @@ class Routes:
             self.names.append(key)
             self.capacity.append(float(bw_gbps) * 1e3)  # GB/s -> bytes per microsecond
         return self._index[key]
+
+    def host_of(self, node):
+        """The CPU node whose memory holds ``node``'s ``host`` buffer: the CPU with the fewest
+        hops from it through PCIe switches (never through another GPU), ties by name; the
+        node itself when no CPU is reachable that way.
+
+        >>> from collectx.topology import load
+        >>> routes_for(load("dgx1v")).host_of("GPU5")
+        'CPU1'
+        """
+        key = ("host", node)
+        if key not in self._routes:
+            self._routes[key] = _nearest_cpu(self.topo, node)
+        return self._routes[key]
 
     def route(self, a, b) -> tuple[tuple[int, ...], float]:
         """(resource ids, summed latency in us) for a transfer from node ``a`` to node ``b``."""
@@ -120,13 +139,28 @@ class Routes:
             self._routes[key] = self.topo.subgraph(keep).copy()
         return self._routes[key]
 
+    def _host_region(self, a, b) -> nx.DiGraph | None:
+        """For a transfer between a GPU and host memory (a CPU node): the graph without the
+        other GPUs, since staging through host memory never relays through a GPU. None for
+        transfers between two GPUs."""
+        kinds = self.topo.nodes
+        if kinds[a].get("kind") == "gpu" and kinds[b].get("kind") == "gpu":
+            return None
+        key = ("host region", a, b)
+        if key not in self._routes:
+            region = self._region(a, b)
+            self._routes[key] = region.subgraph(
+                n for n in region if n in (a, b) or region.nodes[n].get("kind") != "gpu").copy()
+        return self._routes[key]
+
     def _local(self, node) -> tuple[tuple[int, ...], float]:
         return (self._index[("local", node)],), 0.0
 
     def _remote(self, a, b) -> tuple[tuple[int, ...], float]:
         # A direct link is what a peer-to-peer copy uses, even where a wider detour exists
         # (DGX-1: GPU0-GPU1 is one NVLink, GPU0-GPU3-GPU2-GPU1 are doubled ones).
-        hops = (a, b) if self.topo.has_edge(a, b) else self._widest_hops(self._region(a, b), a, b)
+        hops = (a, b) if self.topo.has_edge(a, b) else self._widest_hops(self._host_region(a, b)
+                                                                         or self._region(a, b), a, b)
         links = tuple(self._index[(u, v)] for u, v in zip(hops, hops[1:]))
         latency = sum(_latency(self.topo.edges[u, v]) for u, v in zip(hops, hops[1:]))
         return links, latency
@@ -148,6 +182,26 @@ class Routes:
         if b not in widths:    # unreachable: widest_path raises the error that says so
             return widest_path(region, a, b).hops
         return _fewest_hops(links, a, {b}, widths[b])[b]
+
+
+def _nearest_cpu(topo: nx.DiGraph, node):
+    if topo.nodes[node].get("kind") == "cpu":
+        return node
+    seen, frontier = {node}, [node]
+    while frontier:
+        cpus = sorted((n for n in frontier if topo.nodes[n].get("kind") == "cpu"), key=str)
+        if cpus:
+            return cpus[0]
+        nxt = []
+        for u in frontier:
+            for v in topo.successors(u):
+                # GPUs do not forward PCIe traffic, and host staging never crosses NVLink.
+                if v not in seen and topo.nodes[v].get("kind") != "gpu" and \
+                        topo.edges[u, v].get("type") not in ("nvlink", "xgmi", "net"):
+                    seen.add(v)
+                    nxt.append(v)
+        frontier = nxt
+    return node
 
 
 def _decompose(flow: dict, a, b) -> list[tuple[list, float]]:

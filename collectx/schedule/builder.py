@@ -41,6 +41,7 @@ class ScheduleBuilder:
         self.root, self.inplace, self.algorithm = root, inplace, algorithm
         self._lanes: list[list[list[Instr]]] = [[] for _ in range(nranks)]
         self._scratch = [0] * nranks
+        self._host = [0] * nranks
         self._meta: dict[str, Any] = {}
 
     # -- instructions ---------------------------------------------------------------------------
@@ -76,6 +77,21 @@ class ScheduleBuilder:
         self._scratch[rank] += units
         return first
 
+    def host(self, rank: int, units: int) -> int:
+        """Reserve ``units`` more payload units of ``rank``'s host-memory buffer (``host``);
+        returns their first chunk. Like :meth:`scratch`, for chunks relayed over PCIe.
+
+        >>> b = ScheduleBuilder("broadcast", 2, nchunks=2)
+        >>> b.host(0, 1), b.host(0, 1), b.build().host_units
+        (0, 2, (2, 0))
+        """
+        self._check_rank(rank)
+        if units < 0:
+            raise ArgumentError(f"host units={units}: expected >= 0")
+        first = self._host[rank] * self.nchunks
+        self._host[rank] += units
+        return first
+
     def meta(self, key: str, value: Any) -> None:
         """Record a planner fact (rings, trees, shares) carried in ``Schedule.meta``."""
         self._meta[key] = value
@@ -92,7 +108,8 @@ class ScheduleBuilder:
         meta = tuple(sorted((k, _deep_tuple(v)) for k, v in self._meta.items()))
         return Schedule(collective=self.collective, nranks=self.nranks, nchunks=self.nchunks,
                         lanes=lanes, root=self.root, inplace=self.inplace,
-                        scratch_units=tuple(self._scratch), algorithm=self.algorithm, meta=meta)
+                        scratch_units=tuple(self._scratch), algorithm=self.algorithm, meta=meta,
+                        host_units=tuple(self._host))
 
     # -- internals --------------------------------------------------------------------------------
     def _add(self, rank: int, lane: int, ins: Instr) -> Dep:

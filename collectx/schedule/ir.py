@@ -5,10 +5,14 @@ A schedule describes one collective among ``nranks`` ranks as plain frozen data:
 * Each rank's payload unit (``count`` elements, known only at run time) is cut into ``nchunks``
   chunks. Chunk ``i`` of a unit covers elements ``[i*count//nchunks, (i+1)*count//nchunks)``, so
   any count works, odd ones and zero included (:func:`chunk_span`).
-* Buffers are ``input``, ``output`` and ``scratch`` of each rank; their sizes in *units* depend
+* Buffers are ``input``, ``output``, ``scratch`` and ``host`` of each rank; their sizes in *units* depend
   on the collective (:func:`buffer_units`): allgather's output is ``nranks`` units, rank-major,
   and so on. Chunk ``j`` of a buffer of several units is chunk ``j % nchunks`` of unit
-  ``j // nchunks``; a :class:`Ref` names a contiguous run of chunks.
+  ``j // nchunks``; a :class:`Ref` names a contiguous run of chunks. ``host`` is scratch that
+  lives in the rank's host memory (the NUMA node its PCIe path reaches) rather than on the
+  device: a chunk staged there crosses PCIe up and down instead of a direct GPU link, which is
+  how plans use PCIe bandwidth between GPUs that also share an NVLink (see
+  :mod:`collectx.schedule.host`).
 * Each rank has one or more *lanes* (CPU executor: interleaved work queues; CUDA executor: thread
   blocks). A lane is an ordered list of :class:`Instr`. An instruction is ``copy`` (dst = src) or
   ``reduce`` (dst = src0 op src1 op ...); its refs may name any rank's buffers (executors read and
@@ -41,11 +45,14 @@ from typing import Any, Iterator
 
 from ..errors import ScheduleError
 
-SCHEMA = "collectx.schedule/1"
+SCHEMA = "collectx.schedule/2"      # /2 adds host buffers (``host_units``)
+SCHEMA_V1 = "collectx.schedule/1"   # still written for schedules without host buffers
+READABLE_SCHEMAS = (SCHEMA_V1, SCHEMA)
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall",
                "sendrecv")
-BUFFERS = ("input", "output", "scratch")
+BUFFERS = ("input", "output", "scratch", "host")
+STAGING = ("scratch", "host")        # per-rank buffers sized by the schedule, never aliased
 OPS = ("copy", "reduce", "engine")
 ROOTED = ("broadcast", "reduce")
 
@@ -153,7 +160,8 @@ class Lane:
 class Schedule:
     """A whole collective: ``lanes[rank][lane].instrs[index]``.
 
-    ``scratch_units[rank]`` sizes each rank's scratch buffer in payload units (0 = none).
+    ``scratch_units[rank]`` sizes each rank's scratch buffer in payload units (0 = none), and
+    ``host_units[rank]`` its host-memory scratch (``host`` buffer) the same way.
     ``root`` is the root rank of broadcast/reduce (and the sender of sendrecv). ``inplace``
     says the schedule was built for aliased input/output (see :func:`alias`).
     ``meta`` carries planner facts (trees, rings, shares) for drawings; executors ignore it.
@@ -168,6 +176,7 @@ class Schedule:
     scratch_units: tuple[int, ...] = ()
     algorithm: str = ""
     meta: tuple[tuple[str, Any], ...] = ()
+    host_units: tuple[int, ...] = ()
     schema: str = SCHEMA
 
     def __post_init__(self):
@@ -180,11 +189,15 @@ class Schedule:
             raise ScheduleError(f"{len(self.lanes)} lane lists for {self.nranks} ranks")
         if not self.scratch_units:
             object.__setattr__(self, "scratch_units", (0,) * self.nranks)
+        if not self.host_units:
+            object.__setattr__(self, "host_units", (0,) * self.nranks)
 
     # -- queries ------------------------------------------------------------------------------
     def units(self, rank: int, buf: str) -> int:
         if buf == "scratch":
             return self.scratch_units[rank]
+        if buf == "host":
+            return self.host_units[rank]
         return buffer_units(self.collective, self.nranks)[buf]
 
     def instructions(self) -> Iterator[tuple[Dep, Instr]]:
@@ -205,25 +218,36 @@ class Schedule:
         return sum(len(lane) for lanes in self.lanes for lane in lanes)
 
     # -- serialization ------------------------------------------------------------------------
+    @property
+    def uses_host(self) -> bool:
+        """Whether any rank has a host-memory buffer (a plan with host relays)."""
+        return any(self.host_units)
+
     def to_dict(self) -> dict:
-        return {"schema": self.schema, "collective": self.collective, "nranks": self.nranks,
-                "nchunks": self.nchunks, "root": self.root, "inplace": self.inplace,
-                "scratch_units": list(self.scratch_units), "algorithm": self.algorithm,
-                "meta": _jsonable(dict(self.meta)),
-                "lanes": [[[ins.to_dict() for ins in lane.instrs] for lane in lanes]
-                          for lanes in self.lanes]}
+        """Plain JSON data; schema /1 (readable by older versions) unless host buffers exist."""
+        d = {"schema": SCHEMA if self.uses_host else SCHEMA_V1, "collective": self.collective,
+             "nranks": self.nranks, "nchunks": self.nchunks, "root": self.root,
+             "inplace": self.inplace, "scratch_units": list(self.scratch_units),
+             "algorithm": self.algorithm, "meta": _jsonable(dict(self.meta)),
+             "lanes": [[[ins.to_dict() for ins in lane.instrs] for lane in lanes]
+                       for lanes in self.lanes]}
+        if self.uses_host:
+            d["host_units"] = list(self.host_units)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Schedule":
-        if d.get("schema") != SCHEMA:
-            raise ScheduleError(f"schedule schema {d.get('schema')!r}: expected {SCHEMA!r}")
+        if d.get("schema") not in READABLE_SCHEMAS:
+            raise ScheduleError(f"schedule schema {d.get('schema')!r}: expected one of "
+                                f"{', '.join(READABLE_SCHEMAS)} (a newer collectx wrote it?)")
         lanes = tuple(tuple(Lane(tuple(Instr.from_dict(i) for i in lane)) for lane in rl)
                       for rl in d["lanes"])
         return cls(collective=d["collective"], nranks=int(d["nranks"]),
                    nchunks=int(d["nchunks"]), lanes=lanes, root=int(d.get("root", 0)),
                    inplace=bool(d.get("inplace", False)),
                    scratch_units=tuple(d.get("scratch_units", ())),
-                   algorithm=d.get("algorithm", ""), meta=_freeze(d.get("meta", {})))
+                   algorithm=d.get("algorithm", ""), meta=_freeze(d.get("meta", {})),
+                   host_units=tuple(int(u) for u in d.get("host_units", ())))
 
     def to_json(self, **kw) -> str:
         return json.dumps(self.to_dict(), **kw)
@@ -240,7 +264,7 @@ def alias(s: Schedule, ref: Ref) -> Ref:
     allgather's input is the rank's own slot of the output; reduce_scatter's output is the rank's
     own slot of the input (as NCCL defines in-place for these collectives).
     """
-    if not s.inplace or ref.buf == "scratch":
+    if not s.inplace or ref.buf in STAGING:
         return ref
     coll, c = s.collective, s.nchunks
     if coll in ("allreduce", "broadcast", "reduce", "sendrecv") and ref.buf == "input":

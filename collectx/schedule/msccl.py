@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from ..errors import ArgumentError, ScheduleError
 from ._graph import Graph, build_graph, topo_order
+from .host import host_as_scratch
 from .ir import Instr, Ref, Schedule
 from .msccl_xml import MscclAlgo, MscclGpu, MscclStep, MscclTb, parse_msccl_xml, render
 
@@ -72,10 +73,15 @@ def to_msccl_xml(schedule: Schedule, name: str | None = None, proto: str = "Simp
 
 def lower_to_msccl(schedule: Schedule, name: str | None = None,
                    proto: str = "Simple") -> MscclAlgo:
-    """The :class:`~.msccl_xml.MscclAlgo` of ``schedule``; each step's ``origin`` is its IR Dep."""
+    """The :class:`~.msccl_xml.MscclAlgo` of ``schedule``; each step's ``origin`` is its IR Dep.
+
+    MSCCL buffers are device memory only: ``host`` buffers (PCIe relays) are exported as more
+    scratch (:func:`~.host.host_as_scratch`), so the result is the same but NCCL moves those
+    chunks over its own transport (NVLink between NVLink peers) instead of through host memory.
+    """
     if proto not in PROTOCOLS:
         raise ArgumentError(f"MSCCL protocol {proto!r}; expected one of {', '.join(PROTOCOLS)}")
-    s = schedule
+    s = host_as_scratch(schedule)
     g = build_graph(s)
     engine = [v for v in range(len(g)) if g.instrs[v].op == "engine"]
     if engine:

@@ -7,7 +7,9 @@ an instruction touching only ``e``'s memory is one flow over ``e``'s local memor
 bytes crosses the direct link between the two nodes; through an NVSwitch fabric it is striped over
 every switch route in proportion to the max-flow between the pair (as the hardware stripes
 traffic over all switch planes); otherwise it takes the widest route (fewest hops among equally
-wide ones, see :func:`collectx.topology.paths.widest_path`). Each part starts after the route's summed latency, and then shares every link on it max-min fairly with
+wide ones, see :func:`collectx.topology.paths.widest_path`). A ``host`` buffer sits on its rank's
+host node (the CPU its PCIe path reaches, :meth:`._routes.Routes.host_of`), so staging a chunk
+there is a flow GPU -> CPU over PCIe and reading it back one CPU -> GPU. Each part starts after the route's summed latency, and then shares every link on it max-min fairly with
 the other active flows (:mod:`._fairshare`). An instruction starts when its lane predecessor
 and deps have completed, and completes with its last flow. Engine calls run as a ring over their
 group in group order (see :func:`_engine_flows`).
@@ -100,7 +102,9 @@ def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
         return nb
 
     g = schedule_graph(s)
-    tg = _task_graph(g, engine_groups(s, g), lambda a, b: _parts(routes, a, b), nodes, size)
+    hosts = [routes.host_of(n) for n in nodes] if s.uses_host else nodes
+    tg = _task_graph(g, engine_groups(s, g), lambda a, b: _parts(routes, a, b), nodes, hosts,
+                     size)
     time_us, order = run_tasks(tg, routes.capacity, routes.classes, native=native)
     _check_all_ran(g, set(order), tg.node_task)
     link_bytes: dict[int, float] = {}
@@ -140,12 +144,17 @@ def _rank_nodes(s: Schedule, topo: nx.DiGraph, ranks) -> list:
     return nodes
 
 
-def _instr_flows(rank: int, ins: Instr, nodes: list, size) -> list[tuple]:
+def _instr_flows(rank: int, ins: Instr, nodes: list, hosts: list, size) -> list[tuple]:
     nb = size(ins.dst)
-    flows = [(nodes[x.rank], nodes[rank], nb) for x in ins.srcs if x.rank != rank]
-    if ins.dst.rank != rank:
-        flows.append((nodes[rank], nodes[ins.dst.rank], nb))
-    return flows or [(nodes[rank], nodes[rank], nb)]
+    me = nodes[rank]
+
+    def where(ref):   # a host buffer lives in its rank's host memory, not on the device
+        return hosts[ref.rank] if ref.buf == "host" else nodes[ref.rank]
+
+    flows = [(where(x), me, nb) for x in ins.srcs if where(x) != me]
+    if where(ins.dst) != me:
+        flows.append((me, where(ins.dst), nb))
+    return flows or [(me, me, nb)]
 
 
 def _engine_flows(g, members: tuple[int, ...], nodes: list, size) -> list[tuple]:
@@ -168,7 +177,7 @@ def _engine_flows(g, members: tuple[int, ...], nodes: list, size) -> list[tuple]
     return [(ring[i], ring[(i + 1) % gsize], share) for i in range(gsize)]
 
 
-def _task_graph(g, groups, parts, nodes: list, size) -> TaskGraph:
+def _task_graph(g, groups, parts, nodes: list, hosts: list, size) -> TaskGraph:
     """Tasks (instructions; an engine call is one task over its members) and their flows.
 
     ``parts(a, b)`` is how a transfer from node ``a`` to ``b`` splits: ``[(share, class,
@@ -198,10 +207,11 @@ def _task_graph(g, groups, parts, nodes: list, size) -> TaskGraph:
             task_parts.append(expand(_engine_flows(g, members, nodes, size)))
             continue
         rank = g.ids[members[0]].rank
-        key = (rank, ins.dst.rank, size(ins.dst), tuple(x.rank for x in ins.srcs))
+        key = (rank, ins.dst.rank, ins.dst.buf == "host", size(ins.dst),
+               tuple((x.rank, x.buf == "host") for x in ins.srcs))
         got = shapes.get(key)
         if got is None:
-            got = shapes[key] = expand(_instr_flows(rank, ins, nodes, size))
+            got = shapes[key] = expand(_instr_flows(rank, ins, nodes, hosts, size))
         task_parts.append(got)
     return TaskGraph(task_parts, tasks, node_task, succs, [len(ps) for ps in jg.preds])
 

@@ -88,8 +88,9 @@ class CudaEngine:
             return Schedule("allreduce", self.size, 1, tuple((Lane(()),) for _ in range(self.size)),
                             algorithm="none")
         from ...planner import make_schedule
+        # The CUDA executor has no host buffers: no share of a plan is staged through host memory.
         s = make_schedule(self.topology(), coll, self.size, nbytes, algo=self.config.algo,
-                          root=root)
+                          root=root, host_relays=False)
         if self.config.plan_dump_file and self.rank == 0:
             with open(self.config.plan_dump_file, "a") as f:
                 f.write(json.dumps({"nbytes": nbytes, "device": "cuda",

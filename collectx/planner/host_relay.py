@@ -1,0 +1,202 @@
+"""Host relays: a share of the collective staged through host memory over PCIe, beside NVLink.
+
+Why: a copy between two GPUs joined by NVLink always goes over NVLink, so the PCIe bandwidth
+between them (DGX-1: two GPUs under one PCIe switch, or under one CPU) is only reachable by
+staging through host memory: the sender writes a chunk into its pinned host buffer (PCIe up to
+its CPU), the receiver reads it (PCIe down). The cut bounds count those PCIe paths, so plans
+that ignore them stay well below the bound on DGX-1 allocations.
+
+How it works
+------------
+1. :func:`relay_view` is the machine as host staging sees it: GPUs, PCIe switches and CPUs,
+   without direct GPU links, every PCIe switch split into an upward and a downward half so
+   that a route between two GPUs always climbs to a CPU (as a staged copy does) instead of
+   turning inside the switch.
+2. The usual planners (cost-model choice, :func:`~.select.choose`) plan the collective on that
+   view; :func:`~collectx.schedule.host.stage_through_host` then turns each of the plan's
+   GPU-to-GPU transfers into a staged pair of copies. On the real machine these take the same
+   PCIe links the view priced.
+3. :func:`~collectx.schedule.split.join_shares` runs the best direct plan and the relayed plan
+   side by side, each on its share of every unit; shares start in proportion to the two
+   plans' simulated rates, a few neighbouring splits are simulated, and the fastest is kept,
+   but only if it beats the direct plan alone.
+
+Relays are tried only where they can pay: messages of at least :data:`MIN_BYTES`, a machine
+with CPUs and direct GPU links inside the allocation, and a direct plan below
+:data:`RELAY_GATE` of the bound.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from ..errors import NoFeasiblePlan, PlanError
+from ..schedule.host import stage_through_host
+from ..schedule.ir import Schedule
+from ..schedule.split import join_shares, refine
+
+MIN_BYTES = 1 << 20       # below this the extra latency of a staged hop outweighs the bandwidth
+RELAY_GATE = 0.97         # a plan this close to its bound needs no relay
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce")
+DIRECT_TYPES = ("nvlink", "xgmi")
+SPLITS = (1.0, 0.7)         # relay share x the rate-proportional share: contention moves it
+MAX_SCALE = 256             # refine() factors tried when matching a share (refining is free)
+SHARE_TOLERANCE = 0.01
+RELAY_ALGORITHMS = ("direct", "ring", "tree")   # cheap to plan; the relay share is the smaller
+PIPELINE_CHUNKS = 16        # staged copies of a relay plan run in at least this many chunks
+
+
+def relay_view(view: nx.DiGraph, ranks) -> nx.DiGraph | None:
+    """The allocation as host staging sees it (see the module doc), or None where host relays
+    add nothing: no CPU, no direct GPU link between two of ``ranks``, or GPUs that cannot reach
+    each other through host memory.
+
+    >>> from collectx.topology import load, subset
+    >>> V = relay_view(subset(load("dgx1v"), [0, 1]), ("GPU0", "GPU1"))
+    >>> nx.shortest_path(V, "GPU0", "GPU1")
+    ['GPU0', 'PLX0~up', 'CPU0', 'PLX0~dn', 'GPU1']
+    """
+    kinds = dict(view.nodes(data="kind"))
+    if "cpu" not in kinds.values() or not _direct_pair(view, ranks):
+        return None
+    up = _distance_to_cpu(view, kinds)
+    V = nx.DiGraph(**view.graph)
+    V.add_nodes_from((g, view.nodes[g]) for g in ranks)
+    for u, v, d in view.edges(data=True):
+        if d.get("type") in DIRECT_TYPES and kinds.get(u) == kinds.get(v) == "gpu":
+            continue
+        a, b = _halves(u, v, kinds, up)
+        if a is not None:
+            V.add_edge(a, b, **d)
+    for n in list(V.nodes):
+        base = str(n).split("~")[0]
+        V.nodes[n].update({k: x for k, x in view.nodes.get(base, {}).items()}
+                          if base in view else {})
+    if any(g not in V for g in ranks) or not _connected(V, ranks):
+        return None
+    return V
+
+
+def _direct_pair(view: nx.DiGraph, ranks) -> bool:
+    keep = set(ranks)
+    return any(d.get("type") in DIRECT_TYPES for u, v, d in view.edges(data=True)
+               if u in keep and v in keep)
+
+
+def _distance_to_cpu(view: nx.DiGraph, kinds: dict) -> dict:
+    """Hops from every relay node to the nearest CPU, not through GPUs (``inf``: none)."""
+    relays = view.subgraph(n for n, k in kinds.items() if k != "gpu").reverse(copy=False)
+    cpus = [n for n, k in kinds.items() if k == "cpu"]
+    return nx.multi_source_dijkstra_path_length(relays, cpus, weight=lambda *_: 1)
+
+
+def _halves(u, v, kinds: dict, up: dict):
+    """The relay-view edge for ``u -> v``: switches become ``~up`` / ``~dn`` halves; links of
+    NICs and the network carry no host staging and are dropped (None, None)."""
+    ku, kv = kinds.get(u), kinds.get(v)
+    if ku not in ("gpu", "cpu", "pci_switch") or kv not in ("gpu", "cpu", "pci_switch"):
+        return None, None
+    if ku == "pci_switch" and kv == "pci_switch":
+        going_up = up.get(v, float("inf")) < up.get(u, float("inf"))
+        half = "~up" if going_up else "~dn"
+        return f"{u}{half}", f"{v}{half}"
+    if ku == "pci_switch":
+        return f"{u}~up" if kv == "cpu" else f"{u}~dn", v
+    if kv == "pci_switch":
+        return u, f"{v}~up" if ku == "gpu" else f"{v}~dn"
+    return u, v
+
+
+def _connected(V: nx.DiGraph, ranks) -> bool:
+    reach = nx.descendants(V, ranks[0]) | {ranks[0]}
+    back = nx.ancestors(V, ranks[0]) | {ranks[0]}
+    return all(g in reach and g in back for g in ranks)
+
+
+def with_host_relays(view: nx.DiGraph, ranks, collective: str, nbytes: int, chosen: tuple,
+                     bound_busbw: float | None, *, root: int = 0, inplace: bool = False):
+    """``chosen`` (name, schedule, predicted) or, where faster, it joined with a host relay.
+
+    Pure: plans, stages and simulates candidates; returns the fastest as (name, schedule,
+    predicted). The joined plan's name is ``<direct plan>+host``.
+    """
+    name, schedule, predicted = chosen
+    if not _worth_trying(collective, nbytes, predicted, bound_busbw, len(ranks)):
+        return chosen
+    V = relay_view(view, ranks)
+    if V is None:
+        return chosen
+    relayed = _relay_plan(V, view, ranks, collective, nbytes, root, inplace)
+    if relayed is None:
+        return chosen
+    staged, relay_pred = relayed
+    best = chosen
+    for joined in _joins(schedule, staged, predicted, relay_pred):
+        pred = _predict(joined, view, nbytes, ranks, name)
+        if pred is not None and pred.time_us < best[2].time_us:
+            best = (f"{name}+host", joined, pred)
+    return best
+
+
+def _worth_trying(collective, nbytes, predicted, bound_busbw, n) -> bool:
+    if collective not in COLLECTIVES or nbytes < MIN_BYTES or n < 2:
+        return False
+    if predicted is None or not bound_busbw:
+        return False
+    return predicted.busbw_GBps < RELAY_GATE * bound_busbw
+
+
+def _relay_plan(V, view, ranks, collective, nbytes, root, inplace):
+    """The fastest of :data:`RELAY_ALGORITHMS` planned on the relay view ``V``, staged, and
+    simulated on the machine itself (staging adds a hop per transfer, which the view's
+    simulation of the unstaged plan does not see): (staged schedule, prediction) or None."""
+    from . import registry
+    best = None
+    for name in RELAY_ALGORITHMS:
+        if name not in registry.ALGORITHMS or not registry.supports(name, collective):
+            continue
+        try:
+            s = registry.call(name, V, tuple(ranks), collective, nbytes, root=root,
+                              inplace=inplace)
+        except (PlanError, NoFeasiblePlan, NotImplementedError):
+            continue
+        staged = stage_through_host(refine(s, -(-PIPELINE_CHUNKS // s.nchunks)))
+        pred = _predict(staged, view, nbytes, ranks, name)
+        if pred is not None and (best is None or pred.time_us < best[1].time_us):
+            best = (staged, pred)
+    return best
+
+
+def _joins(direct: Schedule, staged: Schedule, direct_pred, relay_pred):
+    """Joined schedules whose relay share is near the rate-proportional one (see SPLITS)."""
+    ra, rr = direct_pred.algbw_GBps, relay_pred.algbw_GBps
+    seen = set()
+    for k in SPLITS:
+        want = min(0.9, k * rr / (ra + rr))
+        ka, kr = _scales(direct.nchunks, staged.nchunks, want)
+        if (ka, kr) not in seen:
+            seen.add((ka, kr))
+            yield join_shares(refine(direct, ka), refine(staged, kr))
+
+
+def _scales(na: int, nr: int, share: float) -> tuple[int, int]:
+    """Refine factors ``(ka, kr)`` whose relay share ``kr*nr / (ka*na + kr*nr)`` is within
+    :data:`SHARE_TOLERANCE` of ``share`` with the smallest ``ka`` (else the nearest found).
+
+    >>> _scales(8, 8, 0.25), _scales(2, 64, 0.4)
+    ((3, 1), (47, 1))
+    """
+    best = None
+    for ka in range(1, MAX_SCALE + 1):
+        kr = max(1, round(ka * na * share / ((1 - share) * nr)))
+        err = abs(kr * nr / (ka * na + kr * nr) - share)
+        if best is None or err < best[0]:
+            best = (err, (ka, kr))
+        if err <= SHARE_TOLERANCE:
+            break
+    return best[1]
+
+
+def _predict(s: Schedule, view, nbytes, ranks, name):
+    from .select import predict
+    return predict(s, view, nbytes, tuple(ranks), name.split("+")[0])

@@ -1,0 +1,196 @@
+"""Host buffers: scratch in a rank's host memory, and how interpreters without them run them.
+
+Why host buffers exist: a copy between two GPUs joined by NVLink always goes over NVLink, so the
+PCIe bandwidth between such GPUs (DGX-1: both under one PCIe switch, or both under one CPU) is
+reachable only by staging through host memory. The writer copies a chunk into a pinned buffer
+of host memory (PCIe up to the CPU), the reader copies it out (PCIe down). In the IR that
+buffer is ``host``: per-rank scratch that the simulator places on the rank's host node
+(:meth:`~._routes.Routes.host_of`) and the verifier treats exactly like scratch.
+
+Interpreters whose memory is all one kind run host buffers as more scratch:
+:func:`host_as_scratch` appends each rank's host units after its scratch units. The CPU executor
+(where host memory *is* the shared window) and the MSCCL export use it; the CUDA runtime plans
+without host buffers (``plan(..., host_relays=False)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .ir import Instr, Lane, Ref, Schedule
+
+
+def host_as_scratch(s: Schedule) -> Schedule:
+    """``s`` with every ``host`` ref moved into scratch, after the rank's scratch units.
+
+    The result computes the same collective with the same races (none): each rank's host
+    chunks map one-to-one onto fresh scratch chunks. A schedule without host buffers is
+    returned as is.
+
+    >>> from collectx.schedule import ScheduleBuilder, verify
+    >>> b = ScheduleBuilder("broadcast", 2, nchunks=1, root=0)
+    >>> h = b.host(0, 1)
+    >>> up = b.copy(0, 0, Ref(0, "host", h), Ref(0, "input", 0))
+    >>> _ = b.copy(0, 0, Ref(0, "output", 0), Ref(0, "input", 0))
+    >>> _ = b.copy(1, 0, Ref(1, "output", 0), Ref(0, "host", h), deps=[up])
+    >>> folded = host_as_scratch(b.build())
+    >>> folded.scratch_units, folded.uses_host, folded.lanes[1][0].instrs[0].srcs
+    ((1, 0), False, (Ref(rank=0, buf='scratch', chunk=0, count=1),))
+    >>> verify(folded).instructions
+    3
+    """
+    if not s.uses_host:
+        return s
+    offset = [u * s.nchunks for u in s.scratch_units]
+
+    def move(ref: Ref) -> Ref:
+        if ref.buf != "host":
+            return ref
+        return Ref(ref.rank, "scratch", offset[ref.rank] + ref.chunk, ref.count)
+
+    lanes = tuple(tuple(Lane(tuple(_moved(ins, move) for ins in lane.instrs)) for lane in rl)
+                  for rl in s.lanes)
+    scratch = tuple(a + b for a, b in zip(s.scratch_units, s.host_units))
+    return dataclasses.replace(s, lanes=lanes, scratch_units=scratch,
+                               host_units=(0,) * s.nranks)
+
+
+def _piece(ins: Instr, i: int) -> Instr:
+    """Chunk ``i`` of every ref of ``ins`` (copy and reduce work chunk by chunk)."""
+    def one(x: Ref) -> Ref:
+        return Ref(x.rank, x.buf, x.chunk + i, 1)
+    return dataclasses.replace(ins, dst=one(ins.dst), srcs=tuple(one(x) for x in ins.srcs))
+
+
+def _moved(ins: Instr, move) -> Instr:
+    return dataclasses.replace(ins, dst=move(ins.dst), srcs=tuple(move(x) for x in ins.srcs))
+
+
+def host_chunks(s: Schedule) -> int:
+    """How many chunk transfers read or write a host buffer (0: a plan without host relays)."""
+    return sum((ins.dst.buf == "host") + sum(x.buf == "host" for x in ins.srcs)
+               for _, ins in s.instructions())
+
+
+def stage_through_host(s: Schedule) -> Schedule:
+    """``s`` with every transfer between two ranks staged through the sender's host buffer.
+
+    How it works: instructions are re-emitted in one topological order of ``s``. A source on
+    another rank ``a`` is first copied by ``a`` into a fresh chunk of ``a``'s ``host`` buffer
+    (PCIe up), and the instruction reads it there (PCIe down); one staged copy serves every
+    later reader of the same source until the source is written again. A destination on
+    another rank ``b`` is written to the executing rank's host buffer instead, and ``b`` copies
+    it out; what waited for the original instruction waits for that copy. Staging copies run
+    on lanes of their own, one per (rank, peer, direction), appended in the same topological
+    order, so every lane is a subsequence of one order of the whole schedule and no wait can
+    deadlock. Instructions that move data between ranks are staged chunk by chunk (the copy up
+    of one chunk overlaps the copy down of the one before); rank-local ones are kept as they
+    are.
+
+    Used for the share of a collective relayed over PCIe (:mod:`collectx.planner.host_relay`):
+    planned on a view of the machine without direct GPU links, then staged so that no copy
+    between GPUs runs over a direct link.
+
+    >>> from collectx.schedule import ScheduleBuilder, verify
+    >>> b = ScheduleBuilder("broadcast", 2, nchunks=1, root=0)
+    >>> d = b.copy(0, 0, Ref(0, "output", 0), Ref(0, "input", 0))
+    >>> _ = b.copy(1, 0, Ref(1, "output", 0), Ref(0, "output", 0), deps=[d])
+    >>> staged = stage_through_host(b.build())
+    >>> staged.host_units, host_chunks(staged), verify(staged).instructions
+    ((1, 0), 2, 3)
+    """
+    from ._graph import build_graph, topo_order
+    from .builder import ScheduleBuilder
+
+    g = build_graph(s)
+    b = ScheduleBuilder(s.collective, s.nranks, s.nchunks, root=s.root, inplace=s.inplace,
+                        algorithm=s.algorithm)
+    st = _Stager(s, b)
+    for v in topo_order(g):
+        st.emit(g.ids[v], g.instrs[v], [g.ids[p] for p in g.preds[v]])
+    return dataclasses.replace(b.build(), scratch_units=s.scratch_units,
+                               host_units=tuple(st.host_units),
+                               meta=s.meta)
+
+
+class _Stager:
+    """Bookkeeping of :func:`stage_through_host`: lanes, host chunks, staged copies."""
+
+    def __init__(self, s: Schedule, b):
+        self.s, self.b = s, b
+        self.base = [len(rl) for rl in s.lanes]       # staging lanes follow the originals
+        self.extra: list[dict] = [{} for _ in range(s.nranks)]
+        self.host_units = [0] * s.nranks
+        self.next_unit: list[dict] = [{} for _ in range(s.nranks)]   # chunk index -> free unit
+        self.done: dict = {}        # original Dep -> Dep that completes it
+        self.staged: dict = {}      # (rank, buf, chunk, count) -> (host Ref, Dep)
+
+    def emit(self, d, ins: Instr, preds: list) -> None:
+        waits = [self.done[p] for p in preds]
+        if ins.op == "engine":
+            self.done[d] = self.b.engine(d.rank, d.lane, ins.dst, ins.srcs, ins.engine_op,
+                                         ins.group, deps=waits)
+            return
+        moves = any(x.rank != d.rank and x.buf != "host" for x in (ins.dst, *ins.srcs))
+        # Chunk by chunk, so that the copy up of one chunk overlaps the copy down of the last.
+        pieces = [_piece(ins, i) for i in range(ins.dst.count)] if moves else [ins]
+        for piece in pieces:
+            done = self._emit_piece(d, piece, waits)
+        self.done[d] = done
+
+    def _emit_piece(self, d, ins: Instr, waits: list):
+        deps = list(waits)
+        srcs = []
+        for x in ins.srcs:
+            if x.rank == d.rank or x.buf == "host":
+                srcs.append(x)
+                continue
+            ref, dep = self._staged(x, waits, d.rank)
+            srcs.append(ref)
+            deps.append(dep)
+        dst = ins.dst
+        remote = dst.rank != d.rank and dst.buf != "host"
+        if remote:
+            dst = self._host_ref(d.rank, ins.dst)
+        self._written(ins.dst)
+        own = self._add(d.rank, d.lane, ins.op, dst, srcs, deps)
+        if not remote:
+            return own
+        return self._add(ins.dst.rank, self._lane(ins.dst.rank, ("down", d.rank)), "copy",
+                         ins.dst, [dst], [own])
+
+    def _staged(self, x: Ref, waits: list, reader: int):
+        key = (x.rank, x.buf, x.chunk, x.count)
+        if key not in self.staged:
+            ref = self._host_ref(x.rank, x)
+            dep = self._add(x.rank, self._lane(x.rank, ("up", reader)), "copy", ref, [x],
+                            list(waits))
+            self.staged[key] = (ref, dep)
+        return self.staged[key]
+
+    def _written(self, ref: Ref) -> None:
+        # A source written again needs a fresh staged copy for its later readers.
+        stale = [k for k in self.staged if k[0] == ref.rank and k[1] == ref.buf and
+                 k[2] < ref.chunk + ref.count and ref.chunk < k[2] + k[3]]
+        for k in stale:
+            del self.staged[k]
+
+    def _host_ref(self, rank: int, like: Ref) -> Ref:
+        # Same chunk of a unit as ``like``: executors cut units into tiles, and chunk i of a
+        # tile has the same length in every buffer only at the same index i.
+        i = like.chunk % self.s.nchunks
+        unit = self.next_unit[rank].get(i, 0)
+        self.next_unit[rank][i] = unit + 1
+        self.host_units[rank] = max(self.host_units[rank], unit + 1)
+        return Ref(rank, "host", unit * self.s.nchunks + i, like.count)
+
+    def _lane(self, rank: int, key) -> int:
+        lanes = self.extra[rank]
+        return self.base[rank] + lanes.setdefault(key, len(lanes))
+
+    def _add(self, rank, lane, op, dst, srcs, deps):
+        deps = [x for x in dict.fromkeys(deps) if x is not None and
+                not (x.rank == rank and x.lane == lane)]   # lane order already waits for them
+        if op == "copy":
+            return self.b.copy(rank, lane, dst, srcs[0], deps=deps)
+        return self.b.reduce(rank, lane, dst, srcs, deps=deps)

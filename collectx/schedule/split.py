@@ -1,0 +1,130 @@
+"""Running two schedules of one collective side by side, each on its own share of every unit.
+
+Why: a plan over NVLink and a plan relayed through host memory over PCIe use different links,
+so together they move a unit faster than either alone; :func:`join_shares` builds the schedule
+that runs ``a`` on the first ``a.nchunks`` chunks of every unit and ``b`` on the last
+``b.nchunks`` (shares in proportion to the chunk counts; :func:`refine` scales a schedule's
+chunk count without changing what it does).
+
+How it works: chunk ``i`` of unit ``u`` of any buffer of ``a`` becomes chunk ``i`` of unit
+``u`` of the joined schedule, and chunk ``i`` of ``b`` becomes chunk ``a.nchunks + i``.
+Scratch and host buffers are sized to the larger of the two, unit for unit. An instruction
+whose chunk run crosses a unit boundary is cut into one instruction per piece, on the same
+lane, and what waited for it waits for its last piece. ``b``'s lanes follow ``a``'s on every
+rank, so the two never wait for each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..errors import ScheduleError
+from .ir import Dep, Instr, Lane, Ref, Schedule
+
+
+def refine(s: Schedule, k: int) -> Schedule:
+    """``s`` with every chunk cut into ``k`` (``nchunks * k`` chunks, same element spans).
+
+    Chunk ``i`` of ``c`` covers ``[i*n//c, (i+1)*n//c)``, which are exactly chunks
+    ``k*i .. k*i+k-1`` of ``k*c``, so scaling every ref by ``k`` is the same schedule.
+
+    >>> from collectx.schedule import ScheduleBuilder
+    >>> b = ScheduleBuilder("allgather", 2, nchunks=1)
+    >>> _ = b.copy(0, 0, Ref(1, "output", 0), Ref(0, "input", 0))
+    >>> refine(b.build(), 3).lanes[0][0].instrs[0].dst
+    Ref(rank=1, buf='output', chunk=0, count=3)
+    """
+    if k == 1:
+        return s
+
+    def scale(ref: Ref) -> Ref:
+        return Ref(ref.rank, ref.buf, ref.chunk * k, ref.count * k)
+
+    lanes = tuple(tuple(Lane(tuple(dataclasses.replace(
+        ins, dst=scale(ins.dst), srcs=tuple(scale(x) for x in ins.srcs)) for ins in lane.instrs))
+        for lane in rl) for rl in s.lanes)
+    return dataclasses.replace(s, nchunks=s.nchunks * k, lanes=lanes)
+
+
+def join_shares(a: Schedule, b: Schedule) -> Schedule:
+    """One schedule running ``a`` and ``b`` on disjoint chunks of every unit (see module doc).
+
+    Raises
+    ------
+    ScheduleError
+        The two are not the same collective on the same ranks (root, in-place flag).
+
+    Examples
+    --------
+    >>> from collectx.schedule import ScheduleBuilder, verify
+    >>> def bcast():
+    ...     b = ScheduleBuilder("broadcast", 2, nchunks=1, root=0)
+    ...     d = b.copy(0, 0, Ref(0, "output", 0), Ref(0, "input", 0))
+    ...     _ = b.copy(1, 0, Ref(1, "output", 0), Ref(0, "output", 0), deps=[d])
+    ...     return b.build()
+    >>> j = join_shares(bcast(), refine(bcast(), 2))
+    >>> j.nchunks, [len(rl) for rl in j.lanes], verify(j).instructions
+    (3, [2, 2], 4)
+    """
+    rooted = a.collective in ("broadcast", "reduce", "sendrecv")
+    for field in ("collective", "nranks", "inplace") + (("root",) if rooted else ()):
+        if getattr(a, field) != getattr(b, field):
+            raise ScheduleError(f"join_shares: {field} {getattr(a, field)!r} vs "
+                                f"{getattr(b, field)!r}; expected two schedules of one request")
+    total = a.nchunks + b.nchunks
+    first = _Remap(a, total, 0, 0)
+    lanes = [list(rl) for rl in first.lanes()]
+    for r, rl in enumerate(_Remap(b, total, a.nchunks, [len(x) for x in a.lanes]).lanes()):
+        lanes[r] += rl
+    return dataclasses.replace(
+        a, nchunks=total, lanes=tuple(tuple(rl) for rl in lanes),
+        scratch_units=tuple(map(max, a.scratch_units, b.scratch_units)),
+        host_units=tuple(map(max, a.host_units, b.host_units)),
+        algorithm=f"{a.algorithm}+{b.algorithm}" if b.algorithm else a.algorithm,
+        meta=a.meta + (("shares", ((a.algorithm, a.nchunks), (b.algorithm, b.nchunks))),))
+
+
+class _Remap:
+    """One part's instructions moved to chunks ``[offset, offset + s.nchunks)`` of each unit."""
+
+    def __init__(self, s: Schedule, total: int, offset: int, lane_offset):
+        self.s, self.total, self.offset = s, total, offset
+        self.lane_offset = lane_offset if isinstance(lane_offset, list) else [lane_offset] * s.nranks
+        self.last: dict[Dep, int] = {}   # old Dep -> index of its last piece in the new lane
+
+    def lanes(self) -> list[list[Lane]]:
+        out = []
+        for r, rl in enumerate(self.s.lanes):
+            new_lanes = []
+            for li, lane in enumerate(rl):
+                instrs: list[Instr] = []
+                for i, ins in enumerate(lane.instrs):
+                    instrs += self._pieces(ins)
+                    self.last[Dep(r, li, i)] = len(instrs) - 1
+                new_lanes.append(instrs)
+            out.append(new_lanes)
+        return [[Lane(tuple(dataclasses.replace(ins, deps=tuple(self._dep(d) for d in ins.deps))
+                            for ins in lane)) for lane in rl] for rl in out]
+
+    def _dep(self, d: Dep) -> Dep:
+        return Dep(d.rank, d.lane + self.lane_offset[d.rank], self.last[d])
+
+    def _pieces(self, ins: Instr) -> list[Instr]:
+        n = self.s.nchunks
+        refs = (ins.dst, *ins.srcs)
+        if ins.op == "engine":
+            cuts = {0, ins.dst.count}   # engine spans differ by design; units never split there
+            if any(x.chunk % n + x.count > n for x in refs):
+                raise ScheduleError("join_shares: an engine step spans several units; "
+                                    "expected schedules of copy/reduce only")
+        else:
+            cuts = {0, ins.dst.count} | {t for x in refs for t in range(1, x.count)
+                                         if (x.chunk + t) % n == 0}
+        edges = sorted(cuts)
+        return [dataclasses.replace(ins, dst=self._ref(ins.dst, lo, hi),
+                                    srcs=tuple(self._ref(x, lo, hi) for x in ins.srcs))
+                for lo, hi in zip(edges, edges[1:])]
+
+    def _ref(self, x: Ref, lo: int, hi: int) -> Ref:
+        unit, i = divmod(x.chunk + lo, self.s.nchunks)
+        return Ref(x.rank, x.buf, unit * self.total + self.offset + i, hi - lo)

@@ -1,0 +1,159 @@
+"""Host buffers (PCIe relays through host memory): IR, verify, simulate, planner, executors."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import _runtime_workers as W
+import collectx
+import collectx.topology as T
+from collectx.errors import MalformedSchedule, ReadBeforeWrite, ScheduleError, WrongResult
+from collectx.planner import make_schedule, plan
+from collectx.planner.api import allocation
+from collectx.planner.host_relay import relay_view
+from collectx.schedule import Ref, Schedule, ScheduleBuilder, simulate, to_msccl_xml, verify
+from collectx.schedule.host import host_as_scratch, host_chunks, stage_through_host
+from collectx.schedule.split import join_shares, refine
+
+DGX1V = T.load("dgx1v")
+
+
+def relayed_broadcast(nchunks=1, skip_wait=False, skip_copy=False):
+    """Root 0 writes its input into its host buffer; rank 1 reads it from there."""
+    b = ScheduleBuilder("broadcast", 2, nchunks=nchunks, root=0)
+    h = b.host(0, 1)
+    up = b.copy(0, 0, Ref(0, "host", h, nchunks), Ref(0, "input", 0, nchunks))
+    b.copy(0, 0, Ref(0, "output", 0, nchunks), Ref(0, "input", 0, nchunks))
+    if not skip_copy:
+        b.copy(1, 0, Ref(1, "output", 0, nchunks), Ref(0, "host", h, nchunks),
+               deps=[] if skip_wait else [up])
+    return b.build()
+
+
+# -- IR and verify -------------------------------------------------------------------------------
+def test_host_buffers_round_trip_with_schema_2_and_old_schedules_still_load():
+    s = relayed_broadcast()
+    d = s.to_dict()
+    assert d["schema"] == "collectx.schedule/2" and d["host_units"] == [1, 0]
+    assert Schedule.from_dict(d) == s
+    plain = plan(T.ring(3), "allgather", 1 << 10, algo="ring").schedule
+    old = plain.to_dict()
+    assert old["schema"] == "collectx.schedule/1" and "host_units" not in old
+    assert Schedule.from_dict(old) == plain
+    with pytest.raises(ScheduleError, match="schedule/1"):
+        Schedule.from_dict({**old, "schema": "collectx.schedule/9"})
+
+
+def test_verify_treats_host_like_scratch():
+    assert verify(relayed_broadcast()).instructions == 3
+    with pytest.raises(ReadBeforeWrite):
+        verify(relayed_broadcast(skip_wait=True))
+    with pytest.raises(WrongResult):
+        verify(relayed_broadcast(skip_copy=True))
+    b = ScheduleBuilder("broadcast", 2, nchunks=1, root=0)
+    b.copy(0, 0, Ref(0, "host", 0), Ref(0, "input", 0))       # no host units reserved
+    with pytest.raises(MalformedSchedule, match="host of 0 chunks"):
+        verify(b.build())
+
+
+# -- simulate ------------------------------------------------------------------------------------
+def test_a_host_relay_crosses_pcie_up_to_the_cpu_and_down_again():
+    ranks, view = allocation(DGX1V, [0, 1])
+    r = simulate(relayed_broadcast(), view, 1 << 30, ranks=list(ranks))
+    assert set(r.link_bytes) == {("GPU0", "PLX0"), ("PLX0", "CPU0"), ("CPU0", "PLX0"),
+                                 ("PLX0", "GPU1")}          # never the NVLink between them
+
+
+def test_a_reader_on_the_other_socket_also_crosses_the_cpu_link():
+    ranks, view = allocation(DGX1V, [0, 4])
+    r = simulate(relayed_broadcast(), view, 1 << 28, ranks=list(ranks))
+    assert ("CPU0", "CPU1") in r.link_bytes and ("GPU0", "GPU4") not in r.link_bytes
+
+
+def test_relay_and_nvlink_shares_add_up_to_the_bound_for_a_switch_pair_broadcast():
+    p = plan(DGX1V, "broadcast", 1 << 30, gpus=[0, 1])
+    assert p.schedule.uses_host and p.algorithm.endswith("+host")
+    assert p.efficiency > 0.95
+    assert p.predicted.busbw_GBps <= 1.001 * p.bound.bound_busbw
+
+
+# -- passes --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("coll", ["allreduce", "allgather", "reduce_scatter", "broadcast",
+                                  "reduce", "alltoall"])
+@pytest.mark.parametrize("algo", ["direct", "ring", "tree"])
+def test_staged_and_joined_schedules_verify(coll, algo):
+    ranks, view = allocation(T.ring(4), None)
+    try:
+        s = plan(view, coll, 1 << 16, algo=algo, root=1).schedule
+    except Exception:
+        pytest.skip(f"{algo} does not plan {coll}")
+    staged = stage_through_host(s)
+    assert verify(staged) and verify(host_as_scratch(staged))
+    assert host_chunks(staged) > 0 and not host_as_scratch(staged).uses_host
+    assert all(ins.dst.rank == d.rank or ins.dst.buf == "host" or
+               all(x.rank == ins.dst.rank for x in ins.srcs)
+               for d, ins in staged.instructions())   # every move between ranks is staged
+    joined = join_shares(refine(s, 3), staged)
+    assert joined.nchunks == 3 * s.nchunks + staged.nchunks and verify(joined)
+
+
+def test_msccl_export_maps_host_buffers_to_scratch():
+    xml = to_msccl_xml(relayed_broadcast())
+    assert 'type="h"' not in xml and "<algo" in xml
+
+
+# -- planner -------------------------------------------------------------------------------------
+def test_relay_view_needs_a_cpu_and_a_direct_gpu_link():
+    assert relay_view(*reversed(allocation(T.ring(4), None))) is None
+    ranks, view = allocation(DGX1V, [0, 1, 2])
+    V = relay_view(view, ranks)
+    assert not any(V.has_edge(a, b) for a in ranks for b in ranks)
+
+
+@pytest.mark.parametrize("preset", ["dgx1v", "dgx1p"])
+@pytest.mark.parametrize("gpus", [[0, 1], [0, 1, 2], [0, 2, 4, 6, 7], [1, 2, 3, 4, 5, 6]])
+def test_plans_with_relays_verify_and_stay_under_the_bounds(preset, gpus):
+    for coll in ("allreduce", "allgather", "broadcast"):
+        p = plan(T.load(preset), coll, 1 << 30, gpus=gpus)
+        assert p.verified
+        cap = p.bound.ceiling_busbw if coll == "allreduce" else p.bound.bound_busbw
+        assert p.predicted.busbw_GBps <= 1.001 * cap
+
+
+def test_host_relays_false_never_stages_and_small_messages_never_do():
+    for coll in ("allreduce", "allgather", "broadcast"):
+        assert not plan(DGX1V, coll, 1 << 30, gpus=[0, 1], host_relays=False).schedule.uses_host
+        assert not plan(DGX1V, coll, 8 << 10, gpus=[0, 1]).schedule.uses_host
+        assert not make_schedule(DGX1V, coll, 2, 64 << 20, host_relays=False).uses_host
+    assert make_schedule(DGX1V, "broadcast", 2, 64 << 20).uses_host
+
+
+def test_cuda_runtime_plans_without_host_relays(monkeypatch):
+    from collectx.runtime.cuda import engine as cuda_engine
+    import collectx.planner as planner
+    seen = {}
+
+    def fake(*args, **kw):
+        seen.update(kw)
+        return make_schedule(*args, **kw)
+
+    monkeypatch.setattr(planner, "make_schedule", fake)
+    me = types.SimpleNamespace(config=types.SimpleNamespace(algo=None, plan_dump_file=None),
+                               size=2, rank=0, topology=lambda: DGX1V)
+    s = cuda_engine.CudaEngine._schedule(me, "broadcast", 64 << 20, 0)
+    assert seen["host_relays"] is False and not s.uses_host
+
+
+# -- CPU executor --------------------------------------------------------------------------------
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_cpu_executor_runs_relayed_schedules(monkeypatch, nranks):
+    monkeypatch.setenv("COLLECTX_TOPO_FILE", "dgx1v")
+    relayed = [c for c in ("allreduce", "broadcast", "reduce", "allgather")
+               if make_schedule(DGX1V, c, nranks, 4 << 20).uses_host]
+    assert relayed, "expected some collective to be planned with host relays"
+    n = (4 << 20) // 4 + 3
+    cases = [(c, "float32", "max", n, nranks - 1, 7 + i) for i, c in enumerate(relayed)]
+    assert collectx.launch(W.run_cases, nranks, args=(cases,), timeout=300) == [[]] * nranks
