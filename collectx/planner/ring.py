@@ -72,6 +72,21 @@ def plan_ring(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes:
         raise PlanError(f"ring does not support {collective}; it supports {', '.join(SUPPORTED)}")
     rings = find_rings(topo, ranks, **({} if max_channels is None else
                                        {"max_channels": max_channels}))
+    return ring_schedule(topo, ranks, collective, nbytes, rings, root=root, inplace=inplace,
+                         nchunks=nchunks)
+
+
+plan_ring.collectives = SUPPORTED
+
+
+def ring_schedule(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: int,
+                  rings: list[Ring], *, root: int = 0, inplace: bool = False,
+                  nchunks: int | None = None, algorithm: str = "ring") -> Schedule:
+    """The schedule of ``collective`` over the given ``rings`` (one lane each, data split by
+    their ``bw_gbps``); :func:`plan_ring` calls it with the rings it packed."""
+    n = len(ranks)
+    if collective not in SUPPORTED:
+        raise PlanError(f"ring does not support {collective}; it supports {', '.join(SUPPORTED)}")
     c = nchunks or _default_nchunks(collective, n, nbytes, rings, topo, ranks)
     rings = rings[:c]  # fewer chunks than rings: extra rings would carry nothing
     shares = weighted_shares(c, [r.bw_gbps for r in rings])
@@ -84,10 +99,7 @@ def plan_ring(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes:
         base += share
     meta = {"rings": [([ranks[i] for i in r.order], r.bw_gbps, lo, k)
                       for r, (lo, k) in zip(rings, spans)], "pattern": "ring"}
-    return b.schedule("ring", scratch_units=_scratch(b), meta=meta)
-
-
-plan_ring.collectives = SUPPORTED
+    return b.schedule(algorithm, scratch_units=_scratch(b), meta=meta)
 
 
 def _default_nchunks(collective: str, n: int, nbytes: int, rings: list[Ring], topo=None,

@@ -72,8 +72,12 @@ def host_chunks(s: Schedule) -> int:
                for _, ins in s.instructions())
 
 
-def stage_through_host(s: Schedule) -> Schedule:
+def stage_through_host(s: Schedule, pairs=None) -> Schedule:
     """``s`` with every transfer between two ranks staged through the sender's host buffer.
+
+    ``pairs(a, b)``, if given, says which transfers from rank ``a`` to rank ``b`` to stage; the
+    others stay direct (a ring-only library's fallback: NVLink where two GPUs share one, host
+    memory where they do not, :mod:`collectx.planner.fallback_ring`).
 
     How it works: instructions are re-emitted in one topological order of ``s``. A source on
     another rank ``a`` is first copied by ``a`` into a fresh chunk of ``a``'s ``host`` buffer
@@ -105,7 +109,7 @@ def stage_through_host(s: Schedule) -> Schedule:
     g = build_graph(s)
     b = ScheduleBuilder(s.collective, s.nranks, s.nchunks, root=s.root, inplace=s.inplace,
                         algorithm=s.algorithm)
-    st = _Stager(s, b)
+    st = _Stager(s, b, pairs or (lambda a, b: True))
     for v in topo_order(g):
         st.emit(g.ids[v], g.instrs[v], [g.ids[p] for p in g.preds[v]])
     return dataclasses.replace(b.build(), scratch_units=s.scratch_units,
@@ -116,14 +120,14 @@ def stage_through_host(s: Schedule) -> Schedule:
 class _Stager:
     """Bookkeeping of :func:`stage_through_host`: lanes, host chunks, staged copies."""
 
-    def __init__(self, s: Schedule, b):
-        self.s, self.b = s, b
+    def __init__(self, s: Schedule, b, pairs):
+        self.s, self.b, self.pairs = s, b, pairs
         self.base = [len(rl) for rl in s.lanes]       # staging lanes follow the originals
         self.extra: list[dict] = [{} for _ in range(s.nranks)]
         self.host_units = [0] * s.nranks
         self.next_unit: list[dict] = [{} for _ in range(s.nranks)]   # chunk index -> free unit
         self.done: dict = {}        # original Dep -> Dep that completes it
-        self.staged: dict = {}      # (rank, buf, chunk, count) -> (host Ref, Dep)
+        self.staged: dict = {}      # (rank, buf) -> {(chunk, count): (host Ref, Dep)}
 
     def emit(self, d, ins: Instr, preds: list) -> None:
         waits = [self.done[p] for p in preds]
@@ -131,7 +135,8 @@ class _Stager:
             self.done[d] = self.b.engine(d.rank, d.lane, ins.dst, ins.srcs, ins.engine_op,
                                          ins.group, deps=waits)
             return
-        moves = any(x.rank != d.rank and x.buf != "host" for x in (ins.dst, *ins.srcs))
+        moves = self._crosses(ins.dst, d.rank, read=False) or any(
+            self._crosses(x, d.rank) for x in ins.srcs)
         # Chunk by chunk, so that the copy up of one chunk overlaps the copy down of the last.
         pieces = [_piece(ins, i) for i in range(ins.dst.count)] if moves else [ins]
         for piece in pieces:
@@ -142,14 +147,14 @@ class _Stager:
         deps = list(waits)
         srcs = []
         for x in ins.srcs:
-            if x.rank == d.rank or x.buf == "host":
+            if not self._crosses(x, d.rank):
                 srcs.append(x)
                 continue
             ref, dep = self._staged(x, waits, d.rank)
             srcs.append(ref)
             deps.append(dep)
         dst = ins.dst
-        remote = dst.rank != d.rank and dst.buf != "host"
+        remote = self._crosses(dst, d.rank, read=False)
         if remote:
             dst = self._host_ref(d.rank, ins.dst)
         self._written(ins.dst)
@@ -159,21 +164,30 @@ class _Stager:
         return self._add(ins.dst.rank, self._lane(ins.dst.rank, ("down", d.rank)), "copy",
                          ins.dst, [dst], [own])
 
+    def _crosses(self, x: Ref, rank: int, read: bool = True) -> bool:
+        """Whether ``x``, read (or written) by ``rank``, lives on another rank and the transfer
+        between the two is staged."""
+        if x.rank == rank or x.buf == "host":
+            return False
+        return self.pairs(x.rank, rank) if read else self.pairs(rank, x.rank)
+
     def _staged(self, x: Ref, waits: list, reader: int):
-        key = (x.rank, x.buf, x.chunk, x.count)
-        if key not in self.staged:
+        mine = self.staged.setdefault((x.rank, x.buf), {})
+        key = (x.chunk, x.count)
+        if key not in mine:
             ref = self._host_ref(x.rank, x)
             dep = self._add(x.rank, self._lane(x.rank, ("up", reader)), "copy", ref, [x],
                             list(waits))
-            self.staged[key] = (ref, dep)
-        return self.staged[key]
+            mine[key] = (ref, dep)
+        return mine[key]
 
     def _written(self, ref: Ref) -> None:
         # A source written again needs a fresh staged copy for its later readers.
-        stale = [k for k in self.staged if k[0] == ref.rank and k[1] == ref.buf and
-                 k[2] < ref.chunk + ref.count and ref.chunk < k[2] + k[3]]
-        for k in stale:
-            del self.staged[k]
+        mine = self.staged.get((ref.rank, ref.buf))
+        if not mine:
+            return
+        for k in [k for k in mine if k[0] < ref.chunk + ref.count and ref.chunk < k[0] + k[1]]:
+            del mine[k]
 
     def _host_ref(self, rank: int, like: Ref) -> Ref:
         # Same chunk of a unit as ``like``: executors cut units into tiles, and chunk i of a
