@@ -9,7 +9,7 @@ Layout of a rank's allocation (native/include/cx_cuda_exec.h)::
 
 Rendezvous goes through the same store as the CPU windows: each rank publishes its pid, device,
 PCI bus id, base address and 64-byte IPC handle. Peers in another process open the handle once
-per (process, device) -- :data:`_OPENED` caches the mapping and counts its users, because CUDA
+per (process, device) -- :data:`_OPENED` holds the mapping for all its users, because CUDA
 refuses to open one handle twice in a context. A peer in this very process (ranks as threads)
 is used through its pointer: a process cannot open its own handles. Ranks on one GPU work the
 same way as ranks on several; on several GPUs in one process, peer access is enabled explicitly
@@ -25,13 +25,45 @@ import threading
 from ...errors import ArgumentError, CommError
 from . import _rt
 
-# (device, handle) -> [base address, users]
-_OPENED: dict[tuple[int, bytes], list[int]] = {}
-_OPENED_LOCK = threading.Lock()
-# In-process window base -> holders: its owner and every rank of this process that mapped it.
-# A rank that closes early must not free memory a peer's kernel may still read (ranks as
-# threads see each other's windows directly; cudaFree under a running kernel is a fault).
-_LOCAL: dict[int, int] = {}
+class _Holders:
+    """Resources of this process shared by several ranks: made by the first, released by the
+    last (under one lock for every table)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, release):
+        self._release = release
+        self._held: dict = {}           # key -> [resource, holders]
+
+    def hold(self, key, make):
+        """The resource under ``key`` (``make()`` builds it the first time), held once more."""
+        with self._lock:
+            hit = self._held.get(key)
+            if hit is None:
+                hit = self._held[key] = [make(), 0]
+            hit[1] += 1
+            return hit[0]
+
+    def drop(self, key) -> None:
+        """One holder fewer; the last one releases the resource."""
+        with self._lock:
+            hit = self._held.get(key)
+            if hit is None:
+                return
+            hit[1] -= 1
+            if hit[1]:
+                return
+            del self._held[key]
+        self._release(hit[0])
+
+
+# Peers' windows opened through IPC, by (device, handle): CUDA refuses to open one handle twice
+# in a context, so ranks of one process share the mapping.
+_OPENED = _Holders(lambda base: _rt.ipc_close(base))
+# Window allocations of this process, by base: its owner and every rank of this process that
+# maps it hold it. A rank that closes early must not free memory a peer's kernel may still read
+# (ranks as threads see each other's windows directly; cudaFree under a running kernel faults).
+_LOCAL = _Holders(lambda base: _rt.free(base))
 
 
 def ctl_bytes() -> int:
@@ -49,42 +81,6 @@ def set_bytes_for(window_bytes: int) -> int:
     (524288, 65536)
     """
     return max(1 << 16, (int(window_bytes) // 2) & ~4095)
-
-
-def _open_peer(device: int, handle: bytes) -> int:
-    with _OPENED_LOCK:
-        hit = _OPENED.get((device, handle))
-        if hit is None:
-            hit = _OPENED[(device, handle)] = [_rt.ipc_open(handle), 0]
-        hit[1] += 1
-        return hit[0]
-
-
-def _hold_local(base: int) -> int:
-    with _OPENED_LOCK:
-        _LOCAL[base] = _LOCAL.get(base, 0) + 1
-    return base
-
-
-def _drop_local(base: int) -> None:
-    with _OPENED_LOCK:
-        left = _LOCAL.get(base, 1) - 1
-        if left > 0:
-            _LOCAL[base] = left
-            return
-        _LOCAL.pop(base, None)
-    _rt.free(base)
-
-
-def _release_peer(device: int, handle: bytes) -> None:
-    with _OPENED_LOCK:
-        hit = _OPENED.get((device, handle))
-        if hit is None:
-            return
-        hit[1] -= 1
-        if hit[1] == 0:
-            del _OPENED[(device, handle)]
-            _rt.ipc_close(hit[0])
 
 
 class CudaWindow:
@@ -113,7 +109,8 @@ class CudaWindow:
         self.set_bytes = set_bytes_for(int(store.get(f"{prefix}/window_bytes", timeout)))
         self.ctl_bytes = ctl_bytes()
         _rt.set_device(self.device)
-        self.self_base = _hold_local(_rt.malloc(self.ctl_bytes + 2 * self.set_bytes))
+        base = _rt.malloc(self.ctl_bytes + 2 * self.set_bytes)
+        self.self_base = _LOCAL.hold(base, lambda: base)
         _rt.memset(self.self_base, 0, self.ctl_bytes)
         _rt.stream_synchronize(0)  # zeroed flags before any peer can look at them
         me = {"pid": os.getpid(), "device": self.device, "bus": _rt.pci_bus_id(self.device),
@@ -138,10 +135,11 @@ class CudaWindow:
                                 f"one process; run one process per GPU instead")
             # Held until this rank closes: a peer that returns early (or never calls) frees its
             # window only once nobody's kernel can still poll it.
-            self._held.append(_hold_local(int(peer["base"])))
+            base = int(peer["base"])
+            self._held.append(_LOCAL.hold(base, lambda: base))
             return self._held[-1]
         handle = bytes.fromhex(peer["handle"])
-        base = _open_peer(self.device, handle)
+        base = _OPENED.hold((self.device, handle), lambda: _rt.ipc_open(handle))
         self._opened.append(handle)
         return base
 
@@ -165,17 +163,17 @@ class CudaWindow:
         """Unmap the peers' windows and free this rank's (once no rank of this process that
         mapped it still holds it). Idempotent."""
         for handle in self._opened:
-            _release_peer(self.device, handle)
+            _OPENED.drop((self.device, handle))
         self._opened = []
         held, self._held = self._held, []
         for base in held:
-            _drop_local(base)
+            _LOCAL.drop(base)
         if self.d_windows:
             ptr, self.d_windows = self.d_windows, 0
             _rt.free(ptr)
         if self.self_base:
             ptr, self.self_base = self.self_base, 0
-            _drop_local(ptr)
+            _LOCAL.drop(ptr)
         self.bases = []
 
 
