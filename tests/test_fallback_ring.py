@@ -91,3 +91,11 @@ def test_staging_can_be_limited_to_some_pairs():
     assert len(staged_pairs(everything)) == 6
     G = T.fully_connected(3)
     assert simulate(staged, G, 1 << 20).time_us > 0
+
+
+def test_it_is_forced_by_name_but_never_chosen_by_the_cost_model():
+    from collectx.planner import candidates
+    forced = plan(DGX1V, "allreduce", 1 << 26, gpus=NO_RING, algo="fallback_ring")
+    assert forced.algorithm == "fallback_ring" and forced.verified
+    assert "fallback_ring" not in candidates("allreduce")
+    assert plan(DGX1V, "allreduce", 1 << 26, gpus=NO_RING).algorithm != "fallback_ring"

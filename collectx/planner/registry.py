@@ -9,6 +9,8 @@ and declares the collectives it serves in a ``collectives`` attribute (or its mo
 True
 >>> supports("tree", "alltoall"), supports(lambda *a, **k: None, "alltoall")
 (False, True)
+>>> "fallback_ring" in candidates("allreduce"), supports("fallback_ring", "allreduce")
+(False, True)
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ def _load(table: dict, optional: bool) -> dict[str, PlannerFn]:
 
 
 ALGORITHMS: dict[str, PlannerFn] = {**_load(_CORE, False), **_load(_OPTIONAL, True)}
+# Baselines: plans other libraries would run, for comparison. ``algo=`` / ``--algo`` resolves
+# them by name, but the cost model never considers them (they are never faster).
+BASELINES: dict[str, PlannerFn] = _load({"fallback_ring": ("fallback_ring",
+                                                             "plan_fallback_ring")}, True)
 
 
 def collectives_of(algo: str | PlannerFn) -> frozenset[str]:
@@ -76,16 +82,18 @@ def resolve(algo: str | PlannerFn) -> PlannerFn:
     """The planner function for a registered name (or the callable itself)."""
     if callable(algo):
         return algo
-    if algo not in ALGORITHMS:
+    fn = ALGORITHMS.get(algo) or BASELINES.get(algo)
+    if fn is None:
         raise PlanError(f"unknown algorithm {algo!r}; expected one of "
-                        f"{', '.join(sorted(ALGORITHMS))} or a planner callable")
-    return ALGORITHMS[algo]
+                        f"{', '.join(sorted(ALGORITHMS))} (or a baseline: "
+                        f"{', '.join(sorted(BASELINES))}) or a planner callable")
+    return fn
 
 
 def name_of(algo: str | PlannerFn) -> str:
     if isinstance(algo, str):
         return algo
-    for name, fn in ALGORITHMS.items():
+    for name, fn in (*ALGORITHMS.items(), *BASELINES.items()):
         if fn is algo:
             return name
     return getattr(algo, "__name__", "custom").removeprefix("plan_")
