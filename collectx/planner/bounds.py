@@ -2,7 +2,10 @@
 
 All numbers are bus bandwidths (nccl-tests conventions) in GB/s per direction, at the topology's
 ``bw_gbps`` (line rates for the presets). GPUs outside the allocation are removed; switches, CPUs
-and NICs stay as relays that forward but never copy or reduce.
+and NICs stay as relays that forward but never copy or reduce. A PCIe switch whose GPUs all
+share direct links with each other does not turn traffic around between them (CUDA sends their
+peer traffic over the direct link; their PCIe route climbs to the CPU):
+:mod:`collectx.planner.turnaround`.
 
 * allgather / reduce_scatter: the ForestColl cut bound
   ``busbw* = (N-1) * min_S B+(S) / |S ∩ C|`` over node sets ``S`` holding some but not all GPUs
@@ -39,6 +42,7 @@ from scipy.optimize import linprog
 
 from ..errors import ArgumentError, PlanError
 from .edge_split import LinkIndex, job_gpus, job_graph, require_connected
+from .turnaround import without_turnarounds
 from .treepack import pack_undirected_trees
 
 KINDS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall")
@@ -111,14 +115,19 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
     fast = symmetric_bounds(topo, collective, gpus, root)
     if fast is not None:
         return fast
-    G = job_graph(topo, gpus)
+    J = job_graph(topo, gpus)
+    G = without_turnarounds(J, gpus)
     require_connected(G, gpus)
     if n < 2:
         return Bounds(collective, float("inf"), float("inf") if collective == "allreduce" else None,
                       float("inf"), None, "one GPU: nothing to move", gpus)
-    # reduce-scatter runs allgather's trees reversed, so its cuts are those of the reversed graph
-    x_ag = _memo("cut", G, gpus, lambda: cut_rate(G, gpus)[0])
-    x_rs = _memo("cut_reversed", G, gpus, lambda: cut_rate(G.reverse(copy=True), gpus)[0])
+    # reduce-scatter runs allgather's trees reversed, so its cuts are those of the reversed graph.
+    # With split switches the cut is no longer tight (their uplinks carry relays both ways): the
+    # replicating-broadcast LP is.
+    rate = cut_rate if G is J else lambda H, c: (replicating_broadcast_rate(H, c),)
+    x_ag = _memo("cut", G, gpus, lambda: rate(G, gpus)[0])
+    x_rs = x_ag if _symmetric(J) else _memo(
+        "cut_reversed", G, gpus, lambda: rate(G.reverse(copy=True), gpus)[0])
     if collective in ("allgather", "reduce_scatter"):
         cut = (n - 1) * (x_ag if collective == "allgather" else x_rs)
         graph = "" if collective == "allgather" else " of the reversed graph"
@@ -143,6 +152,13 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
     which = "trees" if tree > cut else "reduce-scatter + allgather"
     return Bounds(collective, ref, ceiling, cut, tree,
                   f"reference = {which}; ceiling = 2(N-1)/N * min pair maxflow", gpus)
+
+
+def _symmetric(G: nx.DiGraph) -> bool:
+    """Whether every link has a reverse of the same capacity: the reversed graph is then the
+    same graph (split switches too, their halves trading places), and reduce-scatter's rate is
+    allgather's."""
+    return all(G.has_edge(v, u) and G.edges[v, u]["cap"] == c for u, v, c in G.edges(data="cap"))
 
 
 _MEMO: dict = {}
@@ -254,4 +270,63 @@ def alltoall_rate(G: nx.DiGraph, gpus) -> float:
                   b_eq=np.zeros(n_src * nv), bounds=(0, None), method="highs")
     if res.status != 0:
         raise PlanError(f"alltoall flow LP failed: {res.message}")
+    return float(res.x[-1])
+
+
+def replicating_broadcast_rate(G: nx.DiGraph, gpus) -> float:
+    """Largest rate ``x`` at which every GPU can broadcast its data to all others at once, when
+    every node may copy what passes through it (an LP relaxation of the allgather optimum).
+
+    Why: the cut bound is the allgather optimum on graphs whose relays pass on what they take
+    in (ForestColl's edge splitting), but not once a switch is split into an upward and a
+    downward half (:mod:`.turnaround`): two GPUs relaying to each other through the CPU share
+    its uplink, which no single cut sees. Letting relays replicate only loosens the problem, so
+    this is still an upper bound, and on balanced graphs it equals the cut bound.
+
+    Rows: conservation per (root, destination, node); the flow of each (root, destination)
+    over a link is at most the root's usage ``y`` of it; the roots' usages share each link.
+
+    >>> from collectx.topology import load
+    >>> from collectx.planner.edge_split import job_graph
+    >>> from collectx.planner.turnaround import without_turnarounds
+    >>> H = without_turnarounds(job_graph(load("dgx1v"), ["GPU0", "GPU1"]), ["GPU0", "GPU1"])
+    >>> round(cut_rate(H, ["GPU0", "GPU1"])[0], 3), round(replicating_broadcast_rate(H, ["GPU0", "GPU1"]), 3)
+    (40.75, 32.875)
+    """
+    index = LinkIndex.of(G)
+    nodes = {v: i for i, v in enumerate(index.nodes)}
+    m, nv, n = len(index.links), len(index.nodes), len(gpus)
+    pairs = [(r, v) for r in range(n) for v in range(n) if r != v]
+    nf, ny = len(pairs) * m, n * m
+    x_col = nf + ny
+    eq_r, eq_c, eq_v = [], [], []
+    for k, (r, v) in enumerate(pairs):
+        for e, (a, b) in enumerate(index.links):
+            eq_r += [k * nv + nodes[a], k * nv + nodes[b]]
+            eq_c += [k * m + e, k * m + e]
+            eq_v += [1.0, -1.0]               # net outflow per node
+        eq_r += [k * nv + nodes[gpus[r]], k * nv + nodes[gpus[v]]]
+        eq_c += [x_col, x_col]
+        eq_v += [-1.0, 1.0]                   # the root emits x, the destination absorbs it
+    A_eq = sp.csr_matrix((eq_v, (eq_r, eq_c)), shape=(len(pairs) * nv, x_col + 1))
+    ub_r, ub_c, ub_v = [], [], []
+    for k, (r, _) in enumerate(pairs):        # f[k, e] - y[r, e] <= 0
+        for e in range(m):
+            row = k * m + e
+            ub_r += [row, row]
+            ub_c += [k * m + e, nf + r * m + e]
+            ub_v += [1.0, -1.0]
+    for r in range(n):                        # sum over roots of y[r, e] <= cap[e]
+        for e in range(m):
+            ub_r.append(nf + e)
+            ub_c.append(nf + r * m + e)
+            ub_v.append(1.0)
+    A_ub = sp.csr_matrix((ub_v, (ub_r, ub_c)), shape=(nf + m, x_col + 1))
+    b_ub = np.concatenate([np.zeros(nf), np.asarray(index.caps, dtype=float)])
+    c = np.zeros(x_col + 1)
+    c[-1] = -1.0
+    res = linprog(c, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=np.zeros(len(pairs) * nv),
+                  bounds=(0, None), method="highs")
+    if res.status != 0:
+        raise PlanError(f"allgather flow LP failed: {res.message}")
     return float(res.x[-1])

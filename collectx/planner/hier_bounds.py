@@ -31,6 +31,7 @@ import networkx as nx
 
 from .bounds import _SOURCE, Bounds, _ratio, _start_ratio
 from .edge_split import job_gpus, job_graph
+from .turnaround import without_turnarounds
 
 _PREFIX = re.compile(r"^n(\d+)/")
 
@@ -61,7 +62,7 @@ def symmetric_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0
     machines = _machines(topo, gpus)
     if machines is None:
         return None
-    G = job_graph(topo, gpus)
+    G = without_turnarounds(job_graph(topo, gpus), gpus)
     n, N = len(machines), len(gpus)
     reps = machines[0]
     x_ag = _cut_rate(G, gpus, reps)
