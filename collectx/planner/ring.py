@@ -34,6 +34,7 @@ SUPPORTED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
 PIECE_BYTES = 64 << 10    # broadcast/reduce chain: pieces of at least this many bytes ...
 MAX_PIECES = 512          # ... and at most this many per ring
 MAX_CHAIN_INSTRUCTIONS = 8192   # a chain costs n instructions per chunk: keep schedules small
+MAX_UNITS = 32            # whole shards per ring set: ring shares follow bandwidth to ~1% with few
 
 
 def plan_ring(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: int, *,
@@ -87,9 +88,15 @@ def ring_schedule(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nby
     n = len(ranks)
     if collective not in SUPPORTED:
         raise PlanError(f"ring does not support {collective}; it supports {', '.join(SUPPORTED)}")
-    c = nchunks or _default_nchunks(collective, n, nbytes, rings, topo, ranks)
-    rings = rings[:c]  # fewer chunks than rings: extra rings would carry nothing
-    shares = weighted_shares(c, [r.bw_gbps for r in rings])
+    if nchunks is None and collective not in ("broadcast", "reduce"):
+        # Each ring's share a whole number of shards: ring steps move one shard, so a ring
+        # whose shards differ by a chunk runs at the pace of its largest.
+        units = ring_units([r.bw_gbps for r in rings])
+        c, shares = n * sum(units), [n * u for u in units]
+    else:
+        c = nchunks or _default_nchunks(collective, n, nbytes, rings, topo, ranks)
+        rings = rings[:c]  # fewer chunks than rings: extra rings would carry nothing
+        shares = weighted_shares(c, [r.bw_gbps for r in rings])
     b = Builder(collective, n, c, root=root, inplace=inplace)
     base, spans = 0, []
     for lane, (ring, share) in enumerate(zip(rings, shares)):
@@ -100,6 +107,30 @@ def ring_schedule(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nby
     meta = {"rings": [([ranks[i] for i in r.order], r.bw_gbps, lo, k)
                       for r, (lo, k) in zip(rings, spans)], "pattern": "ring"}
     return b.schedule(algorithm, scratch_units=_scratch(b), meta=meta)
+
+
+def ring_units(bws: list[float], most: int = MAX_UNITS, tolerance: float = 0.01) -> list[int]:
+    """Small whole numbers in proportion to the rings' bandwidths (within ``tolerance`` of each
+    ring's share where ``most`` units allow it; else the closest found).
+
+    >>> ring_units([50.0, 50.0, 25.0, 25.0]), ring_units([25.0, 25.0]), ring_units([30.0, 20.0])
+    ([2, 2, 1, 1], [1, 1], [3, 2])
+    """
+    low = min(bws)
+    if low <= 0:
+        return [1] * len(bws)
+    total = sum(bws)
+    best, best_err = [1] * len(bws), float("inf")
+    for k in range(1, most + 1):
+        units = [max(1, round(b / low * k)) for b in bws]
+        if sum(units) > most:
+            break
+        err = max(abs(u / sum(units) - b / total) / (b / total) for u, b in zip(units, bws))
+        if err < best_err - 1e-12:
+            best, best_err = units, err
+        if err <= tolerance:
+            break
+    return best
 
 
 def _default_nchunks(collective: str, n: int, nbytes: int, rings: list[Ring], topo=None,
