@@ -50,6 +50,7 @@ MAX_SCALE = 256             # refine() factors tried when matching a share (refi
 SHARE_TOLERANCE = 0.01
 RELAY_ALGORITHMS = ("direct", "ring", "tree")   # cheap to plan; the relay share is the smaller
 PIPELINE_CHUNKS = 16        # staged copies of a relay plan run in at least this many chunks
+RELAY_CHUNKS = {"ring": 16, "tree": 16}   # chunks of relay plans (their own default: 100s)
 
 
 def relay_view(view: nx.DiGraph, ranks) -> nx.DiGraph | None:
@@ -179,9 +180,9 @@ def _relay_plan(V, view, ranks, collective, nbytes, root, inplace):
     for name in RELAY_ALGORITHMS:
         if name not in registry.ALGORITHMS or not registry.supports(name, collective):
             continue
-        try:
+        try:   # few chunks: the staging pipelines each transfer chunk by chunk anyway
             s = registry.call(name, V, tuple(ranks), collective, nbytes, root=root,
-                              inplace=inplace)
+                              inplace=inplace, nchunks=RELAY_CHUNKS.get(name))
         except (PlanError, NoFeasiblePlan, NotImplementedError):
             continue
         staged = stage_through_host(refine(s, -(-PIPELINE_CHUNKS // s.nchunks)))

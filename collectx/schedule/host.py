@@ -128,6 +128,7 @@ class _Stager:
         self.next_unit: list[dict] = [{} for _ in range(s.nranks)]   # chunk index -> free unit
         self.done: dict = {}        # original Dep -> Dep that completes it
         self.staged: dict = {}      # (rank, buf) -> {(chunk, count): (host Ref, Dep)}
+        self.widths: dict = {}      # (rank, buf) -> chunk counts of the runs staged from it
 
     def emit(self, d, ins: Instr, preds: list) -> None:
         waits = [self.done[p] for p in preds]
@@ -179,6 +180,7 @@ class _Stager:
             dep = self._add(x.rank, self._lane(x.rank, ("up", reader)), "copy", ref, [x],
                             list(waits))
             mine[key] = (ref, dep)
+            self.widths.setdefault((x.rank, x.buf), set()).add(x.count)
         return mine[key]
 
     def _written(self, ref: Ref) -> None:
@@ -186,8 +188,13 @@ class _Stager:
         mine = self.staged.get((ref.rank, ref.buf))
         if not mine:
             return
+        if ref.count < len(mine) and self.widths[ref.rank, ref.buf] == {1}:
+            for c in range(ref.chunk, ref.chunk + ref.count):   # staged pieces are one chunk
+                mine.pop((c, 1), None)
+            return
         for k in [k for k in mine if k[0] < ref.chunk + ref.count and ref.chunk < k[0] + k[1]]:
             del mine[k]
+
 
     def _host_ref(self, rank: int, like: Ref) -> Ref:
         # Same chunk of a unit as ``like``: executors cut units into tiles, and chunk i of a

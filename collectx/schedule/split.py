@@ -103,7 +103,9 @@ class _Remap:
                     self.last[Dep(r, li, i)] = len(instrs) - 1
                 new_lanes.append(instrs)
             out.append(new_lanes)
-        return [[Lane(tuple(dataclasses.replace(ins, deps=tuple(self._dep(d) for d in ins.deps))
+        # Plain constructors: dataclasses.replace was most of the cost on 10k-instruction plans.
+        return [[Lane(tuple(Instr(ins.op, ins.dst, ins.srcs, tuple(self._dep(d) for d in ins.deps),
+                                  ins.engine_op, ins.group) if ins.deps else ins
                             for ins in lane)) for lane in rl] for rl in out]
 
     def _dep(self, d: Dep) -> Dep:
@@ -118,12 +120,12 @@ class _Remap:
                 raise ScheduleError("join_shares: an engine step spans several units; "
                                     "expected schedules of copy/reduce only")
         else:
-            cuts = {0, ins.dst.count} | {t for x in refs for t in range(1, x.count)
-                                         if (x.chunk + t) % n == 0}
+            cuts = {0, ins.dst.count} | {t for x in refs
+                                         for t in range(n - x.chunk % n, x.count, n)}
         edges = sorted(cuts)
-        return [dataclasses.replace(ins, dst=self._ref(ins.dst, lo, hi),
-                                    srcs=tuple(self._ref(x, lo, hi) for x in ins.srcs))
-                for lo, hi in zip(edges, edges[1:])]
+        return [Instr(ins.op, self._ref(ins.dst, lo, hi),
+                      tuple(self._ref(x, lo, hi) for x in ins.srcs), ins.deps, ins.engine_op,
+                      ins.group) for lo, hi in zip(edges, edges[1:])]
 
     def _ref(self, x: Ref, lo: int, hi: int) -> Ref:
         unit, i = divmod(x.chunk + lo, self.s.nchunks)
