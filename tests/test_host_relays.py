@@ -157,3 +157,25 @@ def test_cpu_executor_runs_relayed_schedules(monkeypatch, nranks):
     n = (4 << 20) // 4 + 3
     cases = [(c, "float32", "max", n, nranks - 1, 7 + i) for i, c in enumerate(relayed)]
     assert collectx.launch(W.run_cases, nranks, args=(cases,), timeout=300) == [[]] * nranks
+
+
+@pytest.mark.parametrize("make", [T.ring, T.fully_connected, T.switch])
+def test_fabrics_without_cpus_never_get_relays(make):
+    for n in range(1, 17):
+        ranks, view = allocation(make(n), None)
+        assert relay_view(view, ranks) is None
+    p = plan(make(5), "allreduce", 1 << 26)
+    assert p.verified and not p.schedule.uses_host
+
+
+@pytest.mark.parametrize("preset", ["dgx1v", "dgx1p", "dgx2", "dgx_a100", "dgx_h100",
+                                    "mi250_16gcd", "mi300x", "pcie_gen4_8gpu"])
+def test_every_preset_plans_verified_schedules_with_relays_allowed(preset):
+    G = T.load(preset)
+    gpus = None if len(T.gpus(G)) <= 8 else list(range(8))
+    for coll in ("allgather", "broadcast"):
+        p = plan(G, coll, 1 << 28, gpus=gpus)
+        assert p.verified
+        assert p.predicted.busbw_GBps <= 1.001 * p.bound.bound_busbw
+        if preset in ("dgx2", "dgx_a100", "dgx_h100", "mi250_16gcd", "mi300x"):
+            assert not p.schedule.uses_host      # no CPU in these graphs
