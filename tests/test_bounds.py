@@ -142,7 +142,7 @@ def test_dgx1v_trees_beat_cut_bound_on_fragmented_allocations():
     G = topo.load("dgx1v")
     c = ("GPU1", "GPU2", "GPU3", "GPU4", "GPU5", "GPU6")
     ratio = bounds(G, "allreduce", gpus=c).tree_busbw / bounds(G, "allgather", gpus=c).cut_busbw
-    assert ratio == pytest.approx(1.2674, rel=1e-3)
+    assert ratio == pytest.approx(107.64 / 65.75, rel=1e-3)
 
 
 def test_pcie_switches_do_not_turn_traffic_between_nvlink_peers():
@@ -203,3 +203,12 @@ def test_remembered_bounds_follow_an_edited_graph():
     from collectx.planner import bounds as module
     module._MEMO.clear()
     assert bounds(G, "allreduce") == edited
+
+
+def test_tree_bound_relays_through_a_split_switch_climbing_up_and_down():
+    # Trees used both ways relay GPU0 <-> GPU1 through host memory: up through the switch's
+    # upward half, down through its downward one (not reverses of each other).
+    G = topo.load("dgx1v")
+    b = bounds(G, "allreduce", gpus=("GPU0", "GPU1"))
+    assert b.tree_busbw == pytest.approx(25 + 15.75 / 2, rel=1e-6)
+    assert bounds(G, "allreduce", gpus=("GPU1", "GPU6", "GPU7")).tree_busbw > 0

@@ -145,8 +145,8 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
                       "max concurrent multicommodity flow (N-1)*rate per pair", gpus)
     factor = 2 * (n - 1) / n
     cut = 2 * (n - 1) / (1 / x_rs + 1 / x_ag)   # reduce-scatter then allgather, times add up
-    tree = factor * _memo("trees", G, gpus,
-                          lambda: pack_undirected_trees(LinkIndex.of(G), gpus).rate)
+    tree = factor * _memo("trees", G, gpus, lambda: pack_undirected_trees(
+        LinkIndex.of(G), gpus, either_way=G is not J).rate)
     ceiling = factor * _memo("pair_flow", G, gpus, lambda: min_pair_flow(G, gpus))
     ref = max(cut, tree)
     which = "trees" if tree > cut else "reduce-scatter + allgather"

@@ -225,17 +225,24 @@ def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None) ->
     return _column_generation(index, tuple(roots), price)
 
 
-def pack_undirected_trees(index: LinkIndex, gpus, routes: dict | None = None) -> Packing:
+def pack_undirected_trees(index: LinkIndex, gpus, routes: dict | None = None,
+                          either_way: bool = False) -> Packing:
     """Pack spanning trees each used in both directions (reduce up, broadcast down).
 
     The tree of each column is rooted at its centre to keep pipelines short. Without
-    ``routes`` a tree edge takes a relay path and its reverse; with ``routes`` edge ``{u, t}``
-    uses ``routes[u, t]`` one way and ``routes[t, u]`` the other.
+    ``routes`` a tree edge takes a relay path and its reverse (with ``either_way``, the
+    cheapest path each way, which need not be reverses: a split PCIe switch climbs through its
+    upward half and descends through its downward one, :mod:`.turnaround`); with ``routes``
+    edge ``{u, t}`` uses ``routes[u, t]`` one way and ``routes[t, u]`` the other.
     """
     gpus = tuple(gpus)
 
     def price(y, exact):
-        if routes is None:
+        if routes is None and either_way:
+            one, way = relay_paths(index, gpus, y)
+            path = {(u, t): p + way[t, u] for (u, t), p in way.items() if (t, u) in way}
+            cost = {e: one[e] + one[e[1], e[0]] for e in path}
+        elif routes is None:
             y2 = [y[e] + y[r] if r >= 0 else _INF for e, r in enumerate(index.rev)]
             cost, path = relay_paths(index, gpus, y2)
             path = {e: p + tuple((index.rev[x], w) for x, w in reversed(p))
