@@ -182,7 +182,8 @@ def _relays_possible(view: nx.DiGraph, ranks: tuple[str, ...]) -> bool:
 def _with_relays(view, ranks, collective, nbytes, root, inplace, chosen):
     """``chosen`` joined with a host-relayed share where that simulates faster."""
     from .host_relay import COLLECTIVES as RELAYED, MIN_BYTES, with_host_relays
-    if collective not in RELAYED or nbytes < MIN_BYTES or chosen[2] is None:
+    if collective not in RELAYED or nbytes < MIN_BYTES or chosen[2] is None or \
+            not _relays_possible(view, ranks):
         return chosen
     bound = _bound(view, collective, ranks, root)
     return with_host_relays(view, ranks, collective, nbytes, chosen,

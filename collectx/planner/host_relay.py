@@ -40,6 +40,7 @@ from ..errors import NoFeasiblePlan, PlanError
 from ..schedule.host import stage_through_host
 from ..schedule.ir import Schedule
 from ..schedule.split import join_shares, refine
+from .edge_split import job_graph
 
 MIN_BYTES = 1 << 20       # below this the extra latency of a staged hop outweighs the bandwidth
 RELAY_GATE = 0.97         # a plan this close to its bound needs no relay
@@ -149,18 +150,20 @@ MIN_POTENTIAL = 0.1   # PCIe must add this much to the cut bound to pay for plan
 
 
 def _pcie_potential(view, ranks) -> float:
-    """How much of the allgather cut bound only PCIe/host paths add: 1 - (bound with direct
-    GPU links only) / (bound). Cheap (parametric max-flow, memoized per graph content)."""
-    from .bounds import bounds
+    """How much PCIe/host paths add to the allgather cut: 1 - (cut rate with direct GPU links
+    only) / (cut rate with every link). Cut rates of the raw graphs (parametric max-flow, a few
+    ms): the PCIe share they see is at most what host relays can use, so the test only ever
+    tries relays too often, never too rarely."""
+    from .bounds import cut_rate
     keep = set(ranks)
-    direct = nx.DiGraph(view.edge_subgraph(
-        (u, v) for u, v, t in view.edges(data="type") if u in keep and v in keep and
-        t in DIRECT_TYPES))
+    direct = nx.DiGraph()
     direct.add_nodes_from((g, view.nodes[g]) for g in ranks)
-    full = bounds(view, "allgather", gpus=list(ranks)).bound_busbw
-    if not nx.is_strongly_connected(direct) or full <= 0:
+    direct.add_edges_from((u, v, d) for u, v, d in view.edges(data=True)
+                          if u in keep and v in keep and d.get("type") in DIRECT_TYPES)
+    if not nx.is_strongly_connected(direct):
         return 1.0
-    return 1.0 - bounds(direct, "allgather", gpus=list(ranks)).bound_busbw / full
+    full = cut_rate(job_graph(view, ranks), list(ranks))[0]
+    return 1.0 - cut_rate(job_graph(direct, ranks), list(ranks))[0] / full if full > 0 else 0.0
 
 
 def _worth_trying(collective, nbytes, predicted, bound_busbw, n) -> bool:
