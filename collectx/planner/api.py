@@ -113,19 +113,21 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
     ranks, view = allocation(topo, gpus)                       # resolve the allocation
     if algo is None and _multi_machine(view, ranks, collective):  # clusters: phases + engine
         algo = "hierarchical"
+    bound_memo: dict = {}                                      # relays may need it first
     if algo is None:                                           # pick (or run) the algorithm
         name, schedule, predicted = select.choose(view, ranks, collective, nbytes, root=root,
                                                   inplace=inplace, nchunks=nchunks)
         if host_relays and nchunks is None:                    # PCIe beside NVLink
             name, schedule, predicted = _with_relays(view, ranks, collective, nbytes, root,
-                                                     inplace, (name, schedule, predicted))
+                                                     inplace, (name, schedule, predicted),
+                                                     bound_memo)
     else:
         name = registry.name_of(algo)
         schedule = registry.call(algo, view, ranks, collective, nbytes, root=root,
                                  inplace=inplace, nchunks=nchunks)
         predicted = select.predict(schedule, view, nbytes, ranks, name)
     verified = _verify(schedule) if verify else False           # verify
-    bound = _bound(view, collective, ranks, root)               # bound
+    bound = bound_memo.get("bound") or _bound(view, collective, ranks, root)   # bound
     return Plan(collective=collective, algorithm=name, ranks=ranks, nbytes=int(nbytes),
                 schedule=schedule, predicted=predicted, bound=bound,
                 efficiency=_efficiency(predicted, bound), verified=verified,
@@ -179,13 +181,15 @@ def _relays_possible(view: nx.DiGraph, ranks: tuple[str, ...]) -> bool:
     return relay_view(view, ranks) is not None
 
 
-def _with_relays(view, ranks, collective, nbytes, root, inplace, chosen):
+def _with_relays(view, ranks, collective, nbytes, root, inplace, chosen, bound_memo=None):
     """``chosen`` joined with a host-relayed share where that simulates faster."""
     from .host_relay import COLLECTIVES as RELAYED, MIN_BYTES, with_host_relays
     if collective not in RELAYED or nbytes < MIN_BYTES or chosen[2] is None or \
             not _relays_possible(view, ranks):
         return chosen
     bound = _bound(view, collective, ranks, root)
+    if bound_memo is not None:   # plan() reports the same bound: compute it once
+        bound_memo["bound"] = bound
     return with_host_relays(view, ranks, collective, nbytes, chosen,
                             getattr(bound, "bound_busbw", None), root=root, inplace=inplace)
 
