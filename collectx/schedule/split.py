@@ -40,9 +40,11 @@ def refine(s: Schedule, k: int) -> Schedule:
     def scale(ref: Ref) -> Ref:
         return Ref(ref.rank, ref.buf, ref.chunk * k, ref.count * k)
 
-    lanes = tuple(tuple(Lane(tuple(dataclasses.replace(
-        ins, dst=scale(ins.dst), srcs=tuple(scale(x) for x in ins.srcs)) for ins in lane.instrs))
-        for lane in rl) for rl in s.lanes)
+    # Plain constructors: dataclasses.replace per instruction was most of the cost.
+    lanes = tuple(tuple(Lane(tuple(Instr(ins.op, scale(ins.dst), tuple(map(scale, ins.srcs)),
+                                         ins.deps, ins.engine_op, ins.group)
+                                   for ins in lane.instrs))
+                        for lane in rl) for rl in s.lanes)
     return dataclasses.replace(s, nchunks=s.nchunks * k, lanes=lanes)
 
 
