@@ -52,7 +52,7 @@ SHARE_TOLERANCE = 0.01
 RELAY_ALGORITHMS = ("direct", "ring", "tree")   # cheap to plan; the relay share is the smaller
 PIPELINE_CHUNKS = 16        # staged copies of a relay plan run in at least this many chunks
 # From this many GPUs the relay plan is the ring's: on DGX-1V/1P allocations of 6 and 7 GPUs the
-# ring won 53 of 54 (allreduce, allgather, broadcast; a tree won one broadcast), and planning
+# ring won 70 of 72 (allreduce, allgather, broadcast; a tree won two broadcasts), and planning
 # direct and tree there too cost about a fifth of the whole plan.
 RING_ONLY_FROM = 6
 RELAY_CHUNKS = {"ring": 16, "tree": 16}   # chunks of relay plans (their own default: 100s)
