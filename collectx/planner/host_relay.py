@@ -40,6 +40,7 @@ from ..errors import NoFeasiblePlan, PlanError
 from ..schedule.host import stage_through_host
 from ..schedule.ir import Schedule
 from ..schedule.split import join_shares, refine
+from .turnaround import pcie_levels
 from .edge_split import job_graph
 
 MIN_BYTES = 1 << 20       # below this the extra latency of a staged hop outweighs the bandwidth
@@ -71,7 +72,7 @@ def relay_view(view: nx.DiGraph, ranks) -> nx.DiGraph | None:
     kinds = dict(view.nodes(data="kind"))
     if "cpu" not in kinds.values() or not _direct_pair(view, ranks):
         return None
-    up = _distance_to_cpu(view, kinds)
+    up = pcie_levels(view, kinds)
     V = nx.DiGraph(**view.graph)
     V.add_nodes_from((g, view.nodes[g]) for g in ranks)
     for u, v, d in view.edges(data=True):
@@ -93,13 +94,6 @@ def _direct_pair(view: nx.DiGraph, ranks) -> bool:
     keep = set(ranks)
     return any(d.get("type") in DIRECT_TYPES for u, v, d in view.edges(data=True)
                if u in keep and v in keep)
-
-
-def _distance_to_cpu(view: nx.DiGraph, kinds: dict) -> dict:
-    """Hops from every relay node to the nearest CPU, not through GPUs (``inf``: none)."""
-    relays = view.subgraph(n for n, k in kinds.items() if k != "gpu").reverse(copy=False)
-    cpus = [n for n, k in kinds.items() if k == "cpu"]
-    return nx.multi_source_dijkstra_path_length(relays, cpus, weight=lambda *_: 1)
 
 
 def _halves(u, v, kinds: dict, up: dict):

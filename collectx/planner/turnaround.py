@@ -43,7 +43,7 @@ def without_turnarounds(G: nx.DiGraph, gpus) -> nx.DiGraph:
     """``G`` (a job graph) with every switch that cannot turn traffic between its GPUs split
     into ``<switch>~up`` and ``<switch>~dn`` halves; ``G`` itself is returned when none is."""
     kinds = dict(G.nodes(data="kind"))
-    level = _levels(G, kinds)
+    level = pcie_levels(G, kinds)
     split = [s for s, k in kinds.items() if k == "pci_switch" and _leaves_only(G, s, kinds) and
              _all_direct(G, _gpus_below(G, s, kinds, level, set(gpus)))]
     if not split:
@@ -69,9 +69,9 @@ def _leaves_only(G: nx.DiGraph, s, kinds: dict) -> bool:
     return len(others) == len(_leaf_devices(G, s, kinds))
 
 
-def _levels(G: nx.DiGraph, kinds: dict) -> dict:
-    """Hops from each node to the nearest CPU through switches only (GPUs: one more than their
-    switch); nodes with no CPU above them are absent."""
+def pcie_levels(G: nx.DiGraph, kinds: dict) -> dict:
+    """Hops from each CPU and PCIe switch to the nearest CPU through switches only (the PCIe
+    hierarchy); switches with no CPU above them are absent."""
     relays = G.subgraph(n for n, k in kinds.items() if k in ("cpu", "pci_switch")).to_undirected()
     cpus = [n for n, k in kinds.items() if k == "cpu"]
     if not cpus:

@@ -70,12 +70,7 @@ class ScheduleBuilder:
         >>> b.scratch(1, 1), b.scratch(1, 2), b.build().scratch_units
         (0, 4, (0, 3))
         """
-        self._check_rank(rank)
-        if units < 0:
-            raise ArgumentError(f"scratch units={units}: expected >= 0")
-        first = self._scratch[rank] * self.nchunks
-        self._scratch[rank] += units
-        return first
+        return self._reserve(self._scratch, "scratch", rank, units)
 
     def host(self, rank: int, units: int) -> int:
         """Reserve ``units`` more payload units of ``rank``'s host-memory buffer (``host``);
@@ -85,11 +80,14 @@ class ScheduleBuilder:
         >>> b.host(0, 1), b.host(0, 1), b.build().host_units
         (0, 2, (2, 0))
         """
+        return self._reserve(self._host, "host", rank, units)
+
+    def _reserve(self, table: list, what: str, rank: int, units: int) -> int:
         self._check_rank(rank)
         if units < 0:
-            raise ArgumentError(f"host units={units}: expected >= 0")
-        first = self._host[rank] * self.nchunks
-        self._host[rank] += units
+            raise ArgumentError(f"{what} units={units}: expected >= 0")
+        first = table[rank] * self.nchunks
+        table[rank] += units
         return first
 
     def meta(self, key: str, value: Any) -> None:
