@@ -70,7 +70,7 @@ def test_broadcast_root_sends_each_byte_once_for_more_than_two_ranks():
 
 def test_dropping_dependencies_is_caught_by_verify():
     s = plan_direct(None, NAMES[:3], "allreduce", 64)
-    lanes = tuple(tuple(Lane(tuple(dataclasses.replace(i, deps=()) for i in lane.instrs))
+    lanes = tuple(tuple(Lane(tuple(i._replace(deps=()) for i in lane.instrs))
                         for lane in rl) for rl in s.lanes)
     with pytest.raises(ScheduleError):
         verify(dataclasses.replace(s, lanes=lanes))

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import networkx as nx
 
+from .._gc import paused
 from ..errors import NoFeasiblePlan, PlanError, TopologyError
 from ..schedule.ir import COLLECTIVES, Schedule
 from . import registry, select
@@ -54,6 +55,7 @@ class Plan:
             "verified": self.verified, "schedule": self.schedule.to_dict()}
 
 
+@paused
 def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
          gpus: Sequence[int | str] | None = None, algo: str | PlannerFn | None = None,
          root: int = 0, inplace: bool = False, nchunks: int | None = None,
@@ -134,6 +136,7 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
                 planning_time_s=time.perf_counter() - t0)
 
 
+@paused
 def make_schedule(topo: nx.DiGraph | None, collective: str, nranks: int, nbytes: int, *,
                   algo: str | PlannerFn | None = None, root: int = 0, inplace: bool = False,
                   nchunks: int | None = None, host_relays: bool = True) -> Schedule:

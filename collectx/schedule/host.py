@@ -59,11 +59,11 @@ def _piece(ins: Instr, i: int) -> Instr:
     """Chunk ``i`` of every ref of ``ins`` (copy and reduce work chunk by chunk)."""
     def one(x: Ref) -> Ref:
         return Ref(x.rank, x.buf, x.chunk + i, 1)
-    return dataclasses.replace(ins, dst=one(ins.dst), srcs=tuple(one(x) for x in ins.srcs))
+    return ins._replace(dst=one(ins.dst), srcs=tuple(one(x) for x in ins.srcs))
 
 
 def _moved(ins: Instr, move) -> Instr:
-    return dataclasses.replace(ins, dst=move(ins.dst), srcs=tuple(move(x) for x in ins.srcs))
+    return ins._replace(dst=move(ins.dst), srcs=tuple(move(x) for x in ins.srcs))
 
 
 def host_chunks(s: Schedule) -> int:

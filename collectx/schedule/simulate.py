@@ -24,6 +24,7 @@ import dataclasses
 
 import networkx as nx
 
+from .._gc import paused
 from ..errors import ArgumentError
 from ._graph import build_graph
 from ._routes import Routes, routes_for
@@ -50,6 +51,7 @@ class SimResult:
     nbytes: int
 
 
+@paused
 def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
              dtype_size: int = 4, local_bw_gbps: float | None = None,
              native: bool | None = None) -> SimResult:

@@ -95,38 +95,38 @@ class _Remap:
         self.last: dict[Dep, int] = {}   # old Dep -> index of its last piece in the new lane
 
     def lanes(self) -> list[list[Lane]]:
-        out = []
-        for r, rl in enumerate(self.s.lanes):
-            new_lanes = []
+        # Two passes: piece boundaries first (so every Dep's last piece is known, wherever it
+        # points), then each instruction is built once with its new refs and deps.
+        cuts = [[[self._cuts(ins) for ins in lane.instrs] for lane in rl] for rl in self.s.lanes]
+        for r, rl in enumerate(cuts):
             for li, lane in enumerate(rl):
-                instrs: list[Instr] = []
-                for i, ins in enumerate(lane.instrs):
-                    instrs += self._pieces(ins)
-                    self.last[Dep(r, li, i)] = len(instrs) - 1
-                new_lanes.append(instrs)
-            out.append(new_lanes)
-        # Plain constructors: dataclasses.replace was most of the cost on 10k-instruction plans.
-        return [[Lane(tuple(Instr(ins.op, ins.dst, ins.srcs, tuple(self._dep(d) for d in ins.deps),
-                                  ins.engine_op, ins.group) if ins.deps else ins
-                            for ins in lane)) for lane in rl] for rl in out]
+                end = -1
+                for i, edges in enumerate(lane):
+                    end += len(edges) - 1
+                    self.last[Dep(r, li, i)] = end
+        return [[Lane(tuple(p for ins, edges in zip(lane.instrs, lc)
+                            for p in self._pieces(ins, edges)))
+                 for lane, lc in zip(rl, rc)] for rl, rc in zip(self.s.lanes, cuts)]
 
     def _dep(self, d: Dep) -> Dep:
         return Dep(d.rank, d.lane + self.lane_offset[d.rank], self.last[d])
 
-    def _pieces(self, ins: Instr) -> list[Instr]:
+    def _cuts(self, ins: Instr) -> tuple[int, ...]:
+        """Piece boundaries of ``ins`` (relative chunk offsets, 0 and its count included)."""
         n = self.s.nchunks
         refs = (ins.dst, *ins.srcs)
-        if ins.op == "engine":
-            cuts = {0, ins.dst.count}   # engine spans differ by design; units never split there
-            if any(x.chunk % n + x.count > n for x in refs):
-                raise ScheduleError("join_shares: an engine step spans several units; "
-                                    "expected schedules of copy/reduce only")
-        else:
-            cuts = {0, ins.dst.count} | {t for x in refs
-                                         for t in range(n - x.chunk % n, x.count, n)}
-        edges = sorted(cuts)
+        if all(x.chunk % n + x.count <= n for x in refs):
+            return (0, ins.dst.count)          # the common case: inside one unit
+        if ins.op == "engine":                 # engine spans differ by design
+            raise ScheduleError("join_shares: an engine step spans several units; "
+                                "expected schedules of copy/reduce only")
+        return tuple(sorted({0, ins.dst.count} | {t for x in refs
+                                                  for t in range(n - x.chunk % n, x.count, n)}))
+
+    def _pieces(self, ins: Instr, edges: tuple[int, ...]) -> list[Instr]:
+        deps = tuple(map(self._dep, ins.deps))
         return [Instr(ins.op, self._ref(ins.dst, lo, hi),
-                      tuple(self._ref(x, lo, hi) for x in ins.srcs), ins.deps, ins.engine_op,
+                      tuple(self._ref(x, lo, hi) for x in ins.srcs), deps, ins.engine_op,
                       ins.group) for lo, hi in zip(edges, edges[1:])]
 
     def _ref(self, x: Ref, lo: int, hi: int) -> Ref:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .._gc import paused
 from ..errors import MalformedSchedule
 from ._graph import Graph, build_graph, depths, fmt_ref, topo_order, vector_clocks
 from ._postcondition import check_postcondition
@@ -48,6 +49,7 @@ class VerifyReport:
     depth: int
 
 
+@paused
 def verify(schedule: Schedule) -> VerifyReport:
     """Prove that ``schedule`` computes its collective, without data races or deadlocks.
 
