@@ -179,3 +179,16 @@ def test_every_preset_plans_verified_schedules_with_relays_allowed(preset):
         assert p.predicted.busbw_GBps <= 1.001 * p.bound.bound_busbw
         if preset in ("dgx2", "dgx_a100", "dgx_h100", "mi250_16gcd", "mi300x"):
             assert not p.schedule.uses_host      # no CPU in these graphs
+
+
+@pytest.mark.parametrize("algo, coll", [("blink", "reduce"), ("blink", "allreduce"),
+                                        ("forest", "reduce_scatter")])
+def test_cpu_executor_runs_tree_partials_at_odd_sizes(monkeypatch, algo, coll):
+    # Reduction trees keep partial sums in scratch; with a payload that does not split evenly
+    # into chunks, a partial must sit at its chunk's index of a scratch unit or the executor
+    # sees refs of unequal length.
+    monkeypatch.setenv("COLLECTX_TOPO_FILE", "dgx1v")
+    monkeypatch.setenv("COLLECTX_ALGO", algo)
+    n = (4 << 20) // 4 + 3
+    cases = [(coll, "float32", "sum", n, 2, 11)]
+    assert collectx.launch(W.run_cases, 3, args=(cases,), timeout=300) == [[]] * 3

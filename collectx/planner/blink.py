@@ -50,7 +50,8 @@ PER_TREE_CHUNKS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192
 
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
-               inplace: bool = False, nchunks: int | None = None) -> Schedule:
+               inplace: bool = False, nchunks: int | None = None,
+               host: bool = False) -> Schedule:
     """Plan allreduce, broadcast or reduce over packed spanning trees.
 
     Parameters
@@ -71,6 +72,9 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         Chunks of the payload; default the smallest count whose integral shares keep 98% of
         the packing's rate with the pipeline fill counted, within :data:`MIN_CHUNK_BYTES` per
         chunk and about ``instruction_budget(n)`` per schedule (see :mod:`~.chunking`).
+    host : bool
+        Let tree edges between GPUs joined by a direct link move through host memory over
+        PCIe (each way on its own for allreduce), as in :func:`~.forest.plan_forest`.
 
     Returns
     -------
@@ -103,9 +107,9 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
     G = job_graph(topo, ranks)
     require_connected(G, ranks)
     if collective == "allreduce":
-        packing, caps = pack_both_ways(G, ranks)
+        packing, caps = pack_both_ways(G, ranks, host=host)
         s = _allreduce(packing, caps, nbytes, ranks, root, inplace, nchunks)
-        unit = None if packing.balanced else pack_unit_spanning_trees(G, ranks)
+        unit = None if packing.balanced or host else pack_unit_spanning_trees(G, ranks)
         if unit is not None:
             # LP trees of unequal rates against fewer equal unit trees on their own lanes:
             # on mi250_16gcd three unit trees reach 0.82 of the reference where the LP's
@@ -114,7 +118,8 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
                                       own=True), topo, nbytes, ranks)
         return s
     else:
-        packing, caps = pack_rooted(G, ranks, [ranks[root]], reverse=collective == "reduce")
+        packing, caps = pack_rooted(G, ranks, [ranks[root]], reverse=collective == "reduce",
+                                    host=host)
         style = _rooted_style(collective, packing)
         wait = _route_wait_us(G, ranks, packing)
         cands = [nchunks] if nchunks else _rooted_candidates(nbytes, n, packing, style, wait)
@@ -129,33 +134,34 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         if own and not nchunks:
             counts = depth_balanced_counts(packing.trees, nch)
         sublanes = 1 if own else {"staggered": 2, "chain": 1, "deep": SUBLANES}[style]
-    at = {g: i for i, g in enumerate(ranks)}
-    shares = [Share(at[t.root], tuple((at[p], at[c]) for p, c in t.edges), run)
-              for runs in runs_by_group(counts, lambda g: 0).values() for t, run in runs]
+    shares = _shares(counts, {g: i for i, g in enumerate(ranks)}, up=collective == "reduce")
     b = ScheduleBuilder(collective, n, nch, root=root, inplace=inplace, algorithm="blink")
     em = TreeEmitter(b, sublanes)
     _EMIT[collective](b, em, shares, sublanes == 2 and collective == "broadcast", own)
-    em.flush()
-    # Chunks by depth can leave a tree of a small message without any chunk: it carries nothing.
-    b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks)]
-                     for s in shares if s.chunks])
-    b.meta("rate_gbps", packing.rate)
-    return b.build()
+    return _finish(b, em, shares, packing)
 
 
 plan_blink.collectives = SUPPORTED
+
+
+def _shares(counts, at: dict, up: bool = False) -> list:
+    return [Share.of(t, at[t.root], tuple((at[p], at[c]) for p, c in t.edges), run, up)
+            for runs in runs_by_group(counts, lambda g: 0).values() for t, run in runs]
 
 
 def _allreduce(packing, caps, nbytes, ranks, root, inplace, nchunks, own=False) -> Schedule:
     n = len(ranks)
     nch, counts = chunk_counts(packing, caps, [nchunks] if nchunks else
                                _candidates("allreduce", nbytes, n), passes=2)
-    at = {g: i for i, g in enumerate(ranks)}
-    shares = [Share(at[t.root], tuple((at[p], at[c]) for p, c in t.edges), run)
-              for runs in runs_by_group(counts, lambda g: 0).values() for t, run in runs]
+    shares = _shares(counts, {g: i for i, g in enumerate(ranks)})
     b = ScheduleBuilder("allreduce", n, nch, root=root, inplace=inplace, algorithm="blink")
     em = TreeEmitter(b, 1 if own else SUBLANES)
     _emit_allreduce(b, em, shares, own=own)
+    return _finish(b, em, shares, packing)
+
+
+def _finish(b: ScheduleBuilder, em: TreeEmitter, shares, packing) -> Schedule:
+    """Append the emitted items, record the trees and the packing rate, stage host edges."""
     em.flush()
     # Chunks by depth can leave a tree of a small message without any chunk: it carries nothing.
     b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks)]

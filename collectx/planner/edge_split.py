@@ -178,6 +178,44 @@ def simulator_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = Fals
     return routes
 
 
+def host_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False) -> dict:
+    """The links a transfer staged through host memory crosses, for every ordered pair of
+    ``gpus`` joined by a direct GPU link (the pairs whose PCIe bandwidth CUDA never uses
+    unless a plan stages through host, :mod:`.host_relay`).
+
+    The sender copies into its ``host`` buffer (GPU -> PCIe -> its host CPU) and the receiver
+    copies it out (that CPU -> PCIe -> GPU), each routed as the simulator routes it. Same
+    format and ``reverse`` convention as :func:`simulator_routes`; pairs whose staged route
+    would cross another GPU, or whose sender has no CPU, get none.
+    """
+    from ..schedule._routes import routes_for
+
+    table = routes_for(G)
+    kinds = dict(G.nodes(data="kind"))
+    routes = {}
+    for a in gpus:
+        host = table.host_of(a)
+        if host == a or kinds.get(host) != "cpu":
+            continue
+        for b in gpus:
+            if b == a or not _direct_gpu_link(G, a, b):
+                continue
+            use: dict = {}
+            for x, y in ((a, host), (host, b)):
+                for res, _, share in table.spread(x, y):
+                    for u, v in (table.names[r] for r in res):
+                        link = index.ids[v, u] if reverse else index.ids[u, v]
+                        use[link] = use.get(link, 0.0) + share
+            if not any(kinds.get(index.links[i][0]) == "gpu" and index.links[i][0] not in (a, b)
+                       for i in use):
+                routes[(b, a) if reverse else (a, b)] = tuple(sorted(use.items()))
+    return routes
+
+
+def _direct_gpu_link(G: nx.DiGraph, a, b) -> bool:
+    return G.has_edge(a, b) and G.edges[a, b].get("type") in ("nvlink", "xgmi")
+
+
 def _walk_back(index: LinkIndex, via: dict, src, t) -> tuple:
     links = []
     n = t

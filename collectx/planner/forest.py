@@ -41,7 +41,8 @@ NEAR_RATE = 0.97               # an allreduce this close to its packing rate nee
 
 
 def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
-                inplace: bool = False, nchunks: int | None = None) -> Schedule:
+                inplace: bool = False, nchunks: int | None = None,
+                host: bool = False) -> Schedule:
     """Plan allgather, reduce_scatter or allreduce as per-root packed tree forests.
 
     Parameters
@@ -58,6 +59,11 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
         Unused (no rooted collective is served); accepted for the common signature.
     inplace : bool
         Build for aliased input/output.
+    host : bool
+        Also let tree edges between GPUs joined by a direct link move through host memory
+        over PCIe (:func:`~.treesched.pack_rooted`), staged with ``host`` buffers: the
+        packing then reaches the cut bounds that count PCIe beside NVLink. Only for
+        executors with host buffers (:mod:`.host_relay` decides).
     nchunks : int, optional
         Chunks per payload unit; default the smallest count whose integral shares keep 98%
         of the packing's rate with the pipeline fill counted, within :data:`MIN_CHUNK_BYTES`
@@ -93,6 +99,11 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
         return _single(collective, inplace)
     G = job_graph(topo, ranks)
     require_connected(G, ranks)
+    if host:
+        packed = (_pack_allreduce(G, ranks, host=True) if collective == "allreduce" else
+                  {collective: pack_rooted(G, ranks, ranks, collective == "reduce_scatter",
+                                           host=True)})
+        return _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
     if collective == "allreduce":
         packed = _pack_allreduce(G, ranks)
         s = _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
@@ -114,8 +125,8 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
     return s
 
 
-def _pack_allreduce(G, ranks, balanced: bool = True) -> dict:
-    both = pack_rooted_mirrored(G, ranks, ranks, balanced=balanced)
+def _pack_allreduce(G, ranks, balanced: bool = True, host: bool = False) -> dict:
+    both = pack_rooted_mirrored(G, ranks, ranks, balanced=balanced, host=host)
     return {"allgather": both[False], "reduce_scatter": both[True]}
 
 
@@ -181,7 +192,7 @@ def _shares(counts, at: dict, first_of, phase: str, meta: list) -> list:
     for g, runs in runs_by_group(counts, lambda g: first_of(at[g])).items():
         for t, run in runs:
             edges = tuple((at[p], at[c]) for p, c in t.edges)
-            out.append(Share(at[g], edges, run))
+            out.append(Share.of(t, at[g], edges, run, up=phase == "reduce_scatter"))
             meta.append([phase, at[g], [list(e) for e in edges], run[0], len(run)])
     return out
 

@@ -8,18 +8,28 @@ that ignore them stay well below the bound on DGX-1 allocations.
 
 How it works
 ------------
-1. :func:`relay_view` is the machine as host staging sees it: GPUs, PCIe switches and CPUs,
-   without direct GPU links, every PCIe switch split into an upward and a downward half so
-   that a route between two GPUs always climbs to a CPU (as a staged copy does) instead of
-   turning inside the switch.
-2. The usual planners (cost-model choice, :func:`~.select.choose`) plan the collective on that
-   view; :func:`~collectx.schedule.host.stage_through_host` then turns each of the plan's
-   GPU-to-GPU transfers into a staged pair of copies. On the real machine these take the same
-   PCIe links the view priced.
-3. :func:`~collectx.schedule.split.join_shares` runs the best direct plan and the relayed plan
+Two kinds of plan use those PCIe paths, and the faster one (by simulation) wins:
+
+1. **Trees with host edges** (:func:`_integrated`). The tree packings of
+   :func:`~.forest.plan_forest` (allgather, reduce-scatter, allreduce) and
+   :func:`~.blink.plan_blink` (broadcast, reduce) are offered, for every GPU pair joined by a
+   direct link, a second route: staged through the sender's host memory
+   (:func:`~.edge_split.host_routes`). The LP then mixes NVLink and PCIe freely per tree edge,
+   and on sampled DGX-1V allocations its rate is the bound itself. Edges that took the host
+   route are staged (:meth:`~.treesched.TreeEmitter.staged`) on lanes of their own, so a
+   PCIe-paced transfer never queues with NVLink ones.
+2. **A relay plan beside the direct one.** :func:`relay_view` is the machine as host staging
+   sees it: GPUs, PCIe switches and CPUs, without direct GPU links, every PCIe switch split
+   into an upward and a downward half so that a route between two GPUs always climbs to a CPU
+   (as a staged copy does) instead of turning inside the switch. The usual planners plan the
+   collective on that view; :func:`~collectx.schedule.host.stage_through_host` turns each of
+   the plan's GPU-to-GPU transfers into a staged pair of copies, and
+   :func:`~collectx.schedule.split.join_shares` runs the best direct plan and the relayed plan
    side by side, each on its share of every unit; shares start in proportion to the two
-   plans' simulated rates, a few neighbouring splits are simulated, and the fastest is kept,
-   but only if it beats the direct plan alone.
+   plans' simulated rates, a few neighbouring splits are simulated, and the fastest is kept.
+   It is skipped when the trees of (1) already come within :data:`RELAY_GATE` of the bound.
+
+Either is kept only if it beats the direct plan alone.
 
 Relays are tried only where they can pay: messages of at least :data:`MIN_BYTES`, a machine
 with CPUs and direct GPU links inside the allocation, a direct plan below :data:`RELAY_GATE`
@@ -30,6 +40,8 @@ Measured alternative, not kept: pricing every NVLink tree edge as striped over i
 through host memory (a fixed fraction per pair) inside the blink/forest packings, then staging
 that fraction of each transfer. It won on 2 of 78 sampled DGX-1 plans (by 1%) for twice the
 planning time: fixed per-pair fractions overload the PCIe uplinks that switch-mates share.
+Offering the host route as a separate choice per tree edge (1) lets the LP weigh those
+uplinks itself.
 """
 
 from __future__ import annotations
@@ -57,6 +69,11 @@ PIPELINE_CHUNKS = 16        # staged copies of a relay plan run in at least this
 # direct and tree there too cost about a fifth of the whole plan.
 RING_ONLY_FROM = 6
 RELAY_CHUNKS = {"ring": 16, "tree": 16}   # chunks of relay plans (their own default: 100s)
+# Tree planners that take host routes, per collective. Allreduce tries both: reduce-scatter +
+# allgather forests reach the cut bound, reduce/broadcast trees the tree bound, and on DGX-1
+# allocations either may be the larger.
+INTEGRATED = {"allgather": ("forest",), "reduce_scatter": ("forest",),
+              "allreduce": ("forest", "blink"), "broadcast": ("blink",), "reduce": ("blink",)}
 
 
 def relay_view(view: nx.DiGraph, ranks) -> nx.DiGraph | None:
@@ -132,11 +149,15 @@ def with_host_relays(view: nx.DiGraph, ranks, collective: str, nbytes: int, chos
     V = relay_view(view, ranks)
     if V is None or _pcie_potential(view, ranks) < MIN_POTENTIAL:
         return chosen
+    best = _integrated(view, ranks, collective, nbytes, root, inplace, chosen)
+    if best is not chosen and not _worth_trying(collective, nbytes, best[2], bound_busbw,
+                                                len(ranks)):
+        return best   # near the bound already: no join can pay for its planning
     relayed = _relay_plan(V, view, ranks, collective, nbytes, root, inplace)
     if relayed is None:
-        return chosen
+        return best
     staged, relay_pred = relayed
-    best, last = chosen, None
+    last = None
     for joined in _joins(schedule, staged, predicted, relay_pred):
         pred = _predict(joined, view, nbytes, ranks, name)
         if pred is None or (last is not None and pred.time_us >= last):
@@ -173,6 +194,25 @@ def _worth_trying(collective, nbytes, predicted, bound_busbw, n) -> bool:
     if predicted is None or not bound_busbw:
         return False
     return predicted.busbw_GBps < RELAY_GATE * bound_busbw
+
+
+def _integrated(view, ranks, collective, nbytes, root, inplace, best):
+    """``best``, or the tree plan whose trees may send any edge through host memory where
+    that simulates faster: the planners of :data:`INTEGRATED` with ``host=True``
+    (:func:`~.forest.plan_forest`, :func:`~.blink.plan_blink`)."""
+    from . import registry
+    for name in INTEGRATED.get(collective, ()):
+        if name not in registry.ALGORITHMS:
+            continue
+        try:
+            s = registry.ALGORITHMS[name](view, tuple(ranks), collective, nbytes, root=root,
+                                          inplace=inplace, host=True)
+        except (PlanError, NoFeasiblePlan):
+            continue
+        pred = _predict(s, view, nbytes, ranks, name)
+        if pred is not None and pred.time_us < best[2].time_us:
+            best = (f"{name}+host", s, pred)
+    return best
 
 
 def _relay_plan(V, view, ranks, collective, nbytes, root, inplace):

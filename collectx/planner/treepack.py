@@ -41,7 +41,10 @@ class Tree:
 
     ``paths[i]`` holds the ``(link id, share)`` pairs edge ``i`` loads (for undirected trees:
     both directions);
-    ``rate`` is the GB/s the packing gives it.
+    ``rate`` is the GB/s the packing gives it; ``staged`` the indices of edges whose path is
+    the route staged through host memory that the packing was offered for their pair (for
+    trees used both ways, :func:`pack_undirected_trees`: their downward transfer, and
+    ``staged_up`` those whose upward one is).
     """
 
     group: object
@@ -49,11 +52,16 @@ class Tree:
     edges: tuple
     paths: tuple
     rate: float
+    staged: tuple = ()
+    staged_up: tuple = ()
 
     def depth(self) -> int:
+        """Hops from the root to the deepest node; a staged edge is two (up to host memory,
+        then down), as a chunk's pipeline sees it."""
         level = {self.root: 0}
-        for p, c in self.edges:
-            level[c] = level[p] + 1
+        staged = set(self.staged) | set(self.staged_up)
+        for i, (p, c) in enumerate(self.edges):
+            level[c] = level[p] + (2 if i in staged else 1)
         return max(level.values())
 
 
@@ -193,20 +201,22 @@ def min_spanning_tree(C: np.ndarray) -> list[tuple[int, int]] | None:
     return edges
 
 
-def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None) -> Packing:
+def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None,
+                   alternatives: dict | None = None) -> Packing:
     """Pack out-arborescences spanning ``gpus`` from every root in ``roots`` at a common rate.
 
     One root gives Blink's broadcast packing (rate = min over v of maxflow(root -> v)); all
     GPUs as roots give a ForestColl allgather forest (rate = the cut bound). ``routes`` fixes
     the links of each GPU pair (see :func:`~.edge_split.simulator_routes`); by default each tree
-    edge takes the cheapest relay path.
+    edge takes the cheapest relay path. ``alternatives`` offers second routes for some pairs
+    (see :func:`_edge_costs`).
     """
     gpus = tuple(gpus)
     at = {g: i for i, g in enumerate(gpus)}
     hops = _hop_matrix(index, gpus, routes)
 
     def price(y, exact):
-        cost, path = _edge_costs(index, gpus, y, routes)
+        cost, path = _edge_costs(index, gpus, y, routes, alternatives)
         W = _cost_matrix(gpus, cost)
         # Until the exact rounds, charge a parent for its distance from the root: among
         # (nearly) equally good trees this picks shallow ones, whose pipelines fill sooner.
@@ -219,21 +229,24 @@ def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None) ->
                 raise NoFeasiblePlan(f"{r} cannot reach every GPU of {gpus}; no tree exists")
             edges = _top_down(gpus, parent, at[r])
             paths = tuple(path[e] for e in edges)
-            cols.append((r, Tree(r, r, edges, paths, 0.0), _usage(paths)))
+            staged = tuple(i for i, e in enumerate(edges)
+                           if alternatives and path[e] is alternatives.get(e))
+            cols.append((r, Tree(r, r, edges, paths, 0.0, staged), _usage(paths)))
         return cols
 
     return _column_generation(index, tuple(roots), price)
 
 
 def pack_undirected_trees(index: LinkIndex, gpus, routes: dict | None = None,
-                          either_way: bool = False) -> Packing:
+                          either_way: bool = False, alternatives: dict | None = None) -> Packing:
     """Pack spanning trees each used in both directions (reduce up, broadcast down).
 
     The tree of each column is rooted at its centre to keep pipelines short. Without
     ``routes`` a tree edge takes a relay path and its reverse (with ``either_way``, the
     cheapest path each way, which need not be reverses: a split PCIe switch climbs through its
     upward half and descends through its downward one, :mod:`.turnaround`); with ``routes``
-    edge ``{u, t}`` uses ``routes[u, t]`` one way and ``routes[t, u]`` the other.
+    edge ``{u, t}`` uses ``routes[u, t]`` one way and ``routes[t, u]`` the other, or each way
+    the cheaper of that and its ``alternatives`` route (see :func:`_edge_costs`).
     """
     gpus = tuple(gpus)
 
@@ -248,8 +261,8 @@ def pack_undirected_trees(index: LinkIndex, gpus, routes: dict | None = None,
             path = {e: p + tuple((index.rev[x], w) for x, w in reversed(p))
                     for e, p in path.items()}
         else:
-            cost, path = _edge_costs(index, gpus, y, routes)
-            path = {(u, t): p + routes[t, u] for (u, t), p in path.items() if (t, u) in path}
+            cost, way = _edge_costs(index, gpus, y, routes, alternatives)
+            path = {(u, t): p + way[t, u] for (u, t), p in way.items() if (t, u) in way}
             cost = {e: _cost(_usage([p]), y) for e, p in path.items()}
         C = np.minimum(W := _cost_matrix(gpus, cost), W.T)
         und = min_spanning_tree(C)
@@ -259,7 +272,11 @@ def pack_undirected_trees(index: LinkIndex, gpus, routes: dict | None = None,
         root = _centre(len(gpus), directed)
         edges = _orient(gpus, directed, root)
         paths = tuple(path[e] if e in path else path[e[1], e[0]] for e in edges)
-        return [(0, Tree(0, gpus[root], edges, paths, 0.0), _usage(paths))]
+        if not alternatives or routes is None:
+            return [(0, Tree(0, gpus[root], edges, paths, 0.0), _usage(paths))]
+        down = tuple(i for i, e in enumerate(edges) if way[e] is alternatives.get(e))
+        up = tuple(i for i, (p, c) in enumerate(edges) if way[c, p] is alternatives.get((c, p)))
+        return [(0, Tree(0, gpus[root], edges, paths, 0.0, down, up), _usage(paths))]
 
     return _column_generation(index, (0,), price)
 
@@ -276,10 +293,22 @@ def _hop_matrix(index, gpus, routes) -> np.ndarray:
     return H
 
 
-def _edge_costs(index, gpus, y, routes) -> tuple[dict, dict]:
+def _edge_costs(index, gpus, y, routes, alternatives=None) -> tuple[dict, dict]:
+    """Price of every tree edge under link prices ``y``, and the path it takes: its route, or
+    where ``alternatives`` offers a second route for the pair (staged through host memory,
+    :func:`~.edge_split.host_routes`), the cheaper of the two. Trees record the path each
+    edge took, so different trees may move one pair's data by different routes."""
     if routes is None:
         return relay_paths(index, gpus, y)
-    return {e: _cost(_usage([p]), y) + 1e-9 * len(p) for e, p in routes.items()}, routes
+    cost = {e: _cost(_usage([p]), y) + 1e-9 * len(p) for e, p in routes.items()}
+    if not alternatives:
+        return cost, routes
+    path = dict(routes)
+    for e, p in alternatives.items():
+        c = _cost(_usage([p]), y) + 1e-9 * len(p)
+        if c < cost.get(e, _INF):
+            cost[e], path[e] = c, p
+    return cost, path
 
 
 def _cost_matrix(gpus, cost) -> np.ndarray:
@@ -374,7 +403,8 @@ def _column_generation(index: LinkIndex, groups: tuple, price) -> Packing:
     else:
         raise PlanError(f"tree packing did not converge in {_MAX_ROUNDS} rounds on "
                         f"{len(index.links)} links; report this topology")
-    every = tuple(Tree(t.group, t.root, t.edges, t.paths, max(float(v), 0.0))
+    every = tuple(Tree(t.group, t.root, t.edges, t.paths, max(float(v), 0.0), t.staged,
+                       t.staged_up)
                   for (g, t, _), v in zip(cols, lam))
     trees = tuple(t for t in every if t.rate > 1e-9 * max(x, 1e-300))
     return Packing(rate=float(x), trees=trees, rounds=rounds, columns=every)

@@ -26,8 +26,8 @@ from typing import Callable
 import networkx as nx
 
 from ..schedule.builder import ScheduleBuilder
-from ..schedule.ir import Ref
-from .edge_split import LinkIndex, simulator_routes
+from ..schedule.ir import Ref, Schedule
+from .edge_split import LinkIndex, host_routes, simulator_routes
 from .integral_trees import pack_unit_trees
 from .switch_trees import pack_switch_trees
 from .treepack import (Packing, pack_balanced_trees, pack_out_trees, pack_relay_trees,
@@ -42,11 +42,23 @@ RefFn = Callable[[int, int, "Share"], Ref]   # (rank, chunk, share) -> Ref
 
 @dataclass(frozen=True)
 class Share:
-    """Chunks ``chunks`` travel over ``edges`` (top-down ``(parent, child)`` ranks) from ``root``."""
+    """Chunks ``chunks`` travel over ``edges`` (top-down ``(parent, child)`` ranks) from ``root``;
+    the edges in ``staged`` move them down (broadcast), those in ``staged_up`` up (reduce),
+    through host memory (see :class:`TreeEmitter`)."""
 
     root: int
     edges: tuple
     chunks: tuple
+    staged: frozenset = frozenset()
+    staged_up: frozenset = frozenset()
+
+    @classmethod
+    def of(cls, tree, root: int, edges: tuple, chunks: tuple, up: bool = False) -> "Share":
+        """The share of packed ``tree`` (edges renamed to ranks as ``edges``) on ``chunks``;
+        ``up``: an in-tree packing, whose staged edges move data upwards."""
+        down = frozenset(edges[i] for i in tree.staged)
+        rise = frozenset(edges[i] for i in tree.staged_up)
+        return cls(root, edges, chunks, frozenset() if up else down, down | rise if up else rise)
 
 
 class TreeEmitter:
@@ -57,15 +69,23 @@ class TreeEmitter:
     reduction starts one hop after it. Every dependency goes from an earlier to a later time,
     so sorting by time gives a topological order in which each lane's items also follow the
     pipeline (emitting tree by tree instead ties lanes into cross-waits that serialize them).
+
+    A staged edge (``Share.staged`` / ``staged_up``) moves each chunk in two copies: the sender
+    copies it into a fresh chunk of its ``host`` buffer (PCIe up), then the receiver copies or
+    reduces it from there (PCIe down). Each copy waits only for what it moves, and both run on
+    lanes of their own, so a PCIe-paced transfer never queues with NVLink ones.
     """
 
     def __init__(self, builder: ScheduleBuilder, sublanes: int = SUBLANES):
         self.b = builder
         self.sublanes = sublanes
         self._lane_keys: list[dict] = [{} for _ in range(builder.nranks)]
-        self._slot = [0] * builder.nranks          # next free scratch chunk per rank
-        self._slot_end = [0] * builder.nranks
+        self._units = {"scratch": [[] for _ in range(builder.nranks)],   # reserved units'
+                       "host": [[] for _ in range(builder.nranks)]}      # first chunks
+        self._next = {"scratch": [{} for _ in range(builder.nranks)],    # chunk index -> the
+                      "host": [{} for _ in range(builder.nranks)]}       # next unit to use
         self._items: list = []                      # (time, seq, rank, lane key, op, dst, srcs, deps)
+        self._staged: dict = {}                     # (Ref, token) -> (host Ref, token)
 
     def lane(self, rank: int, key) -> int:
         keys = self._lane_keys[rank]
@@ -100,8 +120,8 @@ class TreeEmitter:
                     key = ("down", p, "tree", tree_of.setdefault(id(share), len(tree_of)))
                 else:
                     key = ("down", p, share.root) if per_tree else ("down", p)
-                ready[c] = (self._add(t, c, key, "copy", dst(c, j, share), (source,),
-                                      (ready[p][0],)), t)
+                ready[c] = (self._hop(t, m, share, p, c, key, dst(c, j, share), source,
+                                      ready[p][0]), t)
 
     def staggered_broadcast(self, shares, src: RefFn, dst: RefFn) -> None:
         """:meth:`broadcast` in pieces of two chunks, the first piece of each tree one chunk.
@@ -121,9 +141,9 @@ class TreeEmitter:
                 for p, c in share.edges:
                     source = src(p, j, share) if p == share.root else dst(p, j, share)
                     t = ready[p][1] + 1.0 / m
-                    ready[c] = (self._add(t, c, ("down", p), "copy",
-                                          _widen(dst(c, j, share), n), (_widen(source, n),),
-                                          (ready[p][0],)), t)
+                    ready[c] = (self._hop(t, m, share, p, c, ("down", p),
+                                          _widen(dst(c, j, share), n), _widen(source, n),
+                                          ready[p][0]), t)
 
     def reduce(self, shares, contrib: RefFn, result: RefFn, own_lanes: bool = False) -> dict:
         """Reduce ``contrib(v, j, share)`` over every tree node into ``result(root, j, share)``.
@@ -146,14 +166,17 @@ class TreeEmitter:
                 if u not in kids:
                     partial[u] = (contrib(u, j, share), None)
                     continue
-                dst = result(u, j, share) if u == share.root else self._scratch_ref(u)
-                srcs = (contrib(u, j, share),) + tuple(partial[c][0] for c in kids[u])
+                dst = result(u, j, share) if u == share.root else self._fresh("scratch", u, contrib(u, j, share))
                 t = (i + 0.5 + top - level[u]) / m
+                inputs = [partial[c] if (u, c) not in share.staged_up else
+                          self._stage_up(t - 0.5 / m, c, u, *partial[c]) for c in kids[u]]
+                srcs = (contrib(u, j, share),) + tuple(x for x, _ in inputs)
                 key = ("up", tuple(kids[u]))
+                if any((u, c) in share.staged_up for c in kids[u]):
+                    key += ("host",)   # PCIe-paced: never queue with NVLink-fed reductions
                 if own_lanes:
                     key += ("tree", tree_of.setdefault(id(share), len(tree_of)))
-                token = self._add(t, u, key, "reduce", dst, srcs,
-                                  tuple(partial[c][1] for c in kids[u]))
+                token = self._add(t, u, key, "reduce", dst, srcs, tuple(k for _, k in inputs))
                 partial[u] = (dst, token)
             done[share.root, j] = (partial[share.root][1], (i + 0.5 + top) / m)
         return done
@@ -164,7 +187,9 @@ class TreeEmitter:
         turn: dict = {}
         for t, seq, rank, key, op, dst, srcs, tokens in sorted(self._items, key=lambda x: x[:2]):
             k = turn[rank, key] = turn.get((rank, key), -1) + 1
-            lane = self.lane(rank, (key, k % self.sublanes))
+            # Copies up to host memory keep one lane per peer: more concurrent ones only split
+            # the PCIe uplink among more transfers, and the pipeline order is the one wanted.
+            lane = self.lane(rank, (key, 0 if key[0] == "host up" else k % self.sublanes))
             wait = [dep_of[k] for k in tokens if k is not None]
             if op == "copy":
                 dep_of[seq] = self.b.copy(rank, lane, dst, srcs[0], deps=wait)
@@ -181,13 +206,37 @@ class TreeEmitter:
         self._items.append((t, seq, rank, key, op, dst, srcs, tokens))
         return seq
 
-    def _scratch_ref(self, rank: int) -> Ref:
-        if self._slot[rank] == self._slot_end[rank]:
-            self._slot[rank] = self.b.scratch(rank, 1)
-            self._slot_end[rank] = self._slot[rank] + self.b.nchunks
-        slot = self._slot[rank]
-        self._slot[rank] += 1
-        return Ref(rank, "scratch", slot)
+    def _hop(self, t, m, share: Share, p: int, c: int, key, dst: Ref, source: Ref, token):
+        """Copy ``source`` (on ``p``) to ``dst`` (on ``c``), staged through ``p``'s host buffer
+        where the share stages edge ``(p, c)``; returns the token of the copy into ``dst``."""
+        if (p, c) not in share.staged:
+            return self._add(t, c, key, "copy", dst, (source,), (token,))
+        hop, up = self._stage_up(t - 0.5 / m, p, c, source, token)
+        return self._add(t, c, key + ("host",), "copy", dst, (hop,), (up,))
+
+    def _stage_up(self, t, sender: int, receiver: int, ref: Ref, token) -> tuple:
+        """``sender`` copies ``ref`` into a fresh chunk of its host buffer for ``receiver``
+        (one copy serves every receiver of the same data): returns (that host Ref, token of
+        the copy)."""
+        key = (ref, token)
+        if key not in self._staged:
+            hop = self._fresh("host", sender, ref)
+            self._staged[key] = (hop, self._add(t, sender, ("host up", receiver), "copy", hop,
+                                                (ref,), (token,)))
+        return self._staged[key]
+
+
+    def _fresh(self, buf: str, rank: int, like: Ref) -> Ref:
+        """A chunk of ``rank``'s ``buf`` (scratch or host) never handed out before, at the same
+        chunk index of its unit as ``like``: executors cut units into tiles, and chunk ``i``
+        of a tile has the same length in every buffer only at the same index ``i``."""
+        i = like.chunk % self.b.nchunks
+        nxt = self._next[buf][rank]
+        k = nxt[i] = nxt.get(i, -1) + 1
+        units = self._units[buf][rank]
+        while len(units) <= k:
+            units.append(self.b.scratch(rank, 1) if buf == "scratch" else self.b.host(rank, 1))
+        return Ref(rank, buf, units[k] + i, like.count)
 
 
 def _pieces(chunks) -> list:
@@ -206,15 +255,23 @@ def _chunks(shares):
             yield share, i, j
 
 
-def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool) -> tuple[Packing, tuple]:
+def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool,
+                host: bool = False) -> tuple[Packing, tuple]:
     """Out-trees from ``roots`` (in-trees to them with ``reverse``) priced by simulator routes.
 
     Returns the packing and the link capacities its paths index (of the reversed graph for
-    in-trees, whose packing runs on the reversed graph).
+    in-trees, whose packing runs on the reversed graph). ``host`` also offers every GPU pair
+    joined by a direct link its route staged through host memory
+    (:func:`~.edge_split.host_routes`); the trees then mark the edges that take it
+    (``Tree.staged``), and the LP's forest is kept as it is.
     """
     H = G.reverse(copy=True) if reverse else G
     index = LinkIndex.of(H)
     routes = simulator_routes(G, index, ranks, reverse=reverse)
+    if host:
+        alternatives = host_routes(G, index, ranks, reverse=reverse)
+        return pack_out_trees(index, ranks, roots, routes=routes,
+                              alternatives=alternatives), index.caps
     packing = _balanced_or(pack_out_trees(index, ranks, roots, routes=routes), index, ranks,
                            roots, routes)
     if len(roots) == 1:
@@ -233,7 +290,8 @@ def _equal_rates(packing: Packing) -> bool:
     return max(rates) <= min(rates) * (1 + 1e-6)
 
 
-def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots, balanced: bool = True) -> dict:
+def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots, balanced: bool = True,
+                         host: bool = False) -> dict:
     """Out-tree and in-tree packings from ``roots``: ``{False: out, True: in}`` as
     :func:`pack_rooted` gives them, solving one LP when the two problems are mirror images.
     ``balanced=False`` keeps the LP's forests (no equal-rate trees).
@@ -241,7 +299,10 @@ def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots, balanced: bool = True) -> 
     On symmetric machines (every link as wide as its reverse, every GPU pair routed back along
     the same links) the in-tree problem on the reversed graph is the out-tree problem itself,
     so its packing serves both (tree edges are GPU pairs; paths index the same capacities).
+    ``host`` as in :func:`pack_rooted` (no equal-rate trees then either).
     """
+    if host:
+        return {rev: pack_rooted(G, ranks, roots, rev, host=True) for rev in (False, True)}
     index = LinkIndex.of(G)
     routes = simulator_routes(G, index, ranks)
     keep = _balanced_or if balanced else (lambda packing, *_: packing)
@@ -276,8 +337,11 @@ def _named(index: LinkIndex, routes: dict) -> dict:
             for pair, use in routes.items()}
 
 
-def pack_both_ways(G: nx.DiGraph, ranks) -> tuple[Packing, tuple]:
-    """Spanning trees used up and down (Blink allreduce), priced by simulator routes."""
+def pack_both_ways(G: nx.DiGraph, ranks, host: bool = False) -> tuple[Packing, tuple]:
+    """Spanning trees used up and down (Blink allreduce), priced by simulator routes; ``host``
+    as in :func:`pack_rooted`, each way of an edge on its own."""
     index = LinkIndex.of(G)
     routes = simulator_routes(G, index, ranks)
-    return pack_undirected_trees(index, ranks, routes=routes), index.caps
+    alternatives = host_routes(G, index, ranks) if host else None
+    return pack_undirected_trees(index, ranks, routes=routes,
+                                 alternatives=alternatives), index.caps

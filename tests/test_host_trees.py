@@ -1,0 +1,84 @@
+"""Tree packings whose edges may move through host memory (PCIe beside NVLink)."""
+
+from __future__ import annotations
+
+import pytest
+
+import collectx.topology as T
+from collectx.planner import plan
+from collectx.planner.api import allocation
+from collectx.planner.blink import plan_blink
+from collectx.planner.bounds import bounds
+from collectx.planner.edge_split import LinkIndex, host_routes, job_graph, simulator_routes
+from collectx.planner.forest import plan_forest
+from collectx.planner.treepack import pack_out_trees
+from collectx.schedule import simulate, verify
+from collectx.schedule.host import host_chunks
+
+DGX1V = T.load("dgx1v")
+
+
+def job(gpus):
+    ranks, view = allocation(DGX1V, gpus)
+    return ranks, view, job_graph(view, ranks)
+
+
+def test_host_routes_climb_to_the_senders_cpu_and_exist_only_for_directly_linked_pairs():
+    ranks, _, J = job([0, 1, 5])    # 0-1 and 1-5 share NVLink (1-5 across sockets), 0-5 do not
+    index = LinkIndex.of(J)
+    routes = host_routes(J, index, ranks)
+    assert set(routes) == {("GPU0", "GPU1"), ("GPU1", "GPU0"), ("GPU1", "GPU5"),
+                           ("GPU5", "GPU1")}
+    hops = {index.links[link] for link, _ in routes["GPU1", "GPU5"]}
+    assert hops == {("GPU1", "PLX0"), ("PLX0", "CPU0"), ("CPU0", "CPU1"), ("CPU1", "PLX2"),
+                    ("PLX2", "GPU5")}
+
+
+def test_host_routes_reach_the_allgather_bound_that_nvlink_routes_miss():
+    # 0, 2, 4 and 6 each sit under their own PCIe switch: the bound counts 15.75 GB/s of PCIe
+    # beside NVLink, which only host-staged tree edges can use.
+    ranks, view, J = job([0, 2, 4, 6])
+    index = LinkIndex.of(J)
+    routes = simulator_routes(J, index, ranks)
+    bound = bounds(view, "allgather", gpus=list(ranks)).bound_busbw
+    plain = pack_out_trees(index, ranks, ranks, routes=routes)
+    mixed = pack_out_trees(index, ranks, ranks, routes=routes,
+                           alternatives=host_routes(J, index, ranks))
+    assert 3 * plain.rate < 0.8 * bound
+    assert 3 * mixed.rate == pytest.approx(bound, rel=1e-6)
+    assert any(t.staged for t in mixed.trees)
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reduce_scatter", "allreduce"])
+def test_forest_with_host_edges_verifies_and_stays_under_the_bound(collective):
+    ranks, view, _ = job([0, 2, 4, 6])
+    s = plan_forest(view, ranks, collective, 1 << 28, host=True)
+    assert verify(s).instructions > 0 and host_chunks(s) > 0
+    sim = simulate(s, view, 1 << 28, ranks=list(ranks))
+    b = bounds(view, collective, gpus=list(ranks))
+    assert sim.busbw_GBps <= 1.001 * (b.ceiling_busbw or b.bound_busbw)
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "reduce", "allreduce"])
+def test_blink_with_host_edges_verifies(collective):
+    ranks, view, _ = job([1, 2, 6])
+    s = plan_blink(view, ranks, collective, 1 << 28, root=1, host=True)
+    assert verify(s).instructions > 0 and host_chunks(s) > 0
+
+
+def test_staged_copies_stay_off_the_lanes_of_direct_ones():
+    ranks, view, _ = job([0, 2, 4, 6])
+    s = plan_forest(view, ranks, "allgather", 1 << 28, host=True)
+    for rank_lanes in s.lanes:
+        for lane in rank_lanes:
+            kinds = {("host" in (ins.dst.buf, *(x.buf for x in ins.srcs))) for ins in lane.instrs
+                     if any(x.rank != ins.dst.rank for x in ins.srcs)}
+            assert len(kinds) <= 1, "a lane mixes host-staged and direct transfers"
+
+
+def test_plan_picks_host_edges_where_they_pay():
+    p = plan(DGX1V, "allgather", 1 << 30, gpus=[0, 2, 4, 6])
+    assert p.algorithm == "forest+host" and p.schedule.uses_host
+    assert p.efficiency >= 0.95                # 0.81 with a separate relay plan
+    assert not plan(DGX1V, "allgather", 1 << 30, gpus=[0, 2, 4, 6],
+                    host_relays=False).schedule.uses_host
