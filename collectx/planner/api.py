@@ -193,8 +193,11 @@ def _with_relays(view, ranks, collective, nbytes, root, inplace, chosen, bound_m
     bound = _bound(view, collective, ranks, root)
     if bound_memo is not None:   # plan() reports the same bound: compute it once
         bound_memo["bound"] = bound
+    trees_lead = (getattr(bound, "tree_busbw", None) or 0) > (getattr(bound, "cut_busbw", None)
+                                                               or 0)
     return with_host_relays(view, ranks, collective, nbytes, chosen,
-                            getattr(bound, "bound_busbw", None), root=root, inplace=inplace)
+                            getattr(bound, "bound_busbw", None), root=root, inplace=inplace,
+                            trees_lead=trees_lead)
 
 
 def allocation(topo: nx.DiGraph, gpus: Sequence[int | str] | None

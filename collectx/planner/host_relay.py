@@ -69,9 +69,10 @@ PIPELINE_CHUNKS = 16        # staged copies of a relay plan run in at least this
 # direct and tree there too cost about a fifth of the whole plan.
 RING_ONLY_FROM = 6
 RELAY_CHUNKS = {"ring": 16, "tree": 16}   # chunks of relay plans (their own default: 100s)
-# Tree planners that take host routes, per collective. Allreduce tries both: reduce-scatter +
-# allgather forests reach the cut bound, reduce/broadcast trees the tree bound, and on DGX-1
-# allocations either may be the larger.
+# Tree planners that take host routes, per collective. For allreduce, reduce-scatter +
+# allgather forests reach the cut bound, reduce/broadcast trees the tree bound; on DGX-1
+# allocations either may be the larger, and the one that sets the reference is planned
+# (``trees_lead``; planning both cost 0.15 s on 7 GPUs).
 INTEGRATED = {"allgather": ("forest",), "reduce_scatter": ("forest",),
               "allreduce": ("forest", "blink"), "broadcast": ("blink",), "reduce": ("blink",)}
 
@@ -137,11 +138,13 @@ def _connected(V: nx.DiGraph, ranks) -> bool:
 
 
 def with_host_relays(view: nx.DiGraph, ranks, collective: str, nbytes: int, chosen: tuple,
-                     bound_busbw: float | None, *, root: int = 0, inplace: bool = False):
+                     bound_busbw: float | None, *, root: int = 0, inplace: bool = False,
+                     trees_lead: bool = False):
     """``chosen`` (name, schedule, predicted) or, where faster, it joined with a host relay.
 
     Pure: plans, stages and simulates candidates; returns the fastest as (name, schedule,
-    predicted). The joined plan's name is ``<direct plan>+host``.
+    predicted). The joined plan's name is ``<direct plan>+host``. ``trees_lead``: the
+    allreduce reference is the tree bound (not reduce-scatter + allgather's cut bound).
     """
     name, schedule, predicted = chosen
     if not _worth_trying(collective, nbytes, predicted, bound_busbw, len(ranks)):
@@ -149,7 +152,7 @@ def with_host_relays(view: nx.DiGraph, ranks, collective: str, nbytes: int, chos
     V = relay_view(view, ranks)
     if V is None or _pcie_potential(view, ranks) < MIN_POTENTIAL:
         return chosen
-    best = _integrated(view, ranks, collective, nbytes, root, inplace, chosen)
+    best = _integrated(view, ranks, collective, nbytes, root, inplace, chosen, trees_lead)
     if best is not chosen and not _worth_trying(collective, nbytes, best[2], bound_busbw,
                                                 len(ranks)):
         return best   # near the bound already: no join can pay for its planning
@@ -196,12 +199,15 @@ def _worth_trying(collective, nbytes, predicted, bound_busbw, n) -> bool:
     return predicted.busbw_GBps < RELAY_GATE * bound_busbw
 
 
-def _integrated(view, ranks, collective, nbytes, root, inplace, best):
+def _integrated(view, ranks, collective, nbytes, root, inplace, best, trees_lead=False):
     """``best``, or the tree plan whose trees may send any edge through host memory where
     that simulates faster: the planners of :data:`INTEGRATED` with ``host=True``
     (:func:`~.forest.plan_forest`, :func:`~.blink.plan_blink`)."""
     from . import registry
-    for name in INTEGRATED.get(collective, ()):
+    names = INTEGRATED.get(collective, ())
+    if collective == "allreduce":
+        names = ("blink",) if trees_lead else ("forest",)
+    for name in names:
         if name not in registry.ALGORITHMS:
             continue
         try:

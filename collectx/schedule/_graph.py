@@ -58,20 +58,26 @@ def build_graph(s: Schedule) -> Graph:
         A dependency names a rank, lane or instruction index that does not exist.
     """
     lane_base: dict[tuple[int, int], int] = {}
-    ids, instrs, lane_of = [], [], []
+    lane_len: dict[tuple[int, int], int] = {}
+    ids, instrs, lane_of, preds = [], [], [], []
     for r, lanes in enumerate(s.lanes):
         for li, lane in enumerate(lanes):
             lane_base[(r, li)] = len(ids)
-            for i, ins in enumerate(lane.instrs):
-                ids.append(Dep(r, li, i))
-                instrs.append(ins)
-                lane_of.append(len(lane_base) - 1)
-    preds = []
+            lane_len[(r, li)] = len(lane.instrs)
+            ids.extend(Dep(r, li, i) for i in range(len(lane.instrs)))
+            instrs.extend(lane.instrs)
+            lane_of.extend([len(lane_base) - 1] * len(lane.instrs))
     for v, (d, ins) in enumerate(zip(ids, instrs)):
-        p = [v - 1] if d.index > 0 else []
+        if not ins.deps:   # most instructions: only the lane order
+            preds.append((v - 1,) if d.index else ())
+            continue
+        p = [v - 1] if d.index else []
         for dep in ins.deps:
-            p.append(_resolve(s, lane_base, d, ins, dep))
-        preds.append(tuple(dict.fromkeys(p)))
+            lane = (dep.rank, dep.lane)
+            if not 0 <= dep.index < lane_len.get(lane, 0):
+                _resolve(s, lane_base, d, ins, dep)   # raises, naming the bad dependency
+            p.append(lane_base[lane] + dep.index)
+        preds.append(tuple(dict.fromkeys(p)) if len(p) > 1 else tuple(p))
     return Graph(tuple(ids), tuple(instrs), tuple(lane_of), tuple(preds), lane_base,
                  len(lane_base))
 
