@@ -169,7 +169,7 @@ class TreeEmitter:
                 dst = result(u, j, share) if u == share.root else self._fresh("scratch", u, contrib(u, j, share))
                 t = (i + 0.5 + top - level[u]) / m
                 inputs = [partial[c] if (u, c) not in share.staged_up else
-                          self._stage_up(t - 0.5 / m, c, u, *partial[c]) for c in kids[u]]
+                          self._through_host(t, m, c, u, *partial[c]) for c in kids[u]]
                 srcs = (contrib(u, j, share),) + tuple(x for x, _ in inputs)
                 key = ("up", tuple(kids[u]))
                 if any((u, c) in share.staged_up for c in kids[u]):
@@ -189,7 +189,8 @@ class TreeEmitter:
             k = turn[rank, key] = turn.get((rank, key), -1) + 1
             # Copies up to host memory keep one lane per peer: more concurrent ones only split
             # the PCIe uplink among more transfers, and the pipeline order is the one wanted.
-            lane = self.lane(rank, (key, 0 if key[0] == "host up" else k % self.sublanes))
+            lane = self.lane(rank, (key, 0 if key[0] in ("host up", "host down")
+                                    else k % self.sublanes))
             wait = [dep_of[k] for k in tokens if k is not None]
             if op == "copy":
                 dep_of[seq] = self.b.copy(rank, lane, dst, srcs[0], deps=wait)
@@ -213,6 +214,15 @@ class TreeEmitter:
             return self._add(t, c, key, "copy", dst, (source,), (token,))
         hop, up = self._stage_up(t - 0.5 / m, p, c, source, token)
         return self._add(t, c, key + ("host",), "copy", dst, (hop,), (up,))
+
+    def _through_host(self, t, m, sender: int, receiver: int, ref: Ref, token) -> tuple:
+        """``ref`` (on ``sender``) staged into a fresh scratch chunk of ``receiver``: (that
+        Ref, token of the copy). A reduction then reads it locally: reading the host copy
+        itself would tie the reduction's NVLink inputs to the pace of PCIe."""
+        hop, up = self._stage_up(t - 0.6 / m, sender, receiver, ref, token)
+        mine = self._fresh("scratch", receiver, ref)
+        return mine, self._add(t - 0.3 / m, receiver, ("host down", sender), "copy", mine,
+                               (hop,), (up,))
 
     def _stage_up(self, t, sender: int, receiver: int, ref: Ref, token) -> tuple:
         """``sender`` copies ``ref`` into a fresh chunk of its host buffer for ``receiver``
