@@ -82,3 +82,13 @@ def test_plan_picks_host_edges_where_they_pay():
     assert p.efficiency >= 0.95                # 0.81 with a separate relay plan
     assert not plan(DGX1V, "allgather", 1 << 30, gpus=[0, 2, 4, 6],
                     host_relays=False).schedule.uses_host
+
+
+def test_plan_text_marks_the_tree_edges_that_go_through_host_memory():
+    from collectx.cli.plan import overlays
+    p = plan(DGX1V, "allgather", 1 << 30, gpus=[0, 2, 4, 6])
+    labels = [label for label, _ in overlays(p)]
+    assert any("via host" in label for label in labels)
+    assert not any("via host" in label for label, _ in
+                   overlays(plan(DGX1V, "allgather", 1 << 30, gpus=[0, 2, 4, 6],
+                                 host_relays=False)))

@@ -123,10 +123,20 @@ def overlays(p) -> list[tuple[str, list[tuple[str, str]]]]:
     for k, tree in enumerate(meta.get("trees", ())):
         edges = _tree_edges(tree, p.ranks)
         if edges:
-            tag = " ".join(str(x) for x in tree if isinstance(x, str))
+            tag = " ".join(str(x) for x in tree if isinstance(x, str) and x != "host")
+            staged = _host_edges(tree, p.ranks)
             out.append((f"tree {k}{' (' + tag + ')' if tag else ''}: "
-                        f"{', '.join(f'{a}>{b}' for a, b in edges)}", edges))
+                        + ", ".join(f"{a}>{b}{' via host' if (a, b) in staged else ''}"
+                                    for a, b in edges), edges))
     return out
+
+
+def _host_edges(tree, ranks) -> set[tuple[str, str]]:
+    """Edges a packed-tree record marks as staged through host memory (after "host")."""
+    if "host" not in tree:
+        return set()
+    pairs = tree[list(tree).index("host") + 1]
+    return {(ranks[a], ranks[b]) for a, b in pairs}
 
 
 def _tree_edges(tree, ranks) -> list[tuple[str, str]]:

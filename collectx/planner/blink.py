@@ -164,8 +164,8 @@ def _finish(b: ScheduleBuilder, em: TreeEmitter, shares, packing) -> Schedule:
     """Append the emitted items, record the trees and the packing rate, stage host edges."""
     em.flush()
     # Chunks by depth can leave a tree of a small message without any chunk: it carries nothing.
-    b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks)]
-                     for s in shares if s.chunks])
+    b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks),
+                      *s.host_record()] for s in shares if s.chunks])
     b.meta("rate_gbps", packing.rate)
     return b.build()
 

@@ -192,8 +192,10 @@ def _shares(counts, at: dict, first_of, phase: str, meta: list) -> list:
     for g, runs in runs_by_group(counts, lambda g: first_of(at[g])).items():
         for t, run in runs:
             edges = tuple((at[p], at[c]) for p, c in t.edges)
-            out.append(Share.of(t, at[g], edges, run, up=phase == "reduce_scatter"))
-            meta.append([phase, at[g], [list(e) for e in edges], run[0], len(run)])
+            share = Share.of(t, at[g], edges, run, up=phase == "reduce_scatter")
+            out.append(share)
+            meta.append([phase, at[g], [list(e) for e in edges], run[0], len(run),
+                         *share.host_record()])
     return out
 
 

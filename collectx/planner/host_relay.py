@@ -143,7 +143,8 @@ def with_host_relays(view: nx.DiGraph, ranks, collective: str, nbytes: int, chos
     """``chosen`` (name, schedule, predicted) or, where faster, it joined with a host relay.
 
     Pure: plans, stages and simulates candidates; returns the fastest as (name, schedule,
-    predicted). The joined plan's name is ``<direct plan>+host``. ``trees_lead``: the
+    predicted). A joined plan is named ``<direct plan>+relay``, a tree plan with host edges
+    ``forest+host`` or ``blink+host``. ``trees_lead``: the
     allreduce reference is the tree bound (not reduce-scatter + allgather's cut bound).
     """
     name, schedule, predicted = chosen
@@ -167,7 +168,7 @@ def with_host_relays(view: nx.DiGraph, ranks, collective: str, nbytes: int, chos
             break   # shares only shrink from here: one slower than the larger one ends the search
         last = pred.time_us
         if pred.time_us < best[2].time_us:
-            best = (f"{name}+host", joined, pred)
+            best = (f"{name}+relay", joined, pred)
     return best
 
 

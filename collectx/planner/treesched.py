@@ -52,6 +52,12 @@ class Share:
     staged: frozenset = frozenset()
     staged_up: frozenset = frozenset()
 
+    def host_record(self) -> list:
+        """``["host", [[parent, child], ...]]`` naming the edges staged through host memory
+        (either way), for the schedule's ``trees`` meta; empty when there are none."""
+        staged = sorted(self.staged | self.staged_up)
+        return ["host", [list(e) for e in staged]] if staged else []
+
     @classmethod
     def of(cls, tree, root: int, edges: tuple, chunks: tuple, up: bool = False) -> "Share":
         """The share of packed ``tree`` (edges renamed to ranks as ``edges``) on ``chunks``;
