@@ -66,8 +66,24 @@ def device_kind(topo: nx.DiGraph | None, ranks: tuple[str, ...]) -> str:
 def latency_terms(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ...],
                   algorithm: str) -> tuple[float, float]:
     """``(base, alpha)`` in microseconds for one schedule on one allocation."""
-    return BASE_US[device_kind(topo, ranks)], alpha_us(link_class(schedule, topo, ranks),
-                                                       algorithm)
+    return base_us(topo, ranks), alpha_us(link_class(schedule, topo, ranks), algorithm)
+
+
+def base_us(topo: nx.DiGraph | None, ranks: tuple[str, ...]) -> float:
+    """The fixed per-call latency on this kind of device."""
+    return BASE_US[device_kind(topo, ranks)]
+
+
+def most_steps_us(schedule: Schedule, algorithm: str) -> float:
+    """An upper bound on ``steps(schedule) * alpha``: every instruction in one chain, over the
+    slowest link class.
+
+    >>> from collectx.planner.direct import plan_direct
+    >>> most_steps_us(plan_direct(None, ("A", "B"), "allreduce", 64), "direct") >= 2 * 1.0
+    True
+    """
+    n = sum(len(lane.instrs) for rank_lanes in schedule.lanes for lane in rank_lanes)
+    return n * max(alpha_us(cls, algorithm) for cls in LINK_ORDER)
 
 
 def overhead_us(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ...],

@@ -137,8 +137,13 @@ def predict(schedule: Schedule, topo: nx.DiGraph, nbytes: int, ranks: tuple[str,
     sim = simulate_or_none(schedule, topo, nbytes, ranks)
     if sim is None:
         return None
-    base, alpha = cost.latency_terms(schedule, topo, ranks, algorithm)
-    t = base + max(sim.time_us, cost.steps(schedule) * alpha)
+    if sim.time_us >= cost.most_steps_us(schedule, algorithm):
+        # Large messages: no chain of steps can outlast the transfers, so the max is the
+        # simulated time, and the chain and route classes need not be computed.
+        t = cost.base_us(topo, ranks) + sim.time_us
+    else:
+        base, alpha = cost.latency_terms(schedule, topo, ranks, algorithm)
+        t = base + max(sim.time_us, cost.steps(schedule) * alpha)
     if not dataclasses.is_dataclass(sim) or t <= 0:
         return sim
     scale = sim.time_us / t
