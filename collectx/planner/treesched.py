@@ -26,7 +26,7 @@ from typing import Callable
 import networkx as nx
 
 from ..schedule.builder import ScheduleBuilder
-from ..schedule.ir import Ref, Schedule
+from ..schedule.ir import Ref
 from .edge_split import LinkIndex, host_routes, simulator_routes
 from .integral_trees import pack_unit_trees
 from .switch_trees import pack_switch_trees
@@ -86,10 +86,6 @@ class TreeEmitter:
         self.b = builder
         self.sublanes = sublanes
         self._lane_keys: list[dict] = [{} for _ in range(builder.nranks)]
-        self._units = {"scratch": [[] for _ in range(builder.nranks)],   # reserved units'
-                       "host": [[] for _ in range(builder.nranks)]}      # first chunks
-        self._next = {"scratch": [{} for _ in range(builder.nranks)],    # chunk index -> the
-                      "host": [{} for _ in range(builder.nranks)]}       # next unit to use
         self._items: list = []                      # (time, seq, rank, lane key, op, dst, srcs, deps)
         self._staged: dict = {}                     # (Ref, token) -> (host Ref, token)
 
@@ -172,11 +168,12 @@ class TreeEmitter:
                 if u not in kids:
                     partial[u] = (contrib(u, j, share), None)
                     continue
-                dst = result(u, j, share) if u == share.root else self._fresh("scratch", u, contrib(u, j, share))
+                own = contrib(u, j, share)
+                dst = result(u, j, share) if u == share.root else self.b.fresh("scratch", u, own)
                 t = (i + 0.5 + top - level[u]) / m
                 inputs = [partial[c] if (u, c) not in share.staged_up else
                           self._through_host(t, m, c, u, *partial[c]) for c in kids[u]]
-                srcs = (contrib(u, j, share),) + tuple(x for x, _ in inputs)
+                srcs = (own,) + tuple(x for x, _ in inputs)
                 key = ("up", tuple(kids[u]))
                 if any((u, c) in share.staged_up for c in kids[u]):
                     key += ("host",)   # PCIe-paced: never queue with NVLink-fed reductions
@@ -226,7 +223,7 @@ class TreeEmitter:
         Ref, token of the copy). A reduction then reads it locally: reading the host copy
         itself would tie the reduction's NVLink inputs to the pace of PCIe."""
         hop, up = self._stage_up(t - 0.6 / m, sender, receiver, ref, token)
-        mine = self._fresh("scratch", receiver, ref)
+        mine = self.b.fresh("scratch", receiver, ref)
         return mine, self._add(t - 0.3 / m, receiver, ("host down", sender), "copy", mine,
                                (hop,), (up,))
 
@@ -236,23 +233,10 @@ class TreeEmitter:
         the copy)."""
         key = (ref, token)
         if key not in self._staged:
-            hop = self._fresh("host", sender, ref)
+            hop = self.b.fresh("host", sender, ref)
             self._staged[key] = (hop, self._add(t, sender, ("host up", receiver), "copy", hop,
                                                 (ref,), (token,)))
         return self._staged[key]
-
-
-    def _fresh(self, buf: str, rank: int, like: Ref) -> Ref:
-        """A chunk of ``rank``'s ``buf`` (scratch or host) never handed out before, at the same
-        chunk index of its unit as ``like``: executors cut units into tiles, and chunk ``i``
-        of a tile has the same length in every buffer only at the same index ``i``."""
-        i = like.chunk % self.b.nchunks
-        nxt = self._next[buf][rank]
-        k = nxt[i] = nxt.get(i, -1) + 1
-        units = self._units[buf][rank]
-        while len(units) <= k:
-            units.append(self.b.scratch(rank, 1) if buf == "scratch" else self.b.host(rank, 1))
-        return Ref(rank, buf, units[k] + i, like.count)
 
 
 def _pieces(chunks) -> list:

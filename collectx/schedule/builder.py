@@ -42,6 +42,8 @@ class ScheduleBuilder:
         self._lanes: list[list[list[Instr]]] = [[] for _ in range(nranks)]
         self._scratch = [0] * nranks
         self._host = [0] * nranks
+        self._fresh_units: dict = {}   # (buf, rank) -> first chunks of units fresh() reserved
+        self._fresh_next: dict = {}    # (buf, rank, chunk index) -> next of those units to use
         self._meta: dict[str, Any] = {}
 
     # -- instructions ---------------------------------------------------------------------------
@@ -81,6 +83,24 @@ class ScheduleBuilder:
         (0, 2, (2, 0))
         """
         return self._reserve(self._host, "host", rank, units)
+
+    def fresh(self, buf: str, rank: int, like: Ref) -> Ref:
+        """A run of ``rank``'s ``buf`` (``scratch`` or ``host``) that no earlier call handed
+        out, as long as ``like`` and at the same chunk index of its unit: executors cut units
+        into tiles, and chunk ``i`` of a tile has the same length in every buffer only at the
+        same index ``i``. Units are reserved as needed.
+
+        >>> b = ScheduleBuilder("allreduce", 2, nchunks=4)
+        >>> b.fresh("scratch", 0, Ref(1, "input", 6)), b.fresh("scratch", 0, Ref(1, "input", 2))
+        (Ref(rank=0, buf='scratch', chunk=2, count=1), Ref(rank=0, buf='scratch', chunk=6, count=1))
+        """
+        i = like.chunk % self.nchunks
+        k = self._fresh_next.get((buf, rank, i), 0)
+        self._fresh_next[buf, rank, i] = k + 1
+        units = self._fresh_units.setdefault((buf, rank), [])
+        while len(units) <= k:
+            units.append(self.host(rank, 1) if buf == "host" else self.scratch(rank, 1))
+        return Ref(rank, buf, units[k] + i, like.count)
 
     def _reserve(self, table: list, what: str, rank: int, units: int) -> int:
         self._check_rank(rank)

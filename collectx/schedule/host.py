@@ -112,9 +112,7 @@ def stage_through_host(s: Schedule, pairs=None) -> Schedule:
     st = _Stager(s, b, pairs or (lambda a, b: True))
     for v in topo_order(g):
         st.emit(g.ids[v], g.instrs[v], [g.ids[p] for p in g.preds[v]])
-    return dataclasses.replace(b.build(), scratch_units=s.scratch_units,
-                               host_units=tuple(st.host_units),
-                               meta=s.meta)
+    return dataclasses.replace(b.build(), scratch_units=s.scratch_units, meta=s.meta)
 
 
 class _Stager:
@@ -124,8 +122,6 @@ class _Stager:
         self.s, self.b, self.pairs = s, b, pairs
         self.base = [len(rl) for rl in s.lanes]       # staging lanes follow the originals
         self.extra: list[dict] = [{} for _ in range(s.nranks)]
-        self.host_units = [0] * s.nranks
-        self.next_unit: list[dict] = [{} for _ in range(s.nranks)]   # chunk index -> free unit
         self.done: dict = {}        # original Dep -> Dep that completes it
         self.staged: dict = {}      # (rank, buf) -> {(chunk, count): (host Ref, Dep)}
         self.widths: dict = {}      # (rank, buf) -> chunk counts of the runs staged from it
@@ -157,7 +153,7 @@ class _Stager:
         dst = ins.dst
         remote = self._crosses(dst, d.rank, read=False)
         if remote:
-            dst = self._host_ref(d.rank, ins.dst)
+            dst = self.b.fresh("host", d.rank, ins.dst)
         self._written(ins.dst)
         own = self._add(d.rank, d.lane, ins.op, dst, srcs, deps)
         if not remote:
@@ -176,7 +172,7 @@ class _Stager:
         mine = self.staged.setdefault((x.rank, x.buf), {})
         key = (x.chunk, x.count)
         if key not in mine:
-            ref = self._host_ref(x.rank, x)
+            ref = self.b.fresh("host", x.rank, x)
             dep = self._add(x.rank, self._lane(x.rank, ("up", reader)), "copy", ref, [x],
                             list(waits))
             mine[key] = (ref, dep)
@@ -194,16 +190,6 @@ class _Stager:
             return
         for k in [k for k in mine if k[0] < ref.chunk + ref.count and ref.chunk < k[0] + k[1]]:
             del mine[k]
-
-
-    def _host_ref(self, rank: int, like: Ref) -> Ref:
-        # Same chunk of a unit as ``like``: executors cut units into tiles, and chunk i of a
-        # tile has the same length in every buffer only at the same index i.
-        i = like.chunk % self.s.nchunks
-        unit = self.next_unit[rank].get(i, 0)
-        self.next_unit[rank][i] = unit + 1
-        self.host_units[rank] = max(self.host_units[rank], unit + 1)
-        return Ref(rank, "host", unit * self.s.nchunks + i, like.count)
 
     def _lane(self, rank: int, key) -> int:
         lanes = self.extra[rank]
