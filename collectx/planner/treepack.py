@@ -20,7 +20,7 @@ Rates are GB/s; ``x`` is the rate at which *each* group delivers its data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -229,8 +229,7 @@ def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None,
                 raise NoFeasiblePlan(f"{r} cannot reach every GPU of {gpus}; no tree exists")
             edges = _top_down(gpus, parent, at[r])
             paths = tuple(path[e] for e in edges)
-            staged = tuple(i for i, e in enumerate(edges)
-                           if alternatives and path[e] is alternatives.get(e))
+            staged = _took_alternative(edges, path, alternatives)
             cols.append((r, Tree(r, r, edges, paths, 0.0, staged), _usage(paths)))
         return cols
 
@@ -274,8 +273,8 @@ def pack_undirected_trees(index: LinkIndex, gpus, routes: dict | None = None,
         paths = tuple(path[e] if e in path else path[e[1], e[0]] for e in edges)
         if not alternatives or routes is None:
             return [(0, Tree(0, gpus[root], edges, paths, 0.0), _usage(paths))]
-        down = tuple(i for i, e in enumerate(edges) if way[e] is alternatives.get(e))
-        up = tuple(i for i, (p, c) in enumerate(edges) if way[c, p] is alternatives.get((c, p)))
+        down = _took_alternative(edges, way, alternatives)
+        up = _took_alternative([(c, p) for p, c in edges], way, alternatives)
         return [(0, Tree(0, gpus[root], edges, paths, 0.0, down, up), _usage(paths))]
 
     return _column_generation(index, (0,), price)
@@ -291,6 +290,13 @@ def _hop_matrix(index, gpus, routes) -> np.ndarray:
         for j, t in enumerate(gpus):
             H[i, j] = sum(w for _, w in routes.get((u, t), ())) if i != j else 0.0
     return H
+
+
+def _took_alternative(edges, path: dict, alternatives: dict | None) -> tuple:
+    """Indices of ``edges`` whose chosen path is the one ``alternatives`` offered."""
+    if not alternatives:
+        return ()
+    return tuple(i for i, e in enumerate(edges) if path[e] is alternatives.get(e))
 
 
 def _edge_costs(index, gpus, y, routes, alternatives=None) -> tuple[dict, dict]:
@@ -403,8 +409,7 @@ def _column_generation(index: LinkIndex, groups: tuple, price) -> Packing:
     else:
         raise PlanError(f"tree packing did not converge in {_MAX_ROUNDS} rounds on "
                         f"{len(index.links)} links; report this topology")
-    every = tuple(Tree(t.group, t.root, t.edges, t.paths, max(float(v), 0.0), t.staged,
-                       t.staged_up)
+    every = tuple(replace(t, rate=max(float(v), 0.0))
                   for (g, t, _), v in zip(cols, lam))
     trees = tuple(t for t in every if t.rate > 1e-9 * max(x, 1e-300))
     return Packing(rate=float(x), trees=trees, rounds=rounds, columns=every)
