@@ -42,6 +42,12 @@ SUPPORTED = ("allreduce", "broadcast", "reduce")
 MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pipelining
 MAX_INSTRUCTIONS = 4096        # at 8 ranks, growing with n^2 (see chunking.instruction_budget)
 CANDIDATE_CHUNKS = (16, 32, 64, 128, 256, 512)
+# Trees with host edges pipeline each chunk through PCIe copies, whose fill 256 chunks leave
+# long: up to 6 ranks they may take twice the instruction budget, up to HOST_CHUNKS chunks (on
+# sampled 6-GPU DGX-1 allocations +0.03 of the reference; past 6 ranks the planning time
+# would pass 1 s).
+HOST_CHUNKS_UP_TO = 6
+HOST_CHUNKS = 512
 MAX_ROOTED_INSTRUCTIONS = 4096   # broadcast / reduce at 8 ranks (one per tree edge and chunk),
                                  # growing with n^2 (see chunking.instruction_budget)
 SHALLOW_INSTRUCTIONS = 12288     # two-level trees, any n: they fill in one chunk time, and
@@ -109,6 +115,13 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
     if collective == "allreduce":
         packing, caps = pack_both_ways(G, ranks, host=host)
         s = _allreduce(packing, caps, nbytes, ranks, root, inplace, nchunks)
+        if host and len(packing.trees) > 1:
+            # Trees with host edges have unequal rates and PCIe-paced hops: on some DGX-1
+            # allocations a lane per tree keeps a slow tree from holding up the others'
+            # chunks on a shared lane (GPUs 0-4 of dgx1v: 0.94 of the reference against
+            # 0.81), on others sharing lanes wins, so the simulator decides.
+            s = _faster(s, _allreduce(packing, caps, nbytes, ranks, root, inplace, nchunks,
+                                      own=True), topo, nbytes, ranks)
         unit = None if packing.balanced or host else pack_unit_spanning_trees(G, ranks)
         if unit is not None:
             # LP trees of unequal rates against fewer equal unit trees on their own lanes:
@@ -151,8 +164,12 @@ def _shares(counts, at: dict, up: bool = False) -> list:
 
 def _allreduce(packing, caps, nbytes, ranks, root, inplace, nchunks, own=False) -> Schedule:
     n = len(ranks)
-    nch, counts = chunk_counts(packing, caps, [nchunks] if nchunks else
-                               _candidates("allreduce", nbytes, n), passes=2)
+    cands = [nchunks] if nchunks else _candidates("allreduce", nbytes, n)
+    if not nchunks and n <= HOST_CHUNKS_UP_TO and any(t.staged or t.staged_up
+                                                      for t in packing.trees):
+        cands = sorted(set(cands) | {c for c in _candidates("allreduce", nbytes, n, 2)
+                                     if c <= HOST_CHUNKS})
+    nch, counts = chunk_counts(packing, caps, cands, passes=2)
     shares = _shares(counts, {g: i for i, g in enumerate(ranks)})
     b = ScheduleBuilder("allreduce", n, nch, root=root, inplace=inplace, algorithm="blink")
     em = TreeEmitter(b, 1 if own else SUBLANES)
@@ -202,9 +219,10 @@ def _emit_reduce(b, em, shares, staggered=False, own=False):
 _EMIT = {"allreduce": _emit_allreduce, "broadcast": _emit_broadcast, "reduce": _emit_reduce}
 
 
-def _candidates(collective, nbytes, n) -> list[int]:
+def _candidates(collective, nbytes, n, scale: int = 1) -> list[int]:
+    """Chunk counts within MIN_CHUNK_BYTES per chunk and ``scale`` instruction budgets."""
     most = max(1, min(int(unit_bytes(collective, nbytes, n) // MIN_CHUNK_BYTES),
-                      instruction_budget(n, MAX_INSTRUCTIONS) // (2 * (n - 1))))
+                      scale * instruction_budget(n, MAX_INSTRUCTIONS) // (2 * (n - 1))))
     return [c for c in CANDIDATE_CHUNKS if c <= most] or [1]
 
 
