@@ -21,6 +21,7 @@ does not hold up the next one on its link.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Callable
 
 import networkx as nx
@@ -38,6 +39,7 @@ SUBLANES = 3     # lanes per link, dealt round-robin: one late chunk does not id
 RELAY_KEEP = 0.999   # two-level relay trees replace a single root's packing if they keep this
 
 RefFn = Callable[[int, int, "Share"], Ref]   # (rank, chunk, share) -> Ref
+_BY_TIME = itemgetter(0, 1)                  # emitted items: (time, sequence number, ...)
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,7 @@ class TreeEmitter:
         """Append every collected item to the builder, earliest first."""
         dep_of: dict = {}
         turn: dict = {}
-        for t, seq, rank, key, op, dst, srcs, tokens in sorted(self._items, key=lambda x: x[:2]):
+        for t, seq, rank, key, op, dst, srcs, tokens in sorted(self._items, key=_BY_TIME):
             k = turn[rank, key] = turn.get((rank, key), -1) + 1
             # Copies up to host memory keep one lane per peer: more concurrent ones only split
             # the PCIe uplink among more transfers, and the pipeline order is the one wanted.

@@ -146,8 +146,11 @@ class ScheduleBuilder:
 
 
 def _clean(deps: Iterable[Dep | None]) -> tuple[Dep, ...]:
-    # Drop "no producer" placeholders and repeats, keeping the order planners gave.
-    return tuple(dict.fromkeys(d for d in deps if d is not None))
+    # Drop "no producer" placeholders and repeats, keeping the order planners gave. Most
+    # instructions wait for one producer or none: those skip the dict (planning builds tens
+    # of thousands of instructions).
+    out = tuple(d for d in deps if d is not None)
+    return out if len(out) < 2 else tuple(dict.fromkeys(out))
 
 
 def _deep_tuple(v: Any) -> Any:
