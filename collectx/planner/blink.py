@@ -165,8 +165,7 @@ def _shares(counts, at: dict, up: bool = False) -> list:
 def _allreduce(packing, caps, nbytes, ranks, root, inplace, nchunks, own=False) -> Schedule:
     n = len(ranks)
     cands = [nchunks] if nchunks else _candidates("allreduce", nbytes, n)
-    if not nchunks and n <= HOST_CHUNKS_UP_TO and any(t.staged or t.staged_up
-                                                      for t in packing.trees):
+    if not nchunks and n <= HOST_CHUNKS_UP_TO and packing.staged:
         cands = sorted(set(cands) | {c for c in _candidates("allreduce", nbytes, n, 2)
                                      if c <= HOST_CHUNKS})
     nch, counts = chunk_counts(packing, caps, cands, passes=2)

@@ -37,6 +37,10 @@ MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pi
 MAX_INSTRUCTIONS = 4096        # at 8 ranks, growing with n^2 (see chunking.instruction_budget);
                                # 1 GiB at 8 GPUs keeps ~95% of 4x the chunks' simulated busbw
 CANDIDATE_CHUNKS = (8, 16, 32, 64, 128, 256)
+# Allgather trees with host edges pipeline each chunk through two PCIe copies: the budget
+# leaves 7 and 8 ranks 64 chunks, whose fill costs 7-GPU DGX-1 allocations about 0.04 of the
+# bound; they may take this many (6 ranks get it within the budget).
+HOST_CHUNKS = 128
 NEAR_RATE = 0.97               # an allreduce this close to its packing rate needs no rival
 
 
@@ -248,7 +252,10 @@ def _counts(packed: dict, collective: str, nbytes: int, n: int, nchunks) -> tupl
     else:
         unit = unit_bytes(collective, nbytes, n) / (n if collective == "allreduce" else 1)
         edges = len(packed) * n * (n - 1)       # one instruction per tree edge, chunk and phase
-        most = max(1, min(int(unit // MIN_CHUNK_BYTES), instruction_budget(n, MAX_INSTRUCTIONS) // edges))
+        budget = instruction_budget(n, MAX_INSTRUCTIONS) // edges
+        if collective == "allgather" and any(p.staged for p, _ in packed.values()):
+            budget = max(budget, HOST_CHUNKS)
+        most = max(1, min(int(unit // MIN_CHUNK_BYTES), budget))
         cands = [c for c in CANDIDATE_CHUNKS if c <= most] or [1]
     memo: dict = {phase: {} for phase in packed}
     chosen = {phase: chunk_counts(p, caps, cands, memo=memo[phase])

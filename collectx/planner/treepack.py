@@ -80,6 +80,12 @@ class Packing:
     columns: tuple = ()
     balanced: bool = False
 
+    @property
+    def staged(self) -> bool:
+        """Whether some tree moves an edge through host memory (``Tree.staged``,
+        ``staged_up``)."""
+        return any(t.staged or t.staged_up for t in self.trees)
+
 
 def min_arborescence(W: np.ndarray, root: int) -> list[int] | None:
     """Parent of each node in a minimum-cost spanning arborescence rooted at ``root``.
