@@ -192,3 +192,18 @@ def test_cpu_executor_runs_tree_partials_at_odd_sizes(monkeypatch, algo, coll):
     n = (4 << 20) // 4 + 3
     cases = [(coll, "float32", "sum", n, 2, 11)]
     assert collectx.launch(W.run_cases, 3, args=(cases,), timeout=300) == [[]] * 3
+
+
+def test_cpu_executor_runs_forest_allreduce_with_host_edges_past_the_chunk_budget(
+        monkeypatch, tmp_path):
+    # Forest allreduce with host edges on 4 GPUs takes more chunks than the usual instruction
+    # budget allows (512 per root at most); GPUs 0, 3, 6, 7 of dgx1v plan it. The executor
+    # must run such a schedule, host buffers and all, at a size that does not split evenly.
+    path = tmp_path / "dgx1v_0367.json"
+    T.write_json(T.subset(DGX1V, [0, 3, 6, 7]), path)
+    monkeypatch.setenv("COLLECTX_TOPO_FILE", str(path))
+    n = (64 << 20) // 4 + 3
+    s = make_schedule(T.load(str(path)), "allreduce", 4, n * 4)
+    assert s.algorithm == "forest" and s.uses_host and s.nchunks > 512
+    cases = [("allreduce", "float32", "sum", n, 0, 5)]
+    assert collectx.launch(W.run_cases, 4, args=(cases,), timeout=300) == [[]] * 4
