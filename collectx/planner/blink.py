@@ -43,11 +43,10 @@ MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pi
 MAX_INSTRUCTIONS = 4096        # at 8 ranks, growing with n^2 (see chunking.instruction_budget)
 CANDIDATE_CHUNKS = (16, 32, 64, 128, 256, 512)
 # Trees with host edges pipeline each chunk through PCIe copies, whose fill 256 chunks leave
-# long: up to 6 ranks they may take twice the instruction budget, up to HOST_CHUNKS chunks (on
+# long: up to 6 ranks they may take twice the instruction budget, so up to 512 chunks (on
 # sampled 6-GPU DGX-1 allocations +0.03 of the reference; past 6 ranks the planning time
 # would pass 1 s).
 HOST_CHUNKS_UP_TO = 6
-HOST_CHUNKS = 512
 MAX_ROOTED_INSTRUCTIONS = 4096   # broadcast / reduce at 8 ranks (one per tree edge and chunk),
                                  # growing with n^2 (see chunking.instruction_budget)
 SHALLOW_INSTRUCTIONS = 12288     # two-level trees, any n: they fill in one chunk time, and
@@ -114,21 +113,22 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
     require_connected(G, ranks)
     if collective == "allreduce":
         packing, caps = pack_both_ways(G, ranks, host=host)
-        s = _allreduce(packing, caps, nbytes, ranks, root, inplace, nchunks)
+        counted = _allreduce_counts(packing, caps, nbytes, n, nchunks)
+        s = _allreduce(packing, counted, ranks, root, inplace)
         if host and len(packing.trees) > 1:
             # Trees with host edges have unequal rates and PCIe-paced hops: on some DGX-1
             # allocations a lane per tree keeps a slow tree from holding up the others'
             # chunks on a shared lane (GPUs 0-4 of dgx1v: 0.94 of the reference against
             # 0.81), on others sharing lanes wins, so the simulator decides.
-            s = _faster(s, _allreduce(packing, caps, nbytes, ranks, root, inplace, nchunks,
-                                      own=True), topo, nbytes, ranks)
+            s = _faster(s, _allreduce(packing, counted, ranks, root, inplace, own=True),
+                        topo, nbytes, ranks)
         unit = None if packing.balanced or host else pack_unit_spanning_trees(G, ranks)
         if unit is not None:
             # LP trees of unequal rates against fewer equal unit trees on their own lanes:
             # on mi250_16gcd three unit trees reach 0.82 of the reference where the LP's
             # trees reach 0.79, but with a lower packing rate, so the simulator decides.
-            s = _faster(s, _allreduce(unit, caps, nbytes, ranks, root, inplace, nchunks,
-                                      own=True), topo, nbytes, ranks)
+            s = _faster(s, _allreduce(unit, _allreduce_counts(unit, caps, nbytes, n, nchunks),
+                                      ranks, root, inplace, own=True), topo, nbytes, ranks)
         return s
     else:
         packing, caps = pack_rooted(G, ranks, [ranks[root]], reverse=collective == "reduce",
@@ -162,13 +162,18 @@ def _shares(counts, at: dict, up: bool = False) -> list:
             for runs in runs_by_group(counts, lambda g: 0).values() for t, run in runs]
 
 
-def _allreduce(packing, caps, nbytes, ranks, root, inplace, nchunks, own=False) -> Schedule:
+def _allreduce_counts(packing, caps, nbytes, n, nchunks) -> tuple[int, list]:
+    """:func:`~.chunking.chunk_counts` of an allreduce packing used up and down."""
+    scale = 2 if n <= HOST_CHUNKS_UP_TO and packing.staged else 1
+    cands = [nchunks] if nchunks else _candidates("allreduce", nbytes, n, scale)
+    return chunk_counts(packing, caps, cands, passes=2)
+
+
+def _allreduce(packing, counted, ranks, root, inplace, own=False) -> Schedule:
+    """Reduce up and broadcast down ``packing``'s trees with ``counted`` = (chunks, counts)
+    from :func:`_allreduce_counts`; ``own``: a lane per tree."""
     n = len(ranks)
-    cands = [nchunks] if nchunks else _candidates("allreduce", nbytes, n)
-    if not nchunks and n <= HOST_CHUNKS_UP_TO and packing.staged:
-        cands = sorted(set(cands) | {c for c in _candidates("allreduce", nbytes, n, 2)
-                                     if c <= HOST_CHUNKS})
-    nch, counts = chunk_counts(packing, caps, cands, passes=2)
+    nch, counts = counted
     shares = _shares(counts, {g: i for i, g in enumerate(ranks)})
     b = ScheduleBuilder("allreduce", n, nch, root=root, inplace=inplace, algorithm="blink")
     em = TreeEmitter(b, 1 if own else SUBLANES)

@@ -112,12 +112,10 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
         packed = (_pack_allreduce(G, ranks, host=True) if collective == "allreduce" else
                   {collective: pack_rooted(G, ranks, ranks, collective == "reduce_scatter",
                                            host=True)})
-        s = _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
-        if collective == "allgather":   # as below: on 30 sampled DGX-1 allocations per-root
-            # lanes won 14 (up to +0.07 of the bound), lanes per link the rest
-            s = _faster(s, _schedule(packed, collective, nbytes, ranks, inplace, nchunks,
-                                     per_tree=True, sublanes=1), topo, nbytes, ranks)
-        return s
+        if collective == "allgather":   # on 30 sampled DGX-1 allocations per-root lanes
+            # won 14 (up to +0.07 of the bound), lanes per link the rest
+            return _faster_layout(packed, collective, nbytes, ranks, inplace, nchunks, topo)
+        return _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
     if collective == "allreduce":
         packed = _pack_allreduce(G, ranks)
         s = _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
@@ -128,15 +126,12 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
             s = _unless_lp_faster(s, rate, G, topo, nbytes, ranks, inplace, nchunks)
         return s
     packed = {collective: _pack(G, ranks, reverse=collective == "reduce_scatter")}
-    s = _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
     if collective == "allgather" and not packed[collective][0].balanced:
         # Unequal LP trees: whether a root's trees do better on one lane of their own per
         # link (the links' equal sharing then goes per root, not per transfer) depends on
-        # the fabric: +12% on mi250_16gcd, up to -7% on DGX-1 allocations. The simulator
-        # decides.
-        s = _faster(s, _schedule(packed, collective, nbytes, ranks, inplace, nchunks,
-                                 per_tree=True, sublanes=1), topo, nbytes, ranks)
-    return s
+        # the fabric: +12% on mi250_16gcd, up to -7% on DGX-1 allocations.
+        return _faster_layout(packed, collective, nbytes, ranks, inplace, nchunks, topo)
+    return _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
 
 
 def _pack_allreduce(G, ranks, balanced: bool = True, host: bool = False) -> dict:
@@ -144,11 +139,24 @@ def _pack_allreduce(G, ranks, balanced: bool = True, host: bool = False) -> dict
     return {"allgather": both[False], "reduce_scatter": both[True]}
 
 
+def _faster_layout(packed: dict, collective: str, nbytes: int, ranks: tuple, inplace: bool,
+                   nchunks, topo) -> Schedule:
+    """The forest on lanes per link or on a lane per root and link, whichever the simulator
+    finishes first; both share one chunk count."""
+    counted = _counts(packed, collective, nbytes, len(ranks), nchunks)
+    return _faster(_schedule(packed, collective, nbytes, ranks, inplace, nchunks,
+                             counted=counted),
+                   _schedule(packed, collective, nbytes, ranks, inplace, nchunks,
+                             per_tree=True, sublanes=1, counted=counted), topo, nbytes, ranks)
+
+
 def _schedule(packed: dict, collective: str, nbytes: int, ranks: tuple, inplace: bool,
-              nchunks, per_tree: bool | None = None, sublanes: int = SUBLANES) -> Schedule:
+              nchunks, per_tree: bool | None = None, sublanes: int = SUBLANES,
+              counted: tuple | None = None) -> Schedule:
+    """``counted``: :func:`_counts` of these arguments, when the caller has it already."""
     n = len(ranks)
     at = {g: i for i, g in enumerate(ranks)}
-    per_root, counts = _counts(packed, collective, nbytes, n, nchunks)
+    per_root, counts = counted or _counts(packed, collective, nbytes, n, nchunks)
     ag, rs = (counts.get(k) for k in ("allgather", "reduce_scatter"))
     nch = per_root * n if collective == "allreduce" else per_root
     b = ScheduleBuilder(collective, n, nch, inplace=inplace, algorithm="forest")
@@ -258,15 +266,15 @@ def _counts(packed: dict, collective: str, nbytes: int, n: int, nchunks) -> tupl
         unit = unit_bytes(collective, nbytes, n) / (n if collective == "allreduce" else 1)
         edges = len(packed) * n * (n - 1)       # one instruction per tree edge, chunk and phase
         budget = instruction_budget(n, MAX_INSTRUCTIONS) // edges
-        counts = CANDIDATE_CHUNKS
+        sizes = CANDIDATE_CHUNKS
         if any(p.staged for p, _ in packed.values()):
             if collective == "allgather":
                 budget = max(budget, HOST_CHUNKS)
             elif collective == "allreduce" and n <= HOST_WIDE_UP_TO:
                 budget *= HOST_WIDE_SCALE
-                counts += (2 * counts[-1],)
+                sizes += (2 * sizes[-1],)
         most = max(1, min(int(unit // MIN_CHUNK_BYTES), budget))
-        cands = [c for c in counts if c <= most] or [1]
+        cands = [c for c in sizes if c <= most] or [1]
     memo: dict = {phase: {} for phase in packed}
     chosen = {phase: chunk_counts(p, caps, cands, memo=memo[phase])
               for phase, (p, caps) in packed.items()}
