@@ -18,11 +18,37 @@ PRESET_CUT = {"dgx1p": 95.75, "dgx1v": 165.75, "dgx2": 150.0, "dgx_a100": 300.0,
               "dgx_h100": 450.0, "mi250_16gcd": 321.43, "mi300x": 448.0, "pcie_gen4_8gpu": 31.5}
 
 
+# What the hardware can run where the cut counts PCIe peer traffic CUDA sends over NVLink: two
+# GPUs below one PCIe switch share its 15.75 GB/s downlink from host memory.
+SPLIT = {"dgx1p": 80 + 15.75 / 2, "dgx1v": 150 + 15.75 / 2}
+
+
 @pytest.mark.parametrize("name", sorted(PRESET_CUT))
 def test_preset_cut_bound_matches_reference(name):
-    b = bounds(topo.load(name), "allgather")
-    assert b.bound_busbw == pytest.approx(PRESET_CUT[name], abs=0.01)
+    G = topo.load(name)
+    g = topo.gpus(G)
+    assert (len(g) - 1) * cut_rate(job_graph(G, g), g)[0] == pytest.approx(PRESET_CUT[name],
+                                                                          abs=0.01)
+    b = bounds(G, "allgather")
+    assert b.bound_busbw == pytest.approx(SPLIT.get(name, PRESET_CUT[name]), abs=0.01)
     assert b.kind == "allgather" and b.ceiling_busbw is None
+
+
+def test_split_switches_copy_nothing():
+    # DGX-1P GPUs 0, 1 (one PCIe switch) and 4, 5 (another), NVLinks 0-1, 0-4, 1-5, 4-5 at
+    # 20 GB/s. Each GPU takes in 3 units: GPUs 0 and 1 together 6, over 4 NVLinks (80) and one
+    # downlink (15.75), which their switch cannot copy onto both: x <= 95.75 / 6 per root. The
+    # cut bound, which lets the downlink feed both at 15.75, says 18.58.
+    G = topo.load("dgx1p")
+    four = ("GPU0", "GPU1", "GPU4", "GPU5")
+    assert bounds(G, "allgather", gpus=four).bound_busbw == pytest.approx(3 * 95.75 / 6)
+    assert 3 * cut_rate(job_graph(G, four), four)[0] == pytest.approx(3 * 18.5833, rel=1e-4)
+    # Broadcast from GPU0 to GPUs 2 and 3 (one switch; NVLinks 0-2, 0-3, 2-3): together they
+    # take in 2x over 40 GB/s from GPU0, 40 between them and the shared 15.75 downlink, where
+    # max-flow to either one alone is 20 + 20 + 15.75.
+    three = ("GPU0", "GPU2", "GPU3")
+    assert bounds(G, "broadcast", gpus=three).bound_busbw == pytest.approx((80 + 15.75) / 2)
+    assert bounds(G, "reduce", gpus=three).bound_busbw == pytest.approx((80 + 15.75) / 2)
 
 
 def test_line_of_three_needs_trees():

@@ -2,16 +2,20 @@
 
 All numbers are bus bandwidths (nccl-tests conventions) in GB/s per direction, at the topology's
 ``bw_gbps`` (line rates for the presets). GPUs outside the allocation are removed; switches, CPUs
-and NICs stay as relays that forward but never copy or reduce. A PCIe switch whose GPUs all
-share direct links with each other does not turn traffic around between them (CUDA sends their
-peer traffic over the direct link; their PCIe route climbs to the CPU):
-:mod:`collectx.planner.turnaround`.
+and NICs stay as relays that forward but never reduce (a CPU's memory may hold a copy that more
+than one GPU reads). A PCIe switch whose GPUs all share direct links with each other does not
+turn traffic around between them (CUDA sends their peer traffic over the direct link; their
+PCIe route climbs to the CPU): :mod:`collectx.planner.turnaround`. With such a switch split,
+cuts no longer see every shared link, and the bounds below marked *split* come from the
+multicast LP (:func:`multicast_rate`) instead.
 
 * allgather / reduce_scatter: the ForestColl cut bound
   ``busbw* = (N-1) * min_S B+(S) / |S ∩ C|`` over node sets ``S`` holding some but not all GPUs
   (reduce_scatter: ``B+`` of the reversed graph, as its in-trees are reversed out-trees).
   Computed exactly by Dinkelbach's parametric max-flow (:func:`cut_rate`), never by enumeration.
+  *Split*: every GPU multicasts at rate ``x``, ``busbw* = (N-1) x``.
 * broadcast / reduce from ``root``: ``min_v maxflow(root -> v)`` (``v -> root`` for reduce).
+  *Split*: the root multicasts (the reversed graph's, for reduce).
 * alltoall: the maximum concurrent multicommodity flow (one LP, flows aggregated per source),
   ``busbw = (N-1) * rate per GPU pair``; it is at most the cut form
   ``(N-1) * min_S B+(S) / (|S ∩ C| |C \\ S|)``.
@@ -122,9 +126,9 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
         return Bounds(collective, float("inf"), float("inf") if collective == "allreduce" else None,
                       float("inf"), None, "one GPU: nothing to move", gpus)
     # reduce-scatter runs allgather's trees reversed, so its cuts are those of the reversed graph.
-    # With split switches the cut is no longer tight (their uplinks carry relays both ways): the
-    # replicating-broadcast LP is.
-    rate = cut_rate if G is J else lambda H, c: (replicating_broadcast_rate(H, c),)
+    # With split switches the cut is no longer tight (their uplinks carry relays both ways, their
+    # downlinks feed several GPUs): the multicast LP is.
+    rate = cut_rate if G is J else lambda H, c: (multicast_rate(H, c),)
     x_ag = _memo("cut", G, gpus, lambda: rate(G, gpus)[0])
     x_rs = x_ag if _symmetric(J) else _memo(
         "cut_reversed", G, gpus, lambda: rate(G.reverse(copy=True), gpus)[0])
@@ -135,10 +139,15 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
                       f"ForestColl cut bound (N-1)*min_S B+(S)/|S∩C|{graph}", gpus)
     cut = (n - 1) * x_ag      # broadcast/reduce/alltoall report the allgather cut alongside
     if collective in ("broadcast", "reduce"):
-        flow = rooted_flow(G, gpus, gpus[root], inbound=collective == "reduce")
-        return Bounds(collective, flow, None, cut, None,
-                      f"min over v of maxflow {'v -> root' if collective == 'reduce' else 'root -> v'}",
-                      gpus)
+        inbound = collective == "reduce"
+        if G is J:
+            flow = rooted_flow(G, gpus, gpus[root], inbound=inbound)
+            notes = f"min over v of maxflow {'v -> root' if inbound else 'root -> v'}"
+        else:   # a split switch's downlink feeds all its GPUs: no single max-flow sees that
+            flow = _memo(f"multicast{root}{collective}", G, gpus, lambda: multicast_rate(
+                G.reverse(copy=True) if inbound else G, gpus, [root]))
+            notes = "multicast LP from the root (switches copy nothing)"
+        return Bounds(collective, flow, None, cut, None, notes, gpus)
     if collective == "alltoall":
         a2a = (n - 1) * alltoall_rate(G, gpus)
         return Bounds(collective, a2a, None, a2a, None,
@@ -273,60 +282,85 @@ def alltoall_rate(G: nx.DiGraph, gpus) -> float:
     return float(res.x[-1])
 
 
-def replicating_broadcast_rate(G: nx.DiGraph, gpus) -> float:
-    """Largest rate ``x`` at which every GPU can broadcast its data to all others at once, when
-    every node may copy what passes through it (an LP relaxation of the allgather optimum).
+COPIERS = ("gpu", "cpu")   # nodes that can store what they receive and send it again
+
+
+def multicast_rate(G: nx.DiGraph, gpus, roots=None) -> float:
+    """Largest rate ``x`` at which every root (default: every GPU) can send its data to all
+    other GPUs at once: an LP relaxation of the allgather (or, with one root, broadcast)
+    optimum in which GPUs and CPUs (host memory) may copy what passes through them and
+    switches only forward.
 
     Why: the cut bound is the allgather optimum on graphs whose relays pass on what they take
     in (ForestColl's edge splitting), but not once a switch is split into an upward and a
     downward half (:mod:`.turnaround`): two GPUs relaying to each other through the CPU share
-    its uplink, which no single cut sees. Letting relays replicate only loosens the problem, so
-    this is still an upper bound, and on balanced graphs it equals the cut bound.
+    its uplink, and two GPUs below one switch share its downlink, which no single cut sees.
+    Copying at GPUs and CPUs only loosens the problem, so this is still an upper bound.
 
     Rows: conservation per (root, destination, node); the flow of each (root, destination)
-    over a link is at most the root's usage ``y`` of it; the roots' usages share each link.
+    over a link is at most the root's usage ``y`` of it; the roots' usages share each link; a
+    switch sends on no more of a root's data than it receives (it copies nothing).
 
     >>> from collectx.topology import load
     >>> from collectx.planner.edge_split import job_graph
     >>> from collectx.planner.turnaround import without_turnarounds
     >>> H = without_turnarounds(job_graph(load("dgx1v"), ["GPU0", "GPU1"]), ["GPU0", "GPU1"])
-    >>> round(cut_rate(H, ["GPU0", "GPU1"])[0], 3), round(replicating_broadcast_rate(H, ["GPU0", "GPU1"]), 3)
+    >>> round(cut_rate(H, ["GPU0", "GPU1"])[0], 3), round(multicast_rate(H, ["GPU0", "GPU1"]), 3)
     (40.75, 32.875)
+
+    Four DGX-1P GPUs, two below each of two PCIe switches: each switch's downlink feeds both
+    of its GPUs, so PCIe adds 15.75 GB/s per pair, not per GPU (the cut counts 18.58 per root).
+
+    >>> four = ["GPU0", "GPU1", "GPU4", "GPU5"]
+    >>> round(multicast_rate(without_turnarounds(job_graph(load("dgx1p"), four), four), four), 3)
+    15.958
     """
     index = LinkIndex.of(G)
     nodes = {v: i for i, v in enumerate(index.nodes)}
-    m, nv, n = len(index.links), len(index.nodes), len(gpus)
-    pairs = [(r, v) for r in range(n) for v in range(n) if r != v]
-    nf, ny = len(pairs) * m, n * m
+    m, nv = len(index.links), len(index.nodes)
+    roots = list(range(len(gpus))) if roots is None else list(roots)
+    pairs = [(k, v) for k, r in enumerate(roots) for v in range(len(gpus)) if v != r]
+    nf, ny = len(pairs) * m, len(roots) * m
     x_col = nf + ny
     eq_r, eq_c, eq_v = [], [], []
-    for k, (r, v) in enumerate(pairs):
+    for p, (k, v) in enumerate(pairs):
         for e, (a, b) in enumerate(index.links):
-            eq_r += [k * nv + nodes[a], k * nv + nodes[b]]
-            eq_c += [k * m + e, k * m + e]
+            eq_r += [p * nv + nodes[a], p * nv + nodes[b]]
+            eq_c += [p * m + e, p * m + e]
             eq_v += [1.0, -1.0]               # net outflow per node
-        eq_r += [k * nv + nodes[gpus[r]], k * nv + nodes[gpus[v]]]
+        eq_r += [p * nv + nodes[gpus[roots[k]]], p * nv + nodes[gpus[v]]]
         eq_c += [x_col, x_col]
         eq_v += [-1.0, 1.0]                   # the root emits x, the destination absorbs it
     A_eq = sp.csr_matrix((eq_v, (eq_r, eq_c)), shape=(len(pairs) * nv, x_col + 1))
     ub_r, ub_c, ub_v = [], [], []
-    for k, (r, _) in enumerate(pairs):        # f[k, e] - y[r, e] <= 0
+    for p, (k, _) in enumerate(pairs):        # f[p, e] - y[k, e] <= 0
         for e in range(m):
-            row = k * m + e
-            ub_r += [row, row]
-            ub_c += [k * m + e, nf + r * m + e]
+            ub_r += [p * m + e, p * m + e]
+            ub_c += [p * m + e, nf + k * m + e]
             ub_v += [1.0, -1.0]
-    for r in range(n):                        # sum over roots of y[r, e] <= cap[e]
+    for k in range(len(roots)):               # sum over roots of y[k, e] <= cap[e]
         for e in range(m):
             ub_r.append(nf + e)
-            ub_c.append(nf + r * m + e)
+            ub_c.append(nf + k * m + e)
             ub_v.append(1.0)
-    A_ub = sp.csr_matrix((ub_v, (ub_r, ub_c)), shape=(nf + m, x_col + 1))
-    b_ub = np.concatenate([np.zeros(nf), np.asarray(index.caps, dtype=float)])
+    row = nf + m
+    kinds = dict(G.nodes(data="kind"))
+    for w in (w for w in index.nodes if kinds.get(w) not in COPIERS):
+        touching = [(e, 1.0 if a == w else -1.0) for e, (a, b) in enumerate(index.links)
+                    if w in (a, b)]
+        for k in range(len(roots)):           # out - in of root k's data at a switch <= 0
+            for e, sign in touching:
+                ub_r.append(row)
+                ub_c.append(nf + k * m + e)
+                ub_v.append(sign)
+            row += 1
+    A_ub = sp.csr_matrix((ub_v, (ub_r, ub_c)), shape=(row, x_col + 1))
+    b_ub = np.concatenate([np.zeros(nf), np.asarray(index.caps, dtype=float),
+                           np.zeros(row - nf - m)])
     c = np.zeros(x_col + 1)
     c[-1] = -1.0
     res = linprog(c, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=np.zeros(len(pairs) * nv),
                   bounds=(0, None), method="highs")
     if res.status != 0:
-        raise PlanError(f"allgather flow LP failed: {res.message}")
+        raise PlanError(f"multicast flow LP failed: {res.message}")
     return float(res.x[-1])
