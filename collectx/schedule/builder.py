@@ -93,10 +93,18 @@ class ScheduleBuilder:
         >>> b = ScheduleBuilder("allreduce", 2, nchunks=4)
         >>> b.fresh("scratch", 0, Ref(1, "input", 6)), b.fresh("scratch", 0, Ref(1, "input", 2))
         (Ref(rank=0, buf='scratch', chunk=2, count=1), Ref(rank=0, buf='scratch', chunk=6, count=1))
+
+        A run of several chunks holds every index it covers:
+
+        >>> b = ScheduleBuilder("broadcast", 2, nchunks=4)
+        >>> b.fresh("host", 0, Ref(0, "input", 1, 2)), b.fresh("host", 0, Ref(0, "input", 2))
+        (Ref(rank=0, buf='host', chunk=1, count=2), Ref(rank=0, buf='host', chunk=6, count=1))
         """
         i = like.chunk % self.nchunks
-        k = self._fresh_next.get((buf, rank, i), 0)
-        self._fresh_next[buf, rank, i] = k + 1
+        span = range(i, min(i + like.count, self.nchunks))   # a run holds each of its indices
+        k = max(self._fresh_next.get((buf, rank, x), 0) for x in span)
+        for x in span:
+            self._fresh_next[buf, rank, x] = k + 1
         units = self._fresh_units.setdefault((buf, rank), [])
         while len(units) <= k:
             units.append(self.host(rank, 1) if buf == "host" else self.scratch(rank, 1))
