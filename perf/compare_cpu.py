@@ -9,7 +9,10 @@ table is printed with ratio columns (collectx / MPI, collectx / gloo). Benchmark
 
 On a shared machine, --repeat N runs the backends round-robin N times (collectx, MPI, gloo,
 collectx, ...) and reports each backend's median time per point, so a burst of load from other
-work shifts one round, not one backend.
+work shifts one round, not one backend. Before each round a probe of the machine itself (two
+processes exchanging 1 MiB through shared memory with numpy, :mod:`_probe`) is timed and printed
+under the table: on this VM it swings by about 3x for seconds at a time, and a round that ran
+while it was slow says so.
 
 busbw follows nccl-tests: allreduce 2(n-1)/n, allgather/reduce_scatter (n-1)/n of the full
 buffer (allgather output, reduce_scatter input).
@@ -37,6 +40,7 @@ import time
 import numpy as np
 
 from _checkout import ROOT  # this checkout's collectx first (also for the mpirun workers)
+from _probe import exchange_us
 
 FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
           "reduce_scatter": lambda n: (n - 1) / n}
@@ -156,15 +160,28 @@ def run_mpi(n, cases, budget, bind):
         return json.load(open(f.name))
 
 
-def rounds(n, cases, budget, skip, repeat, bind):
-    """Median time per case of each backend over ``repeat`` round-robin rounds."""
+def rounds(n, cases, budget, skip, repeat, bind, probes=None):
+    """Median time per case of each backend over ``repeat`` round-robin rounds. ``probes``
+    (a dict) collects :func:`_probe.exchange_us` taken before each backend's round."""
     none = [float("nan")] * len(cases)
     runs = {"cx": [], "mpi": [], "gloo": []}
+    probes = {} if probes is None else probes
+    run = {"cx": run_collectx, "mpi": run_mpi, "gloo": run_gloo}
     for _ in range(repeat):
-        runs["cx"].append(run_collectx(n, cases, budget, bind))
-        runs["mpi"].append(run_mpi(n, cases, budget, bind) if "mpi" not in skip else none)
-        runs["gloo"].append(run_gloo(n, cases, budget, bind) if "gloo" not in skip else none)
+        for k in ("cx", "mpi", "gloo"):
+            if k in skip:
+                runs[k].append(none)
+                continue
+            probes.setdefault(k, []).append(exchange_us())
+            runs[k].append(run[k](n, cases, budget, bind))
     return [[float(np.median(col)) for col in zip(*runs[k])] for k in ("cx", "mpi", "gloo")]
+
+
+def probe_lines(n, probes) -> str:
+    """One line per backend: the machine probe before each of its rounds."""
+    names = {"cx": "collectx", "mpi": "Open MPI", "gloo": "gloo"}
+    return "\n".join(f"  {n} ranks, before {names[k]:<8} rounds: "
+                     + " ".join(f"{t:.0f}" for t in ts) for k, ts in probes.items())
 
 
 def table(rows) -> str:
@@ -201,10 +218,13 @@ def main(argv=None) -> int:
         if res is not None:
             json.dump(res, open(a.mpi_worker, "w"))
         return 0
-    rows = []
+    rows, notes = [], []
+    skip = {k.strip() for k in a.skip.split(",")} & {"mpi", "gloo"}
     for n in map(int, a.ranks.split(",")):
         cases = [(c, parse_size(s)) for c in a.colls.split(",") for s in a.sizes.split(",")]
-        cx, mpi, gloo = rounds(n, cases, a.budget, a.skip, max(1, a.repeat), a.bind)
+        probes: dict = {}
+        cx, mpi, gloo = rounds(n, cases, a.budget, skip, max(1, a.repeat), a.bind, probes)
+        notes.append(probe_lines(n, probes))
         for (coll, nbytes), t_cx, t_mpi, t_gl in zip(cases, cx, mpi, gloo):
             f = FACTOR[coll](n)
             bw = lambda t: nbytes / t * f / 1e9 if t == t and t > 0 else float("nan")  # noqa
@@ -214,6 +234,9 @@ def main(argv=None) -> int:
                          "gloo_busbw": bw(t_gl), "ratio_mpi": t_mpi / t_cx,
                          "ratio_gloo": t_gl / t_cx})
     print(table(rows))
+    print("\nmachine probe (us per 1 MiB exchange between the first two CPUs, numpy only; "
+          "rounds that ran on a steadier or faster machine show here):")
+    print("\n".join(notes))
     if a.json:
         with open(a.json, "w") as f:
             for r in rows:
