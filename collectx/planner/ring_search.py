@@ -62,20 +62,52 @@ def find_rings(topo: nx.DiGraph, ranks: tuple[str, ...],
     n = len(ranks)
     if n == 1:
         return [Ring((0,), 0.0, ())]  # nothing to send: no hop, no bandwidth
-    residual = {(u, v): float(bw or 0.0) for u, v, bw in topo.edges(data="bw_gbps")}
-    rings: list[Ring] = []
     cache: dict = {}  # fixed routes, per call: planners keep no state between calls
-    while len(rings) < max_channels:
-        ring = _best_ring(topo, ranks, residual, cache)
-        if ring is None or (rings and ring.bw_gbps < MIN_RING_FRACTION * rings[0].bw_gbps):
-            break
-        for edge, k in _link_use(ring.routes).items():
-            residual[edge] -= k * ring.bw_gbps
-        rings.append(ring)
+    # Greedy rings can block each other: on a DGX-1P the first three widest rings leave no
+    # fourth, where two rings each taken with its reverse cover every NVLink both ways (80
+    # GB/s per GPU against 60). So rings are also packed in pairs, and the wider set wins.
+    rings = max((_greedy(topo, ranks, max_channels, cache, paired) for paired in (False, True)),
+                key=lambda rs: sum(r.bw_gbps for r in rs) * (1 - _EPS * len(rs)))
     if not rings:
         raise NoFeasiblePlan(f"no ring through {', '.join(ranks)}: some rank cannot reach "
                              f"another without relaying through a third; use tree or direct")
     return rings
+
+
+def _greedy(topo, ranks, max_channels: int, cache: dict, paired: bool) -> list[Ring]:
+    """Widest rings one after another in the residual capacity; ``paired``: each ring is
+    followed by its reverse, where the reverse keeps the ring's bandwidth."""
+    residual = {(u, v): float(bw or 0.0) for u, v, bw in topo.edges(data="bw_gbps")}
+    rings: list[Ring] = []
+
+    def take(ring: Ring) -> None:
+        for edge, k in _link_use(ring.routes).items():
+            residual[edge] -= k * ring.bw_gbps
+        rings.append(ring)
+
+    while len(rings) < max_channels:
+        ring = _best_ring(topo, ranks, residual, cache)
+        if ring is None or (rings and ring.bw_gbps < MIN_RING_FRACTION * rings[0].bw_gbps):
+            break
+        take(ring)
+        if paired and len(rings) < max_channels and len(ranks) > 2:
+            back = _ring_of(topo, ranks, ring.order[:1] + ring.order[:0:-1], residual, cache)
+            if back is not None and back.bw_gbps >= ring.bw_gbps * (1 - 1e-6):
+                take(back)
+    return rings
+
+
+def _ring_of(topo, ranks, order, residual, cache) -> Ring | None:
+    """The ring visiting ``order``, its hops routed as :func:`_best_ring` routes them."""
+    avoid = frozenset(ranks)
+    routes = []
+    for a, b in zip(order, order[1:] + order[:1]):
+        bw, route = _hop(topo, residual, ranks[a], ranks[b], avoid, cache)
+        if bw <= _EPS:
+            return None
+        routes.append(route)
+    bw = min(residual[e] / k for e, k in _link_use(routes).items())
+    return Ring(tuple(order), bw, tuple(routes)) if bw > _EPS else None
 
 
 def _link_use(routes) -> Counter:
