@@ -33,8 +33,20 @@ def test_dgx1v_prefers_nvlink_rings_and_falls_back_to_pcie():
     assert only.bw_gbps == 6.0
 
 
-def test_rings_never_oversubscribe_a_link():
-    G = T.load("dgx1v")
+def test_dgx1p_rings_cover_every_nvlink_both_ways():
+    # Hybrid cube-mesh, four 20 GB/s NVLinks per GPU: the widest rings taken one by one leave
+    # no fourth after three; two Hamiltonian cycles, each used both ways, use every link.
+    G = T.load("dgx1p")
+    rings = find_rings(G, _ranks(G))
+    assert [r.bw_gbps for r in rings] == [20.0] * 4
+    hops = [(r.order[i], r.order[(i + 1) % 8]) for r in rings for i in range(8)]
+    assert len(set(hops)) == 32                       # 16 links, each direction once
+    assert rings[1].order == rings[0].order[:1] + rings[0].order[:0:-1]   # a ring's reverse
+
+
+@pytest.mark.parametrize("name", ["dgx1p", "dgx1v"])
+def test_rings_never_oversubscribe_a_link(name):
+    G = T.load(name)
     use = {}
     for r in find_rings(G, _ranks(G)):
         for route in r.routes:
