@@ -103,7 +103,7 @@ def plan_hierarchical(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str,
     builder.meta("nodes", [list(n) for n in nodes])
     builder.meta("intra", intra)
     builder.meta("pieces", pieces)
-    flat = flat_ring_busbw(topo, ranks, nodes)
+    flat = flat_ring_busbw(topo, ranks, nodes, collective, nbytes)
     if flat is not None:
         builder.meta("flat_ring_busbw", flat)
     return builder.build()
@@ -166,26 +166,31 @@ def suits(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str) -> bool:
     return len(set(counts.values())) == 1
 
 
-def flat_ring_busbw(topo: nx.DiGraph, ranks: tuple[str, ...], nodes) -> float | None:
-    """Busbw (GB/s) of flat rings over all ranks, for comparison with the hierarchical plan.
+def flat_ring_busbw(topo: nx.DiGraph, ranks: tuple[str, ...], nodes, collective: str = "allreduce",
+                    nbytes: int = 1 << 30) -> float | None:
+    """Predicted busbw (GB/s) of flat rings over all ranks, for comparison with the hierarchical
+    plan: the simulated ring plan over the first two machines.
 
-    A ring's busbw is the summed bandwidth of the rings packed into the links, and every
-    machine boundary of a flat ring looks alike, so the rings packed over the first two
-    machines give it (packing or simulating rings over 128 GPUs takes minutes). None with
-    fewer than two machines or when no ring is found.
+    Every machine boundary of a flat ring looks alike, so two machines show its rate (planning
+    or simulating rings over 128 GPUs takes minutes); more machines only add hops, so the
+    figure is, if anything, the flat ring's best case. It is simulated rather than summed from
+    the rings' bandwidths: pipeline fill and per-hop latency are part of what a flat ring
+    costs (two dgx_h100 machines joined by eight 50 GB/s rails: rings of 400 GB/s in all,
+    simulated 364). None with fewer than two machines or when no ring plan exists.
     """
-    from .ring_search import find_rings
-    if len(nodes) < 2:
+    from ..schedule.simulate import simulate
+    from .ring import SUPPORTED as RING_COLLECTIVES, plan_ring
+    if len(nodes) < 2 or collective not in RING_COLLECTIVES:
         return None
     part = _node_of(topo)
     ids = tuple(ranks[r] for node in nodes[:2] for r in node)
     keep = {part[i] for i in ids}
     view = topo.subgraph([v for v in topo if part.get(v, -1) in keep or v not in part]).copy()
     try:
-        rings = find_rings(view, ids)
+        ring = plan_ring(view, ids, collective, nbytes)
     except PlanError:
         return None
-    return float(sum(r.bw_gbps for r in rings)) or None
+    return simulate(ring, view, nbytes, ranks=list(ids)).busbw_GBps or None
 
 
 def _node_of(topo: nx.DiGraph) -> dict:
