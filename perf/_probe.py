@@ -21,7 +21,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 NBYTES = 1 << 20
-_FLAGS = 64          # bytes of flags after the two halves (own cache line)
+_FLAGS = 64          # the two int64 flags after the halves, on a cache line of their own
 
 
 def exchange_us(iters: int = 300, nbytes: int = NBYTES, timeout_s: float = 30.0) -> float:
@@ -32,7 +32,7 @@ def exchange_us(iters: int = 300, nbytes: int = NBYTES, timeout_s: float = 30.0)
     if len(cpus) < 2:
         return float("nan")
     n = nbytes // 4
-    shm = shared_memory.SharedMemory(create=True, size=2 * nbytes + 2 * _FLAGS)
+    shm = shared_memory.SharedMemory(create=True, size=2 * nbytes + _FLAGS)
     try:
         ctx = mp.get_context("fork")
         out = ctx.Queue()

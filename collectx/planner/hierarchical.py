@@ -166,20 +166,21 @@ def suits(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str) -> bool:
     return len(set(counts.values())) == 1
 
 
-def flat_ring_busbw(topo: nx.DiGraph, ranks: tuple[str, ...], nodes, collective: str = "allreduce",
-                    nbytes: int = 1 << 30) -> float | None:
+def flat_ring_busbw(topo: nx.DiGraph, ranks: tuple[str, ...], nodes,
+                    collective: str = "allreduce", nbytes: int = 1 << 30) -> float | None:
     """Predicted busbw (GB/s) of flat rings over all ranks, for comparison with the hierarchical
-    plan: the simulated ring plan over the first two machines.
+    plan: the ring plan over the first two machines, predicted as every plan is
+    (:func:`~.select.predict`).
 
     Every machine boundary of a flat ring looks alike, so two machines show its rate (planning
     or simulating rings over 128 GPUs takes minutes); more machines only add hops, so the
     figure is, if anything, the flat ring's best case. It is simulated rather than summed from
     the rings' bandwidths: pipeline fill and per-hop latency are part of what a flat ring
     costs (two dgx_h100 machines joined by eight 50 GB/s rails: rings of 400 GB/s in all,
-    simulated 364). None with fewer than two machines or when no ring plan exists.
+    predicted 364). None with fewer than two machines or when no ring plan exists.
     """
-    from ..schedule.simulate import simulate
     from .ring import SUPPORTED as RING_COLLECTIVES, plan_ring
+    from .select import predict
     if len(nodes) < 2 or collective not in RING_COLLECTIVES:
         return None
     part = _node_of(topo)
@@ -190,7 +191,8 @@ def flat_ring_busbw(topo: nx.DiGraph, ranks: tuple[str, ...], nodes, collective:
         ring = plan_ring(view, ids, collective, nbytes)
     except PlanError:
         return None
-    return simulate(ring, view, nbytes, ranks=list(ids)).busbw_GBps or None
+    predicted = predict(ring, view, nbytes, ids, "ring")
+    return getattr(predicted, "busbw_GBps", None) or None
 
 
 def _node_of(topo: nx.DiGraph) -> dict:

@@ -106,6 +106,12 @@ def _ring_of(topo, ranks, order, residual, cache) -> Ring | None:
         if bw <= _EPS:
             return None
         routes.append(route)
+    return _priced(order, routes, residual)
+
+
+def _priced(order, routes, residual) -> Ring | None:
+    """The ring over ``routes`` at the bandwidth its busiest residual link leaves it (a link
+    its routes cross k times gives each crossing 1/k), or None when that is nothing."""
     bw = min(residual[e] / k for e, k in _link_use(routes).items())
     return Ring(tuple(order), bw, tuple(routes)) if bw > _EPS else None
 
@@ -139,9 +145,8 @@ def _widest_ring(n, hops, residual) -> Ring | None:
     for t in sorted({bw for bw, _ in hops.values()}, reverse=True):
         order = _hamiltonian(n, {k: v[0] for k, v in hops.items() if v[0] >= t - _EPS})
         if order is not None:
-            routes = tuple(hops[a, b][1] for a, b in zip(order, order[1:] + order[:1]))
-            bw = min(residual[e] / k for e, k in _link_use(routes).items())
-            return Ring(order, bw, routes) if bw > _EPS else None
+            return _priced(order, [hops[a, b][1] for a, b in zip(order, order[1:] + order[:1])],
+                           residual)
     return None
 
 
