@@ -98,8 +98,10 @@ def test_run_cli_starts_n_ranks_that_find_each_other(tmp_path):
 
 def test_run_cli_bind_to_core_pins_each_rank(tmp_path):
     script = tmp_path / "where.py"
-    script.write_text("import os; print(os.environ['COLLECTX_RANK'], "
-                      "sorted(os.sched_getaffinity(0)), flush=True)\n")
+    # one os.write per rank: a line under PIPE_BUF reaches the shared pipe whole, where print
+    # may split it into several writes (it does when PYTHONUNBUFFERED is set)
+    script.write_text("import os; os.write(1, (os.environ['COLLECTX_RANK'] + ' ' + "
+                      "str(sorted(os.sched_getaffinity(0))) + '\\n').encode())\n")
     cpus = sorted(os.sched_getaffinity(0))
     n = min(2, len(cpus))
     p = subprocess.run([sys.executable, "-m", "collectx.run", "-n", str(n), "--bind-to", "core",
