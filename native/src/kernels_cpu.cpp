@@ -133,6 +133,13 @@ template <class T, class Op> struct streams_ok {
                             (std::is_same<Op, cx_op_sum>::value || std::is_same<Op, cx_op_prod>::value);
 };
 
+// Written out rather than Op::apply: a 32-byte vector through a non-AVX function's ABI.
+template <class Op, class V>
+__attribute__((target("avx2"), always_inline)) inline V combine(V a, V b) {
+  if constexpr (std::is_same<Op, cx_op_sum>::value) return a + b;
+  else return a * b;
+}
+
 // 2..8 sources, dst aligned to sizeof(T); AVX2 only (the caller checks the CPU).
 template <class T, class Op>
 __attribute__((target("avx2"))) void reduce_streaming(T* dst, const T* const* srcs, int k,
@@ -142,14 +149,32 @@ __attribute__((target("avx2"))) void reduce_streaming(T* dst, const T* const* sr
   size_t head = std::min(n, ((32 - (uintptr_t(dst) & 31)) & 31) / sizeof(T));
   reduce_native<T, Op>(dst, srcs, k, head);  // scalar up to the first 32-byte boundary
   size_t i = head;
+  // U vectors (two cache lines) per source per step: each step asks the memory system for two
+  // whole lines of every input and writes two whole lines, which kept more misses in flight
+  // than one vector per step (perf/kernels.py, k = 8 at 4-64 MiB: about 10% more bandwidth).
+  constexpr int U = 4;
+  for (; i + U * L <= n; i += U * L) {
+    V acc[U], x;
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++) memcpy(&acc[u], srcs[0] + i + u * L, sizeof x);
+    for (int j = 1; j < k; j++) {
+#pragma GCC unroll 4
+      for (int u = 0; u < U; u++) {
+        memcpy(&x, srcs[j] + i + u * L, sizeof x);
+        acc[u] = combine<Op>(acc[u], x);
+      }
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + u * L),
+                          reinterpret_cast<__m256i&>(acc[u]));
+  }
   for (; i + L <= n; i += L) {
     V acc, x;
     memcpy(&acc, srcs[0] + i, sizeof acc);
     for (int j = 1; j < k; j++) {
       memcpy(&x, srcs[j] + i, sizeof x);
-      // Written out rather than Op::apply: a 32-byte vector through a non-AVX function's ABI.
-      if constexpr (std::is_same<Op, cx_op_sum>::value) acc = acc + x;
-      else acc = acc * x;
+      acc = combine<Op>(acc, x);
     }
     _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<__m256i&>(acc));
   }
