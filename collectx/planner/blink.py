@@ -115,11 +115,12 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         packing, caps = pack_both_ways(G, ranks, host=host)
         counted = _allreduce_counts(packing, caps, nbytes, n, nchunks)
         s = _allreduce(packing, counted, ranks, root, inplace)
-        if host and len(packing.trees) > 1:
-            # Trees with host edges have unequal rates and PCIe-paced hops: on some DGX-1
-            # allocations a lane per tree keeps a slow tree from holding up the others'
-            # chunks on a shared lane (GPUs 0-4 of dgx1v: 0.94 of the reference against
-            # 0.81), on others sharing lanes wins, so the simulator decides.
+        if len(packing.trees) > 1:
+            # Trees of unequal rates (and PCIe-paced host hops): on many DGX-1 allocations a
+            # lane per tree keeps a slow tree from holding up the others' chunks on a shared
+            # lane (GPUs 0-4 of dgx1v with host edges: 0.94 of the reference against 0.81;
+            # GPUs 0-4, 6, 7 on NVLink alone: 108.6 GB/s busbw against 92.1), on others
+            # sharing lanes wins, so the simulator decides.
             s = _faster(s, _allreduce(packing, counted, ranks, root, inplace, own=True),
                         topo, nbytes, ranks)
         unit = None if packing.balanced or host else pack_unit_spanning_trees(G, ranks)
