@@ -47,6 +47,7 @@ CANDIDATE_CHUNKS = (16, 32, 64, 128, 256, 512)
 # sampled 6-GPU DGX-1 allocations +0.03 of the reference; past 6 ranks the planning time
 # would pass 1 s).
 HOST_CHUNKS_UP_TO = 6
+TREE_LANES = 4                 # most lanes per link one allreduce tree gets with lanes of its own
 MAX_ROOTED_INSTRUCTIONS = 4096   # broadcast / reduce at 8 ranks (one per tree edge and chunk),
                                  # growing with n^2 (see chunking.instruction_budget)
 SHALLOW_INSTRUCTIONS = 12288     # two-level trees, any n: they fill in one chunk time, and
@@ -120,9 +121,12 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
             # lane per tree keeps a slow tree from holding up the others' chunks on a shared
             # lane (GPUs 0-4 of dgx1v with host edges: 0.94 of the reference against 0.81;
             # GPUs 0-4, 6, 7 on NVLink alone: 108.6 GB/s busbw against 92.1), on others
-            # sharing lanes wins, so the simulator decides.
-            s = _faster(s, _allreduce(packing, counted, ranks, root, inplace, own=True),
-                        topo, nbytes, ranks)
+            # sharing lanes wins, so the simulator decides. Trees of unequal chunk counts may
+            # also take lanes in proportion (up to TREE_LANES each).
+            sizes = [n for _, n in counted[1]]
+            for lanes in (1, TREE_LANES) if max(sizes) >= 1.5 * min(sizes) else (1,):
+                s = _faster(s, _allreduce(packing, counted, ranks, root, inplace, own=True,
+                                          tree_lanes=lanes), topo, nbytes, ranks)
         unit = None if packing.balanced or host else pack_unit_spanning_trees(G, ranks)
         if unit is not None:
             # LP trees of unequal rates against fewer equal unit trees on their own lanes:
@@ -170,14 +174,15 @@ def _allreduce_counts(packing, caps, nbytes, n, nchunks) -> tuple[int, list]:
     return chunk_counts(packing, caps, cands, passes=2)
 
 
-def _allreduce(packing, counted, ranks, root, inplace, own=False) -> Schedule:
+def _allreduce(packing, counted, ranks, root, inplace, own=False, tree_lanes=1) -> Schedule:
     """Reduce up and broadcast down ``packing``'s trees with ``counted`` = (chunks, counts)
-    from :func:`_allreduce_counts`; ``own``: a lane per tree."""
+    from :func:`_allreduce_counts`; ``own``: lanes of its own for every tree, up to
+    ``tree_lanes`` per link (see :meth:`TreeEmitter._tree_keys`)."""
     n = len(ranks)
     nch, counts = counted
     shares = _shares(counts, {g: i for i, g in enumerate(ranks)})
     b = ScheduleBuilder("allreduce", n, nch, root=root, inplace=inplace, algorithm="blink")
-    em = TreeEmitter(b, 1 if own else SUBLANES)
+    em = TreeEmitter(b, 1 if own else SUBLANES, tree_lanes=tree_lanes)
     _emit_allreduce(b, em, shares, own=own)
     return _finish(b, em, shares, packing)
 

@@ -1,0 +1,41 @@
+"""Trees with lanes of their own: a tree gets lanes in proportion to its share of the chunks."""
+
+from __future__ import annotations
+
+import collectx.topology as topo
+from collectx.planner.blink import plan_blink
+from collectx.planner.edge_split import job_gpus
+from collectx.planner.select import upper_busbw
+from collectx.planner.treesched import Share, TreeEmitter
+from collectx.schedule import ScheduleBuilder, simulate, verify
+
+
+def _lanes_used(tree_lanes: int) -> list[int]:
+    counts = (8, 2, 4)
+    firsts = (0, 8, 10)
+    shares = [Share(0, ((0, 1),), tuple(range(f, f + n))) for f, n in zip(firsts, counts)]
+    em = TreeEmitter(ScheduleBuilder("broadcast", 2, sum(counts)), 1, tree_lanes=tree_lanes)
+    key = em._tree_keys(shares)
+    return [len({key(s, i) for i in range(len(s.chunks))}) for s in shares]
+
+
+def test_trees_take_lanes_in_proportion_to_their_chunks():
+    assert _lanes_used(4) == [4, 1, 2]
+    assert _lanes_used(2) == [2, 1, 2]
+    assert _lanes_used(1) == [1, 1, 1]
+
+
+def test_unequal_trees_reach_near_their_packing_rate():
+    # Seven DGX-1V GPUs without GPU5: the packing's eight trees run at 25, 12.5 and 6.25 GB/s.
+    # With every tree on one lane per link the links split evenly between the trees that meet
+    # there and the allreduce reached 0.84 of the packing's rate (0.72 with shared lanes);
+    # with lanes in proportion, 0.88.
+    G = topo.load("dgx1v")
+    gpus = job_gpus(G)
+    ranks = tuple(gpus[i] for i in (0, 1, 2, 3, 4, 6, 7))
+    view = G.copy()
+    view.remove_node(gpus[5])   # another job's GPU relays nothing
+    s = plan_blink(view, ranks, "allreduce", 1 << 30)
+    verify(s)
+    busbw = simulate(s, view, 1 << 30, ranks=list(ranks)).busbw_GBps
+    assert busbw >= 0.87 * upper_busbw(s, len(ranks))
