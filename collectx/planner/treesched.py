@@ -215,11 +215,13 @@ class TreeEmitter:
         the two meet (GPUs 0-4, 6, 7 of dgx1v, trees at 25 / 12.5 / 6.25 GB/s: 0.88 of the
         packing's rate with up to four lanes per tree against 0.84 with one)."""
         fewest = min((len(s.chunks) for s in shares if s.chunks), default=1)
-        number: dict = {}
+        tree: dict = {}   # id(share) -> (tree number, lanes)
+        for s in shares:
+            tree[id(s)] = (len(tree), max(1, min(self.tree_lanes, round(len(s.chunks) / fewest))))
 
         def key(share, i: int) -> tuple:
-            lanes = max(1, min(self.tree_lanes, round(len(share.chunks) / fewest)))
-            return ("tree", number.setdefault(id(share), len(number)), i % lanes)
+            number, lanes = tree[id(share)]
+            return ("tree", number, i % lanes)
         return key
 
     def self_copy(self, rank: int, dst: Ref, src: Ref) -> None:
