@@ -64,12 +64,17 @@ __attribute__((target("avx2"))) static void reduce(float* d, float** s, int k, s
 }
 
 int main(int argc, char** argv) {
-  size_t mib = argc > 1 ? atoi(argv[1]) : 16;
-  int k = argc > 2 ? atoi(argv[2]) : 8;
-  if (mib < 1 || k < 2 || k > 64) { fprintf(stderr, "usage: read_ceiling [MiB >= 1] [k 2..64]\n"); return 2; }
-  size_t n = (mib << 20) / sizeof(float);
+  long mib = argc > 1 ? atol(argv[1]) : 16;
+  long k = argc > 2 ? atol(argv[2]) : 8;
+  if (mib < 1 || mib > 4096 || k < 2 || k > 64) {
+    fprintf(stderr, "usage: read_ceiling [MiB per input, 1..4096] [k, 2..64]; got %s %s\n",
+            argc > 1 ? argv[1] : "-", argc > 2 ? argv[2] : "-");
+    return 2;
+  }
+  size_t n = (size_t(mib) << 20) / sizeof(float);
   auto alloc = [&]() {  // 2 MiB aligned and huge pages where allowed, as numpy's large arrays
     float* p = (float*)aligned_alloc(1 << 21, n * sizeof(float));
+    if (p == nullptr) { fprintf(stderr, "read_ceiling: out of memory\n"); exit(1); }
     madvise(p, n * sizeof(float), MADV_HUGEPAGE);
     for (size_t i = 0; i < n; i++) p[i] = float(i % 7);
     return p;
@@ -86,11 +91,12 @@ int main(int argc, char** argv) {
       fns[f](out, s.data(), k, n);
       t[f].push_back(now() - t0);
     }
-  printf("k=%d, %zu MiB per input, medians of 15\n", k, mib);
+  printf("k=%ld, %ld MiB per input, medians of 15\n", k, mib);
   for (int f = 0; f < 3; f++) {
     std::sort(t[f].begin(), t[f].end());
     double m = t[f][7];
-    printf("%-7s %7.2f GB/s  %.2fx chain\n", names[f], k * n * sizeof(float) / m / 1e9, t[0][7] / m);
+    double gbps = double(k) * n * sizeof(float) / m / 1e9;
+    printf("%-7s %7.2f GB/s  %.2fx chain\n", names[f], gbps, t[0][7] / m);
   }
   return 0;
 }
