@@ -98,3 +98,14 @@ class Builder:
 def _as_json(meta: dict) -> dict:
     """Meta as JSON would give it back, so that ``from_dict(to_dict(s)) == s``."""
     return json.loads(json.dumps(meta))
+
+
+def faster(a: Schedule, b: Schedule, topo, nbytes: int, ranks) -> Schedule:
+    """The schedule the simulator finishes first (``a`` on ties or without a simulator): how
+    planners choose between layouts of one plan that no closed form ranks."""
+    try:
+        from ..schedule.simulate import simulate
+    except ImportError:
+        return a
+    ta, tb = (simulate(s, topo, nbytes, ranks=list(ranks)).time_us for s in (a, b))
+    return b if tb < ta else a

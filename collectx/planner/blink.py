@@ -32,7 +32,7 @@ from ..errors import PlanError
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
-from ._build import check_args
+from ._build import check_args, faster
 from .edge_split import job_graph, require_connected
 from .integral_trees import depth_balanced_counts, pack_unit_spanning_trees
 from .chunking import chunk_counts, instruction_budget, runs_by_group
@@ -115,28 +115,14 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
     if collective == "allreduce":
         packing, caps = pack_both_ways(G, ranks, host=host)
         counted = _allreduce_counts(packing, caps, nbytes, n, nchunks)
-        s = _allreduce(packing, counted, ranks, root, inplace)
-        if len(packing.trees) > 1:
-            # Trees of unequal rates (and PCIe-paced host hops): on many DGX-1 allocations a
-            # lane per tree keeps a slow tree from holding up the others' chunks on a shared
-            # lane (GPUs 0-4 of dgx1v with host edges: 0.94 of the reference against 0.81;
-            # GPUs 0-4, 6, 7 on NVLink alone: 108.6 GB/s busbw against 92.1), on others
-            # sharing lanes wins, so the simulator decides. Trees of unequal chunk counts may
-            # also take lanes in proportion (up to TREE_LANES each): on NVLink-only packings
-            # of 4-7 dgx1v GPUs that won 24 of 84 and one lane per tree beat it 5 times, by
-            # 0.005 of the packing rate at most, so only trees with host edges try both.
-            sizes = [n for _, n in counted[1]]
-            unequal = max(sizes) >= 1.5 * min(sizes)
-            for lanes in ((1, TREE_LANES) if host else (TREE_LANES,)) if unequal else (1,):
-                s = _faster(s, _allreduce(packing, counted, ranks, root, inplace, own=True,
-                                          tree_lanes=lanes), topo, nbytes, ranks)
+        s = _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbytes)
         unit = None if packing.balanced or host else pack_unit_spanning_trees(G, ranks)
         if unit is not None:
             # LP trees of unequal rates against fewer equal unit trees on their own lanes:
             # on mi250_16gcd three unit trees reach 0.82 of the reference where the LP's
             # trees reach 0.79, but with a lower packing rate, so the simulator decides.
-            s = _faster(s, _allreduce(unit, _allreduce_counts(unit, caps, nbytes, n, nchunks),
-                                      ranks, root, inplace, own=True), topo, nbytes, ranks)
+            s = faster(s, _allreduce(unit, _allreduce_counts(unit, caps, nbytes, n, nchunks),
+                                     ranks, root, inplace, own=True), topo, nbytes, ranks)
         return s
     else:
         packing, caps = pack_rooted(G, ranks, [ranks[root]], reverse=collective == "reduce",
@@ -155,25 +141,28 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         if own and not nchunks:
             counts = depth_balanced_counts(packing.trees, nch)
         sublanes = 1 if own else {"staggered": 2, "chain": 1, "deep": SUBLANES}[style]
-        s = _rooted(collective, packing, (nch, counts), ranks, root, inplace, sublanes, own)
+        counted = (nch, counts)
+        s = _lowered(collective, packing, counted, ranks, root, inplace, sublanes, own)
         if not own and style == "deep" and len(packing.trees) > 1:
             # Unequal trees of one root: a lane per tree and link, as for equal unit trees,
             # against lanes per link shared in pipeline order; the simulator decides (dgx1v
             # GPUs 0, 1, 3-7 broadcast: 0.965 of the packing rate against 0.936; with host
             # edges 0.866 against 0.724).
-            s = _faster(s, _rooted(collective, packing, (nch, counts), ranks, root, inplace, 1,
-                                   True), topo, nbytes, ranks)
+            s = faster(s, _lowered(collective, packing, counted, ranks, root, inplace, 1, True),
+                       topo, nbytes, ranks)
         return s
 
 
-def _rooted(collective, packing, counted, ranks, root, inplace, sublanes, own) -> Schedule:
-    """Broadcast or reduce over ``packing``'s trees with ``counted`` = (chunks, counts);
-    ``sublanes`` lanes per link, or with ``own`` a lane per tree and link."""
+def _lowered(collective, packing, counted, ranks, root, inplace, sublanes, own,
+             tree_lanes=1) -> Schedule:
+    """``collective`` over ``packing``'s trees with ``counted`` = (chunks, counts):
+    ``sublanes`` lanes per link shared in pipeline order, or with ``own`` lanes of its own for
+    every tree, up to ``tree_lanes`` per link (see :meth:`TreeEmitter._tree_keys`)."""
     nch, counts = counted
     shares = _shares(counts, {g: i for i, g in enumerate(ranks)}, up=collective == "reduce")
     b = ScheduleBuilder(collective, len(ranks), nch, root=root, inplace=inplace,
                         algorithm="blink")
-    em = TreeEmitter(b, sublanes)
+    em = TreeEmitter(b, sublanes, tree_lanes=tree_lanes)
     _EMIT[collective](b, em, shares, sublanes == 2 and collective == "broadcast", own)
     return _finish(b, em, shares, packing)
 
@@ -194,16 +183,32 @@ def _allreduce_counts(packing, caps, nbytes, n, nchunks) -> tuple[int, list]:
 
 
 def _allreduce(packing, counted, ranks, root, inplace, own=False, tree_lanes=1) -> Schedule:
-    """Reduce up and broadcast down ``packing``'s trees with ``counted`` = (chunks, counts)
-    from :func:`_allreduce_counts`; ``own``: lanes of its own for every tree, up to
-    ``tree_lanes`` per link (see :meth:`TreeEmitter._tree_keys`)."""
-    n = len(ranks)
-    nch, counts = counted
-    shares = _shares(counts, {g: i for i, g in enumerate(ranks)})
-    b = ScheduleBuilder("allreduce", n, nch, root=root, inplace=inplace, algorithm="blink")
-    em = TreeEmitter(b, 1 if own else SUBLANES, tree_lanes=tree_lanes)
-    _emit_allreduce(b, em, shares, own=own)
-    return _finish(b, em, shares, packing)
+    """Reduce up and broadcast down ``packing``'s trees (:func:`_lowered`): three lanes per
+    link, or lanes of its own for every tree."""
+    return _lowered("allreduce", packing, counted, ranks, root, inplace, 1 if own else SUBLANES,
+                    own, tree_lanes)
+
+
+def _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbytes) -> Schedule:
+    """:func:`_allreduce` on whichever lane layout the simulator finishes first.
+
+    Trees of unequal rates (and PCIe-paced host hops): on many DGX-1 allocations a lane per
+    tree keeps a slow tree from holding up the others' chunks on a shared lane (GPUs 0-4 of
+    dgx1v with host edges: 0.94 of the reference against 0.81; GPUs 0-4, 6, 7 on NVLink alone:
+    108.6 GB/s busbw against 92.1), on others sharing lanes wins. Trees of unequal chunk
+    counts may also take lanes in proportion (up to :data:`TREE_LANES` each): on NVLink-only
+    packings of 4-7 dgx1v GPUs that won 24 of 84 and one lane per tree beat it 5 times, by
+    0.005 of the packing rate at most, so only trees with host edges try both.
+    """
+    s = _allreduce(packing, counted, ranks, root, inplace)
+    if len(packing.trees) < 2:
+        return s
+    sizes = [n for _, n in counted[1]]
+    unequal = max(sizes) >= 1.5 * min(sizes)
+    for lanes in ((1, TREE_LANES) if host else (TREE_LANES,)) if unequal else (1,):
+        s = faster(s, _allreduce(packing, counted, ranks, root, inplace, own=True,
+                                 tree_lanes=lanes), topo, nbytes, ranks)
+    return s
 
 
 def _finish(b: ScheduleBuilder, em: TreeEmitter, shares, packing) -> Schedule:
@@ -215,12 +220,6 @@ def _finish(b: ScheduleBuilder, em: TreeEmitter, shares, packing) -> Schedule:
     b.meta("rate_gbps", packing.rate)
     return b.build()
 
-
-def _faster(a: Schedule, b: Schedule, topo, nbytes: int, ranks) -> Schedule:
-    """The schedule the simulator finishes first (``a`` on ties)."""
-    from ..schedule.simulate import simulate
-    ta, tb = (simulate(s, topo, nbytes, ranks=list(ranks)).time_us for s in (a, b))
-    return b if tb < ta else a
 
 _OUT = lambda v, j, s: Ref(v, "output", j)  # noqa: E731
 _IN = lambda v, j, s: Ref(v, "input", j)  # noqa: E731

@@ -26,7 +26,7 @@ from ..errors import PlanError
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
-from ._build import check_args
+from ._build import check_args, faster
 from .edge_split import job_graph, require_connected
 from .switch_trees import tree_shaped
 from .chunking import chunk_counts, instruction_budget, runs_by_group
@@ -144,10 +144,10 @@ def _faster_layout(packed: dict, collective: str, nbytes: int, ranks: tuple, inp
     """The forest on lanes per link or on a lane per root and link, whichever the simulator
     finishes first; both share one chunk count."""
     counted = _counts(packed, collective, nbytes, len(ranks), nchunks)
-    return _faster(_schedule(packed, collective, nbytes, ranks, inplace, nchunks,
-                             counted=counted),
-                   _schedule(packed, collective, nbytes, ranks, inplace, nchunks,
-                             per_tree=True, sublanes=1, counted=counted), topo, nbytes, ranks)
+    return faster(_schedule(packed, collective, nbytes, ranks, inplace, nchunks,
+                            counted=counted),
+                  _schedule(packed, collective, nbytes, ranks, inplace, nchunks,
+                            per_tree=True, sublanes=1, counted=counted), topo, nbytes, ranks)
 
 
 def _schedule(packed: dict, collective: str, nbytes: int, ranks: tuple, inplace: bool,
@@ -172,16 +172,6 @@ def _schedule(packed: dict, collective: str, nbytes: int, ranks: tuple, inplace:
     b.meta("trees", trees_meta)
     b.meta("rate_gbps", {phase: p.rate for phase, (p, _) in packed.items()})
     return b.build()
-
-
-def _faster(a: Schedule, b: Schedule, topo, nbytes: int, ranks) -> Schedule:
-    """The schedule the simulator finishes first (``a`` on ties or without a simulator)."""
-    try:
-        from ..schedule.simulate import simulate
-    except ImportError:
-        return a
-    ta, tb = (simulate(s, topo, nbytes, ranks=list(ranks)).time_us for s in (a, b))
-    return b if tb < ta else a
 
 
 def _unless_lp_faster(s: Schedule, rate: float, G, topo, nbytes: int, ranks, inplace,
