@@ -194,6 +194,21 @@ def test_cpu_executor_runs_tree_partials_at_odd_sizes(monkeypatch, algo, coll):
     assert collectx.launch(W.run_cases, 3, args=(cases,), timeout=300) == [[]] * 3
 
 
+def test_cpu_executor_runs_host_edges_between_gpus_without_a_direct_link(monkeypatch, tmp_path):
+    # DGX-1P GPUs 0, 3, 6, 7 allgather stages edges between GPU0 and GPU6 (no NVLink, across
+    # the sockets): the receiver reads a host buffer its own CPU does not hold.
+    path = tmp_path / "dgx1p_0367.json"
+    T.write_json(T.subset(T.load("dgx1p"), [0, 3, 6, 7]), path)
+    monkeypatch.setenv("COLLECTX_TOPO_FILE", str(path))
+    n = (16 << 20) // 4 + 5
+    s = make_schedule(T.load(str(path)), "allgather", 4, n * 4)
+    staged = {tuple(e) for t in s.meta_dict()["trees"] if "host" in t
+              for e in t[t.index("host") + 1]}
+    assert staged & {(0, 2), (2, 0)}
+    cases = [("allgather", "float32", "sum", n, 0, 9), ("allgather", "int8", "sum", 4 * n, 0, 3)]
+    assert collectx.launch(W.run_cases, 4, args=(cases,), timeout=300) == [[]] * 4
+
+
 def test_cpu_executor_runs_forest_allreduce_with_host_edges_past_the_chunk_budget(
         monkeypatch, tmp_path):
     # Forest allreduce with host edges on 4 GPUs takes more chunks than the usual instruction

@@ -34,6 +34,40 @@ def test_host_routes_climb_to_the_senders_cpu_and_exist_only_for_directly_linked
                     ("PLX2", "GPU5")}
 
 
+def test_host_routes_for_any_pair_add_the_pairs_without_a_direct_link():
+    ranks, _, J = job([0, 1, 5])
+    index = LinkIndex.of(J)
+    near = host_routes(J, index, ranks)
+    wide = host_routes(J, index, ranks, any_pair=True)
+    assert set(wide) - set(near) == {("GPU0", "GPU5"), ("GPU5", "GPU0")}
+    hops = {index.links[link] for link, _ in wide["GPU0", "GPU5"]}
+    assert hops == {("GPU0", "PLX0"), ("PLX0", "CPU0"), ("CPU0", "CPU1"), ("CPU1", "PLX2"),
+                    ("PLX2", "GPU5")}
+
+
+def test_host_edges_between_unlinked_gpus_reach_the_bound_on_a_dgx1p_nvlink_chain():
+    # DGX-1P GPUs 0, 3, 7, 6 form an NVLink chain 0-3-7-6: the chain's ends take 20 GB/s of
+    # NVLink and 15.75 of PCIe each, but only edges staged between the ends themselves (no
+    # direct link, across the sockets) let the packing use both at once.
+    view = T.subset(T.load("dgx1p"), [0, 3, 6, 7])
+    ranks = ("GPU0", "GPU3", "GPU6", "GPU7")
+    J = job_graph(view, ranks)
+    index = LinkIndex.of(J)
+    routes = simulator_routes(J, index, ranks)
+    bound = bounds(view, "allgather", gpus=list(ranks)).bound_busbw
+    rates = [3 * pack_out_trees(index, ranks, ranks, routes=routes,
+                                alternatives=host_routes(J, index, ranks, any_pair=wide)).rate
+             for wide in (False, True)]
+    assert rates[0] < 0.95 * bound
+    assert rates[1] == pytest.approx(bound, rel=1e-6)
+    p = plan(view, "allgather", 1 << 30)
+    assert p.algorithm == "forest+host" and p.efficiency >= 0.95     # 0.866 with linked pairs
+    staged = {tuple(e) for t in p.schedule.meta_dict()["trees"] if "host" in t
+              for e in t[t.index("host") + 1]}
+    assert staged & {(0, 2), (2, 0)}, "expected an edge staged between GPU0 and GPU6"
+    assert verify(p.schedule).instructions > 0
+
+
 def test_host_routes_reach_the_allgather_bound_that_nvlink_routes_miss():
     # 0, 2, 4 and 6 each sit under their own PCIe switch: the bound counts 15.75 GB/s of PCIe
     # beside NVLink, which only host-staged tree edges can use.

@@ -57,7 +57,7 @@ PER_TREE_CHUNKS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
                inplace: bool = False, nchunks: int | None = None,
-               host: bool = False) -> Schedule:
+               host: bool | str = False) -> Schedule:
     """Plan allreduce, broadcast or reduce over packed spanning trees.
 
     Parameters
@@ -80,7 +80,8 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         chunk and about ``instruction_budget(n)`` per schedule (see :mod:`~.chunking`).
     host : bool
         Let tree edges between GPUs joined by a direct link move through host memory over
-        PCIe (each way on its own for allreduce), as in :func:`~.forest.plan_forest`.
+        PCIe (each way on its own for allreduce); ``"any"``: every GPU pair, as in
+        :func:`~.forest.plan_forest`.
 
     Returns
     -------

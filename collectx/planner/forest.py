@@ -51,7 +51,7 @@ NEAR_RATE = 0.97               # an allreduce this close to its packing rate nee
 
 def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
                 inplace: bool = False, nchunks: int | None = None,
-                host: bool = False) -> Schedule:
+                host: bool | str = False) -> Schedule:
     """Plan allgather, reduce_scatter or allreduce as per-root packed tree forests.
 
     Parameters
@@ -72,7 +72,8 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
         Also let tree edges between GPUs joined by a direct link move through host memory
         over PCIe (:func:`~.treesched.pack_rooted`), staged with ``host`` buffers: the
         packing then reaches the cut bounds that count PCIe beside NVLink. Only for
-        executors with host buffers (:mod:`.host_relay` decides).
+        executors with host buffers (:mod:`.host_relay` decides). ``host="any"`` offers
+        every GPU pair that route, directly linked or not.
     nchunks : int, optional
         Chunks per payload unit; default the smallest count whose integral shares keep 98%
         of the packing's rate with the pipeline fill counted, within :data:`MIN_CHUNK_BYTES`
@@ -109,9 +110,9 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
     G = job_graph(topo, ranks)
     require_connected(G, ranks)
     if host:
-        packed = (_pack_allreduce(G, ranks, host=True) if collective == "allreduce" else
+        packed = (_pack_allreduce(G, ranks, host=host) if collective == "allreduce" else
                   {collective: pack_rooted(G, ranks, ranks, collective == "reduce_scatter",
-                                           host=True)})
+                                           host=host)})
         if collective == "allgather":   # on 30 sampled DGX-1 allocations per-root lanes
             # won 14 (up to +0.07 of the bound), lanes per link the rest
             return _faster_layout(packed, collective, nbytes, ranks, inplace, nchunks, topo)
@@ -134,7 +135,7 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
     return _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
 
 
-def _pack_allreduce(G, ranks, balanced: bool = True, host: bool = False) -> dict:
+def _pack_allreduce(G, ranks, balanced: bool = True, host: bool | str = False) -> dict:
     both = pack_rooted_mirrored(G, ranks, ranks, balanced=balanced, host=host)
     return {"allgather": both[False], "reduce_scatter": both[True]}
 

@@ -279,20 +279,20 @@ def _chunks(shares):
 
 
 def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool,
-                host: bool = False) -> tuple[Packing, tuple]:
+                host: bool | str = False) -> tuple[Packing, tuple]:
     """Out-trees from ``roots`` (in-trees to them with ``reverse``) priced by simulator routes.
 
     Returns the packing and the link capacities its paths index (of the reversed graph for
     in-trees, whose packing runs on the reversed graph). ``host`` also offers every GPU pair
-    joined by a direct link its route staged through host memory
-    (:func:`~.edge_split.host_routes`); the trees then mark the edges that take it
-    (``Tree.staged``), and the LP's forest is kept as it is.
+    joined by a direct link (with ``host="any"``, every GPU pair) its route staged through
+    host memory (:func:`~.edge_split.host_routes`); the trees then mark the edges that take
+    it (``Tree.staged``), and the LP's forest is kept as it is.
     """
     H = G.reverse(copy=True) if reverse else G
     index = LinkIndex.of(H)
     routes = simulator_routes(G, index, ranks, reverse=reverse)
     if host:
-        alternatives = host_routes(G, index, ranks, reverse=reverse)
+        alternatives = host_routes(G, index, ranks, reverse=reverse, any_pair=host == "any")
         return pack_out_trees(index, ranks, roots, routes=routes,
                               alternatives=alternatives), index.caps
     packing = _balanced_or(pack_out_trees(index, ranks, roots, routes=routes), index, ranks,
@@ -314,7 +314,7 @@ def _equal_rates(packing: Packing) -> bool:
 
 
 def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots, balanced: bool = True,
-                         host: bool = False) -> dict:
+                         host: bool | str = False) -> dict:
     """Out-tree and in-tree packings from ``roots``: ``{False: out, True: in}`` as
     :func:`pack_rooted` gives them, solving one LP when the two problems are mirror images.
     ``balanced=False`` keeps the LP's forests (no equal-rate trees).
@@ -325,7 +325,7 @@ def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots, balanced: bool = True,
     ``host`` as in :func:`pack_rooted` (no equal-rate trees then either).
     """
     if host:
-        return {rev: pack_rooted(G, ranks, roots, rev, host=True) for rev in (False, True)}
+        return {rev: pack_rooted(G, ranks, roots, rev, host=host) for rev in (False, True)}
     index = LinkIndex.of(G)
     routes = simulator_routes(G, index, ranks)
     keep = _balanced_or if balanced else (lambda packing, *_: packing)
@@ -360,11 +360,11 @@ def _named(index: LinkIndex, routes: dict) -> dict:
             for pair, use in routes.items()}
 
 
-def pack_both_ways(G: nx.DiGraph, ranks, host: bool = False) -> tuple[Packing, tuple]:
+def pack_both_ways(G: nx.DiGraph, ranks, host: bool | str = False) -> tuple[Packing, tuple]:
     """Spanning trees used up and down (Blink allreduce), priced by simulator routes; ``host``
     as in :func:`pack_rooted`, each way of an edge on its own."""
     index = LinkIndex.of(G)
     routes = simulator_routes(G, index, ranks)
-    alternatives = host_routes(G, index, ranks) if host else None
+    alternatives = host_routes(G, index, ranks, any_pair=host == "any") if host else None
     return pack_undirected_trees(index, ranks, routes=routes,
                                  alternatives=alternatives), index.caps
