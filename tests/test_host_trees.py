@@ -68,6 +68,25 @@ def test_host_edges_between_unlinked_gpus_reach_the_bound_on_a_dgx1p_nvlink_chai
     assert verify(p.schedule).instructions > 0
 
 
+def test_the_least_loaded_optimum_keeps_the_rate_and_loads_links_less():
+    # DGX-1V GPUs 0, 1, 3, 4, 6, 7 allgather: many tree mixes reach the bound once host routes
+    # join NVLink; the LP's vertex routes data over host paths it does not need.
+    ranks, view, J = job([0, 1, 3, 4, 6, 7])
+    index = LinkIndex.of(J)
+    routes = simulator_routes(J, index, ranks)
+    alternatives = host_routes(J, index, ranks)
+    vertex, lean = (pack_out_trees(index, ranks, ranks, routes=routes,
+                                   alternatives=alternatives, lean=x) for x in (False, True))
+
+    def load(p):
+        return sum(t.rate * w / index.caps[link] for t in p.trees for path in t.paths
+                   for link, w in path)
+    assert lean.rate == pytest.approx(vertex.rate, rel=1e-6)
+    assert load(lean) < load(vertex)
+    p = plan(DGX1V, "allgather", 1 << 30, gpus=[0, 1, 3, 4, 6, 7])
+    assert p.algorithm == "forest+host" and p.efficiency >= 0.95     # 0.83 with the vertex
+
+
 def test_host_routes_reach_the_allgather_bound_that_nvlink_routes_miss():
     # 0, 2, 4 and 6 each sit under their own PCIe switch: the bound counts 15.75 GB/s of PCIe
     # beside NVLink, which only host-staged tree edges can use.

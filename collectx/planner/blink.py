@@ -62,7 +62,7 @@ PER_TREE_CHUNKS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
                inplace: bool = False, nchunks: int | None = None,
-               host: bool | str = False) -> Schedule:
+               host: bool | str = False, lean: bool = True) -> Schedule:
     """Plan allreduce, broadcast or reduce over packed spanning trees.
 
     Parameters
@@ -87,6 +87,10 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         Let tree edges between GPUs joined by a direct link move through host memory over
         PCIe (each way on its own for allreduce); ``"any"``: every GPU pair, as in
         :func:`~.forest.plan_forest`.
+    lean : bool
+        Broadcast / reduce with ``host``: the least loaded of the optimal packings, else the
+        LP's vertex (:func:`~.treesched.pack_rooted`). Allreduce takes the vertex: the least
+        loaded spanning-tree mix lost as often as it won on DGX-1 allocations.
 
     Returns
     -------
@@ -132,7 +136,7 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         return s
     else:
         packing, caps = pack_rooted(G, ranks, [ranks[root]], reverse=collective == "reduce",
-                                    host=host)
+                                    host=host, lean=lean)
         style = _rooted_style(collective, packing)
         wait = _route_wait_us(G, ranks, packing)
         cands = [nchunks] if nchunks else _rooted_candidates(nbytes, n, packing, style, wait)

@@ -51,7 +51,7 @@ NEAR_RATE = 0.97               # an allreduce this close to its packing rate nee
 
 def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
                 inplace: bool = False, nchunks: int | None = None,
-                host: bool | str = False) -> Schedule:
+                host: bool | str = False, lean: bool = True) -> Schedule:
     """Plan allgather, reduce_scatter or allreduce as per-root packed tree forests.
 
     Parameters
@@ -73,7 +73,9 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
         over PCIe (:func:`~.treesched.pack_rooted`), staged with ``host`` buffers: the
         packing then reaches the cut bounds that count PCIe beside NVLink. Only for
         executors with host buffers (:mod:`.host_relay` decides). ``host="any"`` offers
-        every GPU pair that route, directly linked or not.
+        every GPU pair that route, directly linked or not. ``lean`` (with ``host``): the
+        least loaded of the optimal packings, else the LP's vertex
+        (:func:`~.treesched.pack_rooted`).
     nchunks : int, optional
         Chunks per payload unit; default the smallest count whose integral shares keep 98%
         of the packing's rate with the pipeline fill counted, within :data:`MIN_CHUNK_BYTES`
@@ -110,9 +112,9 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
     G = job_graph(topo, ranks)
     require_connected(G, ranks)
     if host:
-        packed = (_pack_allreduce(G, ranks, host=host) if collective == "allreduce" else
-                  {collective: pack_rooted(G, ranks, ranks, collective == "reduce_scatter",
-                                           host=host)})
+        packed = (_pack_allreduce(G, ranks, host=host, lean=lean) if collective == "allreduce"
+                  else {collective: pack_rooted(G, ranks, ranks, collective == "reduce_scatter",
+                                                host=host, lean=lean)})
         if collective == "allgather":   # on 30 sampled DGX-1 allocations per-root lanes
             # won 14 (up to +0.07 of the bound), lanes per link the rest
             return _faster_layout(packed, collective, nbytes, ranks, inplace, nchunks, topo)
@@ -135,8 +137,9 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
     return _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
 
 
-def _pack_allreduce(G, ranks, balanced: bool = True, host: bool | str = False) -> dict:
-    both = pack_rooted_mirrored(G, ranks, ranks, balanced=balanced, host=host)
+def _pack_allreduce(G, ranks, balanced: bool = True, host: bool | str = False,
+                    lean: bool = True) -> dict:
+    both = pack_rooted_mirrored(G, ranks, ranks, balanced=balanced, host=host, lean=lean)
     return {"allgather": both[False], "reduce_scatter": both[True]}
 
 

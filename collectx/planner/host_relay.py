@@ -82,6 +82,12 @@ RELAY_CHUNKS = {"ring": 16, "tree": 16}   # chunks of relay plans (their own def
 # allgather forests reach the cut bound, reduce/broadcast trees the tree bound; on DGX-1
 # allocations either may be the larger, and the one that sets the reference is planned
 # (``trees_lead``; planning both cost 0.15 s on 7 GPUs).
+# The tree plans with host edges tried, in order, while the best so far stays below
+# RELAY_GATE of the bound: (host routes offered, least loaded packing, up to this many ranks).
+# The LP's optima differ in how they simulate: on the DGX-1 allocations where the first
+# mode stays below the gate, each later one improved 10-60% of the plans it was tried on.
+# The last one helps mostly up to 6 GPUs; on 7-8 it would add a fifth to their planning time.
+HOST_MODES = ((True, True, 64), ("any", True, 64), (True, False, 64), ("any", False, 6))
 INTEGRATED = {"allgather": ("forest",), "reduce_scatter": ("forest",),
               "allreduce": ("forest", "blink"), "broadcast": ("blink",), "reduce": ("blink",)}
 
@@ -169,13 +175,17 @@ def with_host_relays(view: nx.DiGraph, ranks, collective: str, nbytes: int, chos
     V = relay_view(view, ranks)
     if V is None or _pcie_potential(view, ranks) < MIN_POTENTIAL:
         return chosen
-    best = _integrated(view, ranks, collective, nbytes, root, inplace, chosen, trees_lead)
-    if _worth_trying(collective, nbytes, best[2], bound_busbw, len(ranks)) and \
-            not _all_pairs_direct(view, ranks):
+    best = chosen
+    for host, lean, most in HOST_MODES:
+        if not _worth_trying(collective, nbytes, best[2], bound_busbw, len(ranks)):
+            break
+        if len(ranks) > most or host == "any" and _all_pairs_direct(view, ranks):
+            continue
+        if not lean and collective == "allreduce" and trees_lead:
+            continue   # blink's allreduce packs spanning trees, which have no lean option
         best = _integrated(view, ranks, collective, nbytes, root, inplace, best, trees_lead,
-                           host="any")
-    if best is not chosen and not _worth_trying(collective, nbytes, best[2], bound_busbw,
-                                                len(ranks)):
+                           host=host, lean=lean)
+    if not _worth_trying(collective, nbytes, best[2], bound_busbw, len(ranks)):
         return best   # near the bound already: no join can pay for its planning
     relayed = _relay_plan(V, view, ranks, collective, nbytes, root, inplace)
     if relayed is None:
@@ -221,11 +231,12 @@ def _worth_trying(collective, nbytes, predicted, bound_busbw, n) -> bool:
 
 
 def _integrated(view, ranks, collective, nbytes, root, inplace, best, trees_lead=False,
-                host: bool | str = True):
+                host: bool | str = True, lean: bool = True):
     """``best``, or the tree plan whose trees may send any edge through host memory where
     that simulates faster: the planners of :data:`INTEGRATED` with ``host``
     (:func:`~.forest.plan_forest`, :func:`~.blink.plan_blink`): True offers the host route
-    to directly linked GPU pairs, ``"any"`` to every pair."""
+    to directly linked GPU pairs, ``"any"`` to every pair; ``lean`` as in
+    :func:`~.forest.plan_forest`."""
     from . import registry
     names = INTEGRATED.get(collective, ())
     if collective == "allreduce":
@@ -235,7 +246,7 @@ def _integrated(view, ranks, collective, nbytes, root, inplace, best, trees_lead
             continue
         try:
             s = registry.ALGORITHMS[name](view, tuple(ranks), collective, nbytes, root=root,
-                                          inplace=inplace, host=host)
+                                          inplace=inplace, host=host, lean=lean)
         except (PlanError, NoFeasiblePlan):
             continue
         pred = _predict(s, view, nbytes, ranks, name)

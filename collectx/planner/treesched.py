@@ -279,22 +279,23 @@ def _chunks(shares):
 
 
 def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool,
-                host: bool | str = False) -> tuple[Packing, tuple]:
+                host: bool | str = False, lean: bool = True) -> tuple[Packing, tuple]:
     """Out-trees from ``roots`` (in-trees to them with ``reverse``) priced by simulator routes.
 
     Returns the packing and the link capacities its paths index (of the reversed graph for
     in-trees, whose packing runs on the reversed graph). ``host`` also offers every GPU pair
     joined by a direct link (with ``host="any"``, every GPU pair) its route staged through
     host memory (:func:`~.edge_split.host_routes`); the trees then mark the edges that take
-    it (``Tree.staged``), and the LP's forest is kept as it is.
+    it (``Tree.staged``), and the LP's forest is kept as it is: by default its least loaded
+    optimum (``lean``, :func:`~.treepack.pack_out_trees`), else the LP's vertex.
     """
     H = G.reverse(copy=True) if reverse else G
     index = LinkIndex.of(H)
     routes = simulator_routes(G, index, ranks, reverse=reverse)
     if host:
         alternatives = host_routes(G, index, ranks, reverse=reverse, any_pair=host == "any")
-        return pack_out_trees(index, ranks, roots, routes=routes,
-                              alternatives=alternatives), index.caps
+        return pack_out_trees(index, ranks, roots, routes=routes, alternatives=alternatives,
+                              lean=lean), index.caps
     packing = _balanced_or(pack_out_trees(index, ranks, roots, routes=routes), index, ranks,
                            roots, routes)
     if len(roots) == 1:
@@ -314,7 +315,7 @@ def _equal_rates(packing: Packing) -> bool:
 
 
 def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots, balanced: bool = True,
-                         host: bool | str = False) -> dict:
+                         host: bool | str = False, lean: bool = True) -> dict:
     """Out-tree and in-tree packings from ``roots``: ``{False: out, True: in}`` as
     :func:`pack_rooted` gives them, solving one LP when the two problems are mirror images.
     ``balanced=False`` keeps the LP's forests (no equal-rate trees).
@@ -322,10 +323,11 @@ def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots, balanced: bool = True,
     On symmetric machines (every link as wide as its reverse, every GPU pair routed back along
     the same links) the in-tree problem on the reversed graph is the out-tree problem itself,
     so its packing serves both (tree edges are GPU pairs; paths index the same capacities).
-    ``host`` as in :func:`pack_rooted` (no equal-rate trees then either).
+    ``host`` and ``lean`` as in :func:`pack_rooted` (no equal-rate trees then either).
     """
     if host:
-        return {rev: pack_rooted(G, ranks, roots, rev, host=host) for rev in (False, True)}
+        return {rev: pack_rooted(G, ranks, roots, rev, host=host, lean=lean)
+                for rev in (False, True)}
     index = LinkIndex.of(G)
     routes = simulator_routes(G, index, ranks)
     keep = _balanced_or if balanced else (lambda packing, *_: packing)
