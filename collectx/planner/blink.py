@@ -88,9 +88,8 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         PCIe (each way on its own for allreduce); ``"any"``: every GPU pair, as in
         :func:`~.forest.plan_forest`.
     lean : bool
-        Broadcast / reduce with ``host``: the least loaded of the optimal packings, else the
-        LP's vertex (:func:`~.treesched.pack_rooted`). Allreduce takes the vertex: the least
-        loaded spanning-tree mix lost as often as it won on DGX-1 allocations.
+        With ``host``: the least loaded of the optimal packings, else the LP's vertex
+        (:func:`~.treesched.pack_rooted`, :func:`~.treesched.pack_both_ways`).
 
     Returns
     -------
@@ -123,7 +122,7 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
     G = job_graph(topo, ranks)
     require_connected(G, ranks)
     if collective == "allreduce":
-        packing, caps = pack_both_ways(G, ranks, host=host)
+        packing, caps = pack_both_ways(G, ranks, host=host, lean=lean)
         counted = _allreduce_counts(packing, caps, nbytes, n, nchunks)
         s = _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbytes)
         unit = None if packing.balanced or host else pack_unit_spanning_trees(G, ranks)

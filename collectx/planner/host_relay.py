@@ -82,12 +82,6 @@ RELAY_CHUNKS = {"ring": 16, "tree": 16}   # chunks of relay plans (their own def
 # allgather forests reach the cut bound, reduce/broadcast trees the tree bound; on DGX-1
 # allocations either may be the larger, and the one that sets the reference is planned
 # (``trees_lead``; planning both cost 0.15 s on 7 GPUs).
-# The tree plans with host edges tried, in order, while the best so far stays below
-# RELAY_GATE of the bound: (host routes offered, least loaded packing, up to this many ranks).
-# The LP's optima differ in how they simulate: on the DGX-1 allocations where the first
-# mode stays below the gate, each later one improved 10-60% of the plans it was tried on.
-# The last one helps mostly up to 6 GPUs; on 7-8 it would add a fifth to their planning time.
-HOST_MODES = ((True, True, 64), ("any", True, 64), (True, False, 64), ("any", False, 6))
 INTEGRATED = {"allgather": ("forest",), "reduce_scatter": ("forest",),
               "allreduce": ("forest", "blink"), "broadcast": ("blink",), "reduce": ("blink",)}
 
@@ -121,6 +115,24 @@ def relay_view(view: nx.DiGraph, ranks) -> nx.DiGraph | None:
     if any(g not in V for g in ranks) or not _connected(V, ranks):
         return None
     return V
+
+
+def _host_modes(collective: str, n: int) -> list:
+    """The tree plans with host edges to try, in order, while the best so far stays below
+    :data:`RELAY_GATE` of the bound: ``(host routes offered, least loaded packing)``.
+
+    The LP's optima differ in how they simulate (:func:`~.treepack._lean`). On DGX-1
+    allocations where the first plan stays below the gate, each later one improved 10-60% of
+    the plans it was tried on, except host routes for any pair with the LP's vertex for
+    allreduce (15 of ~300). Allreduce tries the vertex only up to 5 GPUs: past that it lifted
+    no plan above 0.95 of the reference and cost a third more planning time.
+    """
+    modes = [(True, True), ("any", True)]
+    if collective != "allreduce" or n <= 5:
+        modes.append((True, False))
+    if collective != "allreduce" and n <= 6:
+        modes.append(("any", False))
+    return modes
 
 
 def _all_pairs_direct(view: nx.DiGraph, ranks) -> bool:
@@ -176,13 +188,11 @@ def with_host_relays(view: nx.DiGraph, ranks, collective: str, nbytes: int, chos
     if V is None or _pcie_potential(view, ranks) < MIN_POTENTIAL:
         return chosen
     best = chosen
-    for host, lean, most in HOST_MODES:
+    for host, lean in _host_modes(collective, len(ranks)):
         if not _worth_trying(collective, nbytes, best[2], bound_busbw, len(ranks)):
             break
-        if len(ranks) > most or host == "any" and _all_pairs_direct(view, ranks):
+        if host == "any" and _all_pairs_direct(view, ranks):
             continue
-        if not lean and collective == "allreduce" and trees_lead:
-            continue   # blink's allreduce packs spanning trees, which have no lean option
         best = _integrated(view, ranks, collective, nbytes, root, inplace, best, trees_lead,
                            host=host, lean=lean)
     if not _worth_trying(collective, nbytes, best[2], bound_busbw, len(ranks)):

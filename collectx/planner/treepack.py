@@ -244,7 +244,8 @@ def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None,
 
 
 def pack_undirected_trees(index: LinkIndex, gpus, routes: dict | None = None,
-                          either_way: bool = False, alternatives: dict | None = None) -> Packing:
+                          either_way: bool = False, alternatives: dict | None = None,
+                          lean: bool = False) -> Packing:
     """Pack spanning trees each used in both directions (reduce up, broadcast down).
 
     The tree of each column is rooted at its centre to keep pipelines short. Without
@@ -284,7 +285,7 @@ def pack_undirected_trees(index: LinkIndex, gpus, routes: dict | None = None,
         up = _took_alternative([(c, p) for p, c in edges], way, alternatives)
         return [(0, Tree(0, gpus[root], edges, paths, 0.0, down, up), _usage(paths))]
 
-    return _column_generation(index, (0,), price)
+    return _column_generation(index, (0,), price, lean=lean)
 
 
 def _hop_matrix(index, gpus, routes) -> np.ndarray:

@@ -362,11 +362,12 @@ def _named(index: LinkIndex, routes: dict) -> dict:
             for pair, use in routes.items()}
 
 
-def pack_both_ways(G: nx.DiGraph, ranks, host: bool | str = False) -> tuple[Packing, tuple]:
+def pack_both_ways(G: nx.DiGraph, ranks, host: bool | str = False,
+                   lean: bool = True) -> tuple[Packing, tuple]:
     """Spanning trees used up and down (Blink allreduce), priced by simulator routes; ``host``
-    as in :func:`pack_rooted`, each way of an edge on its own."""
+    and ``lean`` as in :func:`pack_rooted`, each way of an edge on its own."""
     index = LinkIndex.of(G)
     routes = simulator_routes(G, index, ranks)
     alternatives = host_routes(G, index, ranks, any_pair=host == "any") if host else None
-    return pack_undirected_trees(index, ranks, routes=routes,
-                                 alternatives=alternatives), index.caps
+    return pack_undirected_trees(index, ranks, routes=routes, alternatives=alternatives,
+                                 lean=lean and bool(host)), index.caps
