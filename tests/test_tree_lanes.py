@@ -53,3 +53,17 @@ def test_unequal_broadcast_trees_take_a_lane_each_where_that_is_faster():
     verify(s)
     busbw = simulate(s, view, 1 << 30, ranks=list(ranks)).busbw_GBps
     assert busbw >= 0.955 * s.meta_dict()["rate_gbps"]
+
+
+def test_tree_plans_stay_within_the_executors_lanes():
+    # The CPU and CUDA executors run at most 32 lanes per rank; tree plans with many trees on
+    # lanes of their own (16-GCD MI250, DGX-1 packings with host edges) fold extra keys onto
+    # shared lanes instead of exceeding that.
+    from collectx.planner import plan
+    from collectx.runtime.executor import MAX_LANES
+    cases = [("mi250_16gcd", None, "allreduce"), ("mi250_16gcd", None, "allgather"),
+             ("dgx1v", [0, 1, 2, 3, 5], "allreduce"), ("dgx1p", [0, 2, 4, 5], "allreduce"),
+             ("dgx1v", [0, 1, 3, 4, 6, 7], "allgather")]
+    for name, gpus, coll in cases:
+        s = plan(topo.load(name), coll, 1 << 30, gpus=gpus).schedule
+        assert max(len(lanes) for lanes in s.lanes) <= MAX_LANES, (name, gpus, coll)
