@@ -29,6 +29,7 @@ for mpirun); ``--bind none`` leaves placement to the scheduler everywhere.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -78,17 +79,24 @@ def time_loop(run, barrier, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def bench_collectx(cases, budget):
+def bench_collectx(cases, budget, window=False):
+    """``window``: buffers from ``comm.empty`` (in the shared window: no staging copies)."""
     import collectx
     comm = collectx.init()
     out = []
     for coll, nbytes in cases:
         ni, no = elements(coll, nbytes, comm.size)
-        x, y = np.ones(ni, np.float32), np.empty(no, np.float32)
+        if window:   # the heap is half the window (COLLECTX_WINDOW_BYTES): free as we go
+            x = comm.empty((ni,), np.float32)
+            y = x if coll == "allreduce" else comm.empty((no,), np.float32)
+            x[:] = 1
+        else:
+            x, y = np.ones(ni, np.float32), np.empty(no, np.float32)
         fn = {"allreduce": lambda: comm.allreduce(x),
               "allgather": lambda: comm.allgather(x, out=y),
               "reduce_scatter": lambda: comm.reduce_scatter(x, out=y)}[coll]
         out.append(time_loop(fn, comm.barrier, iterations(nbytes, budget)))
+        del x, y, fn
     comm.close()
     return out
 
@@ -133,9 +141,9 @@ def _rank0(results):
     return results[0]
 
 
-def run_collectx(n, cases, budget, bind):
+def run_collectx(n, cases, budget, bind, window=False):
     import collectx
-    return _rank0(collectx.launch(bench_collectx, n, args=(cases, budget), bind=bind))
+    return _rank0(collectx.launch(bench_collectx, n, args=(cases, budget, window), bind=bind))
 
 
 def run_gloo(n, cases, budget, bind):
@@ -160,13 +168,14 @@ def run_mpi(n, cases, budget, bind):
         return json.load(open(f.name))
 
 
-def rounds(n, cases, budget, skip, repeat, bind, probes=None):
+def rounds(n, cases, budget, skip, repeat, bind, probes=None, window=False):
     """Median time per case of each backend over ``repeat`` round-robin rounds. ``probes``
     (a dict) collects :func:`_probe.exchange_us` taken before each backend's round."""
     none = [float("nan")] * len(cases)
     runs = {"cx": [], "mpi": [], "gloo": []}
     probes = {} if probes is None else probes
-    run = {"cx": run_collectx, "mpi": run_mpi, "gloo": run_gloo}
+    run = {"cx": functools.partial(run_collectx, window=window), "mpi": run_mpi,
+           "gloo": run_gloo}
     for _ in range(repeat):
         for k in ("cx", "mpi", "gloo"):
             if k in skip:
@@ -209,6 +218,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bind", choices=("core", "none"), default="core",
                     help="pin rank r to the r-th allowed CPU when the ranks fit, for every "
                          "backend (mpirun's default), or leave placement to the scheduler")
+    ap.add_argument("--buffers", choices=("numpy", "window"), default="numpy",
+                    help="collectx's buffers: numpy arrays (staged through the shared window, "
+                         "like every other backend's) or comm.empty arrays in the window")
     ap.add_argument("--json", help="also write JSON lines here")
     ap.add_argument("--mpi-worker", help=argparse.SUPPRESS)
     ap.add_argument("--cases", help=argparse.SUPPRESS)
@@ -223,7 +235,8 @@ def main(argv=None) -> int:
     for n in map(int, a.ranks.split(",")):
         cases = [(c, parse_size(s)) for c in a.colls.split(",") for s in a.sizes.split(",")]
         probes: dict = {}
-        cx, mpi, gloo = rounds(n, cases, a.budget, skip, max(1, a.repeat), a.bind, probes)
+        cx, mpi, gloo = rounds(n, cases, a.budget, skip, max(1, a.repeat), a.bind, probes,
+                               window=a.buffers == "window")
         notes.append(probe_lines(n, probes))
         for (coll, nbytes), t_cx, t_mpi, t_gl in zip(cases, cx, mpi, gloo):
             f = FACTOR[coll](n)

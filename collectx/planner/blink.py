@@ -43,7 +43,7 @@ MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pi
 MAX_INSTRUCTIONS = 4096        # at 8 ranks, growing with n^2 (see chunking.instruction_budget)
 CANDIDATE_CHUNKS = (16, 32, 64, 128, 256, 512)
 # Past 8 ranks the instruction budget grows with n ** 3 (see chunking.instruction_budget) and
-# trees ~10 levels deep need the chunks: 16-GCD MI250 allreduce 0.82 -> 0.88 of the reference
+# trees ~10 levels deep need the chunks: 16-GCD MI250 allreduce 0.82 -> 0.87 of the reference
 # with 1024. Up to 8 ranks 1024 chunks (host packings of 3-6 GPUs could take them) gained
 # 0.4% on average on DGX-1 for half as much planning time again.
 WIDE_CHUNKS = (1024,)

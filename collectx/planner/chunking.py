@@ -39,7 +39,7 @@ def instruction_budget(n: int, at_8: int) -> int:
     fill (depth / chunks) of 8 ranks takes ``n`` times more chunks. On 16-GCD MI250, whose
     trees are ~10 levels deep, ``n ** 2`` left allgather 64 chunks per root (0.89 of the
     bound) and allreduce 512 chunks (0.82 of the reference); ``n ** 3`` gives 128 and 1024
-    (0.93 and 0.88) and planning time stays within 2 s.
+    (0.93 and 0.87) and planning time stays within 2 s.
 
     >>> instruction_budget(8, 4096), instruction_budget(16, 4096)
     (4096, 32768)
