@@ -82,6 +82,7 @@ def main(argv=None) -> None:
     params = train(args)
     if args.out and dist.get_rank() == 0:
         torch.save(params, args.out)
+    dist.barrier()      # no rank tears its connections down while a peer still uses them
     dist.destroy_process_group()
 
 

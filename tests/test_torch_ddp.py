@@ -21,8 +21,14 @@ def _torchrun(backend: str, nproc: int, out: Path, steps: int = 50) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", str(EXAMPLE), "--backend", backend,
            "--steps", str(steps), "--out", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, f"{backend} x{nproc} failed:\n{proc.stdout}\n{proc.stderr}"
+    # gloo is only the reference here: a gloo rank has been seen to abort in its own C++
+    # ("terminate called without an active exception") on a 3-rank run, so its run gets one
+    # more try. collectx runs get none.
+    for _ in range(2 if backend == "gloo" else 1):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        if proc.returncode == 0:
+            return
+    raise AssertionError(f"{backend} x{nproc} failed:\n{proc.stdout}\n{proc.stderr}")
 
 
 @pytest.mark.slow          # four torchrun launches: about a minute on an idle 2-core machine
