@@ -67,3 +67,14 @@ def test_tree_plans_stay_within_the_executors_lanes():
     for name, gpus, coll in cases:
         s = plan(topo.load(name), coll, 1 << 30, gpus=gpus).schedule
         assert max(len(lanes) for lanes in s.lanes) <= MAX_LANES, (name, gpus, coll)
+
+
+def test_the_lane_limit_matches_both_native_executors():
+    import re
+    from pathlib import Path
+    from collectx.schedule.ir import MAX_LANES
+    include = Path(__file__).resolve().parents[1] / "native" / "include"
+    for header, name in (("cx_executor.h", "CX_EXEC_MAX_LANES"),
+                         ("cx_cuda_exec.h", "CX_CUDA_MAX_LANES")):
+        found = re.search(rf"#define {name} (\d+)", (include / header).read_text())
+        assert found and int(found.group(1)) == MAX_LANES, header

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from ..errors import ArgumentError, TopologyError
+from .turnaround import direct_link
 
 _HOP_EPS = 1e-9   # tie-break: among equal-price paths prefer fewer hops
 
@@ -201,7 +202,7 @@ def host_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False,
         if host == a or kinds.get(host) != "cpu":
             continue
         for b in gpus:
-            if b == a or not (any_pair or _direct_gpu_link(G, a, b)):
+            if b == a or not (any_pair or direct_link(G, a, b)):
                 continue
             use: dict = {}
             for x, y in ((a, host), (host, b)):
@@ -213,10 +214,6 @@ def host_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False,
                        for i in use):
                 routes[(b, a) if reverse else (a, b)] = tuple(sorted(use.items()))
     return routes
-
-
-def _direct_gpu_link(G: nx.DiGraph, a, b) -> bool:
-    return G.has_edge(a, b) and G.edges[a, b].get("type") in ("nvlink", "xgmi")
 
 
 def _walk_back(index: LinkIndex, via: dict, src, t) -> tuple:

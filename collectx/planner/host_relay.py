@@ -58,13 +58,12 @@ from ..errors import NoFeasiblePlan, PlanError
 from ..schedule.host import stage_through_host
 from ..schedule.ir import Schedule
 from ..schedule.split import join_shares, refine
-from .turnaround import pcie_levels
+from .turnaround import DIRECT_TYPES, all_direct, pcie_levels
 from .edge_split import job_graph
 
 MIN_BYTES = 1 << 20       # below this the extra latency of a staged hop outweighs the bandwidth
 RELAY_GATE = 0.97         # a plan this close to its bound needs no relay
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce")
-DIRECT_TYPES = ("nvlink", "xgmi")
 # Relay shares tried, as fractions of the rate-proportional share (contention moves the best
 # one). One at 0.9 matched the search over 1.0, 0.7, 0.45 in mean efficiency on 120 sampled
 # DGX-1 plans (0.924 against 0.923) with one or two fewer joined plans to simulate.
@@ -135,13 +134,6 @@ def _host_modes(collective: str, n: int) -> list:
     return modes
 
 
-def _all_pairs_direct(view: nx.DiGraph, ranks) -> bool:
-    """Every two of ``ranks`` joined by a direct GPU link (host routes for any pair then add
-    none)."""
-    return all(view.has_edge(a, b) and view.edges[a, b].get("type") in DIRECT_TYPES
-               for a in ranks for b in ranks if a != b)
-
-
 def _direct_pair(view: nx.DiGraph, ranks) -> bool:
     keep = set(ranks)
     return any(d.get("type") in DIRECT_TYPES for u, v, d in view.edges(data=True)
@@ -191,7 +183,7 @@ def with_host_relays(view: nx.DiGraph, ranks, collective: str, nbytes: int, chos
     for host, lean in _host_modes(collective, len(ranks)):
         if not _worth_trying(collective, nbytes, best[2], bound_busbw, len(ranks)):
             break
-        if host == "any" and _all_pairs_direct(view, ranks):
+        if host == "any" and all_direct(view, ranks):   # no pair lacks a direct link
             continue
         best = _integrated(view, ranks, collective, nbytes, root, inplace, best, trees_lead,
                            host=host, lean=lean)

@@ -27,14 +27,13 @@ from typing import Callable
 import networkx as nx
 
 from ..schedule.builder import ScheduleBuilder
-from ..schedule.ir import Ref
+from ..schedule.ir import MAX_LANES, Ref   # more lane keys than MAX_LANES share lanes
 from .edge_split import LinkIndex, host_routes, simulator_routes
 from .integral_trees import pack_unit_trees
 from .switch_trees import pack_switch_trees
 from .treepack import (Packing, pack_balanced_trees, pack_out_trees, pack_relay_trees,
                        pack_undirected_trees)
 
-MAX_LANES = 32   # lanes per rank: the CPU and CUDA executors run at most 32; more keys share lanes
 SUBLANES = 3     # lanes per link, dealt round-robin: one late chunk does not idle the link
 RELAY_KEEP = 0.999   # two-level relay trees replace a single root's packing if they keep this
 

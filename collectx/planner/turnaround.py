@@ -36,7 +36,7 @@ import itertools
 
 import networkx as nx
 
-DIRECT_TYPES = ("nvlink", "xgmi")
+DIRECT_TYPES = ("nvlink", "xgmi")   # GPU-to-GPU links CUDA peer copies always take
 
 
 def without_turnarounds(G: nx.DiGraph, gpus) -> nx.DiGraph:
@@ -45,7 +45,7 @@ def without_turnarounds(G: nx.DiGraph, gpus) -> nx.DiGraph:
     kinds = dict(G.nodes(data="kind"))
     level = pcie_levels(G, kinds)
     split = [s for s, k in kinds.items() if k == "pci_switch" and _leaves_only(G, s, kinds) and
-             _all_direct(G, _gpus_below(G, s, kinds, level, set(gpus)))]
+             all_direct(G, _gpus_below(G, s, kinds, level, set(gpus)))]
     if not split:
         return G
     H = G.copy()
@@ -101,11 +101,16 @@ def _gpus_below(G, s, kinds, level, job) -> list:
     return found
 
 
-def _all_direct(G: nx.DiGraph, gpus: list) -> bool:
-    if len(gpus) < 2:
-        return False
-    return all(G.get_edge_data(a, b, {}).get("type") in DIRECT_TYPES
-               for a, b in itertools.permutations(gpus, 2))
+def direct_link(G: nx.DiGraph, a, b) -> bool:
+    """``a -> b`` is a direct GPU link (:data:`DIRECT_TYPES`)."""
+    return G.get_edge_data(a, b, {}).get("type") in DIRECT_TYPES
+
+
+def all_direct(G: nx.DiGraph, gpus) -> bool:
+    """At least two ``gpus``, every two joined by a direct GPU link."""
+    gpus = list(gpus)
+    return len(gpus) >= 2 and all(direct_link(G, a, b)
+                                  for a, b in itertools.permutations(gpus, 2))
 
 
 def _split(H: nx.DiGraph, s, kinds: dict, level: dict) -> None:

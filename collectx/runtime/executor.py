@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from ..errors import PlanError, ScheduleError
 from ..schedule.host import host_as_scratch
-from ..schedule.ir import Dep, Ref, Schedule, alias
+from ..schedule.ir import MAX_LANES, Dep, Ref, Schedule, alias
 from ._lib import native
 
 BUF_CODE = {"input": 0, "output": 1, "scratch": 2}
 OP_CODE = {"copy": 0, "reduce": 1}
-MAX_LANES = 32
 INSTR_WORDS = 9
 
 

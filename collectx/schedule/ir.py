@@ -55,6 +55,8 @@ BUFFERS = ("input", "output", "scratch", "host")
 STAGING = ("scratch", "host")        # per-rank buffers sized by the schedule, never aliased
 OPS = ("copy", "reduce", "engine")
 ROOTED = ("broadcast", "reduce")
+# Lanes per rank the executors run: CX_EXEC_MAX_LANES (CPU) and CX_CUDA_MAX_LANES in native/.
+MAX_LANES = 32
 
 
 def chunk_span(j: int, nchunks: int, count: int) -> tuple[int, int]:
