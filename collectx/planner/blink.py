@@ -60,8 +60,9 @@ HOST_CHUNKS_UP_TO = 6
 UNIT_TREES = range(3, 13)
 UNITS_SIMULATED = 2
 # k equal trees split the chunks k ways, so each fills its pipeline in k times fewer chunks than
-# one tree of the whole rate: they take twice the most chunks host packings of up to 6 ranks
-# may take, 1024 at 1 GiB (sampled 5-6 GPU DGX-1V allocations: +0.005-0.02 of the reference).
+# one tree of the whole rate: up to 6 ranks they take twice the most chunks host packings may
+# take, 1024 at 1 GiB (on DGX-1V 5-6 GPU allocations up to +0.026 of the reference; at 7 GPUs
+# it lifted 2 of 16 DGX-1 plans, none to 0.95, for 0.4 s more planning time).
 UNIT_CHUNKS = 2
 TREE_LANES = 4                 # most lanes per link one allreduce tree gets with lanes of its own
 MAX_ROOTED_INSTRUCTIONS = 4096   # broadcast / reduce at 8 ranks (one per tree edge and chunk),
@@ -247,7 +248,8 @@ def _equal_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes, nchunk
     """
     from ..schedule.simulate import simulate
     n = len(ranks)
-    q = nchunks or min(UNIT_CHUNKS * max(_candidates("allreduce", nbytes, n, 2)),
+    scale = UNIT_CHUNKS if n <= HOST_CHUNKS_UP_TO else 1
+    q = nchunks or min(scale * max(_candidates("allreduce", nbytes, n, 2)),
                        max(1, int(unit_bytes("allreduce", nbytes, n) // MIN_CHUNK_BYTES)))
     seen, scored = set(), []
     for k in UNIT_TREES:
