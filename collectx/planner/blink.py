@@ -243,8 +243,9 @@ def _equal_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes, nchunk
     others fall behind. :func:`~.chunking.equal_units` picks ``k`` equal trees from the
     packing for each ``k`` of :data:`UNIT_TREES`, each on lanes of its own; the ones with the
     best rate after pipeline fill are simulated (at most :data:`UNITS_SIMULATED`, and only
-    while their packing rate could beat ``s``). On the DGX-1V allocations whose allreduce
-    stayed below 0.95 of the reference this lifted the worst from 0.75 to 0.86.
+    while their packing rate could beat ``s``). Over the 247 DGX-1V allocations of 2-8 GPUs
+    this lifted 78 allreduce plans and none got slower; the worst went from 0.754 to 0.841 of
+    the reference.
     """
     from ..schedule.simulate import simulate
     n = len(ranks)
