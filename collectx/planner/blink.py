@@ -38,7 +38,8 @@ from ..schedule.metrics import unit_bytes
 from ._build import check_args, faster
 from .edge_split import job_graph, require_connected
 from .integral_trees import depth_balanced_counts, pack_unit_spanning_trees
-from .chunking import chunk_counts, equal_units, even_counts, instruction_budget, runs_by_group
+from .chunking import (chunk_counts, equal_units, instruction_budget, largest_remainder,
+                       runs_by_group)
 from .treesched import SUBLANES, Share, TreeEmitter, pack_both_ways, pack_rooted
 
 SUPPORTED = ("allreduce", "broadcast", "reduce")
@@ -261,15 +262,17 @@ def _equal_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes, nchunk
         if mix in seen:   # k = 10 may repeat k = 5's mix, with less fill
             continue
         seen.add(mix)
-        counts = even_counts(units, q)
+        counts = largest_remainder(units, q)
         fill = max((2 * t.depth() - 1) / c for t, c in counts)
         scored.append((units.rate / (1 + fill), k, units, counts))
     best_us = simulate(s, topo, nbytes, ranks=list(ranks)).time_us
     for _, _, units, counts in sorted(scored, key=lambda x: (-x[0], x[1]))[:UNITS_SIMULATED]:
-        if nbytes / (units.rate * 1e3) < best_us:
-            s = faster(s, _allreduce(units, (q, counts), ranks, root, inplace, own=True),
-                       topo, nbytes, ranks)
-            best_us = simulate(s, topo, nbytes, ranks=list(ranks)).time_us
+        if nbytes / (units.rate * 1e3) >= best_us:
+            continue   # the packing's own rate cannot beat the best plan so far
+        plan = _allreduce(units, (q, counts), ranks, root, inplace, own=True)
+        t = simulate(plan, topo, nbytes, ranks=list(ranks)).time_us
+        if t < best_us:
+            s, best_us = plan, t
     return s
 
 

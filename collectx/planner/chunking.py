@@ -21,6 +21,8 @@ budget finds no integer point, the largest-remainder rounding of the LP rates is
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import Bounds as LPBounds
@@ -88,15 +90,15 @@ def chunk_counts(packing, caps, candidates, passes: int = 1,
     order = sorted(candidates)
     q = order[-1]
     if latency is not None:
-        q = max(order, key=lambda c: (_timed(_largest_remainder(packing, c), caps, packing.rate,
+        q = max(order, key=lambda c: (_timed(largest_remainder(packing, c), caps, packing.rate,
                                              c, passes, latency), -c))
         order = []
     for c in order[:-1]:
-        if _score(_largest_remainder(packing, c), caps, packing.rate, c, passes) >= KEEP:
+        if _score(largest_remainder(packing, c), caps, packing.rate, c, passes) >= KEEP:
             q = c
             break
     if q not in memo:
-        rough = _largest_remainder(packing, q)
+        rough = largest_remainder(packing, q)
         fine = _solved(packing, caps, q)
         memo[q] = max((rough, fine), key=lambda n: _score(n, caps, packing.rate, q, passes))
     return q, memo[q]
@@ -180,7 +182,7 @@ def _solve_counts(packing, caps, q) -> list:
     res = milp(cost, constraints=rows, integrality=integrality, bounds=bounds,
                options={"node_limit": MIP_NODES, "presolve": True})
     if res.x is None:
-        return _largest_remainder(packing, q)
+        return largest_remainder(packing, q)
     n = np.rint(res.x[:k]).astype(int)
     return [(t, int(c)) for t, c in zip(cols, n) if c > 0]
 
@@ -206,8 +208,6 @@ def equal_units(packing, caps, k: int):
     >>> units.rate, [t.rate for t in units.trees]
     (100.0, [50.0, 50.0])
     """
-    from dataclasses import replace
-
     from .treepack import Packing
     counts = _solve_counts(packing, caps, k)
     if sum(c for _, c in counts) < 2:
@@ -217,13 +217,9 @@ def equal_units(packing, caps, k: int):
     return Packing(rate=rate, trees=trees, rounds=packing.rounds, columns=packing.columns)
 
 
-def even_counts(packing, q: int) -> list:
-    """``[(tree, n)]``: ``q`` chunks per group in proportion to the trees' rates (largest
-    remainder), for packings whose trees are already whole units (:func:`equal_units`)."""
-    return _largest_remainder(packing, q)
-
-
-def _largest_remainder(packing, q) -> list:
+def largest_remainder(packing, q) -> list:
+    """``[(tree, n)]`` with ``n > 0``: ``q`` chunks per group in proportion to the trees' rates
+    (as :func:`split_chunks` cuts them); exact for equal trees (:func:`equal_units`)."""
     by_group: dict = {}
     for t in packing.trees:
         by_group.setdefault(t.group, []).append(t)
