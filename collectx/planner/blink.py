@@ -71,6 +71,8 @@ MAX_ROOTED_INSTRUCTIONS = 4096   # broadcast / reduce at 8 ranks (one per tree e
 SHALLOW_INSTRUCTIONS = 12288     # two-level trees, any n: they fill in one chunk time, and
                                  # the best count balances that against per-chunk waits
 PER_TREE_CHUNKS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 240)
+PAIRED_CHUNKS = (320, 480, 640)   # staggered pieces of equal deep trees (see _rooted_style)
+PAIRED_TRIED = 2                  # of their largest counts, simulated
 
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
@@ -148,33 +150,51 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
             s = faster(s, _allreduce(unit, _allreduce_counts(unit, caps, nbytes, n, nchunks),
                                      ranks, root, inplace, own=True), topo, nbytes, ranks)
         return s
-    else:
-        packing, caps = pack_rooted(G, ranks, [ranks[root]], reverse=collective == "reduce",
-                                    host=host, lean=lean)
-        style = _rooted_style(collective, packing)
-        wait = _route_wait_us(G, ranks, packing)
-        cands = [nchunks] if nchunks else _rooted_candidates(nbytes, n, packing, style, wait)
-        full_us = nbytes / (packing.rate * 1e3) if packing.rate > 0 else 0.0
-        nch, counts = chunk_counts(packing, caps, cands, latency=wait / full_us
-                                   if style == "chain" and full_us > 0 else None)
-        # Equal unit trees of one root move on one lane per tree and link (see
-        # TreeEmitter.broadcast's own_lanes): on mi250_16gcd broadcast reaches 0.92 of the
-        # bound against 0.88 with three lanes per link shared by the trees, reduce 0.93
-        # against 0.88.
-        own = style == "deep" and packing.balanced
-        if own and not nchunks:
-            counts = depth_balanced_counts(packing.trees, nch)
-        sublanes = 1 if own else {"staggered": 2, "chain": 1, "deep": SUBLANES}[style]
-        counted = (nch, counts)
-        s = _lowered(collective, packing, counted, ranks, root, inplace, sublanes, own)
-        if not own and style == "deep" and len(packing.trees) > 1:
-            # Unequal trees of one root: a lane per tree and link, as for equal unit trees,
-            # against lanes per link shared in pipeline order; the simulator decides (dgx1v
-            # GPUs 0, 1, 3-7 broadcast: 0.965 of the packing rate against 0.936; with host
-            # edges 0.866 against 0.724).
-            s = faster(s, _lowered(collective, packing, counted, ranks, root, inplace, 1, True),
-                       topo, nbytes, ranks)
-        return s
+    return _rooted(G, topo, ranks, collective, nbytes, root, inplace, nchunks, host, lean)
+
+
+def _rooted(G, topo, ranks, collective, nbytes, root, inplace, nchunks, host, lean) -> Schedule:
+    """Broadcast / reduce over the trees of one root, lowered as :func:`_rooted_style` says;
+    where two lowerings compete, the simulator decides."""
+    packing, caps = pack_rooted(G, ranks, [ranks[root]], reverse=collective == "reduce",
+                                host=host, lean=lean)
+    style = _rooted_style(collective, packing)
+    wait = _route_wait_us(G, ranks, packing)
+    n = len(ranks)
+    cands = [nchunks] if nchunks else _rooted_candidates(nbytes, n, packing, style, wait)
+    args = (packing, caps, collective, nbytes, wait, not nchunks, ranks, root, inplace)
+    s, counted = _rooted_plan(style, cands, *args)
+    if style == "deep" and len(packing.trees) > 1:
+        # Unequal trees of one root: a lane per tree and link, as for equal unit trees,
+        # against lanes per link shared in pipeline order (dgx1v GPUs 0, 1, 3-7 broadcast:
+        # 0.965 of the packing rate against 0.936; with host edges 0.866 against 0.724).
+        s = faster(s, _lowered(collective, packing, counted, ranks, root, inplace, 1, True),
+                   topo, nbytes, ranks)
+    if style == "unit" and collective == "broadcast":
+        # Paired pieces at the two largest counts: where a tree finishes varies by a percent
+        # or so from one count to the next (16-GCD MI250: 0.955, 0.941, 0.947, 0.960 of the
+        # bound at 480, 560, 640 and 720 chunks per tree), so one more simulation pays.
+        paired = [nchunks] if nchunks else _rooted_candidates(nbytes, n, packing, "paired",
+                                                              wait)
+        for q in paired[-PAIRED_TRIED:]:
+            s = faster(s, _rooted_plan("paired", [q], *args)[0], topo, nbytes, ranks)
+    return s
+
+
+def _rooted_plan(style, cands, packing, caps, collective, nbytes, wait, balance, ranks, root,
+                 inplace) -> tuple[Schedule, tuple]:
+    """(schedule, (chunks, counts)): ``packing`` lowered in ``style``, in the first of the
+    candidate chunk counts that keeps the rate (see :func:`~.chunking.chunk_counts`);
+    ``balance``: equal trees get chunks by depth, so that they all end together."""
+    full_us = nbytes / (packing.rate * 1e3) if packing.rate > 0 else 0.0
+    nch, counts = chunk_counts(packing, caps, cands, latency=wait / full_us
+                               if style == "chain" and full_us > 0 else None)
+    own = style in ("unit", "paired")
+    if own and balance:
+        counts = depth_balanced_counts(packing.trees, nch)
+    sublanes = {"staggered": 2, "chain": 1, "deep": SUBLANES, "unit": 1, "paired": 2}[style]
+    counted = (nch, counts)
+    return _lowered(collective, packing, counted, ranks, root, inplace, sublanes, own), counted
 
 
 def _lowered(collective, packing, counted, ranks, root, inplace, sublanes, own,
@@ -300,7 +320,7 @@ def _emit_broadcast(b, em, shares, staggered=False, own=False):
         em.self_copy(b.root, Ref(b.root, "output", 0, b.nchunks),
                      Ref(b.root, "input", 0, b.nchunks))
     if staggered:
-        em.staggered_broadcast(shares, src=_IN, dst=_OUT)
+        em.staggered_broadcast(shares, src=_IN, dst=_OUT, own_lanes=own)
     else:
         em.broadcast(shares, src=_IN, dst=_OUT, own_lanes=own)
 
@@ -329,10 +349,20 @@ def _rooted_style(collective, packing) -> str:
     * ``chain`` (two-level reduce trees): one lane per edge, so that a relay's first chunk
       arrives alone, and the count that balances fill against per-chunk waits;
     * ``deep``: several lanes per edge (the waits of a long chain would add up) and the
-      deepest pipeline that keeps the rate (the fill of ~10 levels dominates).
+      deepest pipeline that keeps the rate (the fill of ~10 levels dominates);
+    * ``unit`` (deep trees of one equal rate, ``Packing.balanced``): lanes of its own for
+      every tree on each link (see :meth:`~.treesched.TreeEmitter.broadcast`'s
+      ``own_lanes``), so each tree gets the share it was planned with; on mi250_16gcd
+      broadcast reached 0.92 of the bound against 0.88 with three lanes per link shared by
+      the trees, reduce 0.93 against 0.88.
+    * ``paired``, tried beside ``unit`` for broadcast (:func:`_rooted`): the same lanes of
+      each tree's own, two of them, moving staggered pieces. On one lane each chunk's hop
+      waits out the route latency: the 16-GCD MI250 broadcast was 0.92 of the bound, 0.97
+      with the latency taken out, and finer chunks only added waits (0.90 with twice as
+      many). Pieces halve the instructions, so the budget takes twice the chunks: 0.953.
     """
     if max(t.depth() for t in packing.trees) > 2:
-        return "deep"
+        return "unit" if packing.balanced else "deep"
     return "staggered" if collective == "broadcast" else "chain"
 
 
@@ -344,14 +374,16 @@ def _rooted_candidates(nbytes, n, packing, style, wait_us) -> list[int]:
     the largest whose chunks take at least ``wait_us`` at a tree's rate (two per piece).
     """
     ntrees = max(len(packing.trees), 1)
-    if style == "deep":
-        budget = instruction_budget(n, MAX_ROOTED_INSTRUCTIONS) // n
+    paired = style == "paired"   # one instruction per two chunks and tree edge
+    if style in ("deep", "unit", "paired"):
+        budget = instruction_budget(n, MAX_ROOTED_INSTRUCTIONS) // n * (2 if paired else 1)
     elif style == "chain":
         budget = SHALLOW_INSTRUCTIONS // n
     else:
         budget = 2 * SHALLOW_INSTRUCTIONS // n
     most = max(1, min(int(nbytes // MIN_CHUNK_BYTES), budget))
-    out = [m * ntrees for m in PER_TREE_CHUNKS if m * ntrees <= most] or [1]
+    per_tree = PER_TREE_CHUNKS + (PAIRED_CHUNKS if paired else ())
+    out = [m * ntrees for m in per_tree if m * ntrees <= most] or [1]
     if style != "staggered":
         return out
     tree_rate = packing.rate / ntrees * 1e3          # bytes per microsecond

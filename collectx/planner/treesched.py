@@ -128,25 +128,29 @@ class TreeEmitter:
                 ready[c] = (self._hop(t, m, share, p, c, key, dst(c, j, share), source,
                                       ready[p][0]), t)
 
-    def staggered_broadcast(self, shares, src: RefFn, dst: RefFn) -> None:
+    def staggered_broadcast(self, shares, src: RefFn, dst: RefFn,
+                            own_lanes: bool = False) -> None:
         """:meth:`broadcast` in pieces of two chunks, the first piece of each tree one chunk.
 
         With two lanes per edge (``sublanes=2``) the pieces alternate between the lanes, and
         the short first piece puts the lanes half a piece out of step: while one lane waits
         for its next transfer to start (the route's latency), the other one has the link to
         itself, so the link never idles between pieces. Lanes that start together and move
-        equal pieces stay in step and idle together.
+        equal pieces stay in step and idle together. ``own_lanes``: every tree its own pair
+        of lanes on each link (see :meth:`broadcast`).
         """
+        tree_key = self._tree_keys(shares)
         for share in shares:
             runs = _pieces(share.chunks)
             m = len(runs)
+            key = tree_key(share, 0) if own_lanes else ()
             for i, run in enumerate(runs):
                 j, n = run[0], len(run)
                 ready = {share.root: (None, (i + 0.5) / m)}
                 for p, c in share.edges:
                     source = src(p, j, share) if p == share.root else dst(p, j, share)
                     t = ready[p][1] + 1.0 / m
-                    ready[c] = (self._hop(t, m, share, p, c, ("down", p),
+                    ready[c] = (self._hop(t, m, share, p, c, ("down", p) + key,
                                           _widen(dst(c, j, share), n), _widen(source, n),
                                           ready[p][0]), t)
 
