@@ -181,3 +181,20 @@ def test_blink_allreduce_with_host_edges_runs_equal_trees_where_unequal_ones_dri
 
 def _tree_chunk_counts(s):
     return [tree[3] for tree in s.meta_dict()["trees"]]
+
+
+def test_forest_allgather_with_host_edges_runs_equal_trees_per_root_where_they_pay():
+    # DGX-1P GPUs 1, 3, 5, 6 (host routes for any pair, the LP's vertex): the LP gives the
+    # roots one to three trees of unequal rates, 0.91 of the bound; six equal trees per root
+    # simulate at 0.98.
+    gpus = ("GPU1", "GPU3", "GPU5", "GPU6")
+    view = T.load("dgx1p")
+    s = plan_forest(view, gpus, "allgather", 1 << 30, host="any", lean=False)
+    assert verify(s).instructions > 0
+    per_root: dict = {}
+    for phase, root, edges, first, count, *_ in s.meta_dict()["trees"]:
+        per_root.setdefault(root, []).append(count)
+    assert all(len(c) > 1 and max(c) == min(c) for c in per_root.values()), per_root
+    bound = bounds(view, "allgather", gpus=list(gpus)).bound_busbw
+    sim = simulate(s, view, 1 << 30, ranks=list(gpus))
+    assert 0.95 * bound <= sim.busbw_GBps <= 1.001 * bound

@@ -26,9 +26,6 @@ the LP's rate; allreduce takes greedy unit spanning trees when the simulator fin
 
 from __future__ import annotations
 
-from collections import Counter
-from fractions import Fraction
-
 import networkx as nx
 
 from ..errors import PlanError
@@ -38,7 +35,7 @@ from ..schedule.metrics import unit_bytes
 from ._build import check_args, faster
 from .edge_split import job_graph, require_connected
 from .integral_trees import depth_balanced_counts, pack_unit_spanning_trees
-from .chunking import (chunk_counts, equal_units, instruction_budget, largest_remainder,
+from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,
                        runs_by_group)
 from .treesched import SUBLANES, Share, TreeEmitter, pack_both_ways, pack_rooted
 
@@ -273,15 +270,8 @@ def _equal_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes, nchunk
     scale = UNIT_CHUNKS if n <= HOST_CHUNKS_UP_TO else 1
     q = nchunks or min(scale * max(_candidates("allreduce", nbytes, n, 2)),
                        max(1, int(unit_bytes("allreduce", nbytes, n) // MIN_CHUNK_BYTES)))
-    seen, scored = set(), []
-    for k in UNIT_TREES:
-        units = equal_units(packing, caps, k)
-        if units is None:
-            continue
-        mix = frozenset((t, Fraction(m, k)) for t, m in Counter(units.trees).items())
-        if mix in seen:   # k = 10 may repeat k = 5's mix, with less fill
-            continue
-        seen.add(mix)
+    scored = []
+    for k, units in equal_unit_mixes(packing, caps, UNIT_TREES):
         counts = largest_remainder(units, q)
         fill = max((2 * t.depth() - 1) / c for t, c in counts)
         scored.append((units.rate / (1 + fill), k, units, counts))

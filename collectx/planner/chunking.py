@@ -217,6 +217,33 @@ def equal_units(packing, caps, k: int):
     return Packing(rate=rate, trees=trees, rounds=packing.rounds, columns=packing.columns)
 
 
+def equal_unit_mixes(packing, caps, ks) -> list:
+    """``[(k, units)]``: :func:`equal_units` for each ``k`` of ``ks`` that has them, each mix
+    of trees once (``k = 10`` may repeat ``k = 5``'s mix, with more pipeline fill).
+
+    >>> from collectx.topology import line
+    >>> from collectx.planner.edge_split import job_graph
+    >>> from collectx.planner.treesched import pack_both_ways
+    >>> gpus = ("GPU0", "GPU1", "GPU2")
+    >>> packing, caps = pack_both_ways(job_graph(line(3, bw=100.0), gpus), gpus)
+    >>> [(k, len(units.trees)) for k, units in equal_unit_mixes(packing, caps, range(2, 5))]
+    [(2, 2)]
+    """
+    from collections import Counter
+    from fractions import Fraction
+    seen, out = set(), []
+    for k in ks:
+        units = equal_units(packing, caps, k)
+        if units is None:
+            continue
+        mix = frozenset((replace(t, rate=0.0), Fraction(m, k))   # copies of k differ in rate
+                        for t, m in Counter(units.trees).items())
+        if mix not in seen:
+            seen.add(mix)
+            out.append((k, units))
+    return out
+
+
 def largest_remainder(packing, q) -> list:
     """``[(tree, n)]`` with ``n > 0``: ``q`` chunks per group in proportion to the trees' rates
     (as :func:`split_chunks` cuts them); exact for equal trees (:func:`equal_units`)."""
