@@ -198,3 +198,12 @@ def test_forest_allgather_with_host_edges_runs_equal_trees_per_root_where_they_p
     bound = bounds(view, "allgather", gpus=list(gpus)).bound_busbw
     sim = simulate(s, view, 1 << 30, ranks=list(gpus))
     assert 0.95 * bound <= sim.busbw_GBps <= 1.001 * bound
+
+
+def test_deep_broadcast_with_host_edges_takes_twice_the_chunks_where_the_fill_costs():
+    # DGX-1V GPUs 1-5, 7: host edges make each chunk's pipeline two PCIe copies longer; the
+    # budget's 576 chunks keep 0.946 of the bound, twice as many 0.973.
+    p = plan(DGX1V, "broadcast", 1 << 30, gpus=[1, 2, 3, 4, 5, 7], verify=True)
+    assert p.algorithm == "blink+host"
+    assert p.schedule.nchunks == 1152
+    assert 0.96 <= p.efficiency <= 1.001
