@@ -162,33 +162,26 @@ class TreeEmitter:
         """
         done = {}
         tree_key = self._tree_keys(shares)
-        for share, i, j in _chunks(shares):
+        for share in shares:
             m = len(share.chunks)
-            kids: dict = {}
-            level = {share.root: 0}
-            for p, c in share.edges:
-                kids.setdefault(p, []).append(c)
-                level[c] = level[p] + 1
-            top = max(level.values())
-            partial: dict = {}
-            for u in reversed([share.root] + [c for _, c in share.edges]):   # children first
-                if u not in kids:
+            shape = _ReduceShape.of(share)
+            for i, j in enumerate(share.chunks):
+                lanes = tree_key(share, i) if own_lanes else ()
+                partial: dict = {}
+                for u in shape.leaves:
                     partial[u] = (contrib(u, j, share), None)
-                    continue
-                own = contrib(u, j, share)
-                dst = result(u, j, share) if u == share.root else self.b.fresh("scratch", u, own)
-                t = (i + 0.5 + top - level[u]) / m
-                inputs = [partial[c] if (u, c) not in share.staged_up else
-                          self._through_host(t, m, c, u, *partial[c]) for c in kids[u]]
-                srcs = (own,) + tuple(x for x, _ in inputs)
-                key = ("up", tuple(kids[u]))
-                if any((u, c) in share.staged_up for c in kids[u]):
-                    key += ("host",)   # PCIe-paced: never queue with NVLink-fed reductions
-                if own_lanes:
-                    key += tree_key(share, i)
-                token = self._add(t, u, key, "reduce", dst, srcs, tuple(k for _, k in inputs))
-                partial[u] = (dst, token)
-            done[share.root, j] = (partial[share.root][1], (i + 0.5 + top) / m)
+                for u, kids, height, key, staged in shape.inner:   # children first
+                    own = contrib(u, j, share)
+                    dst = result(u, j, share) if u == share.root else \
+                        self.b.fresh("scratch", u, own)
+                    t = (i + 0.5 + height) / m
+                    inputs = [self._through_host(t, m, c, u, *partial[c]) if c in staged
+                              else partial[c] for c in kids]
+                    srcs = (own,) + tuple(x for x, _ in inputs)
+                    token = self._add(t, u, key + lanes, "reduce", dst, srcs,
+                                      tuple(k for _, k in inputs))
+                    partial[u] = (dst, token)
+                done[share.root, j] = (partial[share.root][1], (i + 0.5 + shape.top) / m)
         return done
 
     def flush(self) -> None:
@@ -263,6 +256,37 @@ class TreeEmitter:
             self._staged[key] = (hop, self._add(t, sender, ("host up", receiver), "copy", hop,
                                                 (ref,), (token,)))
         return self._staged[key]
+
+
+@dataclass(frozen=True)
+class _ReduceShape:
+    """What a reduction over one share's tree does for every chunk alike: the leaves, and
+    per inner node, children first, ``(node, children, height, lane key, children staged
+    up to it)`` (height = levels above the deepest leaf, whose reduction runs first)."""
+
+    leaves: tuple
+    inner: tuple
+    top: int
+
+    @classmethod
+    def of(cls, share: Share) -> "_ReduceShape":
+        kids: dict = {}
+        level = {share.root: 0}
+        for p, c in share.edges:
+            kids.setdefault(p, []).append(c)
+            level[c] = level[p] + 1
+        top = max(level.values())
+        order = list(reversed([share.root] + [c for _, c in share.edges]))
+        inner = []
+        for u in order:
+            if u not in kids:
+                continue
+            staged = frozenset(c for c in kids[u] if (u, c) in share.staged_up)
+            key = ("up", tuple(kids[u]))
+            if staged:
+                key += ("host",)   # PCIe-paced: never queue with NVLink-fed reductions
+            inner.append((u, tuple(kids[u]), top - level[u], key, staged))
+        return cls(tuple(u for u in order if u not in kids), tuple(inner), top)
 
 
 def _pieces(chunks) -> list:
