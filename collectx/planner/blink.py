@@ -361,7 +361,7 @@ def _rooted_style(collective, packing) -> str:
       the trees, reduce 0.93 against 0.88.
     * ``paired``, tried beside ``unit`` for broadcast (:func:`_rooted`): the same lanes of
       each tree's own, two of them, moving staggered pieces. On one lane each chunk's hop
-      waits out the route latency: the 16-GCD MI250 broadcast was 0.92 of the bound, 0.97
+      waits out the route latency: the 16-GCD MI250 broadcast was 0.92 of the bound, 0.965
       with the latency taken out, and finer chunks only added waits (0.90 with twice as
       many). Pieces halve the instructions, so the budget takes twice the chunks: 0.953.
     """
