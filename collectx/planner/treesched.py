@@ -187,13 +187,18 @@ class TreeEmitter:
     def flush(self) -> None:
         """Append every collected item to the builder, earliest first."""
         dep_of: dict = {}
-        turn: dict = {}
+        slots: dict = {}   # (rank, key) -> [items so far, {sublane: lane}]
         for t, seq, rank, key, op, dst, srcs, tokens in sorted(self._items, key=_BY_TIME):
-            k = turn[rank, key] = turn.get((rank, key), -1) + 1
+            slot = slots.get((rank, key))
+            if slot is None:
+                slot = slots[rank, key] = [0, {}]
             # Copies up to host memory keep one lane per peer: more concurrent ones only split
             # the PCIe uplink among more transfers, and the pipeline order is the one wanted.
-            lane = self.lane(rank, (key, 0 if key[0] in ("host up", "host down")
-                                    else k % self.sublanes))
+            sub = 0 if key[0] in ("host up", "host down") else slot[0] % self.sublanes
+            slot[0] += 1
+            lane = slot[1].get(sub)
+            if lane is None:
+                lane = slot[1][sub] = self.lane(rank, (key, sub))
             wait = [dep_of[k] for k in tokens if k is not None]
             if op == "copy":
                 dep_of[seq] = self.b.copy(rank, lane, dst, srcs[0], deps=wait)
