@@ -191,11 +191,11 @@ def _equal_units_or(s: Schedule, packed: tuple, ranks, inplace, nchunks, topo,
     Blink allreduce, see :func:`~.blink._equal_units_or`). :func:`~.chunking.equal_units`
     gives every root ``k`` equal copies of its trees for each ``k`` of :data:`UNIT_TREES`;
     the mix that keeps the most rate (the fewest trees among equals) is simulated on lanes per
-    link, with as many chunks per root as ``s`` rounded up to whole chunks per tree. Of the
-    30 DGX-1 allgathers with host edges below 0.95 of the bound, a search over k = 2..8,
-    both lane layouts and two chunk counts lifted 11 past 0.95, this one simulation per plan
-    8; over all 247 allocations of each DGX-1 those below 0.95 went from 14 to 12 (DGX-1V)
-    and from 16 to 11 (DGX-1P).
+    link, with as many chunks per root as ``s`` rounded up to whole chunks per tree. On the
+    30 DGX-1 allgathers below 0.95 of the bound, the host modes reached 0.95 on 11 with a
+    search over k = 2..8, both lane layouts and two chunk counts (on 2 without equal trees),
+    and on 8 with this one simulation per plan; over all 247 allocations of each DGX-1 those
+    below 0.95 went from 14 to 12 (DGX-1V) and from 16 to 11 (DGX-1P).
     """
     packing, caps = packed
     if len(packing.trees) <= len(ranks):
