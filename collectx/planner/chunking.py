@@ -21,7 +21,9 @@ budget finds no integer point, the largest-remainder rounding of the LP rates is
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
+from fractions import Fraction
 
 import numpy as np
 import scipy.sparse as sp
@@ -229,8 +231,6 @@ def equal_unit_mixes(packing, caps, ks) -> list:
     >>> [(k, len(units.trees)) for k, units in equal_unit_mixes(packing, caps, range(2, 5))]
     [(2, 2)]
     """
-    from collections import Counter
-    from fractions import Fraction
     seen, out = set(), []
     for k in ks:
         units = equal_units(packing, caps, k)
