@@ -1,12 +1,14 @@
-"""The native flow loop (cx_sim_fairshare) gives the Python loop's numbers, bit for bit."""
+"""The native flow loop (cx_sim_fairshare) gives the Python loop's numbers, bit for bit, and
+the flat front end (collectx._fastpath.schedule_arrays) gives the graph front end's."""
 
 import pytest
 
 import collectx.topology as topo
-from collectx.errors import NativeError
+from collectx.errors import DependencyCycle, MalformedSchedule, NativeError
 from collectx.planner import registry
 from collectx.planner.api import allocation
-from collectx.schedule import Ref, ScheduleBuilder, simulate
+from collectx.schedule import Dep, Ref, ScheduleBuilder, simulate
+from collectx.schedule import _flat
 from collectx.schedule._fairshare import RouteClasses
 from collectx.schedule._taskloop import TaskGraph, native_available, run_native, run_python
 
@@ -34,6 +36,89 @@ def test_native_matches_python_on_planned_schedules(name, gpus, coll, algo, nbyt
     got = simulate(s, view, nbytes, ranks=list(ranks), native=True)
     _same(got, simulate(s, view, nbytes, ranks=list(ranks), native=False))
     assert got.time_us > 0
+
+
+needs_flat = pytest.mark.skipif(_flat._walker() is None or not native_available(),
+                                reason="collectx._fastpath without schedule_arrays")
+
+
+def _graph_front_end(monkeypatch, fn):
+    import importlib
+    sim = importlib.import_module("collectx.schedule.simulate")
+    with monkeypatch.context() as m:
+        m.setattr(sim, "flat_tasks", lambda *a: None)
+        sim._SEEN.clear()
+        return fn()
+
+
+@needs_flat
+@pytest.mark.parametrize("name,gpus,coll", [("dgx1p", [0, 2, 3, 4, 6, 7], "allreduce"),
+                                            ("dgx1v", [1, 2, 3, 5, 6, 7], "broadcast"),
+                                            ("dgx1p", None, "allgather"),
+                                            ("mi250_16gcd", None, "reduce_scatter")])
+def test_flat_front_end_matches_the_graph_front_end(monkeypatch, name, gpus, coll):
+    # Planned schedules with host buffers, scratch chunks and reduces of many sources.
+    from collectx.planner import plan
+    G = topo.load(name)
+    p = plan(G, coll, 1 << 30, gpus=gpus, verify=False)
+    assert _flat.flat_tasks(p.schedule, list(p.ranks), list(p.ranks), lambda a, b: [],
+                            lambda c, n: n) is not None
+    for nbytes in (8 << 10, 1 << 30):
+        got = simulate(p.schedule, G, nbytes, ranks=list(p.ranks))
+        _same(got, _graph_front_end(monkeypatch, lambda: simulate(
+            p.schedule, G, nbytes, ranks=list(p.ranks))))
+
+
+@needs_flat
+def test_flat_walk_numbers_nodes_and_edges_as_build_graph():
+    import numpy as np
+    from collectx import _native
+    from collectx.schedule._graph import build_graph
+    b = ScheduleBuilder("allgather", 2, nchunks=2)
+    a0 = b.copy(0, 1, Ref(0, "output", 0), Ref(0, "input", 0))
+    a1 = b.copy(1, 0, Ref(1, "host", 0), Ref(1, "input", 0))
+    b.copy(0, 1, Ref(0, "output", 2), Ref(1, "host", 0), deps=[a1, a0])   # a0: lane order too
+    b.reduce(1, 2, Ref(1, "output", 2, 2), [Ref(1, "input", 0), Ref(0, "output", 0)],
+             deps=[a0])
+    s = b.build()
+    arrays = [np.frombuffer(x, dtype=np.int32).tolist()
+              for x in _native._compiled_module().schedule_arrays(s.lanes)]
+    rank, dst_rank, dst_host, dst_chunk, dst_count, src_off, src_rank, src_host, \
+        pred_off, preds, succ_off, succs = arrays
+    g = build_graph(s)
+    assert [preds[pred_off[v]:pred_off[v + 1]] for v in range(len(g))] == \
+        [list(p) for p in g.preds]
+    assert rank == [d.rank for d in g.ids] == [0, 0, 1, 1]
+    assert dst_host == [0, 0, 1, 0] and dst_count == [1, 1, 1, 2] and dst_chunk == [0, 2, 0, 2]
+    assert src_rank == [0, 1, 1, 1, 0] and src_host == [0, 1, 0, 0, 0]
+    assert src_off == [0, 1, 2, 3, 5]
+    assert succs == [1, 3, 1] and succ_off == [0, 2, 2, 3, 3]
+
+
+@needs_flat
+def test_flat_walk_leaves_engine_steps_and_bad_deps_to_the_graph_path():
+    from collectx import _native
+    walk = _native._compiled_module().schedule_arrays
+    b = ScheduleBuilder("allreduce", 2, nchunks=1)
+    for r in range(2):
+        b.engine(r, 0, Ref(r, "output", 0), [Ref(r, "input", 0)], "allreduce", (0, 1))
+    assert walk(b.build().lanes) is None
+    b = ScheduleBuilder("broadcast", 2, nchunks=1)
+    b.copy(1, 0, Ref(1, "output", 0), Ref(0, "input", 0), deps=[Dep(0, 3, 0)])
+    s = b.build()
+    assert walk(s.lanes) is None
+    with pytest.raises(MalformedSchedule, match="rank 0 lane 3 instr 0"):
+        simulate(s, topo.ring(2, bw=10.0), 64)
+    assert walk(((object(),),)) is None and walk("lanes") is None
+
+
+@needs_flat
+def test_flat_front_end_names_an_instruction_of_a_cycle():
+    b = ScheduleBuilder("broadcast", 2, nchunks=2)
+    b.copy(0, 0, Ref(0, "output", 0), Ref(0, "input", 0), deps=[Dep(1, 0, 0)])
+    b.copy(1, 0, Ref(1, "output", 0), Ref(0, "output", 0), deps=[Dep(0, 0, 0)])
+    with pytest.raises(DependencyCycle, match="2 instructions never became ready"):
+        simulate(b.build(), topo.ring(2, bw=10.0), 64)
 
 
 @needs_native

@@ -6,7 +6,8 @@ instruction nodes. :func:`run` plays it: a task starts when any of its member no
 unfinished predecessor, and finishes with its last flow. libcollectx's ``cx_sim_fairshare``
 does this in native code when the library is there (planning simulates every candidate, and
 the Python loop was most of the planning time); :func:`run_python` is the same loop over
-:class:`._fairshare.FlowLoop` and gives the same numbers.
+:class:`._fairshare.FlowLoop` and gives the same numbers. Copy/reduce schedules reach the
+native loop as flat arrays without a :class:`TaskGraph` (:mod:`._flat`, :func:`run_arrays`).
 """
 
 from __future__ import annotations
@@ -126,20 +127,27 @@ def _library():
 def run_native(tg: TaskGraph, capacity: list[float],
                classes: RouteClasses) -> tuple[float, list[int]]:
     """The event loop in libcollectx (``cx_sim_fairshare``)."""
+    return run_arrays(_flatten(tg), len(tg.parts), len(tg.node_task), capacity, classes)
+
+
+def run_arrays(tasks: dict, ntasks: int, nnodes: int, capacity: list[float],
+               classes: RouteClasses) -> tuple[float, list[int]]:
+    """:func:`run_native` on a task graph already in ``cx_sim_graph``'s arrays (``part_*``,
+    ``member*``, ``node_task``, ``succ*``, ``npreds``; see :mod:`._flat`)."""
     ffi, lib = _library()
-    arrays = _flatten(tg, capacity, classes)
+    arrays = dict(tasks, **_class_arrays(capacity, classes))
     g = ffi.new("cx_sim_graph*")
     g.nres, g.nclasses = len(capacity), len(classes.links)
-    g.ntasks, g.nnodes = len(tg.parts), len(tg.node_task)
+    g.ntasks, g.nnodes = ntasks, nnodes
     for name, a in arrays.items():
         setattr(g, name, ffi.cast("double*" if a.dtype == np.float64 else "int*",
                                   ffi.from_buffer(a)))
     time_us = ffi.new("double*")
     nstarted = ffi.new("int*")
-    order = np.zeros(max(len(tg.parts), 1), dtype=np.int32)
+    order = np.zeros(max(ntasks, 1), dtype=np.int32)
     rc = lib.cx_sim_fairshare(g, time_us, ffi.cast("int*", ffi.from_buffer(order)), nstarted)
     if rc != 0:
-        raise NativeError(f"cx_sim_fairshare returned {rc} for a {len(tg.parts)}-task graph; "
+        raise NativeError(f"cx_sim_fairshare returned {rc} for a {ntasks}-task graph; "
                           "expected 0 (the task graph is malformed: report this as a bug)")
     return time_us[0], order[:nstarted[0]].tolist()
 
@@ -150,16 +158,20 @@ def _csr(rows) -> tuple[np.ndarray, list]:
     return off, [x for r in rows for x in r]
 
 
-def _flatten(tg: TaskGraph, capacity: list[float], classes: RouteClasses) -> dict:
-    """The cx_sim_graph arrays (kept alive by the caller while the call runs)."""
+def _class_arrays(capacity: list[float], classes: RouteClasses) -> dict:
+    class_off, class_res = _csr([classes.links[c] for c in range(len(classes.links))])
+    return {"capacity": np.asarray(capacity, dtype=np.float64).reshape(-1),
+            "class_off": class_off, "class_res": np.asarray(class_res, dtype=np.int32)}
+
+
+def _flatten(tg: TaskGraph) -> dict:
+    """The task arrays of cx_sim_graph (kept alive by the caller while the call runs)."""
     i32 = lambda xs: np.asarray(xs, dtype=np.int32).reshape(-1)  # noqa: E731
     f64 = lambda xs: np.asarray(xs, dtype=np.float64).reshape(-1)  # noqa: E731
-    class_off, class_res = _csr([classes.links[c] for c in range(len(classes.links))])
     part_off, parts = _csr(tg.parts)
     member_off, members = _csr(tg.members)
     succ_off, succs = _csr(tg.succs)
-    return {"capacity": f64(capacity), "class_off": class_off, "class_res": i32(class_res),
-            "part_off": part_off, "part_bytes": f64([p[0] for p in parts]),
+    return {"part_off": part_off, "part_bytes": f64([p[0] for p in parts]),
             "part_class": i32([p[1] for p in parts]),
             "part_latency": f64([p[2] for p in parts]), "member_off": member_off,
             "members": i32(members), "node_task": i32(tg.node_task), "succ_off": succ_off,

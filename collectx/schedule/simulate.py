@@ -23,12 +23,14 @@ from __future__ import annotations
 import dataclasses
 
 import networkx as nx
+import numpy as np
 
 from .._gc import paused
 from ..errors import ArgumentError
 from ._graph import build_graph
 from ._routes import Routes, routes_for
-from ._taskloop import TaskGraph, run as run_tasks
+from ._flat import flat_tasks
+from ._taskloop import TaskGraph, native_available, run as run_tasks, run_arrays
 from .engine_steps import engine_groups, span_ratio
 from .ir import Instr, Schedule, range_span
 from .metrics import algbw, bus_factor, unit_bytes
@@ -111,27 +113,59 @@ def _simulate(s: Schedule, nodes: list, routes, nbytes: int, dtype_size: int,
               native: bool | None) -> SimResult:
     unit = unit_bytes(s.collective, nbytes, s.nranks)
     elems = int(unit // dtype_size)
+
+    def run_bytes(chunk: int, count: int) -> int:
+        return range_span(chunk, count, s.nchunks, elems)[1] * dtype_size
+
+    hosts = [routes.host_of(n) for n in nodes] if s.uses_host else nodes
+    parts = lambda a, b: _parts(routes, a, b)  # noqa: E731
+    flat = flat_tasks(s, nodes, hosts, parts, run_bytes) \
+        if native is not False and native_available() else None
+    if flat is not None:
+        time_us, order = run_arrays(flat.arrays, flat.ntasks, flat.ntasks, routes.capacity,
+                                    routes.classes)
+        if len(order) < flat.ntasks:
+            _check_all_ran(schedule_graph(s), set(order), range(flat.ntasks))
+        a = flat.arrays
+        class_bytes = np.bincount(a["part_class"], weights=a["part_bytes"],
+                                  minlength=len(routes.classes.links)).tolist()
+    else:
+        time_us, class_bytes = _simulate_graph(s, nodes, hosts, routes, parts, run_bytes,
+                                               native)
+    return _result(s, nbytes, time_us, routes, _link_bytes(class_bytes, routes.classes))
+
+
+def _simulate_graph(s: Schedule, nodes, hosts, routes, parts, run_bytes, native):
+    """(time, bytes per route class) through the happens-before graph: engine steps, the
+    Python event loop, or a build without the compiled module."""
     spans: dict[tuple[int, int], int] = {}   # pipelined schedules repeat a few chunk runs
 
     def size(ref) -> int:
         key = (ref.chunk, ref.count)
         nb = spans.get(key)
         if nb is None:
-            nb = spans[key] = range_span(ref.chunk, ref.count, s.nchunks, elems)[1] * dtype_size
+            nb = spans[key] = run_bytes(ref.chunk, ref.count)
         return nb
 
     g = schedule_graph(s)
-    hosts = [routes.host_of(n) for n in nodes] if s.uses_host else nodes
-    tg = _task_graph(g, engine_groups(s, g), lambda a, b: _parts(routes, a, b), nodes, hosts,
-                     size)
+    tg = _task_graph(g, engine_groups(s, g), parts, nodes, hosts, size)
     time_us, order = run_tasks(tg, routes.capacity, routes.classes, native=native)
     _check_all_ran(g, set(order), tg.node_task)
+    class_bytes = [0.0] * len(routes.classes.links)
+    for task_parts in tg.parts:   # task order, as np.bincount sums the flat arrays
+        for nb, cls, _ in task_parts:
+            class_bytes[cls] += nb
+    return time_us, class_bytes
+
+
+def _link_bytes(class_bytes: list, classes) -> dict[int, float]:
+    """Bytes each resource carried: the sum over the route classes that cross it."""
     link_bytes: dict[int, float] = {}
-    for t in order:  # start order: the order the loop added each task's flows
-        for nb, cls, _ in tg.parts[t]:
-            for link in routes.classes.links[cls]:
+    for cls, nb in enumerate(class_bytes):
+        if nb:
+            for link in classes.links[cls]:
                 link_bytes[link] = link_bytes.get(link, 0.0) + nb
-    return _result(s, nbytes, time_us, routes, link_bytes)
+    return link_bytes
 
 
 _LAST_GRAPH: list = [None, None]
@@ -140,9 +174,10 @@ _LAST_GRAPH: list = [None, None]
 def schedule_graph(s: Schedule):
     """``build_graph(s)``, kept for the last schedule asked about.
 
-    The planner asks for a candidate's critical path (:func:`collectx.planner.cost.steps`) right
-    after simulating it; on schedules of thousands of instructions building the graph twice
-    was a visible part of planning. Schedules are immutable, so the graph stays valid.
+    The planner may ask for a candidate's critical path (:func:`collectx.planner.cost.steps`)
+    right after a simulation that needed the graph (engine steps, the Python loop); on
+    schedules of thousands of instructions building it twice was a visible part of planning.
+    Schedules are immutable, so the graph stays valid.
     """
     if _LAST_GRAPH[0] is not s:
         _LAST_GRAPH[:] = [s, build_graph(s)]

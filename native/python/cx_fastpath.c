@@ -10,6 +10,9 @@
  * and hands the addresses of cx_reduce/cx_copy/cx_scale to bind(), so both paths always run the
  * same library, including one named by COLLECTX_NATIVE_LIB.
  *
+ * The module also carries schedule_arrays (cx_schedule_arrays.c), the planner simulator's
+ * one-pass reader of a schedule's instructions.
+ *
  * Contract of reduce() and copy(): True when the call ran; False when nothing was touched and the
  * caller must take the fully checked Python path, which raises the precise, typed error. So every
  * unusual input only has to be recognised here, never explained: anything that is not a
@@ -26,6 +29,7 @@
 
 /* Only the declarations (status codes, the executor's structs): nothing is linked. */
 #include "../include/collectx.h"
+#include "cx_schedule_arrays.h"
 
 /* Bumped when the Python-side contract changes; collectx/_native.py refuses other versions.
  * (FastCall is an addition the runtime looks up by name; reduce/copy are unchanged.) */
@@ -673,6 +677,7 @@ static PyMethodDef methods[] = {
     {"reduce", (PyCFunction)(void (*)(void))fast_reduce, METH_FASTCALL, reduce_doc},
     {"copy", (PyCFunction)(void (*)(void))fast_copy, METH_FASTCALL, copy_doc},
     {"bind", bind, METH_VARARGS, bind_doc},
+    {"schedule_arrays", cx_schedule_arrays, METH_O, CX_SCHEDULE_ARRAYS_DOC},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,148 @@
+"""A schedule's simulator task graph as flat arrays, built without a Python loop per instruction.
+
+:func:`.simulate.simulate` runs every planner candidate; numbering a schedule's instructions,
+resolving their dependencies and working out each one's flows in Python took longer than the
+native event loop took to play them. Here ``collectx._fastpath.schedule_arrays`` (C) reads the
+instructions in one pass, and numpy groups them by *shape*: executing node, destination node,
+bytes and source nodes, which is all that decides an instruction's flows. Flows are worked out
+once per shape (a pipelined schedule of thousands of instructions has tens of shapes) and
+gathered per instruction into the CSR arrays of ``cx_sim_graph``.
+
+The arrays are those :func:`._taskloop.run_native` flattens from a :class:`._taskloop.TaskGraph`
+built by :func:`.simulate._task_graph`, value for value, so both give the same simulation. Only
+copy/reduce schedules take this path: engine steps, a missing compiled module, or a schedule the
+C pass does not recognise (a malformed one, which the Python path then names) return None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from .ir import Schedule
+
+# (a, b) -> [(share, route class, latency)]: how a transfer from node a to node b splits
+PartsFn = Callable[[object, object], list]
+
+
+@dataclasses.dataclass
+class FlatTasks:
+    """One task per instruction: ``arrays`` as ``cx_sim_graph`` takes them (CSR, int32 and
+    float64), plus the per-task flows ``part_bytes`` / ``part_class`` for link accounting."""
+
+    ntasks: int
+    arrays: dict
+
+
+def flat_tasks(s: Schedule, nodes: list, hosts: list, parts: PartsFn,
+               size: Callable) -> FlatTasks | None:
+    """The task graph of ``s`` as arrays, or None where only the Python path applies.
+
+    ``nodes[r]`` / ``hosts[r]``: where rank ``r``'s device and ``host`` buffers live;
+    ``size(chunk, count)``: bytes of runs of chunks, elementwise over int64 arrays.
+    """
+    walk = _walker()
+    got = walk(s.lanes) if walk is not None else None
+    if got is None:
+        return None
+    (rank, dst_rank, dst_host, dst_chunk, dst_count, src_off, src_rank, src_host, pred_off,
+     preds, succ_off, succs) = (np.frombuffer(b, dtype=np.int32) for b in got)
+    n = len(rank)
+    places, dev, host = _places(nodes, hosts)
+    shape_ids, shapes = _shapes(rank, dst_rank, dst_host, dst_chunk, dst_count, src_off,
+                                src_rank, src_host, dev, host, size)
+    flows = [_shape_flows(row, places, parts) for row in shapes]
+    part_off, part_bytes, part_class, part_latency = _gather(shape_ids, flows)
+    every = np.arange(n + 1, dtype=np.int32)
+    return FlatTasks(n, {
+        "part_off": part_off, "part_bytes": part_bytes, "part_class": part_class,
+        "part_latency": part_latency, "member_off": every, "members": every[:n],
+        "node_task": every[:n], "succ_off": succ_off, "succs": succs,
+        "npreds": np.diff(pred_off).astype(np.int32)})
+
+
+def _walker():
+    try:
+        from .. import _native
+        module = _native._compiled_module()
+    except Exception:  # no compiled module, or no library to find it beside: the Python path
+        return None
+    return getattr(module, "schedule_arrays", None)
+
+
+def _places(nodes: list, hosts: list) -> tuple[list, np.ndarray, np.ndarray]:
+    """Distinct topology nodes, and per rank the index of its device and host node."""
+    index: dict = {}
+    for x in list(nodes) + list(hosts):
+        index.setdefault(x, len(index))
+    dev = np.array([index[x] for x in nodes], dtype=np.int32)
+    host = np.array([index[x] for x in hosts], dtype=np.int32)
+    return list(index), dev, host
+
+
+def _shapes(rank, dst_rank, dst_host, dst_chunk, dst_count, src_off, src_rank, src_host,
+            dev, host, size) -> tuple[np.ndarray, np.ndarray]:
+    """Per instruction its shape id, and per shape ``[me, dst node, bytes, src nodes...]``
+    (node indices into the places list, ``-1`` padding the sources)."""
+    n = len(rank)
+    nbytes = size(dst_chunk.astype(np.int64), dst_count.astype(np.int64))
+    nsrc = np.diff(src_off)
+    width = int(nsrc.max()) if n else 0
+    table = np.full((n, 3 + width), -1, dtype=np.int64)
+    table[:, 0] = dev[rank]
+    table[:, 1] = np.where(dst_host != 0, host[dst_rank], dev[dst_rank])
+    table[:, 2] = nbytes
+    if width:
+        row = np.repeat(np.arange(n), nsrc)
+        col = np.arange(len(src_rank)) - np.repeat(src_off[:-1], nsrc)
+        table[row, 3 + col] = np.where(src_host != 0, host[src_rank], dev[src_rank])
+    key = _row_keys(table, int(max(dev.max(), host.max())) + 2)
+    if key is None:   # too many places and sources for one int64: sort the rows themselves
+        shapes, shape_ids = np.unique(table, axis=0, return_inverse=True)
+        return shape_ids.reshape(-1), shapes
+    _, first, shape_ids = np.unique(key, return_index=True, return_inverse=True)
+    return shape_ids.reshape(-1), table[first]
+
+
+def _row_keys(table: np.ndarray, base: int) -> np.ndarray | None:
+    """One int64 per row, equal exactly for equal rows (mixed radix: node columns in
+    ``[-1, base - 1)``, the bytes column by rank among its distinct values), or None when the
+    radix does not fit 62 bits."""
+    sizes, size_id = np.unique(table[:, 2], return_inverse=True)
+    radix = [base, base, max(len(sizes), 1)] + [base] * (table.shape[1] - 3)
+    if float(np.prod(np.array(radix, dtype=np.float64))) >= 2.0 ** 62:
+        return None
+    key = np.zeros(len(table), dtype=np.int64)
+    for col, r in enumerate(radix):
+        digit = size_id.reshape(-1) if col == 2 else table[:, col] + 1
+        key = key * r + digit
+    return key
+
+
+def _shape_flows(row, places: list, parts: PartsFn) -> list[tuple[float, int, float]]:
+    """``(bytes, route class, latency)`` of one shape, as :func:`.simulate._instr_flows`
+    orders them: a pull per remote source, then a push to a remote destination, or one local
+    flow when the instruction touches only its own node."""
+    me, dst, nb = int(row[0]), int(row[1]), int(row[2])
+    pairs = [(int(x), me) for x in row[3:] if x >= 0 and x != me]
+    if dst != me:
+        pairs.append((me, dst))
+    out = []
+    for a, b in pairs or [(me, me)]:
+        out.extend((nb * share, cls, lat) for share, cls, lat in parts(places[a], places[b]))
+    return out
+
+
+def _gather(shape_ids: np.ndarray, flows: list) -> tuple[np.ndarray, ...]:
+    """Per-instruction CSR of the flows of its shape."""
+    per_shape = np.array([len(f) for f in flows], dtype=np.int64)
+    shape_off = np.concatenate(([0], np.cumsum(per_shape)))
+    flat = [p for f in flows for p in f]
+    count = per_shape[shape_ids]
+    part_off = np.concatenate(([0], np.cumsum(count))).astype(np.int32)
+    pick = np.repeat(shape_off[shape_ids] - part_off[:-1], count) + np.arange(part_off[-1])
+    cols = np.array(flat, dtype=np.float64).reshape(-1, 3)
+    return (part_off, cols[pick, 0].copy(), cols[pick, 1].astype(np.int32),
+            cols[pick, 2].copy())

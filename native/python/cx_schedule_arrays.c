@@ -1,0 +1,254 @@
+/* collectx._fastpath.schedule_arrays: one pass over a schedule's instructions, in C.
+ *
+ * Why it exists: the planner simulates tens of candidate schedules of thousands of
+ * instructions each, and numbering the instructions, resolving their dependencies and reading
+ * their buffer references took the Python simulator front end longer than the native event
+ * loop took to run them (collectx/schedule/_flat.py is the caller and says what it does with
+ * the arrays).
+ *
+ * schedule_arrays(lanes) takes Schedule.lanes (per rank a tuple of Lane objects, each with an
+ * ``instrs`` tuple of Instr named tuples) and numbers the instructions densely, rank by rank,
+ * lane by lane, as collectx/schedule/_graph.py's build_graph does. It returns a tuple of
+ * bytes objects, each an array of native int32 (numpy.frombuffer reads them without a copy):
+ *
+ *   rank, dst_rank, dst_host, dst_chunk, dst_count        one entry per instruction
+ *   src_off, src_rank, src_host                           sources, CSR (src_off has n + 1)
+ *   pred_off, preds                                       lane predecessor, then the explicit
+ *                                                         deps, repeats dropped, CSR
+ *   succ_off, succs                                       the same edges from the other end,
+ *                                                         each list in increasing node order
+ *
+ * ``*_host`` is 1 where the reference's buffer is "host". It returns None, having changed
+ * nothing, for anything it does not recognise: an op other than copy/reduce (engine steps), a
+ * dependency that names no instruction, a malformed tuple. The Python path then runs and
+ * raises the precise, typed error where there is one.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cx_schedule_arrays.h"
+
+enum { F_RANK, F_DST_RANK, F_DST_HOST, F_DST_CHUNK, F_DST_COUNT, F_SRC_OFF, F_SRC_RANK,
+       F_SRC_HOST, F_PRED_OFF, F_PREDS, F_SUCC_OFF, F_SUCCS, F_COUNT };
+
+typedef struct {
+  Py_ssize_t n;              /* instructions */
+  Py_ssize_t nlanes;         /* lanes over all ranks */
+  PyObject** instrs;         /* borrowed: node -> Instr (the schedule keeps them alive) */
+  Py_ssize_t* rank_lane0;    /* rank -> its first global lane; nranks + 1 entries */
+  Py_ssize_t* lane_base;     /* global lane -> node of its first instruction; nlanes + 1 */
+  int32_t* out[F_COUNT];
+  Py_ssize_t len[F_COUNT];
+} Walk;
+
+static void walk_free(Walk* w) {
+  free(w->instrs);
+  free(w->rank_lane0);
+  free(w->lane_base);
+  for (int i = 0; i < F_COUNT; ++i) free(w->out[i]);
+}
+
+/* A Python int that fits an int32, else -1 with *ok cleared (and no Python error left). */
+static int32_t small_int(PyObject* o, int* ok) {
+  long v = PyLong_Check(o) ? PyLong_AsLong(o) : -1;
+  if (v < 0 || v > INT32_MAX) {
+    PyErr_Clear();
+    *ok = 0;
+    return -1;
+  }
+  return (int32_t)v;
+}
+
+/* Ref(rank, buf, chunk, count): writes what the simulator needs; 0 when malformed. */
+static int read_ref(PyObject* ref, int32_t* rank, int32_t* host, int32_t* chunk,
+                    int32_t* count) {
+  if (!PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) < 4) return 0;
+  PyObject* buf = PyTuple_GET_ITEM(ref, 1);
+  if (!PyUnicode_Check(buf)) return 0;
+  int ok = 1;
+  *rank = small_int(PyTuple_GET_ITEM(ref, 0), &ok);
+  if (chunk != NULL) *chunk = small_int(PyTuple_GET_ITEM(ref, 2), &ok);
+  if (count != NULL) *count = small_int(PyTuple_GET_ITEM(ref, 3), &ok);
+  *host = PyUnicode_CompareWithASCIIString(buf, "host") == 0;
+  return ok;
+}
+
+/* Pass 1: count lanes and instructions, keep borrowed pointers to the instructions. */
+static int number_lanes(PyObject* lanes, Walk* w) {
+  static PyObject* instrs_name = NULL;
+  if (instrs_name == NULL && (instrs_name = PyUnicode_InternFromString("instrs")) == NULL)
+    return -1;
+  if (!PyTuple_Check(lanes)) return 0;
+  Py_ssize_t nranks = PyTuple_GET_SIZE(lanes), cap = 1024;
+  w->rank_lane0 = malloc((size_t)(nranks + 1) * sizeof(Py_ssize_t));
+  w->lane_base = malloc(64 * sizeof(Py_ssize_t));
+  w->instrs = malloc((size_t)cap * sizeof(PyObject*));
+  Py_ssize_t lane_cap = 64;
+  if (w->rank_lane0 == NULL || w->lane_base == NULL || w->instrs == NULL) return -1;
+  for (Py_ssize_t r = 0; r < nranks; ++r) {
+    PyObject* rank_lanes = PyTuple_GET_ITEM(lanes, r);
+    if (!PyTuple_Check(rank_lanes)) return 0;
+    w->rank_lane0[r] = w->nlanes;
+    for (Py_ssize_t l = 0; l < PyTuple_GET_SIZE(rank_lanes); ++l) {
+      PyObject* ins = PyObject_GetAttr(PyTuple_GET_ITEM(rank_lanes, l), instrs_name);
+      if (ins == NULL) {   /* not a Lane: the Python path says what it is */
+        PyErr_Clear();
+        return 0;
+      }
+      int is_tuple = PyTuple_Check(ins);
+      Py_DECREF(ins);   /* the Lane keeps its tuple alive */
+      if (!is_tuple) return 0;
+      Py_ssize_t k = PyTuple_GET_SIZE(ins);
+      if (w->nlanes + 2 > lane_cap) {
+        lane_cap *= 2;
+        Py_ssize_t* grown = realloc(w->lane_base, (size_t)lane_cap * sizeof(Py_ssize_t));
+        if (grown == NULL) return -1;
+        w->lane_base = grown;
+      }
+      if (w->n + k > cap) {
+        while (w->n + k > cap) cap *= 2;
+        PyObject** grown = realloc(w->instrs, (size_t)cap * sizeof(PyObject*));
+        if (grown == NULL) return -1;
+        w->instrs = grown;
+      }
+      w->lane_base[w->nlanes++] = w->n;
+      for (Py_ssize_t i = 0; i < k; ++i) w->instrs[w->n + i] = PyTuple_GET_ITEM(ins, i);
+      w->n += k;
+    }
+  }
+  w->rank_lane0[nranks] = w->nlanes;
+  w->lane_base[w->nlanes] = w->n;
+  if (w->n > INT32_MAX / 2) return 0;
+  return 1;
+}
+
+static int alloc_out(Walk* w, int field, Py_ssize_t len) {
+  w->len[field] = len;
+  w->out[field] = malloc((size_t)(len > 0 ? len : 1) * sizeof(int32_t));
+  return w->out[field] != NULL;
+}
+
+/* The node a Dep(rank, lane, index) names, or -1 when it names none. */
+static Py_ssize_t dep_node(const Walk* w, Py_ssize_t nranks, PyObject* dep) {
+  if (!PyTuple_Check(dep) || PyTuple_GET_SIZE(dep) < 3) return -1;
+  int ok = 1;
+  int32_t r = small_int(PyTuple_GET_ITEM(dep, 0), &ok);
+  int32_t l = small_int(PyTuple_GET_ITEM(dep, 1), &ok);
+  int32_t i = small_int(PyTuple_GET_ITEM(dep, 2), &ok);
+  if (!ok || r >= nranks) return -1;
+  Py_ssize_t lane = w->rank_lane0[r] + l;
+  if (lane >= w->rank_lane0[r + 1]) return -1;
+  Py_ssize_t node = w->lane_base[lane] + i;
+  return node < w->lane_base[lane + 1] ? node : -1;
+}
+
+/* Pass 2: per instruction, its references and predecessors. */
+static int read_instrs(Walk* w, Py_ssize_t nranks) {
+  Py_ssize_t n = w->n, nsrc = 0, ndep = 0;
+  for (Py_ssize_t v = 0; v < n; ++v) {
+    PyObject* ins = w->instrs[v];
+    if (!PyTuple_Check(ins) || PyTuple_GET_SIZE(ins) < 4) return 0;
+    PyObject* srcs = PyTuple_GET_ITEM(ins, 2);
+    PyObject* deps = PyTuple_GET_ITEM(ins, 3);
+    if (!PyTuple_Check(srcs) || !PyTuple_Check(deps)) return 0;
+    nsrc += PyTuple_GET_SIZE(srcs);
+    ndep += PyTuple_GET_SIZE(deps);
+  }
+  for (int f = F_RANK; f <= F_DST_COUNT; ++f)
+    if (!alloc_out(w, f, n)) return -1;
+  if (!alloc_out(w, F_SRC_OFF, n + 1) || !alloc_out(w, F_SRC_RANK, nsrc) ||
+      !alloc_out(w, F_SRC_HOST, nsrc) || !alloc_out(w, F_PRED_OFF, n + 1) ||
+      !alloc_out(w, F_PREDS, n + ndep))
+    return -1;
+  Py_ssize_t lane = 0, s = 0, p = 0;
+  int32_t rank = 0;
+  w->out[F_SRC_OFF][0] = w->out[F_PRED_OFF][0] = 0;
+  for (Py_ssize_t v = 0; v < n; ++v) {
+    while (w->lane_base[lane + 1] <= v) ++lane;   /* skips empty lanes */
+    while (w->rank_lane0[rank + 1] <= lane) ++rank;
+    PyObject* ins = w->instrs[v];
+    PyObject* op = PyTuple_GET_ITEM(ins, 0);
+    if (!PyUnicode_Check(op) || (PyUnicode_CompareWithASCIIString(op, "copy") != 0 &&
+                                 PyUnicode_CompareWithASCIIString(op, "reduce") != 0))
+      return 0;
+    w->out[F_RANK][v] = rank;
+    if (!read_ref(PyTuple_GET_ITEM(ins, 1), &w->out[F_DST_RANK][v], &w->out[F_DST_HOST][v],
+                  &w->out[F_DST_CHUNK][v], &w->out[F_DST_COUNT][v]))
+      return 0;
+    PyObject* srcs = PyTuple_GET_ITEM(ins, 2);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(srcs); ++i, ++s)
+      if (!read_ref(PyTuple_GET_ITEM(srcs, i), &w->out[F_SRC_RANK][s], &w->out[F_SRC_HOST][s],
+                    NULL, NULL))
+        return 0;
+    w->out[F_SRC_OFF][v + 1] = (int32_t)s;
+    Py_ssize_t first = p;
+    if (v > w->lane_base[lane]) w->out[F_PREDS][p++] = (int32_t)(v - 1);
+    PyObject* deps = PyTuple_GET_ITEM(ins, 3);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(deps); ++i) {
+      Py_ssize_t u = dep_node(w, nranks, PyTuple_GET_ITEM(deps, i));
+      if (u < 0) return 0;
+      int seen = 0;   /* a handful of predecessors: a scan beats a set */
+      for (Py_ssize_t j = first; j < p && !seen; ++j) seen = w->out[F_PREDS][j] == u;
+      if (!seen) w->out[F_PREDS][p++] = (int32_t)u;
+    }
+    w->out[F_PRED_OFF][v + 1] = (int32_t)p;
+  }
+  w->len[F_PREDS] = p;
+  return 1;
+}
+
+/* The predecessor lists turned around: successors of each node in increasing node order. */
+static int invert_preds(Walk* w) {
+  Py_ssize_t n = w->n, m = w->len[F_PREDS];
+  if (!alloc_out(w, F_SUCC_OFF, n + 1) || !alloc_out(w, F_SUCCS, m)) return -1;
+  int32_t* off = w->out[F_SUCC_OFF];
+  memset(off, 0, (size_t)(n + 1) * sizeof(int32_t));
+  for (Py_ssize_t j = 0; j < m; ++j) ++off[w->out[F_PREDS][j] + 1];
+  for (Py_ssize_t v = 0; v < n; ++v) off[v + 1] += off[v];
+  int32_t* fill = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+  if (fill == NULL) return -1;
+  memcpy(fill, off, (size_t)n * sizeof(int32_t));
+  for (Py_ssize_t v = 0; v < n; ++v)
+    for (int32_t j = w->out[F_PRED_OFF][v]; j < w->out[F_PRED_OFF][v + 1]; ++j)
+      w->out[F_SUCCS][fill[w->out[F_PREDS][j]]++] = (int32_t)v;
+  free(fill);
+  return 1;
+}
+
+static PyObject* to_arrays(Walk* w) {
+  PyObject* result = PyTuple_New(F_COUNT);
+  if (result == NULL) return NULL;
+  for (int f = 0; f < F_COUNT; ++f) {
+    PyObject* a = PyBytes_FromStringAndSize((const char*)w->out[f],
+                                            w->len[f] * (Py_ssize_t)sizeof(int32_t));
+    if (a == NULL) {
+      Py_DECREF(result);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(result, f, a);
+  }
+  return result;
+}
+
+PyObject* cx_schedule_arrays(PyObject* self, PyObject* lanes) {
+  (void)self;
+  Walk w;
+  memset(&w, 0, sizeof w);
+  int rc = number_lanes(lanes, &w);
+  if (rc == 1) rc = read_instrs(&w, PyTuple_GET_SIZE(lanes));
+  if (rc == 1) rc = invert_preds(&w);
+  PyObject* result = NULL;
+  if (rc == 1) {
+    result = to_arrays(&w);
+  } else if (rc == 0) {
+    result = Py_NewRef(Py_None);
+  } else if (!PyErr_Occurred()) {
+    PyErr_NoMemory();
+  }
+  walk_free(&w);
+  return result;
+}
