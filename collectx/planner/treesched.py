@@ -188,6 +188,7 @@ class TreeEmitter:
         """Append every collected item to the builder, earliest first."""
         dep_of: dict = {}
         slots: dict = {}   # (rank, key) -> [items so far, {sublane: lane}]
+        append = self.b.appender()   # ranks come from the shares, lanes from self.lane
         for t, seq, rank, key, op, dst, srcs, tokens in sorted(self._items, key=_BY_TIME):
             slot = slots.get((rank, key))
             if slot is None:
@@ -199,11 +200,10 @@ class TreeEmitter:
             lane = slot[1].get(sub)
             if lane is None:
                 lane = slot[1][sub] = self.lane(rank, (key, sub))
-            wait = [dep_of[k] for k in tokens if k is not None]
-            if op == "copy":
-                dep_of[seq] = self.b.copy(rank, lane, dst, srcs[0], deps=wait)
-            else:
-                dep_of[seq] = self.b.reduce(rank, lane, dst, srcs, deps=wait)
+            wait = tuple(dep_of[k] for k in tokens if k is not None)
+            if len(wait) > 1:
+                wait = tuple(dict.fromkeys(wait))
+            dep_of[seq] = append(rank, lane, op, dst, srcs, wait)
         self._items.clear()
 
     def _tree_keys(self, shares):

@@ -101,10 +101,14 @@ class ScheduleBuilder:
         (Ref(rank=0, buf='host', chunk=1, count=2), Ref(rank=0, buf='host', chunk=6, count=1))
         """
         i = like.chunk % self.nchunks
-        span = range(i, min(i + like.count, self.nchunks))   # a run holds each of its indices
-        k = max(self._fresh_next.get((buf, rank, x), 0) for x in span)
-        for x in span:
-            self._fresh_next[buf, rank, x] = k + 1
+        if like.count == 1:   # most calls: one index
+            k = self._fresh_next.get((buf, rank, i), 0)
+            self._fresh_next[buf, rank, i] = k + 1
+        else:
+            span = range(i, min(i + like.count, self.nchunks))   # a run holds each index
+            k = max(self._fresh_next.get((buf, rank, x), 0) for x in span)
+            for x in span:
+                self._fresh_next[buf, rank, x] = k + 1
         units = self._fresh_units.setdefault((buf, rank), [])
         while len(units) <= k:
             units.append(self.host(rank, 1) if buf == "host" else self.scratch(rank, 1))
@@ -136,6 +140,29 @@ class ScheduleBuilder:
                         lanes=lanes, root=self.root, inplace=self.inplace,
                         scratch_units=tuple(self._scratch), algorithm=self.algorithm, meta=meta,
                         host_units=tuple(self._host))
+
+    def appender(self):
+        """``append(rank, lane, op, dst, srcs, deps) -> Dep``: :meth:`copy` / :meth:`reduce`
+        for emitters that add tens of thousands of instructions and have checked their ranks
+        and lanes once: ``srcs`` and ``deps`` must be tuples, ``deps`` without None or repeats.
+
+        >>> b = ScheduleBuilder("broadcast", 2, nchunks=1)
+        >>> append = b.appender()
+        >>> d = append(1, 0, "copy", Ref(1, "output", 0), (Ref(0, "input", 0),), ())
+        >>> d, b.build().lanes[1][0].instrs[0].srcs
+        (Dep(rank=1, lane=0, index=0), (Ref(rank=0, buf='input', chunk=0, count=1),))
+        """
+        all_lanes = self._lanes
+        new_instr, new_dep = tuple.__new__, tuple.__new__   # named tuples without their __new__
+
+        def append(rank: int, lane: int, op: str, dst: Ref, srcs: tuple, deps: tuple) -> Dep:
+            lanes = all_lanes[rank]
+            while len(lanes) <= lane:
+                lanes.append([])
+            seq = lanes[lane]
+            seq.append(new_instr(Instr, (op, dst, srcs, deps, None, ())))
+            return new_dep(Dep, (rank, lane, len(seq) - 1))
+        return append
 
     # -- internals --------------------------------------------------------------------------------
     def _add(self, rank: int, lane: int, ins: Instr) -> Dep:
