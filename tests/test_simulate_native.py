@@ -81,8 +81,8 @@ def test_flat_walk_numbers_nodes_and_edges_as_build_graph():
     b.reduce(1, 2, Ref(1, "output", 2, 2), [Ref(1, "input", 0), Ref(0, "output", 0)],
              deps=[a0])
     s = b.build()
-    arrays = [np.frombuffer(x, dtype=np.int32).tolist()
-              for x in _native._compiled_module().schedule_arrays(s.lanes)]
+    *raw, longest = _native._compiled_module().schedule_arrays(s.lanes)
+    arrays = [np.frombuffer(x, dtype=np.int32).tolist() for x in raw]
     rank, dst_rank, dst_host, dst_chunk, dst_count, src_off, src_rank, src_host, \
         pred_off, preds, succ_off, succs = arrays
     g = build_graph(s)
@@ -93,6 +93,22 @@ def test_flat_walk_numbers_nodes_and_edges_as_build_graph():
     assert src_rank == [0, 1, 1, 1, 0] and src_host == [0, 1, 0, 0, 0]
     assert src_off == [0, 1, 2, 3, 5]
     assert succs == [1, 3, 1] and succ_off == [0, 2, 2, 3, 3]
+    assert longest == 2
+
+
+@needs_flat
+@pytest.mark.parametrize("name,gpus,coll", [("dgx1p", None, "allreduce"),
+                                            ("dgx1v", [0, 1, 2, 4, 6], "allreduce"),
+                                            ("dgx1v", [0, 2, 5], "broadcast")])
+def test_critical_path_of_a_simulated_candidate_is_the_graph_walk(name, gpus, coll):
+    from collectx.planner import cost, plan
+    from collectx.schedule._graph import build_graph, depths, topo_order
+    from collectx.schedule.simulate import known_steps
+    G = topo.load(name)
+    p = plan(G, coll, 1 << 30, gpus=gpus, verify=False)
+    simulate(p.schedule, G, 1 << 20, ranks=list(p.ranks))
+    g = build_graph(p.schedule)
+    assert known_steps(p.schedule) == cost.steps(p.schedule) == max(depths(g, topo_order(g)))
 
 
 @needs_flat
@@ -117,8 +133,14 @@ def test_flat_front_end_names_an_instruction_of_a_cycle():
     b = ScheduleBuilder("broadcast", 2, nchunks=2)
     b.copy(0, 0, Ref(0, "output", 0), Ref(0, "input", 0), deps=[Dep(1, 0, 0)])
     b.copy(1, 0, Ref(1, "output", 0), Ref(0, "output", 0), deps=[Dep(0, 0, 0)])
+    s = b.build()
+    assert _flat.flat_tasks(s, ["GPU0", "GPU1"], ["GPU0", "GPU1"], lambda a, b: [],
+                            lambda c, n: n).longest == -1
     with pytest.raises(DependencyCycle, match="2 instructions never became ready"):
-        simulate(b.build(), topo.ring(2, bw=10.0), 64)
+        simulate(s, topo.ring(2, bw=10.0), 64)
+    with pytest.raises(DependencyCycle):
+        from collectx.planner.cost import steps
+        steps(s)
 
 
 @needs_native

@@ -30,10 +30,12 @@ PartsFn = Callable[[object, object], list]
 @dataclasses.dataclass
 class FlatTasks:
     """One task per instruction: ``arrays`` as ``cx_sim_graph`` takes them (CSR, int32 and
-    float64), plus the per-task flows ``part_bytes`` / ``part_class`` for link accounting."""
+    float64; ``part_bytes`` / ``part_class`` also serve link accounting), and ``longest``: the
+    instructions on the longest chain of dependent ones (-1: a cycle)."""
 
     ntasks: int
     arrays: dict
+    longest: int
 
 
 def flat_tasks(s: Schedule, nodes: list, hosts: list, parts: PartsFn,
@@ -48,7 +50,7 @@ def flat_tasks(s: Schedule, nodes: list, hosts: list, parts: PartsFn,
     if got is None:
         return None
     (rank, dst_rank, dst_host, dst_chunk, dst_count, src_off, src_rank, src_host, pred_off,
-     preds, succ_off, succs) = (np.frombuffer(b, dtype=np.int32) for b in got)
+     preds, succ_off, succs) = (np.frombuffer(b, dtype=np.int32) for b in got[:-1])
     n = len(rank)
     places, dev, host = _places(nodes, hosts)
     shape_ids, shapes = _shapes(rank, dst_rank, dst_host, dst_chunk, dst_count, src_off,
@@ -60,7 +62,7 @@ def flat_tasks(s: Schedule, nodes: list, hosts: list, parts: PartsFn,
         "part_off": part_off, "part_bytes": part_bytes, "part_class": part_class,
         "part_latency": part_latency, "member_off": every, "members": every[:n],
         "node_task": every[:n], "succ_off": succ_off, "succs": succs,
-        "npreds": np.diff(pred_off).astype(np.int32)})
+        "npreds": np.diff(pred_off).astype(np.int32)}, got[-1])
 
 
 def _walker():

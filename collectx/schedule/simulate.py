@@ -126,6 +126,7 @@ def _simulate(s: Schedule, nodes: list, routes, nbytes: int, dtype_size: int,
                                     routes.classes)
         if len(order) < flat.ntasks:
             _check_all_ran(schedule_graph(s), set(order), range(flat.ntasks))
+        _LAST_FLAT[:] = [s, flat]
         a = flat.arrays
         class_bytes = np.bincount(a["part_class"], weights=a["part_bytes"],
                                   minlength=len(routes.classes.links)).tolist()
@@ -169,6 +170,20 @@ def _link_bytes(class_bytes: list, classes) -> dict[int, float]:
 
 
 _LAST_GRAPH: list = [None, None]
+_LAST_FLAT: list = [None, None]
+
+
+def known_steps(s: Schedule) -> int | None:
+    """The longest chain of dependent instructions of ``s`` when its last simulation read it
+    flat (:mod:`._flat` works it out on the way), else None.
+
+    The planner asks for the critical path of candidates it has just simulated
+    (:func:`collectx.planner.cost.steps`); building the graph again for it cost as much as
+    the simulation's whole front end.
+    """
+    if _LAST_FLAT[0] is s and _LAST_FLAT[1].longest >= 0:
+        return _LAST_FLAT[1].longest
+    return None
 
 
 def schedule_graph(s: Schedule):

@@ -18,6 +18,9 @@
  *   succ_off, succs                                       the same edges from the other end,
  *                                                         each list in increasing node order
  *
+ * and, last, an int: the instructions on the longest chain of dependent ones (what
+ * collectx.planner.cost.steps asks of the candidates it prices), -1 if there is a cycle.
+ *
  * ``*_host`` is 1 where the reference's buffer is "host". It returns None, having changed
  * nothing, for anything it does not recognise: an op other than copy/reduce (engine steps), a
  * dependency that names no instruction, a malformed tuple. The Python path then runs and
@@ -219,8 +222,39 @@ static int invert_preds(Walk* w) {
   return 1;
 }
 
+/* Instructions on the longest chain of dependent ones (lane order plus deps), by Kahn's
+ * algorithm over the CSR; -1 when some never become ready (a cycle). */
+static Py_ssize_t longest_chain(const Walk* w) {
+  Py_ssize_t n = w->n, head = 0, tail = 0, longest = 0;
+  int32_t* waiting = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+  int32_t* depth = calloc((size_t)(n > 0 ? n : 1), sizeof(int32_t));
+  int32_t* ready = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+  if (waiting == NULL || depth == NULL || ready == NULL) {
+    free(waiting), free(depth), free(ready);
+    return -2;
+  }
+  for (Py_ssize_t v = 0; v < n; ++v) {
+    waiting[v] = w->out[F_PRED_OFF][v + 1] - w->out[F_PRED_OFF][v];
+    if (waiting[v] == 0) ready[tail++] = (int32_t)v;
+  }
+  while (head < tail) {
+    int32_t u = ready[head++];
+    int32_t d = ++depth[u];   /* 1 + the deepest predecessor, already stored */
+    if (d > longest) longest = d;
+    for (int32_t j = w->out[F_SUCC_OFF][u]; j < w->out[F_SUCC_OFF][u + 1]; ++j) {
+      int32_t v = w->out[F_SUCCS][j];
+      if (depth[v] < d) depth[v] = d;
+      if (--waiting[v] == 0) ready[tail++] = v;
+    }
+  }
+  free(waiting), free(depth), free(ready);
+  return tail == n ? longest : -1;
+}
+
 static PyObject* to_arrays(Walk* w) {
-  PyObject* result = PyTuple_New(F_COUNT);
+  Py_ssize_t longest = longest_chain(w);
+  if (longest == -2) return PyErr_NoMemory();
+  PyObject* result = PyTuple_New(F_COUNT + 1);
   if (result == NULL) return NULL;
   for (int f = 0; f < F_COUNT; ++f) {
     PyObject* a = PyBytes_FromStringAndSize((const char*)w->out[f],
@@ -231,6 +265,12 @@ static PyObject* to_arrays(Walk* w) {
     }
     PyTuple_SET_ITEM(result, f, a);
   }
+  PyObject* chain = PyLong_FromSsize_t(longest);
+  if (chain == NULL) {
+    Py_DECREF(result);
+    return NULL;
+  }
+  PyTuple_SET_ITEM(result, F_COUNT, chain);
   return result;
 }
 
