@@ -14,7 +14,8 @@ b. the dgx1v allocations of 3..8 GPUs with no NVLink ring: chosen busbw / ring-o
    does) and against collectx's own ring packing;
 c. at 8 KiB the chosen predicted time is <= ring's and tree's on every preset;
 d. median planning time per allocation size on dgx1v, and for the full dgx2 and mi250_16gcd
-   (targets <= 1 s for 8-GPU allocations, <= 5 s for dgx2/mi250).
+   (targets <= 1 s for 8-GPU allocations, <= 5 s for dgx2/mi250); with section a, also the
+   slowest plans of each allocation preset, re-timed.
 
 Every plan is made with ``collectx.planner.plan`` exactly as users get it (cost-model choice,
 simulated prediction); ``--limit`` samples allocations evenly when the full sweep is too slow.
@@ -152,7 +153,7 @@ def small_messages(args, out):
     print(f"  chosen slower than a baseline: {worse}")
 
 
-def planning_time(args, out):
+def planning_time(args, rows, out):
     print("\n(d) median planning time (plan(), simulation of every candidate included)")
     G = T.load("dgx1v")
     for k in range(2, 9):
@@ -163,6 +164,28 @@ def planning_time(args, out):
         r = record(T.load(name), name, None, "allreduce", args.size)
         out(r)
         print(f"  {name} full: {r['planning_time_s']:7.3f} s ({r['algorithm']})")
+    slowest_allocations(args, rows)
+
+
+SLOWEST = 5       # plans of section (a) re-timed per preset
+RETIMES = 5       # runs of each, the median reported
+
+
+def slowest_allocations(args, rows):
+    """The slowest plans of section (a) on each allocation preset, re-timed alone: the
+    target is per allocation, and (a)'s single runs are noisy."""
+    for name in [n for n in args.presets if n in ALLOC_PRESETS]:
+        mine = [r for r in rows if r["topology"] == name]
+        if not mine:
+            continue
+        G = T.load(name)
+        print(f"  {name}: the {SLOWEST} slowest of {len(mine)} plans in (a), median of "
+              f"{RETIMES} runs each")
+        for r in sorted(mine, key=lambda r: -r["planning_time_s"])[:SLOWEST]:
+            times = [record(G, name, r["gpus"], r["collective"], args.size)["planning_time_s"]
+                     for _ in range(RETIMES)]
+            print(f"    {r['collective']:<10} GPUs {','.join(map(str, r['gpus'])):<16}"
+                  f"{statistics.median(times):7.3f} s (max {max(times):.3f})")
 
 
 def main(argv=None) -> int:
@@ -188,7 +211,7 @@ def main(argv=None) -> int:
     if "c" in sections:
         small_messages(args, out)
     if "d" in sections:
-        planning_time(args, out)
+        planning_time(args, rows, out)
     print(f"\nbenchmark wall time {time.perf_counter() - t0:.0f} s")
     return 0
 

@@ -123,6 +123,17 @@ def test_plans_with_relays_verify_and_stay_under_the_bounds(preset, gpus):
         assert p.predicted.busbw_GBps <= 1.001 * cap
 
 
+@pytest.mark.parametrize("coll, floor", [("allreduce", 0.97), ("allgather", 0.955)])
+def test_full_dgx1v_joins_a_few_percent_relay_share_below_the_cliff(coll, floor):
+    # NVLink alone reaches 150 of the 157.9 GB/s bound; a relay carrying ~3% of each unit
+    # closes most of the rest, and ~3.6% would make the relay the slower part (0.87).
+    p = plan(DGX1V, coll, 1 << 30)
+    assert p.algorithm == "ring+relay" and p.verified
+    assert floor <= p.efficiency <= 1.001
+    alone = plan(DGX1V, coll, 1 << 30, host_relays=False)
+    assert alone.efficiency < 0.95 < p.efficiency
+
+
 def test_host_relays_false_never_stages_and_small_messages_never_do():
     for coll in ("allreduce", "allgather", "broadcast"):
         assert not plan(DGX1V, coll, 1 << 30, gpus=[0, 1], host_relays=False).schedule.uses_host
