@@ -17,6 +17,7 @@ C pass does not recognise (a malformed one, which the Python path then names) re
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import numpy as np
@@ -65,7 +66,10 @@ def flat_tasks(s: Schedule, nodes: list, hosts: list, parts: PartsFn,
         "npreds": np.diff(pred_off).astype(np.int32)}, got[-1])
 
 
+@functools.lru_cache(maxsize=1)
 def _walker():
+    """``collectx._fastpath.schedule_arrays``, or None: looked up once per process (a failed
+    import searches the file system every time)."""
     try:
         from .. import _native
         module = _native._compiled_module()
