@@ -70,7 +70,11 @@ SHALLOW_INSTRUCTIONS = 12288     # two-level trees, any n: they fill in one chun
 PER_TREE_CHUNKS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 240)
 PAIRED_CHUNKS = (320, 480, 640)   # staggered pieces of equal deep trees (see _rooted_style)
 PAIRED_TRIED = 2                  # of their largest counts, simulated
-WIDE_BELOW = 0.95   # deep broadcasts with host edges below this of their rate try 2x chunks
+WIDE_BELOW = 0.95   # deep broadcasts with host edges below this of their rate try more chunks
+# ... these many times the budget's count, in turn. Broadcasts below 0.95 of the bound on the
+# 247 DGX-1V / DGX-1P allocations: 17 / 13 with the budget's count, 11 / 13 with 2x, 9 / 6
+# with 4x as well (8x too: no fewer, and the slowest plans took 1.5 s).
+WIDE_FACTORS = (2, 4)
 
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
@@ -168,13 +172,19 @@ def _rooted(G, topo, ranks, collective, nbytes, root, inplace, nchunks, host, le
         # 0.965 of the packing rate against 0.936; with host edges 0.866 against 0.724).
         s = faster(s, _lowered(collective, packing, counted, ranks, root, inplace, 1, True),
                    topo, nbytes, ranks)
-    if collective == "broadcast" and style == "deep" and packing.staged and not nchunks and \
-            _rate_kept(s, topo, nbytes, ranks, packing) < WIDE_BELOW:
+    if collective == "broadcast" and style == "deep" and packing.staged and not nchunks:
         # Host edges pipeline each chunk through two PCIe copies, so the fill of the budget's
-        # chunk count stays long: twice the chunks, lanes per link (one lane per tree won 1
-        # of 21 such plans it lifted on DGX-1V). Broadcasts below 0.95 of the bound on the
-        # 247 DGX-1V allocations: 17 -> 11.
-        s = faster(s, _rooted_plan(style, [2 * counted[0]], *args)[0], topo, nbytes, ranks)
+        # chunk count stays long: more chunks, lanes per link (one lane per tree won 1 of 21
+        # such plans it lifted on DGX-1V), while the plan stays below WIDE_BELOW of its rate
+        # and each count is faster than the one before (where 2x lost, 4x lifted no plan).
+        for factor in WIDE_FACTORS:
+            if _rate_kept(s, topo, nbytes, ranks, packing) >= WIDE_BELOW:
+                break
+            before = s
+            s = faster(s, _rooted_plan(style, [factor * counted[0]], *args)[0], topo, nbytes,
+                       ranks)
+            if s is before:
+                break
     if style == "unit" and collective == "broadcast":
         # Paired pieces at the two largest counts: where a tree finishes varies by a percent
         # or so from one count to the next (16-GCD MI250: 0.955, 0.941, 0.947, 0.960 of the
