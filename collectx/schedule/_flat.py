@@ -128,17 +128,26 @@ def _row_keys(table: np.ndarray, base: int) -> np.ndarray | None:
 
 
 def _shape_flows(row, places: list, parts: PartsFn) -> list[tuple[float, int, float]]:
-    """``(bytes, route class, latency)`` of one shape, as :func:`.simulate._instr_flows`
-    orders them: a pull per remote source, then a push to a remote destination, or one local
-    flow when the instruction touches only its own node."""
+    """``(bytes, route class, latency)`` of one shape's flows (:func:`instruction_flows`)."""
     me, dst, nb = int(row[0]), int(row[1]), int(row[2])
-    pairs = [(int(x), me) for x in row[3:] if x >= 0 and x != me]
-    if dst != me:
-        pairs.append((me, dst))
     out = []
-    for a, b in pairs or [(me, me)]:
+    for a, b, _ in instruction_flows(me, dst, [int(x) for x in row[3:] if x >= 0], nb):
         out.extend((nb * share, cls, lat) for share, cls, lat in parts(places[a], places[b]))
     return out
+
+
+def instruction_flows(me, dst, srcs: list, nb: int) -> list[tuple]:
+    """The transfers ``(from, to, bytes)`` of an instruction executed on node ``me`` that
+    writes ``dst`` from ``srcs`` (nodes): a pull per remote source, then a push to a remote
+    destination, or one local flow when it touches only its own node.
+
+    >>> instruction_flows("A", "A", ["A", "B", "C"], 8), instruction_flows("A", "A", ["A"], 8)
+    ([('B', 'A', 8), ('C', 'A', 8)], [('A', 'A', 8)])
+    """
+    flows = [(x, me, nb) for x in srcs if x != me]
+    if dst != me:
+        flows.append((me, dst, nb))
+    return flows or [(me, me, nb)]
 
 
 def _gather(shape_ids: np.ndarray, flows: list) -> tuple[np.ndarray, ...]:

@@ -29,7 +29,7 @@ from .._gc import paused
 from ..errors import ArgumentError
 from ._graph import build_graph
 from ._routes import Routes, routes_for
-from ._flat import flat_tasks
+from ._flat import flat_tasks, instruction_flows
 from ._taskloop import TaskGraph, native_available, run as run_tasks, run_arrays
 from .engine_steps import engine_groups, span_ratio
 from .ir import Instr, Schedule, range_span
@@ -220,10 +220,7 @@ def _instr_flows(rank: int, ins: Instr, nodes: list, hosts: list, size) -> list[
     def where(ref):   # a host buffer lives in its rank's host memory, not on the device
         return hosts[ref.rank] if ref.buf == "host" else nodes[ref.rank]
 
-    flows = [(where(x), me, nb) for x in ins.srcs if where(x) != me]
-    if where(ins.dst) != me:
-        flows.append((me, where(ins.dst), nb))
-    return flows or [(me, me, nb)]
+    return instruction_flows(me, where(ins.dst), [where(x) for x in ins.srcs], nb)
 
 
 def _engine_flows(g, members: tuple[int, ...], nodes: list, size) -> list[tuple]:
