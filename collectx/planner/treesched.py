@@ -114,19 +114,29 @@ class TreeEmitter:
         """
         after = after or {}
         tree_key = self._tree_keys(shares)
-        for share, i, j in _chunks(shares):
-            m = len(share.chunks)
-            token, t0 = after.get((share.root, j), (None, (i + 0.5) / m))
-            ready = {share.root: (token, t0)}
-            for p, c in share.edges:
-                source = src(p, j, share) if p == share.root else dst(p, j, share)
-                t = ready[p][1] + 1.0 / m
-                if own_lanes:
-                    key = ("down", p) + tree_key(share, i)
-                else:
-                    key = ("down", p, share.root) if per_tree else ("down", p)
-                ready[c] = (self._hop(t, m, share, p, c, key, dst(c, j, share), source,
-                                      ready[p][0]), t)
+        items = self._items
+        for share in shares:
+            root, m, staged = share.root, len(share.chunks), share.staged
+            step = 1.0 / m
+            # Per edge: (parent, child, lane key unless own lanes, staged through host memory)
+            hops = [(p, c, ("down", p, root) if per_tree else ("down", p), (p, c) in staged)
+                    for p, c in share.edges]
+            for i, j in enumerate(share.chunks):
+                ready = {root: after.get((root, j), (None, (i + 0.5) / m))}
+                lanes = tree_key(share, i) if own_lanes else None
+                for p, c, key, via_host in hops:
+                    source = src(p, j, share) if p == root else dst(p, j, share)
+                    token, tp = ready[p]
+                    t = tp + step
+                    if lanes is not None:
+                        key = ("down", p) + lanes
+                    if via_host:
+                        seq = self._hop(t, m, share, p, c, key, dst(c, j, share), source, token)
+                    else:   # _hop's direct copy, inline: most hops of most plans
+                        seq = len(items)
+                        items.append((t, seq, c, key, "copy", dst(c, j, share), (source,),
+                                      (token,)))
+                    ready[c] = (seq, t)
 
     def staggered_broadcast(self, shares, src: RefFn, dst: RefFn,
                             own_lanes: bool = False) -> None:
@@ -187,15 +197,17 @@ class TreeEmitter:
     def flush(self) -> None:
         """Append every collected item to the builder, earliest first."""
         dep_of: dict = {}
-        slots: dict = {}   # (rank, key) -> [items so far, {sublane: lane}]
+        slots: dict = {}   # (rank, key) -> [items so far, {sublane: lane}, sublanes]
         append = self.b.appender()   # ranks come from the shares, lanes from self.lane
         for t, seq, rank, key, op, dst, srcs, tokens in sorted(self._items, key=_BY_TIME):
             slot = slots.get((rank, key))
             if slot is None:
-                slot = slots[rank, key] = [0, {}]
-            # Copies up to host memory keep one lane per peer: more concurrent ones only split
-            # the PCIe uplink among more transfers, and the pipeline order is the one wanted.
-            sub = 0 if key[0] in ("host up", "host down") else slot[0] % self.sublanes
+                # Copies up to host memory keep one lane per peer: more concurrent ones only
+                # split the PCIe uplink among more transfers, and the pipeline order is the
+                # one wanted.
+                one = key[0] in ("host up", "host down")
+                slot = slots[rank, key] = [0, {}, 1 if one else self.sublanes]
+            sub = slot[0] % slot[2]
             slot[0] += 1
             lane = slot[1].get(sub)
             if lane is None:
@@ -302,12 +314,6 @@ def _pieces(chunks) -> list:
 
 def _widen(ref: Ref, n: int) -> Ref:
     return ref if n == 1 else Ref(ref.rank, ref.buf, ref.chunk, n)
-
-
-def _chunks(shares):
-    for share in shares:
-        for i, j in enumerate(share.chunks):
-            yield share, i, j
 
 
 def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool,
