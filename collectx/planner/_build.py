@@ -100,12 +100,20 @@ def _as_json(meta: dict) -> dict:
     return json.loads(json.dumps(meta))
 
 
-def faster(a: Schedule, b: Schedule, topo, nbytes: int, ranks) -> Schedule:
-    """The schedule the simulator finishes first (``a`` on ties or without a simulator): how
-    planners choose between layouts of one plan that no closed form ranks."""
+def simulated(s: Schedule, topo, nbytes: int, ranks):
+    """The simulator's result for ``s`` on ``topo`` (``ranks``: its nodes), or None without a
+    simulator: how planners weigh candidates that no closed form ranks."""
     try:
         from ..schedule.simulate import simulate
     except ImportError:
+        return None
+    return simulate(s, topo, nbytes, ranks=list(ranks))
+
+
+def faster(a: Schedule, b: Schedule, topo, nbytes: int, ranks) -> Schedule:
+    """The schedule the simulator finishes first (``a`` on ties or without a simulator): how
+    planners choose between layouts of one plan."""
+    ra = simulated(a, topo, nbytes, ranks)
+    if ra is None:
         return a
-    ta, tb = (simulate(s, topo, nbytes, ranks=list(ranks)).time_us for s in (a, b))
-    return b if tb < ta else a
+    return b if simulated(b, topo, nbytes, ranks).time_us < ra.time_us else a

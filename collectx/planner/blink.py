@@ -32,7 +32,7 @@ from ..errors import PlanError
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
-from ._build import check_args, faster
+from ._build import check_args, faster, simulated
 from .edge_split import job_graph, require_connected
 from .integral_trees import depth_balanced_counts, pack_unit_spanning_trees
 from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,
@@ -197,9 +197,9 @@ def _rooted(G, topo, ranks, collective, nbytes, root, inplace, nchunks, host, le
 
 
 def _rate_kept(s: Schedule, topo, nbytes, ranks, packing) -> float:
-    """Simulated algbw of ``s`` over the packing's rate."""
-    from ..schedule.simulate import simulate
-    return simulate(s, topo, nbytes, ranks=list(ranks)).algbw_GBps / packing.rate
+    """Simulated algbw of ``s`` over the packing's rate (1 without a simulator)."""
+    sim = simulated(s, topo, nbytes, ranks)
+    return sim.algbw_GBps / packing.rate if sim is not None else 1.0
 
 
 def _rooted_plan(style, cands, packing, caps, collective, nbytes, wait, balance, ranks, root,
@@ -289,7 +289,9 @@ def _equal_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes, nchunk
     this lifted 78 allreduce plans and none got slower; the worst went from 0.754 to 0.841 of
     the reference.
     """
-    from ..schedule.simulate import simulate
+    mine = simulated(s, topo, nbytes, ranks)
+    if mine is None:
+        return s
     n = len(ranks)
     scale = UNIT_CHUNKS if n <= HOST_CHUNKS_UP_TO else 1
     q = nchunks or min(scale * max(_candidates("allreduce", nbytes, n, 2)),
@@ -299,12 +301,12 @@ def _equal_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes, nchunk
         counts = largest_remainder(units, q)
         fill = max((2 * t.depth() - 1) / c for t, c in counts)
         scored.append((units.rate / (1 + fill), k, units, counts))
-    best_us = simulate(s, topo, nbytes, ranks=list(ranks)).time_us
+    best_us = mine.time_us
     for _, _, units, counts in sorted(scored, key=lambda x: (-x[0], x[1]))[:UNITS_SIMULATED]:
         if nbytes / (units.rate * 1e3) >= best_us:
             continue   # the packing's own rate cannot beat the best plan so far
         plan = _allreduce(units, (q, counts), ranks, root, inplace, own=True)
-        t = simulate(plan, topo, nbytes, ranks=list(ranks)).time_us
+        t = simulated(plan, topo, nbytes, ranks).time_us
         if t < best_us:
             s, best_us = plan, t
     return s

@@ -28,23 +28,16 @@ def steps(schedule: Schedule) -> int:
     # Over the dense happens-before graph in topological order: pipelined schedules have
     # thousands of instructions, and integer lists are several times cheaper than a walk keyed
     # by Dep. Raises DependencyCycle for a schedule that could never finish.
-    try:
-        from ..schedule.simulate import known_steps
+    try:  # the simulator keeps what it read of the schedule it just ran: the usual next question
+        from ..schedule.simulate import known_steps, schedule_graph
     except ImportError:
-        known_steps = lambda s: None  # noqa: E731
-    known = known_steps(schedule)
-    if known is not None:
-        return known
-    g = _graph(schedule)
+        g = build_graph(schedule)
+    else:
+        known = known_steps(schedule)
+        if known is not None:
+            return known
+        g = schedule_graph(schedule)
     return max(depths(g, topo_order(g)), default=0)
-
-
-def _graph(schedule: Schedule):
-    try:  # the simulator keeps the graph of the schedule it just ran: the usual next question
-        from ..schedule.simulate import schedule_graph
-    except ImportError:
-        return build_graph(schedule)
-    return schedule_graph(schedule)
 
 
 def link_class(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ...]) -> str:

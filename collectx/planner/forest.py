@@ -26,7 +26,7 @@ from ..errors import PlanError
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
-from ._build import check_args, faster
+from ._build import check_args, faster, simulated
 from .edge_split import job_graph, require_connected
 from .switch_trees import tree_shaped
 from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,
@@ -216,12 +216,8 @@ def _unless_lp_faster(s: Schedule, rate: float, G, topo, nbytes: int, ranks, inp
     """``s``, or the LP forest's allreduce if the simulator finishes that one first; the LP
     forest is not planned when ``s`` already reaches :data:`NEAR_RATE` of its packing
     ``rate`` (GB/s per root; busbw ``(N - 1) * rate``)."""
-    try:
-        from ..schedule.simulate import simulate
-    except ImportError:
-        return s
-    mine = simulate(s, topo, nbytes, ranks=list(ranks))
-    if mine.busbw_GBps >= NEAR_RATE * (len(ranks) - 1) * rate:
+    mine = simulated(s, topo, nbytes, ranks)
+    if mine is None or mine.busbw_GBps >= NEAR_RATE * (len(ranks) - 1) * rate:
         return s
     lp = _schedule(_pack_allreduce(G, ranks, balanced=False), "allreduce", nbytes, ranks,
                    inplace, nchunks)

@@ -17,6 +17,7 @@ import networkx as nx
 from ..errors import NoFeasiblePlan, PlanError
 from ..schedule.ir import Schedule
 from . import cost, registry
+from ._build import simulated
 from .cost_tables import ONE_HOP_MIN_FRACTION, TREE_MAX_BYTES
 
 SKIP_MARGIN = 1.001   # a candidate must be able to beat the best by more than this to be tried
@@ -134,7 +135,7 @@ def predict(schedule: Schedule, topo: nx.DiGraph, nbytes: int, ranks: tuple[str,
     and optimistic by at most 2x where they are equal. Bandwidths are recomputed from the
     total time so that all fields agree.
     """
-    sim = simulate_or_none(schedule, topo, nbytes, ranks)
+    sim = simulated(schedule, topo, nbytes, ranks)
     if sim is None:
         return None
     if sim.time_us >= cost.most_steps_us(schedule, algorithm):
@@ -149,16 +150,6 @@ def predict(schedule: Schedule, topo: nx.DiGraph, nbytes: int, ranks: tuple[str,
     scale = sim.time_us / t
     return dataclasses.replace(sim, time_us=t, algbw_GBps=sim.algbw_GBps * scale,
                                busbw_GBps=sim.busbw_GBps * scale)
-
-
-def simulate_or_none(schedule: Schedule, topo: nx.DiGraph, nbytes: int,
-                     ranks: tuple[str, ...]):
-    """The simulator's raw result, or None when the simulator module is not available."""
-    try:
-        from ..schedule.simulate import simulate
-    except ImportError:
-        return None
-    return simulate(schedule, topo, nbytes, ranks=list(ranks))
 
 
 def choose_analytic(topo: nx.DiGraph | None, ranks: tuple[str, ...], collective: str,

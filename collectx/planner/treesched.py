@@ -114,7 +114,6 @@ class TreeEmitter:
         """
         after = after or {}
         tree_key = self._tree_keys(shares)
-        items = self._items
         for share in shares:
             root, m, staged = share.root, len(share.chunks), share.staged
             step = 1.0 / m
@@ -132,10 +131,8 @@ class TreeEmitter:
                         key = ("down", p) + lanes
                     if via_host:
                         seq = self._hop(t, m, share, p, c, key, dst(c, j, share), source, token)
-                    else:   # _hop's direct copy, inline: most hops of most plans
-                        seq = len(items)
-                        items.append((t, seq, c, key, "copy", dst(c, j, share), (source,),
-                                      (token,)))
+                    else:   # _hop's direct copy without its staging test: most hops
+                        seq = self._add(t, c, key, "copy", dst(c, j, share), (source,), (token,))
                     ready[c] = (seq, t)
 
     def staggered_broadcast(self, shares, src: RefFn, dst: RefFn,
