@@ -56,7 +56,7 @@ def test_unequal_broadcast_trees_take_a_lane_each_where_that_is_faster():
 
 
 def test_tree_plans_stay_within_the_executors_lanes():
-    # The CPU and CUDA executors run at most 32 lanes per rank; tree plans with many trees on
+    # The CPU and CUDA executors run at most 64 lanes per rank; tree plans with many trees on
     # lanes of their own (16-GCD MI250, DGX-1 packings with host edges) fold extra keys onto
     # shared lanes instead of exceeding that.
     from collectx.planner import plan

@@ -55,13 +55,20 @@ WIDE_CHUNKS = (1024,)
 HOST_CHUNKS_UP_TO = 6
 # Equal-rate tree counts tried for allreduce packings with host edges (see _equal_units_or),
 # and how many of them, best estimated first, are simulated.
-UNIT_TREES = range(3, 13)
+UNIT_TREES = range(3, 29)
 UNITS_SIMULATED = 2
+FILL_WEIGHT = 0.5
+# From this many ranks, packings with host edges that have equal-tree mixes are lowered only
+# as those: on the DGX-1 allocations of 6 and 7 GPUs their LP trees (on shared lanes, a lane
+# per tree or lanes in proportion) never won, and lowering them took ~0.15 s of a 1 s plan.
+UNITS_ONLY_FROM = 6
 # k equal trees split the chunks k ways, so each fills its pipeline in k times fewer chunks than
-# one tree of the whole rate: up to 6 ranks they take twice the most chunks host packings may
-# take, 1024 at 1 GiB (on DGX-1V 5-6 GPU allocations up to +0.026 of the reference; at 7 GPUs
-# it lifted 2 of 16 DGX-1 plans, none to 0.95, for 0.4 s more planning time).
-UNIT_CHUNKS = 2
+# one tree of the whole rate: up to 6 ranks they take four times the most chunks host packings
+# may take, 2048 at 1 GiB. Twice (1024) lifted DGX-1V 5-6 GPU allocations up to +0.026 of the
+# reference; four times added 0.007 in the median over 879 mixes of the 132 DGX-1 allocations
+# then below 0.95, and a mix reached 0.95 on 54 of them instead of 30. At 7 GPUs twice lifted 2
+# of 16 DGX-1 plans, none to 0.95, for 0.4 s more planning time.
+UNIT_CHUNKS = 4
 TREE_LANES = 4                 # most lanes per link one allreduce tree gets with lanes of its own
 MAX_ROOTED_INSTRUCTIONS = 4096   # broadcast / reduce at 8 ranks (one per tree edge and chunk),
                                  # growing with n^2 (see chunking.instruction_budget)
@@ -140,10 +147,13 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
     require_connected(G, ranks)
     if collective == "allreduce":
         packing, caps = pack_both_ways(G, ranks, host=host, lean=lean)
-        counted = _allreduce_counts(packing, caps, nbytes, n, nchunks)
-        s = _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbytes)
-        if host and lean and len(packing.trees) > 2:
-            s = _equal_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes, nchunks)
+        units = _unit_mixes(packing, caps, n, nbytes, nchunks) \
+            if host and lean and len(packing.trees) > 2 else []
+        s = None
+        if not units or n < UNITS_ONLY_FROM:
+            counted = _allreduce_counts(packing, caps, nbytes, n, nchunks)
+            s = _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbytes)
+        s = _equal_units_or(s, units, ranks, root, inplace, topo, nbytes)
         unit = None if packing.balanced or host else pack_unit_spanning_trees(G, ranks)
         if unit is not None:
             # LP trees of unequal rates against fewer equal unit trees on their own lanes:
@@ -276,23 +286,17 @@ def _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbyte
     return s
 
 
-def _equal_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes, nchunks) -> Schedule:
-    """``s``, or an allreduce over a few trees of one equal rate where that simulates faster.
+def _unit_mixes(packing, caps, n: int, nbytes: int, nchunks) -> list:
+    """``[(units, (chunks, counts))]``: the allreduce packings of ``k`` trees of one equal
+    rate (:func:`~.chunking.equal_units`, one per ``k`` of :data:`UNIT_TREES`) with the best
+    estimated rate after pipeline fill, at most :data:`UNITS_SIMULATED` of them, best first.
 
-    The LP's optimum mixes many trees of unequal rates (with host edges on DGX-1: often 10 or
-    more, at rates 15x apart), but a link shares its bandwidth equally among the transfers on
-    it, so they do not get their planned rates where they meet: some links run dry while
-    others fall behind. :func:`~.chunking.equal_units` picks ``k`` equal trees from the
-    packing for each ``k`` of :data:`UNIT_TREES`, each on lanes of its own; the ones with the
-    best rate after pipeline fill are simulated (at most :data:`UNITS_SIMULATED`, and only
-    while their packing rate could beat ``s``). Over the 247 DGX-1V allocations of 2-8 GPUs
-    this lifted 78 allreduce plans and none got slower; the worst went from 0.754 to 0.841 of
-    the reference.
+    The fill estimate (:func:`~.chunking.chunk_counts`' for the deepest tree's chunks) is
+    weighed by :data:`FILL_WEIGHT`. Of the 132 DGX-1 allocations below 0.95 of the reference
+    before mixes of up to 28 trees, 54 have a mix that simulates at 0.95 or more; simulating
+    the best-estimated mix of each packing found one for 40 of them with the fill counted
+    whole, for 42 with half of it (and for 46 with the two best).
     """
-    mine = simulated(s, topo, nbytes, ranks)
-    if mine is None:
-        return s
-    n = len(ranks)
     scale = UNIT_CHUNKS if n <= HOST_CHUNKS_UP_TO else 1
     q = nchunks or min(scale * max(_candidates("allreduce", nbytes, n, 2)),
                        max(1, int(unit_bytes("allreduce", nbytes, n) // MIN_CHUNK_BYTES)))
@@ -300,15 +304,40 @@ def _equal_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes, nchunk
     for k, units in equal_unit_mixes(packing, caps, UNIT_TREES):
         counts = largest_remainder(units, q)
         fill = max((2 * t.depth() - 1) / c for t, c in counts)
-        scored.append((units.rate / (1 + fill), k, units, counts))
-    best_us = mine.time_us
-    for _, _, units, counts in sorted(scored, key=lambda x: (-x[0], x[1]))[:UNITS_SIMULATED]:
-        if nbytes / (units.rate * 1e3) >= best_us:
+        scored.append((units.rate / (1 + FILL_WEIGHT * fill), k, units, (q, counts)))
+    scored.sort(key=lambda x: (-x[0], x[1]))
+    return [(units, counted) for _, _, units, counted in scored[:UNITS_SIMULATED]]
+
+
+def _equal_units_or(s, units: list, ranks, root, inplace, topo, nbytes) -> Schedule:
+    """``s`` (None: no plan yet), or an allreduce over a few trees of one equal rate from
+    ``units`` (:func:`_unit_mixes`) where that simulates faster.
+
+    The LP's optimum mixes many trees of unequal rates (with host edges on DGX-1: often 10 or
+    more, at rates 15x apart), but a link shares its bandwidth equally among the transfers on
+    it, so they do not get their planned rates where they meet: some links run dry while
+    others fall behind. :func:`~.chunking.equal_units` picks ``k`` equal trees from the
+    packing, each on lanes of its own; a mix is simulated while its packing rate could beat
+    the best plan so far. Over the 247 DGX-1V allocations of 2-8 GPUs, ``k`` up to 12 on 1024
+    chunks lifted 78 allreduce plans and none got slower (the worst from 0.754 to 0.841 of
+    the reference). Up to 28 trees on 2048 chunks, and lanes enough for each (64 per rank),
+    lifted the DGX-1V / DGX-1P allocations below 0.95 from 65 / 67 to 43 / 48: the more equal
+    trees, the closer a mix of them keeps to the LP's rate (DGX-1P GPUs 0, 2, 3, 4, 7: 0.83 of
+    it with 8-12 trees, 0.97 with 22, simulated at 0.951 of the reference against 0.862).
+    """
+    best_us = float("inf")
+    if s is not None:
+        mine = simulated(s, topo, nbytes, ranks)
+        if mine is None:
+            return s
+        best_us = mine.time_us
+    for packing, counted in units:
+        if nbytes / (packing.rate * 1e3) >= best_us:
             continue   # the packing's own rate cannot beat the best plan so far
-        plan = _allreduce(units, (q, counts), ranks, root, inplace, own=True)
-        t = simulated(plan, topo, nbytes, ranks).time_us
-        if t < best_us:
-            s, best_us = plan, t
+        plan = _allreduce(packing, counted, ranks, root, inplace, own=True)
+        found = simulated(plan, topo, nbytes, ranks)
+        if s is None or (found is not None and found.time_us < best_us):
+            s, best_us = plan, found.time_us if found is not None else best_us
     return s
 
 

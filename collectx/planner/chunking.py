@@ -155,30 +155,18 @@ def _solved(packing, caps, q) -> list:
     return counts
 
 
-def _solve_counts(packing, caps, q) -> list:
-    cols = list(packing.trees)     # a basic LP solution: at most one tree per link
-    groups = sorted({t.group for t in cols}, key=str)
-    k, m = len(cols), len(caps)
+def _solve_counts(packing, caps, q, program: "_CountProgram | None" = None) -> list:
+    """The integer program of the module doc for ``Q = q``; ``program``: its ``q``-free
+    rows, when the caller solves it for several ``q`` (see :func:`equal_unit_mixes`)."""
+    prog = program or _CountProgram.of(packing, caps)
+    cols, k = prog.cols, len(prog.cols)
     # variables: n_0..n_{k-1}, used_0..used_{k-1}, z
-    z_lp = q / packing.rate
     cost = np.zeros(2 * k + 1)
-    cost[k:2 * k] = [TREE_PENALTY * max(t.depth(), 1) for t in cols]
-    cost[-1] = 1.0 / z_lp
-    rows = []
-    link_rows = sp.lil_matrix((m, 2 * k + 1))
-    for j, t in enumerate(cols):
-        for path in t.paths:
-            for link, w in path:
-                link_rows[link, j] += w / caps[link]
-    link_rows[:, 2 * k] = -1.0
-    rows.append(LinearConstraint(link_rows.tocsr(), -np.inf, 0.0))
-    group_rows = sp.lil_matrix((len(groups), 2 * k + 1))
-    gi = {g: i for i, g in enumerate(groups)}
-    for j, t in enumerate(cols):
-        group_rows[gi[t.group], j] = 1.0
-    rows.append(LinearConstraint(group_rows.tocsr(), q, q))
-    link_used = sp.hstack([sp.identity(k), -q * sp.identity(k), sp.csr_matrix((k, 1))])
-    rows.append(LinearConstraint(link_used.tocsr(), -np.inf, 0.0))
+    cost[k:2 * k] = prog.penalty
+    cost[-1] = 1.0 / (q / packing.rate)   # 1 / z_lp
+    link_used = sp.hstack([prog.eye, -q * prog.eye, prog.zero])
+    rows = [prog.links, LinearConstraint(prog.groups, q, q),
+            LinearConstraint(link_used.tocsr(), -np.inf, 0.0)]
     integrality = np.r_[np.ones(2 * k), 0]
     bounds = LPBounds(np.zeros(2 * k + 1), np.r_[np.full(k, q), np.ones(k), np.inf])
     res = milp(cost, constraints=rows, integrality=integrality, bounds=bounds,
@@ -189,7 +177,36 @@ def _solve_counts(packing, caps, q) -> list:
     return [(t, int(c)) for t, c in zip(cols, n) if c > 0]
 
 
-def equal_units(packing, caps, k: int):
+class _CountProgram:
+    """The rows of :func:`_solve_counts` that do not depend on ``Q``: per-link loads, group
+    membership and the depth penalties, built once for the 26 ``Q`` of
+    :func:`equal_unit_mixes` (building them was a third of each solve)."""
+
+    def __init__(self, cols, links, groups, penalty):
+        k = len(cols)
+        self.cols, self.links, self.groups, self.penalty = cols, links, groups, penalty
+        self.eye, self.zero = sp.identity(k, format="csr"), sp.csr_matrix((k, 1))
+
+    @classmethod
+    def of(cls, packing, caps) -> "_CountProgram":
+        cols = list(packing.trees)     # a basic LP solution: at most one tree per link
+        groups = sorted({t.group for t in cols}, key=str)
+        k, m = len(cols), len(caps)
+        link_rows = sp.lil_matrix((m, 2 * k + 1))
+        for j, t in enumerate(cols):
+            for path in t.paths:
+                for link, w in path:
+                    link_rows[link, j] += w / caps[link]
+        link_rows[:, 2 * k] = -1.0
+        group_rows = sp.lil_matrix((len(groups), 2 * k + 1))
+        gi = {g: i for i, g in enumerate(groups)}
+        for j, t in enumerate(cols):
+            group_rows[gi[t.group], j] = 1.0
+        return cls(cols, LinearConstraint(link_rows.tocsr(), -np.inf, 0.0), group_rows.tocsr(),
+                   [TREE_PENALTY * max(t.depth(), 1) for t in cols])
+
+
+def equal_units(packing, caps, k: int, program: _CountProgram | None = None):
     """``k`` trees of one equal rate, picked (some more than once) from ``packing``'s trees of
     one group: the counts of the same integer program for ``Q = k``, each copy at ``1/k`` of
     the rate those counts keep. Returns a :class:`~.treepack.Packing`, or None when the
@@ -211,7 +228,7 @@ def equal_units(packing, caps, k: int):
     (100.0, [50.0, 50.0])
     """
     from .treepack import Packing
-    counts = _solve_counts(packing, caps, k)
+    counts = _solve_counts(packing, caps, k, program)
     if sum(c for _, c in counts) < 2:
         return None
     rate = packing.rate * _kept(counts, caps, packing.rate, k)
@@ -232,8 +249,9 @@ def equal_unit_mixes(packing, caps, ks) -> list:
     [(2, 2)]
     """
     seen, out = set(), []
+    program = _CountProgram.of(packing, caps)
     for k in ks:
-        units = equal_units(packing, caps, k)
+        units = equal_units(packing, caps, k, program)
         if units is None:
             continue
         mix = frozenset((replace(t, rate=0.0), Fraction(m, k))   # copies of k differ in rate

@@ -86,6 +86,7 @@ PIPELINE_CHUNKS = 16        # staged copies of a relay plan run in at least this
 # direct and tree there too cost about a fifth of the whole plan.
 RING_ONLY_FROM = 6
 RELAY_CHUNKS = {"ring": 16, "tree": 16}   # chunks of relay plans (their own default: 100s)
+VERTEX_ALLREDUCE_UP_TO = 3  # allreduce tries the LP's vertex packing up to this many GPUs
 # Tree planners that take host routes, per collective. For allreduce, reduce-scatter +
 # allgather forests reach the cut bound, reduce/broadcast trees the tree bound; on DGX-1
 # allocations either may be the larger, and the one that sets the reference is planned
@@ -132,11 +133,13 @@ def _host_modes(collective: str, n: int) -> list:
     The LP's optima differ in how they simulate (:func:`~.treepack._lean`). On DGX-1
     allocations where the first plan stays below the gate, each later one improved 10-60% of
     the plans it was tried on, except host routes for any pair with the LP's vertex for
-    allreduce (15 of ~300). Allreduce tries the vertex only up to 5 GPUs: past that it lifted
-    no plan above 0.95 of the reference and cost a third more planning time.
+    allreduce (15 of ~300). Allreduce tries the vertex only up to 3 GPUs: since the least
+    loaded packings also try mixes of equal trees (:func:`~.blink._equal_units_or`), the
+    vertex's plan won 2 of the 436 DGX-1 allocations of 3-7 GPUs, both of 3, and cost 4- and
+    5-GPU plans about a tenth of their planning time.
     """
     modes = [(True, True), ("any", True)]
-    if collective != "allreduce" or n <= 5:
+    if collective != "allreduce" or n <= VERTEX_ALLREDUCE_UP_TO:
         modes.append((True, False))
     if collective != "allreduce" and n <= 6:
         modes.append(("any", False))

@@ -38,7 +38,9 @@ SUBLANES = 3     # lanes per link, dealt round-robin: one late chunk does not id
 RELAY_KEEP = 0.999   # two-level relay trees replace a single root's packing if they keep this
 
 RefFn = Callable[[int, int, "Share"], Ref]   # (rank, chunk, share) -> Ref
-_BY_TIME = itemgetter(0, 1)                  # emitted items: (time, sequence number, ...)
+# Emitted items are (time, sequence number, ...), appended in sequence order: a stable sort by
+# time alone orders them by (time, sequence), three times faster than sorting on both.
+_BY_TIME = itemgetter(0)
 
 
 @dataclass(frozen=True)
@@ -193,27 +195,44 @@ class TreeEmitter:
 
     def flush(self) -> None:
         """Append every collected item to the builder, earliest first."""
-        dep_of: dict = {}
+        items = self._items
+        items.sort(key=_BY_TIME)
+        dep_of: list = [None] * len(items)   # item sequence number -> its Dep
+        fixed: dict = {}   # (rank, key) -> lane, for keys of one sublane
         slots: dict = {}   # (rank, key) -> [items so far, {sublane: lane}, sublanes]
         append = self.b.appender()   # ranks come from the shares, lanes from self.lane
-        for t, seq, rank, key, op, dst, srcs, tokens in sorted(self._items, key=_BY_TIME):
-            slot = slots.get((rank, key))
-            if slot is None:
-                # Copies up to host memory keep one lane per peer: more concurrent ones only
-                # split the PCIe uplink among more transfers, and the pipeline order is the
-                # one wanted.
-                one = key[0] in ("host up", "host down")
-                slot = slots[rank, key] = [0, {}, 1 if one else self.sublanes]
-            sub = slot[0] % slot[2]
-            slot[0] += 1
-            lane = slot[1].get(sub)
+        for t, seq, rank, key, op, dst, srcs, tokens in items:
+            lane = fixed.get((rank, key))
             if lane is None:
-                lane = slot[1][sub] = self.lane(rank, (key, sub))
-            wait = tuple(dep_of[k] for k in tokens if k is not None)
-            if len(wait) > 1:
-                wait = tuple(dict.fromkeys(wait))
+                lane = self._slot_lane(rank, key, fixed, slots)
+            if len(tokens) == 1:   # most items wait for one producer or none
+                k = tokens[0]
+                wait = () if k is None else (dep_of[k],)
+            else:
+                wait = tuple(dep_of[k] for k in tokens if k is not None)
+                if len(wait) > 1:
+                    wait = tuple(dict.fromkeys(wait))
             dep_of[seq] = append(rank, lane, op, dst, srcs, wait)
-        self._items.clear()
+        items.clear()
+
+    def _slot_lane(self, rank: int, key, fixed: dict, slots: dict) -> int:
+        """The lane of the next item of ``rank`` under lane ``key``: its :attr:`sublanes` are
+        dealt round-robin; a key with one sublane is entered in ``fixed`` for good."""
+        slot = slots.get((rank, key))
+        if slot is None:
+            # Copies up to host memory keep one lane per peer: more concurrent ones only
+            # split the PCIe uplink among more transfers, and the pipeline order is the
+            # one wanted.
+            one = key[0] in ("host up", "host down")
+            slot = slots[rank, key] = [0, {}, 1 if one else self.sublanes]
+        sub = slot[0] % slot[2]
+        slot[0] += 1
+        lane = slot[1].get(sub)
+        if lane is None:
+            lane = slot[1][sub] = self.lane(rank, (key, sub))
+        if slot[2] == 1:
+            fixed[rank, key] = lane
+        return lane
 
     def _tree_keys(self, shares):
         """``(share, i) -> ("tree", tree number, lane of the tree)`` for ``own_lanes``.

@@ -2,11 +2,11 @@
 
 Layout of a rank's segment (the byte offsets are the ``cx_ctl`` struct of cx_executor.h)::
 
-    [0, 4096)                 control block: pid, ready epoch, abort word, call descriptors,
+    [0, 8192)                 control block: pid, ready epoch, abort word, call descriptors,
                               one epoch-stamped flag per lane (each hot word on its own line)
-    [4096, 4096 + set)        staging set 0: input | output | scratch slots of one tile
-    [4096 + set, 4096 + 2set) staging set 1 (tiles alternate sets: double buffering)
-    [4096 + 2set, heap)       point-to-point area: per-peer counters, then a slot per peer
+    [8192, 8192 + set)        staging set 0: input | output | scratch slots of one tile
+    [8192 + set, 8192 + 2set) staging set 1 (tiles alternate sets: double buffering)
+    [8192 + 2set, heap)       point-to-point area: per-peer counters, then a slot per peer
     [heap, end)               heap of 2set bytes: Communicator.empty arrays, which collectives
                               use in place (peers read them directly: zero copy)
 
@@ -34,7 +34,7 @@ from .store import Store
 
 SHM_DIR = "/dev/shm"
 PREFIX = "collectx-"
-CTL_BYTES = 4096
+CTL_BYTES = 8192
 MAGIC = 0x636F6C6C65637478          # "collectx"
 ABORT_FATAL = 1 << 63                # abort word bit: the communicator is unusable
 ABORTED_CALL = 0xFFFF                # descriptor collective code of a call aborted by its rank

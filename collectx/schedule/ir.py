@@ -56,7 +56,7 @@ STAGING = ("scratch", "host")        # per-rank buffers sized by the schedule, n
 OPS = ("copy", "reduce", "engine")
 ROOTED = ("broadcast", "reduce")
 # Lanes per rank the executors run: CX_EXEC_MAX_LANES (CPU) and CX_CUDA_MAX_LANES in native/.
-MAX_LANES = 32
+MAX_LANES = 64
 
 
 def chunk_span(j: int, nchunks: int, count: int) -> tuple[int, int]:

@@ -18,8 +18,8 @@
 
 #include "collectx.h"
 
-#define CX_CUDA_CTL_BYTES 8192
-#define CX_CUDA_MAX_LANES 32
+#define CX_CUDA_CTL_BYTES 16384
+#define CX_CUDA_MAX_LANES 64
 #define CX_CUDA_MAX_SRCS 64        /* sources of one reduce instruction (CPU executor: 64) */
 #define CX_CUDA_MAX_RANKS 1024
 #define CX_CUDA_DESC_WORDS 8

@@ -28,9 +28,9 @@
 extern "C" {
 #endif
 
-#define CX_EXEC_MAX_LANES 32
+#define CX_EXEC_MAX_LANES 64
 #define CX_EXEC_DESC_WORDS 8
-#define CX_CTL_BYTES 4096
+#define CX_CTL_BYTES 8192
 
 #define CX_ABORT_FATAL (1ull << 63) /* abort_word bit: the communicator is unusable */
 
