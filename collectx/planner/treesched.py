@@ -116,26 +116,35 @@ class TreeEmitter:
         """
         after = after or {}
         tree_key = self._tree_keys(shares)
+        items = self._items
         for share in shares:
             root, m, staged = share.root, len(share.chunks), share.staged
             step = 1.0 / m
             # Per edge: (parent, child, lane key unless own lanes, staged through host memory)
             hops = [(p, c, ("down", p, root) if per_tree else ("down", p), (p, c) in staged)
                     for p, c in share.edges]
+            keyed: dict = {}   # own lanes: the hops with each of the tree's lane keys
             for i, j in enumerate(share.chunks):
-                ready = {root: after.get((root, j), (None, (i + 0.5) / m))}
-                lanes = tree_key(share, i) if own_lanes else None
-                for p, c, key, via_host in hops:
-                    source = src(p, j, share) if p == root else dst(p, j, share)
-                    token, tp = ready[p]
+                # node -> (token, time, Ref) of the item that brought it chunk j
+                ready = {root: after.get((root, j), (None, (i + 0.5) / m)) + (src(root, j, share),)}
+                if own_lanes:
+                    lanes = tree_key(share, i)
+                    edges = keyed.get(lanes)
+                    if edges is None:
+                        edges = keyed[lanes] = [(p, c, ("down", p) + lanes, via)
+                                                for p, c, _, via in hops]
+                else:
+                    edges = hops
+                for p, c, key, via_host in edges:
+                    token, tp, source = ready[p]
                     t = tp + step
-                    if lanes is not None:
-                        key = ("down", p) + lanes
+                    ref = dst(c, j, share)
                     if via_host:
-                        seq = self._hop(t, m, share, p, c, key, dst(c, j, share), source, token)
+                        seq = self._hop(t, m, share, p, c, key, ref, source, token)
                     else:   # _hop's direct copy without its staging test: most hops
-                        seq = self._add(t, c, key, "copy", dst(c, j, share), (source,), (token,))
-                    ready[c] = (seq, t)
+                        seq = len(items)
+                        items.append((t, seq, c, key, "copy", ref, (source,), (token,)))
+                    ready[c] = (seq, t, ref)
 
     def staggered_broadcast(self, shares, src: RefFn, dst: RefFn,
                             own_lanes: bool = False) -> None:
@@ -171,26 +180,33 @@ class TreeEmitter:
         """
         done = {}
         tree_key = self._tree_keys(shares)
+        items, fresh, through = self._items, self.b.fresh, self._through_host
         for share in shares:
-            m = len(share.chunks)
+            m, root = len(share.chunks), share.root
             shape = _ReduceShape.of(share)
+            keyed: dict = {}   # lanes of the tree -> each inner node's lane key
             for i, j in enumerate(share.chunks):
                 lanes = tree_key(share, i) if own_lanes else ()
+                keys = keyed.get(lanes)
+                if keys is None:
+                    keys = keyed[lanes] = [node[3] + lanes for node in shape.inner]
                 partial: dict = {}
                 for u in shape.leaves:
                     partial[u] = (contrib(u, j, share), None)
-                for u, kids, height, key, staged in shape.inner:   # children first
+                for (u, kids, height, _, staged), key in zip(shape.inner, keys):   # children first
                     own = contrib(u, j, share)
-                    dst = result(u, j, share) if u == share.root else \
-                        self.b.fresh("scratch", u, own)
+                    dst = result(u, j, share) if u == root else fresh("scratch", u, own)
                     t = (i + 0.5 + height) / m
-                    inputs = [self._through_host(t, m, c, u, *partial[c]) if c in staged
-                              else partial[c] for c in kids]
-                    srcs = (own,) + tuple(x for x, _ in inputs)
-                    token = self._add(t, u, key + lanes, "reduce", dst, srcs,
-                                      tuple(k for _, k in inputs))
-                    partial[u] = (dst, token)
-                done[share.root, j] = (partial[share.root][1], (i + 0.5 + shape.top) / m)
+                    srcs, tokens = [own], []
+                    for c in kids:
+                        ref, token = through(t, m, c, u, *partial[c]) if c in staged \
+                            else partial[c]
+                        srcs.append(ref)
+                        tokens.append(token)
+                    seq = len(items)
+                    items.append((t, seq, u, key, "reduce", dst, tuple(srcs), tuple(tokens)))
+                    partial[u] = (dst, seq)
+                done[root, j] = (partial[root][1], (i + 0.5 + shape.top) / m)
         return done
 
     def flush(self) -> None:
