@@ -114,3 +114,11 @@ def test_reduce_on_relay_trees_keeps_one_lane_per_edge():
     s = plan_blink(G, tuple(topo.gpus(G)), "reduce", 1 << 28)
     verify(s)
     assert all(ins.dst.count == 1 for lanes in s.lanes for lane in lanes for ins in lane.instrs)
+
+
+@pytest.mark.parametrize("preset", ["dgx1v", "mi250_16gcd"])
+def test_small_broadcasts_plan_when_some_trees_get_no_chunk(preset):
+    # At 8 KiB chunks by depth leave some of the LP's trees without a chunk; lowering must
+    # skip them (it once divided by their chunk count).
+    p = plan(topo.load(preset), "broadcast", 8 << 10)
+    assert p.verified and p.predicted.time_us > 0

@@ -119,6 +119,8 @@ class TreeEmitter:
         items = self._items
         for share in shares:
             root, m, staged = share.root, len(share.chunks), share.staged
+            if not m:
+                continue   # chunks by depth can leave a tree of a small message none
             step = 1.0 / m
             # Per edge: (parent, child, lane key unless own lanes, staged through host memory)
             hops = [(p, c, ("down", p, root) if per_tree else ("down", p), (p, c) in staged)
