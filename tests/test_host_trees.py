@@ -215,3 +215,34 @@ def test_deep_broadcast_with_host_edges_takes_four_times_the_chunks_where_twice_
     assert p.algorithm == "blink+host"
     assert p.schedule.nchunks == 1920
     assert 0.96 <= p.efficiency <= 1.001
+
+
+def test_blink_allreduce_with_host_edges_mixes_many_equal_trees_on_their_own_lanes():
+    # DGX-1P GPUs 0, 2, 3, 4, 7: mixes of 8-12 equal trees keep at most 0.83 of the packing's
+    # rate and the plan reached 0.862 of the reference; 22 trees keep 0.97 of it, each on
+    # lanes of its own (more than 32 per rank), and simulate at 0.951.
+    p = plan(T.load("dgx1p"), "allreduce", 1 << 30, gpus=[0, 2, 3, 4, 7], verify=True)
+    assert p.algorithm == "blink+host"
+    counts = _tree_chunk_counts(p.schedule)
+    assert len(counts) > 12 and max(counts) - min(counts) <= 1
+    assert max(len(lanes) for lanes in p.schedule.lanes) > 32
+    assert 0.95 <= p.efficiency <= p.bound.ceiling_busbw / p.bound.bound_busbw
+
+
+def test_forest_allgather_with_host_edges_mixes_more_trees_per_root_where_it_lags():
+    # DGX-1V GPUs 0, 3, 4, 6, 7: four to eight equal trees per root left the allgather at
+    # 0.932 of the bound; the mixes of up to 24 per root that keep the most rate, on lanes of
+    # each root's own with 256 chunks per root, reach 0.95.
+    p = plan(DGX1V, "allgather", 1 << 30, gpus=[0, 3, 4, 6, 7], verify=True)
+    assert p.algorithm == "forest+host"
+    assert 0.95 <= p.efficiency <= 1.001
+
+
+def test_deep_broadcast_with_host_edges_mixes_equal_trees_where_more_chunks_still_lag():
+    # DGX-1V GPUs 0, 1, 2, 4, 5, 7: four times the chunks left the LP's trees at 0.937 of the
+    # bound; 18 equal trees on lanes of their own over 2048 chunks reach 0.967.
+    p = plan(DGX1V, "broadcast", 1 << 30, gpus=[0, 1, 2, 4, 5, 7], verify=True)
+    assert p.algorithm == "blink+host"
+    counts = _tree_chunk_counts(p.schedule)
+    assert len(counts) >= 12 and max(counts) - min(counts) <= 1
+    assert 0.96 <= p.efficiency <= 1.001

@@ -82,6 +82,8 @@ WIDE_BELOW = 0.95   # deep broadcasts with host edges below this of their rate t
 # 247 DGX-1V / DGX-1P allocations: 17 / 13 with the budget's count, 11 / 13 with 2x, 9 / 6
 # with 4x as well (8x too: no fewer, and the slowest plans took 1.5 s).
 WIDE_FACTORS = (2, 4)
+UNIT_BROADCAST_CHUNKS = 2048   # of equal-tree broadcasts (see _broadcast_units_or), at most
+UNIT_BROADCAST_UP_TO = 7       # ranks: the full DGX-1s gained nothing and took 0.2 s more
 
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
@@ -195,6 +197,9 @@ def _rooted(G, topo, ranks, collective, nbytes, root, inplace, nchunks, host, le
                        ranks)
             if s is before:
                 break
+        if lean and n <= UNIT_BROADCAST_UP_TO and \
+                _rate_kept(s, topo, nbytes, ranks, packing) < WIDE_BELOW:
+            s = _broadcast_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes)
     if style == "unit" and collective == "broadcast":
         # Paired pieces at the two largest counts: where a tree finishes varies by a percent
         # or so from one count to the next (16-GCD MI250: 0.955, 0.941, 0.947, 0.960 of the
@@ -204,6 +209,28 @@ def _rooted(G, topo, ranks, collective, nbytes, root, inplace, nchunks, host, le
         for q in paired[-PAIRED_TRIED:]:
             s = faster(s, _rooted_plan("paired", [q], *args)[0], topo, nbytes, ranks)
     return s
+
+
+def _broadcast_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes) -> Schedule:
+    """``s``, or the broadcast over the mix of equal trees (:func:`~.chunking.equal_units`,
+    ``k`` of :data:`UNIT_TREES`) that keeps the most of the packing's rate, each tree on lanes
+    of its own, where that simulates faster.
+
+    The broadcast counterpart of :func:`_equal_units_or`, for deep trees with host edges that
+    lag their packing rate even with more chunks: on the 15 DGX-1 broadcasts below 0.95 of the
+    bound, the best mix reached 0.95 on 7 (DGX-1V GPUs 0, 1, 2, 4, 5, 7: 0.937 -> 0.967 with
+    18 trees), each time fastest at :data:`UNIT_BROADCAST_CHUNKS` of 512, 1024 and 2048, and
+    taking each packing's mix that keeps the most rate finds all 7.
+    """
+    mixes = equal_unit_mixes(packing, caps, UNIT_TREES)
+    if not mixes:
+        return s
+    k, units = max(mixes, key=lambda m: (m[1].rate, -m[0]))
+    most = max(1, int(nbytes // MIN_CHUNK_BYTES))
+    q = min(k * -(-UNIT_BROADCAST_CHUNKS // k), max(k, most // k * k))
+    counted = (q, largest_remainder(units, q))
+    return faster(s, _lowered("broadcast", units, counted, ranks, root, inplace, 1, True),
+                  topo, nbytes, ranks)
 
 
 def _rate_kept(s: Schedule, topo, nbytes, ranks, packing) -> float:

@@ -49,6 +49,13 @@ HOST_WIDE_UP_TO = 4
 HOST_WIDE_SCALE = 4
 NEAR_RATE = 0.97               # an allreduce this close to its packing rate needs no rival
 UNIT_TREES = range(4, 9)       # equal trees per root tried for allgather with host edges
+# ... and, where that plan stays below WIDE_BELOW of its packing rate, the WIDE_MIXES mixes of
+# up to MANY_TREES trees per root that keep the most rate, on WIDE_CHUNKS chunks per root
+MANY_TREES = range(2, 25)
+WIDE_BELOW = 0.95
+WIDE_MIXES = 2
+WIDE_CHUNKS = 256
+WIDE_UP_TO = 7   # ranks: the full DGX-1s gained nothing from them and planned in 1.0 s, not 0.7
 
 
 def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
@@ -120,7 +127,8 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
         if collective == "allgather":   # on 30 sampled DGX-1 allocations per-root lanes
             # won 14 (up to +0.07 of the bound), lanes per link the rest
             s = _faster_layout(packed, collective, nbytes, ranks, inplace, nchunks, topo)
-            return _equal_units_or(s, packed[collective], ranks, inplace, nchunks, topo, nbytes)
+            return _equal_units_or(s, packed[collective], ranks, inplace, nchunks, topo, nbytes,
+                                   wide=lean)
         return _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
     if collective == "allreduce":
         packed = _pack_allreduce(G, ranks)
@@ -182,33 +190,58 @@ def _schedule(packed: dict, collective: str, nbytes: int, ranks: tuple, inplace:
 
 
 def _equal_units_or(s: Schedule, packed: tuple, ranks, inplace, nchunks, topo,
-                    nbytes) -> Schedule:
+                    nbytes, wide: bool = False) -> Schedule:
     """``s``, or the allgather over a few trees of one equal rate per root, where that
     simulates faster.
 
     The LP mixes a root's trees at unequal rates, but a link shares its bandwidth equally
     among the transfers on it, so where they meet they do not get their planned rates (as for
     Blink allreduce, see :func:`~.blink._equal_units_or`). :func:`~.chunking.equal_units`
-    gives every root ``k`` equal copies of its trees for each ``k`` of :data:`UNIT_TREES`;
-    the mix that keeps the most rate (the fewest trees among equals) is simulated on lanes per
-    link, with as many chunks per root as ``s`` rounded up to whole chunks per tree. On the
-    30 DGX-1 allgathers below 0.95 of the bound, the host modes reached 0.95 on 11 with a
-    search over k = 2..8, both lane layouts and two chunk counts (on 2 without equal trees),
-    and on 8 with this one simulation per plan; over all 247 allocations of each DGX-1 those
-    below 0.95 went from 14 to 12 (DGX-1V) and from 16 to 11 (DGX-1P).
+    gives every root ``k`` equal copies of its trees; the mix of ``k`` in :data:`UNIT_TREES`
+    that keeps the most rate (the fewest trees among equals) is simulated on lanes per link,
+    with as many chunks per root as ``s`` rounded up to whole chunks per tree. On the 30
+    DGX-1 allgathers below 0.95 of the bound, the host modes reached 0.95 on 11 with a search
+    over k = 2..8, both lane layouts and two chunk counts (on 2 without equal trees), and on 8
+    with this one simulation per plan; over all 247 allocations of each DGX-1 those below 0.95
+    went from 14 to 12 (DGX-1V) and from 16 to 11 (DGX-1P).
+
+    With ``wide`` (least loaded packings), where ``s`` still lags its packing rate
+    (:data:`WIDE_BELOW`), mixes of up to
+    :data:`MANY_TREES` trees per root are tried too: the :data:`WIDE_MIXES` that keep the most
+    rate, each on lanes of its own per root and link, with :data:`WIDE_CHUNKS` chunks per
+    root. On the 22 DGX-1 allgathers then below 0.95 of the bound a mix of up to 24 trees
+    reached 0.95 on 14; the two best-kept mixes of each packing reach it on 7 at 256 chunks
+    per root on lanes per root (on lanes per link: 3; at 128 or 512 chunks: 2 or 3).
     """
     packing, caps = packed
     if len(packing.trees) <= len(ranks):
         return s   # one tree per root: nothing to even out
     mixes = equal_unit_mixes(packing, caps, UNIT_TREES)
-    if not mixes:
+    if mixes:
+        k, units = max(mixes, key=lambda m: (m[1].rate, -m[0]))
+        q = nchunks or k * -(-s.nchunks // k)
+        counted = (q, {"allgather": largest_remainder(units, q)})
+        s = faster(s, _schedule({"allgather": (units, caps)}, "allgather", nbytes, ranks,
+                                inplace, q, per_tree=False, counted=counted),
+                   topo, nbytes, ranks)
+    if nchunks or not wide or len(ranks) > WIDE_UP_TO or \
+            _rate_kept(s, packing.rate, topo, nbytes, ranks) >= WIDE_BELOW:
         return s
-    k, units = max(mixes, key=lambda m: (m[1].rate, -m[0]))
-    q = nchunks or k * -(-s.nchunks // k)
-    counted = (q, {"allgather": largest_remainder(units, q)})
-    unit_plan = _schedule({"allgather": (units, caps)}, "allgather", nbytes, ranks, inplace,
-                          q, per_tree=False, counted=counted)
-    return faster(s, unit_plan, topo, nbytes, ranks)
+    mixes = equal_unit_mixes(packing, caps, MANY_TREES)
+    for k, units in sorted(mixes, key=lambda m: (-m[1].rate, m[0]))[:WIDE_MIXES]:
+        q = k * -(-WIDE_CHUNKS // k)
+        counted = (q, {"allgather": largest_remainder(units, q)})
+        s = faster(s, _schedule({"allgather": (units, caps)}, "allgather", nbytes, ranks,
+                                inplace, q, per_tree=True, sublanes=1, counted=counted),
+                   topo, nbytes, ranks)
+    return s
+
+
+def _rate_kept(s: Schedule, rate: float, topo, nbytes, ranks) -> float:
+    """Simulated busbw of the allgather ``s`` over its packing's (``rate`` per root; 1
+    without a simulator)."""
+    sim = simulated(s, topo, nbytes, ranks)
+    return sim.busbw_GBps / ((len(ranks) - 1) * rate) if sim is not None else 1.0
 
 
 def _unless_lp_faster(s: Schedule, rate: float, G, topo, nbytes: int, ranks, inplace,
