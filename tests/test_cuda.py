@@ -55,7 +55,7 @@ def test_build_with_nvcc_has_the_cuda_executor():
 @needs_objects
 def test_control_block_size_matches_the_header():
     from collectx.runtime.cuda.window import ctl_bytes, set_bytes_for
-    assert ctl_bytes() == 8192
+    assert ctl_bytes() == 16384
     assert set_bytes_for(8 << 20) == 4 << 20 and set_bytes_for(0) == 1 << 16
 
 
@@ -120,7 +120,7 @@ def _plan_struct(ffi, **override):
     {"instrs": [1, 0, 3, 0, 1, 0, 2, 0, 1]},                # buffer code 3
     {"instrs": [2, 0, 1, 0, 1, 0, 2, 0, 1]},                # op code 2
     {"instrs": [1, 0, 1, 0, 1, 0, 0, 0, 1]},                # reduce with no source
-    {"deps": [1, 40, 0]},                                   # lane 40 (the kernel has 32)
+    {"deps": [1, 70, 0]},                                   # lane 70 (the kernel has 64)
     {"srcs": [0, 0, 0, 1, 2, 0, 0, 1]},                     # source rank 2 of 2
     {"nchunks": 0},
     {"rank": 2},
