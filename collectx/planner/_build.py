@@ -110,6 +110,14 @@ def simulated(s: Schedule, topo, nbytes: int, ranks):
     return simulate(s, topo, nbytes, ranks=list(ranks))
 
 
+def rate_kept(s: Schedule, topo, nbytes: int, ranks, busbw_gbps: float) -> float:
+    """Simulated busbw of ``s`` over ``busbw_gbps``, the busbw its packing plans (1 without a
+    simulator): how far the schedule falls short of its LP, which decides whether planners
+    try more for it."""
+    sim = simulated(s, topo, nbytes, ranks)
+    return sim.busbw_GBps / busbw_gbps if sim is not None else 1.0
+
+
 def faster(a: Schedule, b: Schedule, topo, nbytes: int, ranks) -> Schedule:
     """The schedule the simulator finishes first (``a`` on ties or without a simulator): how
     planners choose between layouts of one plan."""

@@ -32,7 +32,7 @@ from ..errors import PlanError
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
-from ._build import check_args, faster, simulated
+from ._build import check_args, faster, rate_kept, simulated
 from .edge_split import job_graph, require_connected
 from .integral_trees import depth_balanced_counts, pack_unit_spanning_trees
 from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,
@@ -190,7 +190,7 @@ def _rooted(G, topo, ranks, collective, nbytes, root, inplace, nchunks, host, le
         # such plans it lifted on DGX-1V), while the plan stays below WIDE_BELOW of its rate
         # and each count is faster than the one before (where 2x lost, 4x lifted no plan).
         for factor in WIDE_FACTORS:
-            if _rate_kept(s, topo, nbytes, ranks, packing) >= WIDE_BELOW:
+            if rate_kept(s, topo, nbytes, ranks, packing.rate) >= WIDE_BELOW:
                 break
             before = s
             s = faster(s, _rooted_plan(style, [factor * counted[0]], *args)[0], topo, nbytes,
@@ -198,7 +198,7 @@ def _rooted(G, topo, ranks, collective, nbytes, root, inplace, nchunks, host, le
             if s is before:
                 break
         if lean and n <= UNIT_BROADCAST_UP_TO and \
-                _rate_kept(s, topo, nbytes, ranks, packing) < WIDE_BELOW:
+                rate_kept(s, topo, nbytes, ranks, packing.rate) < WIDE_BELOW:
             s = _broadcast_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes)
     if style == "unit" and collective == "broadcast":
         # Paired pieces at the two largest counts: where a tree finishes varies by a percent
@@ -231,12 +231,6 @@ def _broadcast_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes) ->
     counted = (q, largest_remainder(units, q))
     return faster(s, _lowered("broadcast", units, counted, ranks, root, inplace, 1, True),
                   topo, nbytes, ranks)
-
-
-def _rate_kept(s: Schedule, topo, nbytes, ranks, packing) -> float:
-    """Simulated algbw of ``s`` over the packing's rate (1 without a simulator)."""
-    sim = simulated(s, topo, nbytes, ranks)
-    return sim.algbw_GBps / packing.rate if sim is not None else 1.0
 
 
 def _rooted_plan(style, cands, packing, caps, collective, nbytes, wait, balance, ranks, root,

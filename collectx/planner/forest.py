@@ -26,7 +26,7 @@ from ..errors import PlanError
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
-from ._build import check_args, faster, simulated
+from ._build import check_args, faster, rate_kept, simulated
 from .edge_split import job_graph, require_connected
 from .switch_trees import tree_shaped
 from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,
@@ -225,7 +225,7 @@ def _equal_units_or(s: Schedule, packed: tuple, ranks, inplace, nchunks, topo,
                                 inplace, q, per_tree=False, counted=counted),
                    topo, nbytes, ranks)
     if nchunks or not wide or len(ranks) > WIDE_UP_TO or \
-            _rate_kept(s, packing.rate, topo, nbytes, ranks) >= WIDE_BELOW:
+            rate_kept(s, topo, nbytes, ranks, (len(ranks) - 1) * packing.rate) >= WIDE_BELOW:
         return s
     mixes = equal_unit_mixes(packing, caps, MANY_TREES)
     for k, units in sorted(mixes, key=lambda m: (-m[1].rate, m[0]))[:WIDE_MIXES]:
@@ -235,13 +235,6 @@ def _equal_units_or(s: Schedule, packed: tuple, ranks, inplace, nchunks, topo,
                                 inplace, q, per_tree=True, sublanes=1, counted=counted),
                    topo, nbytes, ranks)
     return s
-
-
-def _rate_kept(s: Schedule, rate: float, topo, nbytes, ranks) -> float:
-    """Simulated busbw of the allgather ``s`` over its packing's (``rate`` per root; 1
-    without a simulator)."""
-    sim = simulated(s, topo, nbytes, ranks)
-    return sim.busbw_GBps / ((len(ranks) - 1) * rate) if sim is not None else 1.0
 
 
 def _unless_lp_faster(s: Schedule, rate: float, G, topo, nbytes: int, ranks, inplace,

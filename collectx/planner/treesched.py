@@ -195,7 +195,8 @@ class TreeEmitter:
                 partial: dict = {}
                 for u in shape.leaves:
                     partial[u] = (contrib(u, j, share), None)
-                for (u, kids, height, _, staged), key in zip(shape.inner, keys):   # children first
+                # inner nodes, children first
+                for (u, kids, height, _, staged), key in zip(shape.inner, keys):
                     own = contrib(u, j, share)
                     dst = result(u, j, share) if u == root else fresh("scratch", u, own)
                     t = (i + 0.5 + height) / m
