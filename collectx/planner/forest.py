@@ -206,12 +206,12 @@ def _equal_units_or(s: Schedule, packed: tuple, ranks, inplace, nchunks, topo,
     went from 14 to 12 (DGX-1V) and from 16 to 11 (DGX-1P).
 
     With ``wide`` (least loaded packings), where ``s`` still lags its packing rate
-    (:data:`WIDE_BELOW`), mixes of up to
-    :data:`MANY_TREES` trees per root are tried too: the :data:`WIDE_MIXES` that keep the most
-    rate, each on lanes of its own per root and link, with :data:`WIDE_CHUNKS` chunks per
-    root. On the 22 DGX-1 allgathers then below 0.95 of the bound a mix of up to 24 trees
-    reached 0.95 on 14; the two best-kept mixes of each packing reach it on 7 at 256 chunks
-    per root on lanes per root (on lanes per link: 3; at 128 or 512 chunks: 2 or 3).
+    (:data:`WIDE_BELOW`), mixes of up to :data:`MANY_TREES` trees per root are tried too: the
+    :data:`WIDE_MIXES` that keep the most rate, each on lanes of its own per root and link,
+    with :data:`WIDE_CHUNKS` chunks per root. On the 22 DGX-1 allgathers then below 0.95 of
+    the bound a mix of up to 24 trees reached 0.95 on 14; the two best-kept mixes of each
+    packing reach it on 7 at 256 chunks per root on lanes per root (on lanes per link: 3; at
+    128 or 512 chunks: 2 or 3).
     """
     packing, caps = packed
     if len(packing.trees) <= len(ranks):

@@ -128,7 +128,8 @@ class TreeEmitter:
             keyed: dict = {}   # own lanes: the hops with each of the tree's lane keys
             for i, j in enumerate(share.chunks):
                 # node -> (token, time, Ref) of the item that brought it chunk j
-                ready = {root: after.get((root, j), (None, (i + 0.5) / m)) + (src(root, j, share),)}
+                start = after.get((root, j), (None, (i + 0.5) / m))
+                ready = {root: (*start, src(root, j, share))}
                 if own_lanes:
                     lanes = tree_key(share, i)
                     edges = keyed.get(lanes)
