@@ -246,3 +246,11 @@ def test_deep_broadcast_with_host_edges_mixes_equal_trees_where_more_chunks_stil
     counts = _tree_chunk_counts(p.schedule)
     assert len(counts) >= 12 and max(counts) - min(counts) <= 1
     assert 0.96 <= p.efficiency <= 1.001
+
+
+def test_three_gpu_allreduce_simulates_more_equal_tree_mixes():
+    # DGX-1P GPUs 0, 1, 2: the two best-estimated mixes reached 0.945 of the reference; on 3
+    # GPUs six are simulated, and one of them reaches 0.956.
+    p = plan(T.load("dgx1p"), "allreduce", 1 << 30, gpus=[0, 1, 2], verify=True)
+    assert p.algorithm == "blink+host"
+    assert 0.95 <= p.efficiency <= p.bound.ceiling_busbw / p.bound.bound_busbw
