@@ -36,7 +36,7 @@ from ._build import check_args, faster, rate_kept, simulated
 from .edge_split import job_graph, require_connected
 from .integral_trees import depth_balanced_counts, pack_unit_spanning_trees
 from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,
-                       runs_by_group)
+                       most_kept, runs_by_group)
 from .treesched import SUBLANES, Share, TreeEmitter, pack_both_ways, pack_rooted
 
 SUPPORTED = ("allreduce", "broadcast", "reduce")
@@ -225,10 +225,10 @@ def _broadcast_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes) ->
     18 trees), each time fastest at :data:`UNIT_BROADCAST_CHUNKS` of 512, 1024 and 2048, and
     taking each packing's mix that keeps the most rate finds all 7.
     """
-    mixes = equal_unit_mixes(packing, caps, UNIT_TREES)
+    mixes = most_kept(equal_unit_mixes(packing, caps, UNIT_TREES))
     if not mixes:
         return s
-    k, units = max(mixes, key=lambda m: (m[1].rate, -m[0]))
+    k, units = mixes[0]
     most = max(1, int(nbytes // MIN_CHUNK_BYTES))
     q = min(k * -(-UNIT_BROADCAST_CHUNKS // k), max(k, most // k * k))
     counted = (q, largest_remainder(units, q))
@@ -355,15 +355,17 @@ def _equal_units_or(s, units: list, ranks, root, inplace, topo, nbytes) -> Sched
     if s is not None:
         mine = simulated(s, topo, nbytes, ranks)
         if mine is None:
-            return s
+            return s   # no simulator to compare with
         best_us = mine.time_us
     for packing, counted in units:
         if nbytes / (packing.rate * 1e3) >= best_us:
             continue   # the packing's own rate cannot beat the best plan so far
         plan = _allreduce(packing, counted, ranks, root, inplace, own=True)
         found = simulated(plan, topo, nbytes, ranks)
-        if s is None or (found is not None and found.time_us < best_us):
-            s, best_us = plan, found.time_us if found is not None else best_us
+        if found is None:
+            return plan   # no simulator and no plan yet: the best-estimated mix
+        if found.time_us < best_us:
+            s, best_us = plan, found.time_us
     return s
 
 

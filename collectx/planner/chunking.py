@@ -262,6 +262,25 @@ def equal_unit_mixes(packing, caps, ks) -> list:
     return out
 
 
+def most_kept(mixes) -> list:
+    """``mixes`` (:func:`equal_unit_mixes`) by the rate they keep, the fewest trees first among
+    equals: the order in which planners try them.
+
+    >>> from types import SimpleNamespace as NS
+    >>> [k for k, _ in most_kept([(4, NS(rate=1.0)), (6, NS(rate=2.0)), (3, NS(rate=2.0))])]
+    [3, 6, 4]
+    """
+    return sorted(mixes, key=lambda m: (-m[1].rate, m[0]))
+
+
+def whole_per_tree(units, k: int, at_least: int) -> tuple[int, list]:
+    """``(q, counts)``: ``q`` chunks per group, ``at_least`` rounded up to a multiple of the
+    ``k`` equal trees of ``units`` (so every tree carries the same number), and their counts
+    (:func:`largest_remainder`)."""
+    q = k * -(-at_least // k)
+    return q, largest_remainder(units, q)
+
+
 def largest_remainder(packing, q) -> list:
     """``[(tree, n)]`` with ``n > 0``: ``q`` chunks per group in proportion to the trees' rates
     (as :func:`split_chunks` cuts them); exact for equal trees (:func:`equal_units`)."""

@@ -30,7 +30,7 @@ from ._build import check_args, faster, rate_kept, simulated
 from .edge_split import job_graph, require_connected
 from .switch_trees import tree_shaped
 from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,
-                       runs_by_group)
+                       most_kept, runs_by_group, whole_per_tree)
 from .treesched import SUBLANES, Share, TreeEmitter, pack_rooted, pack_rooted_mirrored
 
 SUPPORTED = ("allgather", "reduce_scatter", "allreduce")
@@ -216,24 +216,21 @@ def _equal_units_or(s: Schedule, packed: tuple, ranks, inplace, nchunks, topo,
     packing, caps = packed
     if len(packing.trees) <= len(ranks):
         return s   # one tree per root: nothing to even out
-    mixes = equal_unit_mixes(packing, caps, UNIT_TREES)
-    if mixes:
-        k, units = max(mixes, key=lambda m: (m[1].rate, -m[0]))
-        q = nchunks or k * -(-s.nchunks // k)
-        counted = (q, {"allgather": largest_remainder(units, q)})
-        s = faster(s, _schedule({"allgather": (units, caps)}, "allgather", nbytes, ranks,
-                                inplace, q, per_tree=False, counted=counted),
-                   topo, nbytes, ranks)
+    def plan(units, q, counts, per_tree):
+        return _schedule({"allgather": (units, caps)}, "allgather", nbytes, ranks, inplace, q,
+                         per_tree=per_tree, sublanes=1 if per_tree else SUBLANES,
+                         counted=(q, {"allgather": counts}))
+
+    for k, units in most_kept(equal_unit_mixes(packing, caps, UNIT_TREES))[:1]:
+        q, counts = (nchunks, largest_remainder(units, nchunks)) if nchunks else \
+            whole_per_tree(units, k, s.nchunks)
+        s = faster(s, plan(units, q, counts, False), topo, nbytes, ranks)
     if nchunks or not wide or len(ranks) > WIDE_UP_TO or \
             rate_kept(s, topo, nbytes, ranks, (len(ranks) - 1) * packing.rate) >= WIDE_BELOW:
         return s
-    mixes = equal_unit_mixes(packing, caps, MANY_TREES)
-    for k, units in sorted(mixes, key=lambda m: (-m[1].rate, m[0]))[:WIDE_MIXES]:
-        q = k * -(-WIDE_CHUNKS // k)
-        counted = (q, {"allgather": largest_remainder(units, q)})
-        s = faster(s, _schedule({"allgather": (units, caps)}, "allgather", nbytes, ranks,
-                                inplace, q, per_tree=True, sublanes=1, counted=counted),
-                   topo, nbytes, ranks)
+    for k, units in most_kept(equal_unit_mixes(packing, caps, MANY_TREES))[:WIDE_MIXES]:
+        s = faster(s, plan(units, *whole_per_tree(units, k, WIDE_CHUNKS), True), topo, nbytes,
+                   ranks)
     return s
 
 
