@@ -120,7 +120,8 @@ def test_forest_on_pcie_switches_uses_equal_rate_trees(collective, floor):
 
 def test_forest_allgather_keeps_the_faster_lane_policy():
     """Unequal LP trees: lanes per link or per root, whichever the simulator finishes first
-    (per root wins on mi250_16gcd: 0.797 -> 0.894 of the cut bound)."""
+    (per root wins on mi250_16gcd: 0.797 -> 0.894 of the cut bound; with the shallowest
+    optimal packing, two lanes per root and link and, past 8 ranks, twice the chunks: 0.957)."""
     from collectx.planner import forest
     from collectx.planner.edge_split import job_graph
 
@@ -129,7 +130,7 @@ def test_forest_allgather_keeps_the_faster_lane_policy():
     s = plan_forest(G, ranks, "allgather", 1 << 30)
     verify(s)
     got = simulate(s, G, 1 << 30, ranks=list(ranks))
-    assert got.busbw_GBps >= 0.88 * bounds(G, "allgather", gpus=list(ranks)).bound_busbw
+    assert got.busbw_GBps >= 0.95 * bounds(G, "allgather", gpus=list(ranks)).bound_busbw
     packed = {"allgather": forest._pack(job_graph(G, ranks), ranks, reverse=False)}
     per_link = forest._schedule(packed, "allgather", 1 << 30, ranks, False, None,
                                 per_tree=False)

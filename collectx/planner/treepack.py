@@ -208,7 +208,8 @@ def min_spanning_tree(C: np.ndarray) -> list[tuple[int, int]] | None:
 
 
 def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None,
-                   alternatives: dict | None = None, lean: bool = False) -> Packing:
+                   alternatives: dict | None = None, lean: bool = False,
+                   shallow: bool = False) -> Packing:
     """Pack out-arborescences spanning ``gpus`` from every root in ``roots`` at a common rate.
 
     One root gives Blink's broadcast packing (rate = min over v of maxflow(root -> v)); all
@@ -216,7 +217,8 @@ def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None,
     the links of each GPU pair (see :func:`~.edge_split.simulator_routes`); by default each tree
     edge takes the cheapest relay path. ``alternatives`` offers second routes for some pairs
     (see :func:`_edge_costs`). ``lean``: of the optimal packings over the trees found, the one
-    that loads the links least (see :func:`_lean`).
+    that loads the links least (see :func:`_lean`); ``shallow``: the one whose trees are the
+    least deep, weighted by rate (see :func:`_shallow`).
     """
     gpus = tuple(gpus)
     at = {g: i for i, g in enumerate(gpus)}
@@ -240,7 +242,7 @@ def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None,
             cols.append((r, Tree(r, r, edges, paths, 0.0, staged), _usage(paths)))
         return cols
 
-    return _column_generation(index, tuple(roots), price, lean=lean)
+    return _column_generation(index, tuple(roots), price, lean=lean, shallow=shallow)
 
 
 def pack_undirected_trees(index: LinkIndex, gpus, routes: dict | None = None,
@@ -389,7 +391,8 @@ def _usage(paths) -> dict:
     return use
 
 
-def _column_generation(index: LinkIndex, groups: tuple, price, lean: bool = False) -> Packing:
+def _column_generation(index: LinkIndex, groups: tuple, price, lean: bool = False,
+                       shallow: bool = False) -> Packing:
     """Solve the packing LP over the columns ``price`` proposes until none improves."""
     caps = np.asarray(index.caps, dtype=float)
     gid = {g: i for i, g in enumerate(groups)}
@@ -419,6 +422,8 @@ def _column_generation(index: LinkIndex, groups: tuple, price, lean: bool = Fals
                         f"{len(index.links)} links; report this topology")
     if lean:
         lam = _lean(caps, len(gid), lp, float(x), lam)
+    elif shallow:
+        lam = _shallow(caps, len(gid), lp, float(x), lam, [t.depth() for _, t, _ in cols])
     every = tuple(replace(t, rate=max(float(v), 0.0))
                   for (g, t, _), v in zip(cols, lam))
     trees = tuple(t for t in every if t.rate > 1e-9 * max(x, 1e-300))
@@ -434,11 +439,32 @@ def _lean(caps, ng: int, lp: "_Rows", x: float, lam):
     paths it does not need, whose transfers then share links with the ones that must take
     them. The least loaded mix keeps every link it need not fill idle (DGX-1V GPUs 0, 1, 3,
     4, 6, 7 allgather: 0.83 -> 0.96 of the bound)."""
-    m, k = len(caps), len(lp.group)
-    A_ub = sp.csr_matrix((lp.vals, (lp.rows, lp.cix)), shape=(m, k))
-    A_eq = sp.csr_matrix(([1.0] * k, (lp.group, list(range(k)))), shape=(ng, k))
+    A_ub = _link_rows(caps, lp)
     cost = np.asarray(A_ub.multiply(1.0 / caps[:, None]).sum(axis=0)).ravel()
-    res = linprog(cost, A_ub=A_ub, b_ub=caps, A_eq=A_eq, b_eq=np.full(ng, x),
+    return _cheapest_optimum(cost, caps, ng, lp, x, lam)
+
+
+def _shallow(caps, ng: int, lp: "_Rows", x: float, lam, depths):
+    """Rates of the same columns that give every group rate ``x`` with the least rate-weighted
+    tree depth; ``lam`` if that LP fails.
+
+    A chunk crosses a tree one level per chunk time, so a deep tree's links wait longer for
+    their first chunk and idle longer after their last. The LP's vertex picks among equally
+    good trees blindly; on 16-GCD MI250, whose trees run 5 to 13 levels deep, the shallowest
+    optimum over the same columns lifts the allgather from 0.93 to 0.95 of the bound."""
+    return _cheapest_optimum(np.asarray(depths, dtype=float), caps, ng, lp, x, lam)
+
+
+def _link_rows(caps, lp: "_Rows"):
+    return sp.csr_matrix((lp.vals, (lp.rows, lp.cix)), shape=(len(caps), len(lp.group)))
+
+
+def _cheapest_optimum(cost, caps, ng: int, lp: "_Rows", x: float, lam):
+    """Column rates giving every group rate ``x`` within ``caps`` at the least ``cost``;
+    ``lam`` if that LP fails."""
+    k = len(lp.group)
+    A_eq = sp.csr_matrix(([1.0] * k, (lp.group, list(range(k)))), shape=(ng, k))
+    res = linprog(cost, A_ub=_link_rows(caps, lp), b_ub=caps, A_eq=A_eq, b_eq=np.full(ng, x),
                   bounds=(0, None), method="highs")
     return res.x if res.status == 0 else lam
 

@@ -361,7 +361,9 @@ def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool,
     joined by a direct link (with ``host="any"``, every GPU pair) its route staged through
     host memory (:func:`~.edge_split.host_routes`); the trees then mark the edges that take
     it (``Tree.staged``), and the LP's forest is kept as it is: by default its least loaded
-    optimum (``lean``, :func:`~.treepack.pack_out_trees`), else the LP's vertex.
+    optimum (``lean``, :func:`~.treepack.pack_out_trees`), else the LP's vertex. Without
+    ``host``: one equal-rate tree per root where that keeps the LP's rate, else the LP's
+    optimum of least rate-weighted depth (``shallow``).
     """
     H = G.reverse(copy=True) if reverse else G
     index = LinkIndex.of(H)
@@ -370,8 +372,8 @@ def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool,
         alternatives = host_routes(G, index, ranks, reverse=reverse, any_pair=host == "any")
         return pack_out_trees(index, ranks, roots, routes=routes, alternatives=alternatives,
                               lean=lean), index.caps
-    packing = _balanced_or(pack_out_trees(index, ranks, roots, routes=routes), index, ranks,
-                           roots, routes)
+    packing = _balanced_or(pack_out_trees(index, ranks, roots, routes=routes, shallow=True),
+                           index, ranks, roots, routes)
     if len(roots) == 1:
         relay = pack_relay_trees(index, ranks, roots[0], routes)
         if relay is not None and relay.rate >= packing.rate * RELAY_KEEP:
@@ -405,15 +407,15 @@ def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots, balanced: bool = True,
     index = LinkIndex.of(G)
     routes = simulator_routes(G, index, ranks)
     keep = _balanced_or if balanced else (lambda packing, *_: packing)
-    out = keep(pack_out_trees(index, ranks, roots, routes=routes), index, ranks, roots,
-               routes), index.caps
+    out = keep(pack_out_trees(index, ranks, roots, routes=routes, shallow=True), index, ranks,
+               roots, routes), index.caps
     rindex = LinkIndex.of(G.reverse(copy=True))
     rroutes = simulator_routes(G, rindex, ranks, reverse=True)
     if _named(index, routes) == _named(rindex, rroutes) and \
             dict(zip(index.links, index.caps)) == dict(zip(rindex.links, rindex.caps)):
         return {False: out, True: out}
-    back = keep(pack_out_trees(rindex, ranks, roots, routes=rroutes), rindex, ranks, roots,
-                rroutes)
+    back = keep(pack_out_trees(rindex, ranks, roots, routes=rroutes, shallow=True), rindex,
+                ranks, roots, rroutes)
     return {False: out, True: (back, rindex.caps)}
 
 
