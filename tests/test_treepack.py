@@ -16,7 +16,7 @@ from collectx.planner.bounds import bounds, cut_rate, rooted_flow
 from collectx.planner.chunking import chunk_counts, split_chunks
 from collectx.planner.edge_split import LinkIndex, job_graph, simulator_routes
 from collectx.planner.treepack import (min_arborescence, min_spanning_tree,
-                                       pack_out_trees, pack_undirected_trees)
+                                       pack_out_trees, pack_undirected_trees, shallowest)
 from collectx.schedule import simulate, verify
 
 
@@ -104,7 +104,7 @@ def test_shallow_packing_keeps_the_rate_with_shallower_trees():
     index, J = _index(G, gpus)
     routes = simulator_routes(J, index, gpus)
     vertex = pack_out_trees(index, gpus, gpus, routes=routes)
-    shallow = pack_out_trees(index, gpus, gpus, routes=routes, shallow=True)
+    shallow = shallowest(vertex, index.caps)
     assert shallow.rate == pytest.approx(vertex.rate, rel=1e-9)
     for g in gpus:   # every root still carries the common rate
         assert sum(t.rate for t in shallow.trees if t.group == g) == \

@@ -208,8 +208,7 @@ def min_spanning_tree(C: np.ndarray) -> list[tuple[int, int]] | None:
 
 
 def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None,
-                   alternatives: dict | None = None, lean: bool = False,
-                   shallow: bool = False) -> Packing:
+                   alternatives: dict | None = None, lean: bool = False) -> Packing:
     """Pack out-arborescences spanning ``gpus`` from every root in ``roots`` at a common rate.
 
     One root gives Blink's broadcast packing (rate = min over v of maxflow(root -> v)); all
@@ -217,8 +216,7 @@ def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None,
     the links of each GPU pair (see :func:`~.edge_split.simulator_routes`); by default each tree
     edge takes the cheapest relay path. ``alternatives`` offers second routes for some pairs
     (see :func:`_edge_costs`). ``lean``: of the optimal packings over the trees found, the one
-    that loads the links least (see :func:`_lean`); ``shallow``: the one whose trees are the
-    least deep, weighted by rate (see :func:`_shallow`).
+    that loads the links least (see :func:`_lean`).
     """
     gpus = tuple(gpus)
     at = {g: i for i, g in enumerate(gpus)}
@@ -242,7 +240,7 @@ def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None,
             cols.append((r, Tree(r, r, edges, paths, 0.0, staged), _usage(paths)))
         return cols
 
-    return _column_generation(index, tuple(roots), price, lean=lean, shallow=shallow)
+    return _column_generation(index, tuple(roots), price, lean=lean)
 
 
 def pack_undirected_trees(index: LinkIndex, gpus, routes: dict | None = None,
@@ -391,8 +389,7 @@ def _usage(paths) -> dict:
     return use
 
 
-def _column_generation(index: LinkIndex, groups: tuple, price, lean: bool = False,
-                       shallow: bool = False) -> Packing:
+def _column_generation(index: LinkIndex, groups: tuple, price, lean: bool = False) -> Packing:
     """Solve the packing LP over the columns ``price`` proposes until none improves."""
     caps = np.asarray(index.caps, dtype=float)
     gid = {g: i for i, g in enumerate(groups)}
@@ -422,8 +419,6 @@ def _column_generation(index: LinkIndex, groups: tuple, price, lean: bool = Fals
                         f"{len(index.links)} links; report this topology")
     if lean:
         lam = _lean(caps, len(gid), lp, float(x), lam)
-    elif shallow:
-        lam = _shallow(caps, len(gid), lp, float(x), lam, [t.depth() for _, t, _ in cols])
     every = tuple(replace(t, rate=max(float(v), 0.0))
                   for (g, t, _), v in zip(cols, lam))
     trees = tuple(t for t in every if t.rate > 1e-9 * max(x, 1e-300))
@@ -444,15 +439,39 @@ def _lean(caps, ng: int, lp: "_Rows", x: float, lam):
     return _cheapest_optimum(cost, caps, ng, lp, x, lam)
 
 
-def _shallow(caps, ng: int, lp: "_Rows", x: float, lam, depths):
-    """Rates of the same columns that give every group rate ``x`` with the least rate-weighted
-    tree depth; ``lam`` if that LP fails.
+def shallowest(packing: Packing, caps) -> Packing:
+    """``packing`` with its columns' rates re-solved for the least rate-weighted tree depth at
+    the same rate per group (the LP's vertex where that LP fails).
 
     A chunk crosses a tree one level per chunk time, so a deep tree's links wait longer for
-    their first chunk and idle longer after their last. The LP's vertex picks among equally
-    good trees blindly; on 16-GCD MI250, whose trees run 5 to 13 levels deep, the shallowest
-    optimum over the same columns lifts the allgather from 0.93 to 0.95 of the bound."""
-    return _cheapest_optimum(np.asarray(depths, dtype=float), caps, ng, lp, x, lam)
+    their first chunk and idle longer after their last. The packing LP is degenerate, and its
+    vertex picks among equally good trees blindly: on 16-GCD MI250, whose trees run 5 to 13
+    levels deep, the shallowest optimum over the same columns lifts the allgather forest from
+    0.93 to 0.95 of the bound.
+
+    >>> from collectx.topology import line
+    >>> from collectx.planner.edge_split import job_graph, simulator_routes
+    >>> gpus = ("GPU0", "GPU1", "GPU2")
+    >>> G = job_graph(line(3, bw=100.0), gpus)
+    >>> index = LinkIndex.of(G)
+    >>> packing = pack_out_trees(index, gpus, gpus, routes=simulator_routes(G, index, gpus))
+    >>> shallow = shallowest(packing, index.caps)
+    >>> shallow.rate == packing.rate, max(t.depth() for t in shallow.trees)
+    (True, 2)
+    """
+    cols = packing.columns or packing.trees
+    gid: dict = {}
+    lp = _Rows()
+    for t in cols:
+        lp.add(gid.setdefault(t.group, len(gid)), _usage(t.paths))
+    caps = np.asarray(caps, dtype=float)
+    x = float(packing.rate)
+    depths = np.asarray([t.depth() for t in cols], dtype=float)
+    lam = _cheapest_optimum(depths, caps, len(gid), lp, x, None)
+    if lam is None:
+        return packing
+    trees = tuple(replace(t, rate=float(v)) for t, v in zip(cols, lam) if v > 1e-9 * x)
+    return replace(packing, trees=trees)
 
 
 def _link_rows(caps, lp: "_Rows"):

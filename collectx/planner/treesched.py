@@ -32,7 +32,7 @@ from .edge_split import LinkIndex, host_routes, simulator_routes
 from .integral_trees import pack_unit_trees
 from .switch_trees import pack_switch_trees
 from .treepack import (Packing, pack_balanced_trees, pack_out_trees, pack_relay_trees,
-                       pack_undirected_trees)
+                       pack_undirected_trees, shallowest)
 
 SUBLANES = 3     # lanes per link, dealt round-robin: one late chunk does not idle the link
 RELAY_KEEP = 0.999   # two-level relay trees replace a single root's packing if they keep this
@@ -363,7 +363,7 @@ def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool,
     it (``Tree.staged``), and the LP's forest is kept as it is: by default its least loaded
     optimum (``lean``, :func:`~.treepack.pack_out_trees`), else the LP's vertex. Without
     ``host``: one equal-rate tree per root where that keeps the LP's rate, else the LP's
-    optimum of least rate-weighted depth (``shallow``).
+    optimum of least rate-weighted depth (:func:`~.treepack.shallowest`).
     """
     H = G.reverse(copy=True) if reverse else G
     index = LinkIndex.of(H)
@@ -372,8 +372,8 @@ def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool,
         alternatives = host_routes(G, index, ranks, reverse=reverse, any_pair=host == "any")
         return pack_out_trees(index, ranks, roots, routes=routes, alternatives=alternatives,
                               lean=lean), index.caps
-    packing = _balanced_or(pack_out_trees(index, ranks, roots, routes=routes, shallow=True),
-                           index, ranks, roots, routes)
+    packing = _balanced_or(_shallow_out_trees(index, ranks, roots, routes), index, ranks, roots,
+                           routes)
     if len(roots) == 1:
         relay = pack_relay_trees(index, ranks, roots[0], routes)
         if relay is not None and relay.rate >= packing.rate * RELAY_KEEP:
@@ -383,6 +383,10 @@ def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool,
             if unit is not None and unit.rate >= packing.rate * RELAY_KEEP:
                 packing = unit
     return packing, index.caps
+
+
+def _shallow_out_trees(index, ranks, roots, routes) -> Packing:
+    return shallowest(pack_out_trees(index, ranks, roots, routes=routes), index.caps)
 
 
 def _equal_rates(packing: Packing) -> bool:
@@ -407,15 +411,15 @@ def pack_rooted_mirrored(G: nx.DiGraph, ranks, roots, balanced: bool = True,
     index = LinkIndex.of(G)
     routes = simulator_routes(G, index, ranks)
     keep = _balanced_or if balanced else (lambda packing, *_: packing)
-    out = keep(pack_out_trees(index, ranks, roots, routes=routes, shallow=True), index, ranks,
-               roots, routes), index.caps
+    out = keep(_shallow_out_trees(index, ranks, roots, routes), index, ranks, roots, routes), \
+        index.caps
     rindex = LinkIndex.of(G.reverse(copy=True))
     rroutes = simulator_routes(G, rindex, ranks, reverse=True)
     if _named(index, routes) == _named(rindex, rroutes) and \
             dict(zip(index.links, index.caps)) == dict(zip(rindex.links, rindex.caps)):
         return {False: out, True: out}
-    back = keep(pack_out_trees(rindex, ranks, roots, routes=rroutes, shallow=True), rindex,
-                ranks, roots, rroutes)
+    back = keep(_shallow_out_trees(rindex, ranks, roots, rroutes), rindex, ranks, roots,
+                rroutes)
     return {False: out, True: (back, rindex.caps)}
 
 
