@@ -69,7 +69,7 @@ def has_nvlink_ring(G, gpus) -> bool:
 def record(G, name, gpus, coll, nbytes, algo=None, verify=False) -> dict:
     p = plan(G, coll, nbytes, gpus=list(gpus) if gpus is not None else None, algo=algo,
              verify=verify)
-    d = {k: v for k, v in p.to_dict().items() if k != "schedule"}
+    d = p.summary()
     d.update(topology=name, gpus=list(gpus) if gpus is not None else "all")
     return d
 

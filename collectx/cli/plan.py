@@ -82,7 +82,7 @@ def run(args) -> int:
 
 def format_plan(p) -> str:
     """The human-readable summary ``collectx plan`` prints."""
-    d = p.to_dict()
+    d = p.summary()
     lines = [f"collective   {p.collective} of {_bytes(p.nbytes)} on {len(p.ranks)} GPUs: "
              f"{', '.join(p.ranks)}",
              f"algorithm    {p.algorithm} ({p.schedule.nchunks} chunks, "

@@ -42,6 +42,11 @@ class Plan:
 
     def to_dict(self) -> dict:
         """The JSON fields of ``collectx plan --json`` (bandwidths in GB/s, times in us)."""
+        return {**self.summary(), "schedule": self.schedule.to_dict()}
+
+    def summary(self) -> dict:
+        """:meth:`to_dict` without the schedule: serializing a 16-GPU schedule of 200k
+        instructions takes seconds, and a text report needs none of it."""
         p, b = self.predicted, self.bound
         return {
             "collective": self.collective, "ranks": list(self.ranks),
@@ -52,7 +57,7 @@ class Plan:
             "bound_busbw_GBps": getattr(b, "bound_busbw", None),
             "ceiling_busbw_GBps": getattr(b, "ceiling_busbw", None),
             "efficiency": self.efficiency, "planning_time_s": self.planning_time_s,
-            "verified": self.verified, "schedule": self.schedule.to_dict()}
+            "verified": self.verified}
 
 
 @paused

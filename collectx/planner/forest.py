@@ -51,7 +51,10 @@ HOST_WIDE_SCALE = 4
 # Lanes per link of each root in the per-root layouts of an allgather forest: on 16-GCD MI250
 # two beat one (0.950 against 0.940 of the bound at 128 chunks).
 ROOT_SUBLANES = (1, 2)
-FINER_FROM = 9   # ranks: past 8 the planning-time target is 5 s, not 1 s
+# Past 8 ranks (the planning-time target is 5 s there, not 1 s), forests that lag their packing
+# rate also try this many times the budget's chunks (see _finer_or).
+FINER_FROM = 9
+FINER_SCALE = {"allgather": 2, "allreduce": 8}
 NEAR_RATE = 0.97               # an allreduce this close to its packing rate needs no rival
 UNIT_TREES = range(4, 9)       # equal trees per root tried for allgather with host edges
 # ... and, where that plan stays below WIDE_BELOW of its packing rate, the WIDE_MIXES mixes of
@@ -145,7 +148,8 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
             # PCIe allocations (3 + 2 GPUs over two sockets): keep the faster of the two.
             rate = min(p.rate for p, _ in packed.values())
             s = _unless_lp_faster(s, rate, G, topo, nbytes, ranks, inplace, nchunks)
-        return s
+        return s if nchunks else _finer_or(s, packed, collective, nbytes, ranks, inplace, topo,
+                                           True, 2)
     packed = {collective: _pack(G, ranks, reverse=collective == "reduce_scatter")}
     if collective == "allgather" and not packed[collective][0].balanced:
         # Unequal LP trees: whether a root's trees do better on one lane of their own per
@@ -164,11 +168,8 @@ def _pack_allreduce(G, ranks, balanced: bool = True, host: bool | str = False,
 def _faster_layout(packed: dict, collective: str, nbytes: int, ranks: tuple, inplace: bool,
                    nchunks, topo) -> Schedule:
     """The forest on lanes per link or on lanes per root and link (:data:`ROOT_SUBLANES`),
-    whichever the simulator finishes first; all share one chunk count.
-
-    Past 8 ranks (:data:`FINER_FROM`), where the winner still lags its packing's rate
-    (:data:`WIDE_BELOW`), its layout is also tried with twice the chunks: the trees there run
-    5 to 13 levels deep (16-GCD MI250), and their pipelines fill in half the time."""
+    whichever the simulator finishes first; all share one chunk count. Past 8 ranks the
+    winner's layout may also take more chunks (:func:`_finer_or`)."""
     n = len(ranks)
     layouts = [(False, SUBLANES)] + [(True, k) for k in ROOT_SUBLANES]
     counted = _counts(packed, collective, nbytes, n, nchunks)
@@ -179,12 +180,33 @@ def _faster_layout(packed: dict, collective: str, nbytes: int, ranks: tuple, inp
         if best is None or faster(best[0], s, topo, nbytes, ranks) is s:
             best = s, per_tree, sublanes
     s, per_tree, sublanes = best
-    q = 2 * counted[0]
-    if nchunks or n < FINER_FROM or \
-            unit_bytes(collective, nbytes, n) < q * MIN_CHUNK_BYTES or \
-            rate_kept(s, topo, nbytes, ranks, (n - 1) * packed[collective][0].rate) >= WIDE_BELOW:
+    return s if nchunks else _finer_or(s, packed, collective, nbytes, ranks, inplace, topo,
+                                       per_tree, sublanes)
+
+
+def _finer_or(s: Schedule, packed: dict, collective: str, nbytes: int, ranks: tuple,
+              inplace: bool, topo, per_tree: bool, sublanes: int) -> Schedule:
+    """``s``, or the forest on :data:`FINER_SCALE` times its chunks per root (at most as many
+    as :data:`MIN_CHUNK_BYTES` allows) where ``s`` lags its packing's rate
+    (:data:`WIDE_BELOW`) past 8 ranks (:data:`FINER_FROM`) and that simulates faster;
+    ``per_tree`` and ``sublanes`` as in :func:`_schedule`.
+
+    The LP's trees on 16-GCD MI250 run 5 to 13 levels deep, and their pipelines fill in a
+    chunk time per level: allreduce, whose chunks climb in-trees and descend out-trees, went
+    from 0.77 of the reference on the budget's 64 chunks per root to 0.94 on 512, with the
+    broadcasts on lanes per root (0.95 on 1024, but its lanes then chain more steps than the
+    cost model's per-step latency lets finish in that time); allgather from 0.947 on 128 to
+    0.957 on 256 (0.956 on 512, 0.942 on 1024)."""
+    n = len(ranks)
+    roots = n if collective == "allreduce" else 1   # allreduce's chunks are cut among roots
+    most = int(unit_bytes(collective, nbytes, n) // roots // MIN_CHUNK_BYTES)
+    per_root = min(FINER_SCALE[collective] * (s.nchunks // roots), most)
+    rate = min(p.rate for p, _ in packed.values())
+    if n < FINER_FROM or per_root <= s.nchunks // roots or \
+            rate_kept(s, topo, nbytes, ranks, (n - 1) * rate) >= WIDE_BELOW:
         return s
-    finer = _schedule(packed, collective, nbytes, ranks, inplace, q, per_tree=per_tree,
+    total = per_root * n if collective == "allreduce" else per_root
+    finer = _schedule(packed, collective, nbytes, ranks, inplace, total, per_tree=per_tree,
                       sublanes=sublanes)
     return faster(s, finer, topo, nbytes, ranks)
 
