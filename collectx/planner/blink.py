@@ -162,9 +162,10 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         packing, caps = pack_both_ways(G, ranks, host=host, lean=lean)
         units = _unit_mixes(packing, caps, n, nbytes, nchunks) \
             if host and lean and len(packing.trees) > 2 else []
-        if units and n >= UNITS_ONLY_FROM and host is True:
-            units += _unit_mixes(shallowest(packing, caps), caps, n, nbytes,
-                                 nchunks)[:SHALLOW_MIXES]
+        shallow = shallowest(packing, caps) \
+            if units and n >= UNITS_ONLY_FROM and host is True else packing
+        if shallow is not packing:
+            units += _unit_mixes(shallow, caps, n, nbytes, nchunks)[:SHALLOW_MIXES]
         s = None
         if not units or n < UNITS_ONLY_FROM:
             counted = _allreduce_counts(packing, caps, nbytes, n, nchunks)

@@ -224,18 +224,11 @@ def _shallow_or(s: Schedule, packed: dict, nbytes: int, ranks: tuple, inplace: b
     if rate_kept(s, topo, nbytes, ranks, (len(ranks) - 1) * packing.rate) >= WIDE_BELOW:
         return s, packed
     trees = shallowest(packing, caps)
-    if _same_mix(trees, packing):
+    if trees is packing:
         return s, packed
     shallow = {"allgather": (trees, caps)}
     other = _faster_layout(shallow, "allgather", nbytes, ranks, inplace, nchunks, topo)
     return (other, shallow) if faster(s, other, topo, nbytes, ranks) is other else (s, packed)
-
-
-def _same_mix(a, b) -> bool:
-    """Whether packings ``a`` and ``b`` hold the same trees at (nearly) the same rates."""
-    rates = lambda p: {(t.group, t.edges, t.paths): t.rate for t in p.trees}  # noqa: E731
-    ra, rb = rates(a), rates(b)
-    return ra.keys() == rb.keys() and all(abs(ra[k] - rb[k]) <= 1e-6 * a.rate for k in ra)
 
 
 def _schedule(packed: dict, collective: str, nbytes: int, ranks: tuple, inplace: bool,

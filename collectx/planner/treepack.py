@@ -441,7 +441,7 @@ def _lean(caps, ng: int, lp: "_Rows", x: float, lam):
 
 def shallowest(packing: Packing, caps) -> Packing:
     """``packing`` with its columns' rates re-solved for the least rate-weighted tree depth at
-    the same rate per group (the LP's vertex where that LP fails).
+    the same rate per group; ``packing`` itself where that LP fails or keeps the same mix.
 
     A chunk crosses a tree one level per chunk time, so a deep tree's links wait longer for
     their first chunk and idle longer after their last. The packing LP is degenerate, and its
@@ -471,7 +471,15 @@ def shallowest(packing: Packing, caps) -> Packing:
     if lam is None:
         return packing
     trees = tuple(replace(t, rate=float(v)) for t, v in zip(cols, lam) if v > 1e-9 * x)
-    return replace(packing, trees=trees)
+    return packing if _same_rates(trees, packing.trees, 1e-6 * x) else replace(packing,
+                                                                              trees=trees)
+
+
+def _same_rates(a, b, tol: float) -> bool:
+    """Whether tree tuples ``a`` and ``b`` hold the same trees at rates within ``tol``."""
+    rates = lambda ts: {(t.group, t.edges, t.paths): t.rate for t in ts}  # noqa: E731
+    ra, rb = rates(a), rates(b)
+    return ra.keys() == rb.keys() and all(abs(ra[k] - rb[k]) <= tol for k in ra)
 
 
 def _link_rows(caps, lp: "_Rows"):
