@@ -263,10 +263,3 @@ def test_allgather_with_host_edges_tries_the_shallowest_optimum_where_the_vertex
     assert p.algorithm == "forest+host"
     assert 0.95 <= p.efficiency <= 1.001
 
-
-def test_blink_allreduce_with_host_edges_mixes_trees_of_the_shallowest_optimum_too():
-    # DGX-1V GPUs 0, 1, 3, 4, 5, 6: mixes of the least loaded optimum's trees reached 0.938
-    # of the reference; a mix of the shallowest optimum's trees reaches 0.956.
-    p = plan(DGX1V, "allreduce", 1 << 30, gpus=[0, 1, 3, 4, 5, 6], verify=True)
-    assert p.algorithm == "blink+host"
-    assert 0.95 <= p.efficiency <= p.bound.ceiling_busbw / p.bound.bound_busbw

@@ -37,7 +37,6 @@ from .edge_split import job_graph, require_connected
 from .integral_trees import depth_balanced_counts, pack_unit_spanning_trees
 from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,
                        most_kept, runs_by_group)
-from .treepack import shallowest
 from .treesched import SUBLANES, Share, TreeEmitter, pack_both_ways, pack_rooted
 
 SUPPORTED = ("allreduce", "broadcast", "reduce")
@@ -62,13 +61,6 @@ UNITS_SIMULATED = 2
 # its three mirror images 0.945 -> 0.956 of the reference, for 0.15 s more planning time.
 UNITS_SIMULATED_3 = 6
 FILL_WEIGHT = 0.5
-# From UNITS_ONLY_FROM ranks, where the LP's trees are not lowered, packings with host routes
-# between linked GPUs (host=True) also simulate this many best-estimated mixes of their
-# shallowest optimum (treepack.shallowest), after the least loaded one's: on the 6- and 7-GPU
-# DGX-1 allocations that lifted 18 allreduce plans, 3 past 0.95 of the reference (DGX-1V GPUs
-# 0, 1, 3, 4, 5, 6: 0.938 -> 0.956). Doing the same for host="any" lifted no more past 0.95,
-# and on 5 GPUs (14 of 112 lifted) the slowest plans took more than 1 s.
-SHALLOW_MIXES = 1
 # From this many ranks, packings with host edges that have equal-tree mixes are lowered only
 # as those: on the DGX-1 allocations of 6 and 7 GPUs their LP trees (on shared lanes, a lane
 # per tree or lanes in proportion) never won, and lowering them took ~0.15 s of a 1 s plan.
@@ -162,10 +154,6 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         packing, caps = pack_both_ways(G, ranks, host=host, lean=lean)
         units = _unit_mixes(packing, caps, n, nbytes, nchunks) \
             if host and lean and len(packing.trees) > 2 else []
-        shallow = shallowest(packing, caps) \
-            if units and n >= UNITS_ONLY_FROM and host is True else packing
-        if shallow is not packing:
-            units += _unit_mixes(shallow, caps, n, nbytes, nchunks)[:SHALLOW_MIXES]
         s = None
         if not units or n < UNITS_ONLY_FROM:
             counted = _allreduce_counts(packing, caps, nbytes, n, nchunks)
