@@ -218,8 +218,9 @@ def _shallow_or(s: Schedule, packed: dict, nbytes: int, ranks: tuple, inplace: b
     shallowest simulates faster; else ``(s, packed)``.
 
     The LP's vertex and its shallowest optimum each win on some DGX-1 allocations with host
-    edges: over the 14 allgathers below 0.95 of the bound, the shallowest took 5 past it
-    (DGX-1V GPUs 1, 2, 3, 5, 6, 7: 0.928 -> 0.960) but cost 4-GPU DGX-1P ones up to 0.04."""
+    edges: of the 14 allgathers below 0.95 of the bound, trying both lifted 5 past it (DGX-1V
+    GPUs 1, 2, 3, 5, 6, 7: 0.928 -> 0.960); the shallowest alone would have cost some 4-GPU
+    DGX-1P ones up to 0.04."""
     packing, caps = packed["allgather"]
     if rate_kept(s, topo, nbytes, ranks, (len(ranks) - 1) * packing.rate) >= WIDE_BELOW:
         return s, packed
