@@ -68,9 +68,9 @@ class Memory:
     def before(self, u: int, v: int) -> bool:
         if u == v or u == INITIAL:
             return True
-        if self._row_of != v:  # instructions touch many chunks: convert v's clock row once
-            self._row_of, self._row = v, self.vc[v].tolist()
-        return self._row[self.g.lane_of[u]] >= self._index[u]
+        if self._row_of != v:  # instructions touch many chunks: look v's clock row up once
+            self._row_of, self._row = v, self.vc[v]
+        return self._row.item(self.g.lane_of[u]) >= self._index[u]
 
     # -- access ---------------------------------------------------------------------------------
     def read(self, v: int, i: int) -> tuple:
