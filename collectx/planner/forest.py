@@ -203,12 +203,18 @@ def _finer_or(s: Schedule, packed: dict, collective: str, nbytes: int, ranks: tu
     per_root = min(FINER_SCALE[collective] * (s.nchunks // roots), most)
     rate = min(p.rate for p, _ in packed.values())
     if n < FINER_FROM or per_root <= s.nchunks // roots or \
-            rate_kept(s, topo, nbytes, ranks, (n - 1) * rate) >= WIDE_BELOW:
+            not _lags(s, rate, topo, nbytes, ranks):
         return s
     total = per_root * n if collective == "allreduce" else per_root
     finer = _schedule(packed, collective, nbytes, ranks, inplace, total, per_tree=per_tree,
                       sublanes=sublanes)
     return faster(s, finer, topo, nbytes, ranks)
+
+
+def _lags(s: Schedule, rate: float, topo, nbytes: int, ranks) -> bool:
+    """Whether ``s`` simulates below :data:`WIDE_BELOW` of the busbw its packing plans, ``(N -
+    1)`` times the per-root ``rate``: the test for trying more on a forest."""
+    return rate_kept(s, topo, nbytes, ranks, (len(ranks) - 1) * rate) < WIDE_BELOW
 
 
 def _shallow_or(s: Schedule, packed: dict, nbytes: int, ranks: tuple, inplace: bool, nchunks,
@@ -222,7 +228,7 @@ def _shallow_or(s: Schedule, packed: dict, nbytes: int, ranks: tuple, inplace: b
     GPUs 1, 2, 3, 5, 6, 7: 0.928 -> 0.960); the shallowest alone would have cost some 4-GPU
     DGX-1P ones up to 0.04."""
     packing, caps = packed["allgather"]
-    if rate_kept(s, topo, nbytes, ranks, (len(ranks) - 1) * packing.rate) >= WIDE_BELOW:
+    if not _lags(s, packing.rate, topo, nbytes, ranks):
         return s, packed
     trees = shallowest(packing, caps)
     if trees is packing:
@@ -293,7 +299,7 @@ def _equal_units_or(s: Schedule, packed: tuple, ranks, inplace, nchunks, topo,
             whole_per_tree(units, k, s.nchunks)
         s = faster(s, plan(units, q, counts, False), topo, nbytes, ranks)
     if nchunks or not wide or len(ranks) > WIDE_UP_TO or \
-            rate_kept(s, topo, nbytes, ranks, (len(ranks) - 1) * packing.rate) >= WIDE_BELOW:
+            not _lags(s, packing.rate, topo, nbytes, ranks):
         return s
     for k, units in most_kept(equal_unit_mixes(packing, caps, MANY_TREES))[:WIDE_MIXES]:
         s = faster(s, plan(units, *whole_per_tree(units, k, WIDE_CHUNKS), True), topo, nbytes,

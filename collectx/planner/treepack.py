@@ -436,7 +436,7 @@ def _lean(caps, ng: int, lp: "_Rows", x: float, lam):
     4, 6, 7 allgather: 0.83 -> 0.96 of the bound)."""
     A_ub = _link_rows(caps, lp)
     cost = np.asarray(A_ub.multiply(1.0 / caps[:, None]).sum(axis=0)).ravel()
-    return _cheapest_optimum(cost, caps, ng, lp, x, lam)
+    return _cheapest_optimum(cost, A_ub, caps, ng, lp, x, lam)
 
 
 def shallowest(packing: Packing, caps) -> Packing:
@@ -467,7 +467,7 @@ def shallowest(packing: Packing, caps) -> Packing:
     caps = np.asarray(caps, dtype=float)
     x = float(packing.rate)
     depths = np.asarray([t.depth() for t in cols], dtype=float)
-    lam = _cheapest_optimum(depths, caps, len(gid), lp, x, None)
+    lam = _cheapest_optimum(depths, _link_rows(caps, lp), caps, len(gid), lp, x, None)
     if lam is None:
         return packing
     trees = tuple(replace(t, rate=float(v)) for t, v in zip(cols, lam) if v > 1e-9 * x)
@@ -486,12 +486,12 @@ def _link_rows(caps, lp: "_Rows"):
     return sp.csr_matrix((lp.vals, (lp.rows, lp.cix)), shape=(len(caps), len(lp.group)))
 
 
-def _cheapest_optimum(cost, caps, ng: int, lp: "_Rows", x: float, lam):
-    """Column rates giving every group rate ``x`` within ``caps`` at the least ``cost``;
-    ``lam`` if that LP fails."""
+def _cheapest_optimum(cost, A_ub, caps, ng: int, lp: "_Rows", x: float, lam):
+    """Column rates giving every group rate ``x`` within ``caps`` (link rows ``A_ub``, as
+    :func:`_link_rows` builds them) at the least ``cost``; ``lam`` if that LP fails."""
     k = len(lp.group)
     A_eq = sp.csr_matrix(([1.0] * k, (lp.group, list(range(k)))), shape=(ng, k))
-    res = linprog(cost, A_ub=_link_rows(caps, lp), b_ub=caps, A_eq=A_eq, b_eq=np.full(ng, x),
+    res = linprog(cost, A_ub=A_ub, b_ub=caps, A_eq=A_eq, b_eq=np.full(ng, x),
                   bounds=(0, None), method="highs")
     return res.x if res.status == 0 else lam
 

@@ -142,10 +142,11 @@ class _Name:
     def __init__(self, g: Graph, v: int):
         self.g, self.v = g, v
 
-    def __format__(self, spec: str) -> str:
-        return format(self.g.name(self.v), spec)
+    def __str__(self) -> str:
+        return self.g.name(self.v)
 
-    __str__ = lambda self: self.g.name(self.v)  # noqa: E731
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 def _check_ref(s: Schedule, name, ref: Ref) -> None:
