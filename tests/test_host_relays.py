@@ -237,10 +237,10 @@ def test_cpu_executor_runs_forest_allreduce_with_host_edges_past_the_chunk_budge
 
 def test_cpu_executor_runs_equal_tree_mixes_on_more_than_32_lanes(monkeypatch, tmp_path):
     # Mixes of many equal trees with host edges give every tree lanes of its own on each link;
-    # GPUs 0, 1, 2, 4 of dgx1v take more lanes than the 32 the executors once ran. The
+    # GPUs 0, 3, 4, 7 of dgx1v take more lanes than the 32 the executors once ran. The
     # executor must run all of them, at a size that does not split evenly.
-    path = tmp_path / "dgx1v_0124.json"
-    T.write_json(T.subset(DGX1V, [0, 1, 2, 4]), path)
+    path = tmp_path / "dgx1v_0347.json"
+    T.write_json(T.subset(DGX1V, [0, 3, 4, 7]), path)
     monkeypatch.setenv("COLLECTX_TOPO_FILE", str(path))
     n = (64 << 20) // 4 + 3
     s = make_schedule(T.load(str(path)), "allreduce", 4, n * 4)

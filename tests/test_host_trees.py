@@ -159,7 +159,7 @@ def test_equal_units_are_equal_trees_of_the_packing_within_every_link():
         assert len(units.trees) == k and 0 < units.rate <= packing.rate * (1 + 1e-9)
         assert all(t.rate == pytest.approx(units.rate / k) for t in units.trees)
         assert {(t.edges, t.paths) for t in units.trees} <= \
-            {(t.edges, t.paths) for t in packing.trees}
+            {(t.edges, t.paths) for t in packing.columns}
         load = {}
         for t in units.trees:
             for path in t.paths:
