@@ -61,6 +61,10 @@ UNITS_SIMULATED = 2
 # its three mirror images 0.945 -> 0.956 of the reference, for 0.15 s more planning time.
 UNITS_SIMULATED_3 = 6
 FILL_WEIGHT = 0.5
+# ... and where only the best-estimated mix is simulated (7 ranks): over the 7-GPU DGX-1
+# allocations at 2048 chunks that mix came within 0.991 of the best mix's busbw (mean) at
+# 0.25, 0.989 at 0.5 and 0.982 at 1.
+FILL_WEIGHT_ONE = 0.25
 # From this many ranks, packings with host edges that have equal-tree mixes are lowered only
 # as those: on the DGX-1 allocations of 6 and 7 GPUs their LP trees (on shared lanes, a lane
 # per tree or lanes in proportion) never won, and lowering them took ~0.15 s of a 1 s plan.
@@ -69,9 +73,12 @@ UNITS_ONLY_FROM = 6
 # one tree of the whole rate: up to 6 ranks they take four times the most chunks host packings
 # may take, 2048 at 1 GiB. Twice (1024) lifted DGX-1V 5-6 GPU allocations up to +0.026 of the
 # reference; four times added 0.007 in the median over 879 mixes of the 132 DGX-1 allocations
-# then below 0.95, and a mix reached 0.95 on 54 of them instead of 30. At 7 GPUs twice lifted 2
-# of 16 DGX-1 plans, none to 0.95, for 0.4 s more planning time.
+# then below 0.95, and a mix reached 0.95 on 54 of them instead of 30. At 7 GPUs they do too,
+# simulating only the best-estimated mix (as many chunks simulate twice as slowly as at 6):
+# the 16 DGX-1 plans went from 0.854-0.915 of the reference to 0.898-0.960 (2 past 0.95,
+# 3 of DGX-1V 0.005 lower), for about 0.1 s more.
 UNIT_CHUNKS = 4
+UNIT_CHUNKS_UP_TO = 7
 TREE_LANES = 4                 # most lanes per link one allreduce tree gets with lanes of its own
 MAX_ROOTED_INSTRUCTIONS = 4096   # broadcast / reduce at 8 ranks (one per tree edge and chunk),
                                  # growing with n^2 (see chunking.instruction_budget)
@@ -322,16 +329,18 @@ def _unit_mixes(packing, caps, n: int, nbytes: int, nchunks) -> list:
     the best-estimated mix of each packing found one for 40 of them with the fill counted
     whole, for 42 with half of it (and for 46 with the two best).
     """
-    scale = UNIT_CHUNKS if n <= HOST_CHUNKS_UP_TO else 1
+    scale = UNIT_CHUNKS if n <= UNIT_CHUNKS_UP_TO else 1
+    one = HOST_CHUNKS_UP_TO < n <= UNIT_CHUNKS_UP_TO    # simulate the best-estimated mix only
+    weight = FILL_WEIGHT_ONE if one else FILL_WEIGHT
     q = nchunks or min(scale * max(_candidates("allreduce", nbytes, n, 2)),
                        max(1, int(unit_bytes("allreduce", nbytes, n) // MIN_CHUNK_BYTES)))
     scored = []
     for k, units in equal_unit_mixes(packing, caps, UNIT_TREES):
         counts = largest_remainder(units, q)
         fill = max((2 * t.depth() - 1) / c for t, c in counts)
-        scored.append((units.rate / (1 + FILL_WEIGHT * fill), k, units, (q, counts)))
+        scored.append((units.rate / (1 + weight * fill), k, units, (q, counts)))
     scored.sort(key=lambda x: (-x[0], x[1]))
-    most = UNITS_SIMULATED_3 if n <= 3 else UNITS_SIMULATED
+    most = UNITS_SIMULATED_3 if n <= 3 else 1 if one else UNITS_SIMULATED
     return [(units, counted) for _, _, units, counted in scored[:most]]
 
 
