@@ -134,6 +134,14 @@ def test_full_dgx1v_joins_a_few_percent_relay_share_below_the_cliff(coll, floor)
     assert alone.efficiency < 0.95 < p.efficiency
 
 
+def test_allreduce_plans_trees_both_ways_where_the_two_bounds_tie():
+    # DGX-1P GPUs 0, 1, 4, 5: reduce-scatter + allgather's cut bound and the spanning-tree
+    # bound are equal; forests with host edges reach 0.93 of it, reduce/broadcast trees 0.96.
+    p = plan(T.load("dgx1p"), "allreduce", 1 << 30, gpus=[0, 1, 4, 5])
+    assert p.bound.tree_busbw == pytest.approx(p.bound.cut_busbw)
+    assert p.algorithm == "blink+host" and 0.95 <= p.efficiency <= 1.001 and p.verified
+
+
 def test_host_relays_false_never_stages_and_small_messages_never_do():
     for coll in ("allreduce", "allgather", "broadcast"):
         assert not plan(DGX1V, coll, 1 << 30, gpus=[0, 1], host_relays=False).schedule.uses_host

@@ -19,6 +19,13 @@ from ..schedule.ir import COLLECTIVES, Schedule
 from . import registry, select
 from .registry import PlannerFn
 
+# Allreduce bounds this close are a tie: trees with host edges are planned both ways then (as
+# reduce-scatter + allgather forests and as reduce/broadcast trees; see host_relay.INTEGRATED),
+# up to TIE_BOTH_UP_TO ranks. Of the DGX-1 allocations, 4-GPU ones gained (DGX-1P GPUs 0, 1,
+# 4, 5: 0.934 -> 0.965); both full machines tie too, gained nothing, took 0.14-0.3 s longer.
+BOUND_TIE = 1e-6
+TIE_BOTH_UP_TO = 7
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Plan:
@@ -198,8 +205,9 @@ def _with_relays(view, ranks, collective, nbytes, root, inplace, chosen, bound_m
     bound = _bound(view, collective, ranks, root)
     if bound_memo is not None:   # plan() reports the same bound: compute it once
         bound_memo["bound"] = bound
-    trees_lead = (getattr(bound, "tree_busbw", None) or 0) > (getattr(bound, "cut_busbw", None)
-                                                               or 0)
+    tree, cut = (getattr(bound, "tree_busbw", None) or 0), (getattr(bound, "cut_busbw", None) or 0)
+    tie = abs(tree - cut) <= BOUND_TIE * max(tree, cut) and len(ranks) <= TIE_BOTH_UP_TO
+    trees_lead = None if tie else tree > cut
     return with_host_relays(view, ranks, collective, nbytes, chosen,
                             getattr(bound, "bound_busbw", None), root=root, inplace=inplace,
                             trees_lead=trees_lead)

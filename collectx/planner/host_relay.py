@@ -90,7 +90,8 @@ VERTEX_ALLREDUCE_UP_TO = 3  # allreduce tries the LP's vertex packing up to this
 # Tree planners that take host routes, per collective. For allreduce, reduce-scatter +
 # allgather forests reach the cut bound, reduce/broadcast trees the tree bound; on DGX-1
 # allocations either may be the larger, and the one that sets the reference is planned
-# (``trees_lead``; planning both cost 0.15 s on 7 GPUs).
+# (``trees_lead``; planning both cost 0.15 s on 7 GPUs), both where the two bounds tie
+# (DGX-1P GPUs 0, 2, 4, 6 and its mirror images: forest 0.913 of the reference, blink 0.949).
 INTEGRATED = {"allgather": ("forest",), "reduce_scatter": ("forest",),
               "allreduce": ("forest", "blink"), "broadcast": ("blink",), "reduce": ("blink",)}
 
@@ -177,13 +178,14 @@ def _connected(V: nx.DiGraph, ranks) -> bool:
 
 def with_host_relays(view: nx.DiGraph, ranks, collective: str, nbytes: int, chosen: tuple,
                      bound_busbw: float | None, *, root: int = 0, inplace: bool = False,
-                     trees_lead: bool = False):
+                     trees_lead: bool | None = False):
     """``chosen`` (name, schedule, predicted) or, where faster, it joined with a host relay.
 
     Pure: plans, stages and simulates candidates; returns the fastest as (name, schedule,
     predicted). A joined plan is named ``<direct plan>+relay``, a tree plan with host edges
     ``forest+host`` or ``blink+host``. ``trees_lead``: the
-    allreduce reference is the tree bound (not reduce-scatter + allgather's cut bound).
+    allreduce reference is the tree bound (not reduce-scatter + allgather's cut bound); None:
+    the two tie.
     """
     name, schedule, predicted = chosen
     if not _worth_trying(collective, nbytes, predicted, bound_busbw, len(ranks)):
@@ -257,7 +259,8 @@ def _integrated(view, ranks, collective, nbytes, root, inplace, best, trees_lead
     from . import registry
     names = INTEGRATED.get(collective, ())
     if collective == "allreduce":
-        names = ("blink",) if trees_lead else ("forest",)
+        names = ("forest", "blink") if trees_lead is None else \
+            ("blink",) if trees_lead else ("forest",)
     for name in names:
         if name not in registry.ALGORITHMS:
             continue
