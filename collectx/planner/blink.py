@@ -53,9 +53,12 @@ WIDE_CHUNKS = (1024,)
 # sampled 6-GPU DGX-1 allocations +0.03 of the reference; past 6 ranks the planning time
 # would pass 1 s).
 HOST_CHUNKS_UP_TO = 6
-# Equal-rate tree counts tried for allreduce packings with host edges (see _equal_units_or),
-# and how many of them, best estimated first, are simulated.
+# Equal-rate tree counts tried for broadcast (see _broadcast_units_or) and allreduce (see
+# _equal_units_or) packings with host edges, and how many allreduce mixes, best estimated
+# first, are simulated. Allreduce mixes of up to 36 trees lifted 23 DGX-1 plans (2 past 0.95)
+# and lowered 2 by 0.003; broadcasts lost up to 0.015 with them (one fell below 0.95).
 UNIT_TREES = range(3, 29)
+ALLREDUCE_UNIT_TREES = range(3, 37)
 UNITS_SIMULATED = 2
 # ... and on 3 GPUs, whose plans take a quarter of a second, this many: DGX-1P GPUs 0, 1, 2 and
 # its three mirror images 0.945 -> 0.956 of the reference, for 0.15 s more planning time.
@@ -319,12 +322,12 @@ def _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbyte
 
 def _unit_mixes(packing, caps, n: int, nbytes: int, nchunks) -> list:
     """``[(units, (chunks, counts))]``: the allreduce packings of ``k`` trees of one equal
-    rate (:func:`~.chunking.equal_units`, one per ``k`` of :data:`UNIT_TREES`) with the best
-    estimated rate after pipeline fill, at most :data:`UNITS_SIMULATED` of them (on 3 ranks
-    :data:`UNITS_SIMULATED_3`), best first.
+    rate (:func:`~.chunking.equal_units`, one per ``k`` of :data:`ALLREDUCE_UNIT_TREES`) with
+    the best estimated rate after pipeline fill, at most :data:`UNITS_SIMULATED` of them (on 3
+    ranks :data:`UNITS_SIMULATED_3`, on 7 one), best first.
 
     The fill estimate (:func:`~.chunking.chunk_counts`' for the deepest tree's chunks) is
-    weighed by :data:`FILL_WEIGHT`. Of the 132 DGX-1 allocations below 0.95 of the reference
+    weighed by :data:`FILL_WEIGHT` (:data:`FILL_WEIGHT_ONE` on 7 ranks). Of the 132 DGX-1 allocations below 0.95 of the reference
     before mixes of up to 28 trees, 54 have a mix that simulates at 0.95 or more; simulating
     the best-estimated mix of each packing found one for 40 of them with the fill counted
     whole, for 42 with half of it (and for 46 with the two best).
@@ -335,7 +338,7 @@ def _unit_mixes(packing, caps, n: int, nbytes: int, nchunks) -> list:
     q = nchunks or min(scale * max(_candidates("allreduce", nbytes, n, 2)),
                        max(1, int(unit_bytes("allreduce", nbytes, n) // MIN_CHUNK_BYTES)))
     scored = []
-    for k, units in equal_unit_mixes(packing, caps, UNIT_TREES):
+    for k, units in equal_unit_mixes(packing, caps, ALLREDUCE_UNIT_TREES):
         counts = largest_remainder(units, q)
         fill = max((2 * t.depth() - 1) / c for t, c in counts)
         scored.append((units.rate / (1 + weight * fill), k, units, (q, counts)))
