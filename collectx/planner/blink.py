@@ -327,8 +327,9 @@ def _unit_mixes(packing, caps, n: int, nbytes: int, nchunks) -> list:
     ranks :data:`UNITS_SIMULATED_3`, on 7 one), best first.
 
     The fill estimate (:func:`~.chunking.chunk_counts`' for the deepest tree's chunks) is
-    weighed by :data:`FILL_WEIGHT` (:data:`FILL_WEIGHT_ONE` on 7 ranks). Of the 132 DGX-1 allocations below 0.95 of the reference
-    before mixes of up to 28 trees, 54 have a mix that simulates at 0.95 or more; simulating
+    weighed by :data:`FILL_WEIGHT` (:data:`FILL_WEIGHT_ONE` on 7 ranks). Of the 132 DGX-1
+    allocations below 0.95 of the reference before mixes of up to 28 trees, 54 have a mix
+    that simulates at 0.95 or more; simulating
     the best-estimated mix of each packing found one for 40 of them with the fill counted
     whole, for 42 with half of it (and for 46 with the two best).
     """

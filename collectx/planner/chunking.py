@@ -285,8 +285,9 @@ def _copy_counts(loads: _CopyLoads, k: int, priced: bool = True) -> list:
         n[mine[np.argsort(n[mine] - exact, kind="stable")[:short]]] += 1
     weight = loads.lp_rate / k        # 1 / the LP's busiest-link load for k copies
     price = loads.penalty if priced else np.zeros(len(loads.cols))
+    members = [np.flatnonzero(loads.group == g) for g in np.unique(loads.group)]
     for _ in range(MOVES):
-        if not _move_one(loads.load, loads.group, price, n, weight):
+        if not _move_one(loads.load, members, price, n, weight):
             break
     return [(t, int(c)) for t, c in zip(loads.cols, n) if c > 0]
 
@@ -294,33 +295,40 @@ def _copy_counts(loads: _CopyLoads, k: int, priced: bool = True) -> list:
 MOVES = 400   # local-search steps at most; a few dozen suffice for the DGX-1 packings
 
 
-def _move_one(A, group, pen, n, weight: float) -> bool:
+def _move_one(A, members, pen, n, weight: float) -> bool:
     """Move one copy (in place in ``n``) that lowers the objective of :func:`_copy_counts`
-    (``pen``: each tree's price), or keeps it and makes fewer links as busy as the busiest;
-    False when no move does. Without a price only copies on a busiest link can do either."""
+    (``pen``: each tree's price; ``members``: the column indices of each group), or keeps it
+    and makes fewer links as busy as the busiest; False when no move does. Without a price
+    only copies on a busiest link can do either."""
     load = n @ A
     top = load.max()
     hot = load >= top * (1 - 1e-9)
-    busiest = int(hot.sum())
-    best, pick = None, None
-    for g in np.unique(group):
-        mine = np.flatnonzero(group == g)
-        donors = mine[(n[mine] > 0) & ((pen[mine] > 0) | (A[mine][:, hot].max(axis=1) > 0))]
+    best, pick, level = 0.0, None, []
+    for mine in members:
+        held = n[mine]
+        donors = mine[(held > 0) & ((pen[mine] > 0) | (A[mine][:, hot].max(axis=1) > 0))]
         if not len(donors):
             continue
         after = load + A[mine][None, :, :] - A[donors][:, None, :]   # donor x receiver x link
         peak = after.max(axis=2)
-        ties = (after >= peak[:, :, None] * (1 - 1e-9)).sum(axis=2)
-        change = weight * (peak - top) + (pen[mine] * (n[mine] == 0))[None, :] \
-            - (pen[donors] * (n[donors] == 1))[:, None]
-        change = np.round(change, 9)       # equal up to rounding: compare by ties
+        change = np.round(weight * (peak - top) + (pen[mine] * (held == 0))[None, :]
+                          - (pen[donors] * (n[donors] == 1))[:, None], 9)
         change[donors[:, None] == mine[None, :]] = np.inf   # a copy moved onto its own tree
-        i = np.lexsort((ties.ravel(), change.ravel()))[0]
-        key = (change.flat[i], int(ties.flat[i]))
-        if best is None or key < best:
+        i = int(change.argmin())
+        if change.flat[i] < best:
             d, r = np.unravel_index(i, change.shape)
-            best, pick = key, (donors[d], mine[r])
-    if pick is None or not (best[0] < 0 or (best[0] == 0 and best[1] < busiest)):
+            best, pick = change.flat[i], (donors[d], mine[r])
+        elif change.flat[i] == 0:
+            level.append((mine, donors, after, peak, change == 0))
+    if pick is None:   # no move lowers the objective: one that leaves fewer busiest links?
+        fewest = int(hot.sum())
+        for mine, donors, after, peak, even in level:
+            ties = np.where(even, (after >= peak[:, :, None] * (1 - 1e-9)).sum(axis=2), fewest)
+            i = int(ties.argmin())
+            if ties.flat[i] < fewest:
+                d, r = np.unravel_index(i, ties.shape)
+                fewest, pick = int(ties.flat[i]), (donors[d], mine[r])
+    if pick is None:
         return False
     n[pick[0]] -= 1
     n[pick[1]] += 1
@@ -331,8 +339,9 @@ def equal_unit_mixes(packing, caps, ks) -> list:
     """``[(k, units)]``: :func:`equal_units` for each ``k`` of ``ks`` that has them, with and
     without the price per tree level, each mix of trees once (``k = 10`` may repeat ``k = 5``'s
     mix, with more pipeline fill). Neither search wins everywhere: over the 247 allocations of
-    each DGX-1, the blink allreduce plans below 0.95 of the reference were 29 / 39 (DGX-1V /
-    DGX-1P) with the price and 36 / 33 without.
+    each DGX-1, the blink allreduce plans below 0.95 of the reference were 22 / 23 (DGX-1V /
+    DGX-1P) with the price, 23 / 23 without and 21 / 21 with both (mixes of up to 28 trees,
+    7-rank mixes on 512 chunks).
 
     >>> from collectx.topology import line
     >>> from collectx.planner.edge_split import job_graph
