@@ -335,13 +335,13 @@ def _move_one(A, members, pen, n, weight: float) -> bool:
     return True
 
 
-def equal_unit_mixes(packing, caps, ks) -> list:
+def equal_unit_mixes(packing, caps, ks, priced=(True, False)) -> list:
     """``[(k, units)]``: :func:`equal_units` for each ``k`` of ``ks`` that has them, with and
-    without the price per tree level, each mix of trees once (``k = 10`` may repeat ``k = 5``'s
-    mix, with more pipeline fill). Neither search wins everywhere: over the 247 allocations of
-    each DGX-1, the blink allreduce plans below 0.95 of the reference were 22 / 23 (DGX-1V /
-    DGX-1P) with the price, 23 / 23 without and 21 / 21 with both (mixes of up to 28 trees,
-    7-rank mixes on 512 chunks).
+    without the price per tree level (``priced``: which), each mix of trees once (``k = 10``
+    may repeat ``k = 5``'s mix, with more pipeline fill). Neither search wins everywhere: over
+    the 247 allocations of each DGX-1, the blink allreduce plans below 0.95 of the reference
+    were 22 / 23 (DGX-1V / DGX-1P) with the price, 23 / 23 without and 21 / 21 with both
+    (mixes of up to 28 trees, 7-rank mixes on 512 chunks).
 
     >>> from collectx.topology import line
     >>> from collectx.planner.edge_split import job_graph
@@ -353,8 +353,8 @@ def equal_unit_mixes(packing, caps, ks) -> list:
     """
     seen, out = set(), []
     loads = _CopyLoads.of(packing, caps)
-    for k, priced in ((k, priced) for k in ks for priced in (True, False)):
-        units = equal_units(packing, caps, k, loads, priced)
+    for k, price in ((k, price) for k in ks for price in priced):
+        units = equal_units(packing, caps, k, loads, price)
         if units is None:
             continue
         mix = frozenset((replace(t, rate=0.0), Fraction(m, k))   # copies of k differ in rate

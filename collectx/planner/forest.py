@@ -301,7 +301,10 @@ def _equal_units_or(s: Schedule, packed: tuple, ranks, inplace, nchunks, topo,
     if nchunks or not wide or len(ranks) > WIDE_UP_TO or \
             not _lags(s, packing.rate, topo, nbytes, ranks):
         return s
-    for k, units in most_kept(equal_unit_mixes(packing, caps, MANY_TREES))[:WIDE_MIXES]:
+    # Without the price per tree level only: the rate kept decides here, and searching both
+    # ways for 23 k per root took the slowest DGX-1 allgather to 1.0 s of planning.
+    mixes = equal_unit_mixes(packing, caps, MANY_TREES, priced=(False,))
+    for k, units in most_kept(mixes)[:WIDE_MIXES]:
         s = faster(s, plan(units, *whole_per_tree(units, k, WIDE_CHUNKS), True), topo, nbytes,
                    ranks)
     return s
