@@ -168,6 +168,43 @@ def test_equal_units_are_equal_trees_of_the_packing_within_every_link():
         assert all(v <= caps[link] * (1 + 1e-6) for link, v in load.items())
 
 
+def test_copy_search_keeps_k_copies_per_group_and_beats_rounding_the_lp():
+    # The local search starts from the LP's rates rounded to k copies per group and only
+    # moves copies that lower the busiest link's load: it keeps at least the rounding's rate,
+    # every group (forest: every root) keeps k copies, and it is deterministic.
+    from collectx.planner import chunking
+    from collectx.planner.treesched import pack_both_ways, pack_rooted
+    ranks, view, J = job([0, 2, 3, 4, 6, 7])
+    for packing, caps in (pack_both_ways(J, ranks, host=True),
+                          pack_rooted(J, ranks, ranks, False, host=True)):
+        loads = chunking._CopyLoads.of(packing, caps)
+        groups = {t.group for t in packing.trees}
+        for k in (3, 7, 16, 28):
+            for priced in (True, False):
+                counts = chunking._copy_counts(loads, k, priced)
+                assert counts == chunking._copy_counts(loads, k, priced)
+                per_group = {}
+                for t, c in counts:
+                    per_group[t.group] = per_group.get(t.group, 0) + c
+                assert set(per_group) == groups and set(per_group.values()) == {k}
+                if not priced:
+                    rounded = [(t, c) for t, c in zip(loads.cols, _rounded(loads, k)) if c]
+                    assert chunking._kept(counts, caps, packing.rate, k) >= \
+                        chunking._kept(rounded, caps, packing.rate, k) - 1e-12
+
+
+def _rounded(loads, k):
+    # Largest-remainder rounding of each group's LP rates to k copies (the search's start).
+    import numpy as np
+    n = np.zeros(len(loads.cols), dtype=int)
+    for g in np.unique(loads.group):
+        mine = np.flatnonzero(loads.group == g)
+        exact = k * loads.rate[mine] / loads.rate[mine].sum()
+        n[mine] = np.floor(exact).astype(int)
+        n[mine[np.argsort(n[mine] - exact, kind="stable")[:k - n[mine].sum()]]] += 1
+    return n
+
+
 def test_blink_allreduce_with_host_edges_runs_equal_trees_where_unequal_ones_drift():
     ranks, view, _ = job([0, 1, 3, 4, 6, 7])
     s = plan_blink(view, ranks, "allreduce", 1 << 30, host=True)
