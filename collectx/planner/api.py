@@ -22,7 +22,7 @@ from .registry import PlannerFn
 # Allreduce bounds this close are a tie: trees with host edges are planned both ways then (as
 # reduce-scatter + allgather forests and as reduce/broadcast trees; see host_relay.INTEGRATED),
 # up to TIE_BOTH_UP_TO ranks. Of the DGX-1 allocations, 4-GPU ones gained (DGX-1P GPUs 0, 1,
-# 4, 5: 0.934 -> 0.965); both full machines tie too, gained nothing, took 0.14-0.3 s longer.
+# 4, 5: 0.934 -> 0.970); both full machines tie too, gained nothing, took 0.14-0.3 s longer.
 BOUND_TIE = 1e-6
 TIE_BOTH_UP_TO = 7
 

@@ -156,15 +156,22 @@ def _solved(packing, caps, q) -> list:
 
 
 def _solve_counts(packing, caps, q) -> list:
-    """The integer program of the module doc for ``Q = q``."""
-    prog = _CountProgram.of(packing, caps)
-    cols, k = prog.cols, len(prog.cols)
+    """The integer program of the module doc for ``Q = q``, over the LP's own trees (a basic
+    solution: at most one tree per link)."""
+    loads = _CopyLoads.of(packing, caps, packing.trees)
+    cols, k, m = loads.cols, len(loads.cols), len(caps)
     # variables: n_0..n_{k-1}, used_0..used_{k-1}, z
     cost = np.zeros(2 * k + 1)
-    cost[k:2 * k] = prog.penalty
+    cost[k:2 * k] = loads.penalty
     cost[-1] = 1.0 / (q / packing.rate)   # 1 / z_lp
-    link_used = sp.hstack([prog.eye, -q * prog.eye, prog.zero])
-    rows = [prog.links, LinearConstraint(prog.groups, q, q),
+    per_link = np.zeros((m, k))
+    per_link[loads.links] = loads.load.T
+    link_rows = sp.hstack([sp.csr_matrix(per_link), sp.csr_matrix((m, k)), -np.ones((m, 1))])
+    groups = sp.csr_matrix((np.ones(k), (loads.group, np.arange(k))),
+                           shape=(loads.group.max() + 1, 2 * k + 1))
+    eye = sp.identity(k, format="csr")
+    link_used = sp.hstack([eye, -q * eye, sp.csr_matrix((k, 1))])
+    rows = [LinearConstraint(link_rows.tocsr(), -np.inf, 0.0), LinearConstraint(groups, q, q),
             LinearConstraint(link_used.tocsr(), -np.inf, 0.0)]
     integrality = np.r_[np.ones(2 * k), 0]
     bounds = LPBounds(np.zeros(2 * k + 1), np.r_[np.full(k, q), np.ones(k), np.inf])
@@ -174,34 +181,6 @@ def _solve_counts(packing, caps, q) -> list:
         return largest_remainder(packing, q)
     n = np.rint(res.x[:k]).astype(int)
     return [(t, int(c)) for t, c in zip(cols, n) if c > 0]
-
-
-class _CountProgram:
-    """The rows of :func:`_solve_counts` that do not depend on ``Q``: per-link loads, group
-    membership and the depth penalties."""
-
-    def __init__(self, cols, links, groups, penalty):
-        k = len(cols)
-        self.cols, self.links, self.groups, self.penalty = cols, links, groups, penalty
-        self.eye, self.zero = sp.identity(k, format="csr"), sp.csr_matrix((k, 1))
-
-    @classmethod
-    def of(cls, packing, caps) -> "_CountProgram":
-        cols = list(packing.trees)     # a basic LP solution: at most one tree per link
-        groups = sorted({t.group for t in cols}, key=str)
-        k, m = len(cols), len(caps)
-        link_rows = sp.lil_matrix((m, 2 * k + 1))
-        for j, t in enumerate(cols):
-            for path in t.paths:
-                for link, w in path:
-                    link_rows[link, j] += w / caps[link]
-        link_rows[:, 2 * k] = -1.0
-        group_rows = sp.lil_matrix((len(groups), 2 * k + 1))
-        gi = {g: i for i, g in enumerate(groups)}
-        for j, t in enumerate(cols):
-            group_rows[gi[t.group], j] = 1.0
-        return cls(cols, LinearConstraint(link_rows.tocsr(), -np.inf, 0.0), group_rows.tocsr(),
-                   [TREE_PENALTY * max(t.depth(), 1) for t in cols])
 
 
 def equal_units(packing, caps, k: int, loads: "_CopyLoads | None" = None,
@@ -238,18 +217,19 @@ def equal_units(packing, caps, k: int, loads: "_CopyLoads | None" = None,
 
 
 class _CopyLoads:
-    """What :func:`_copy_counts` searches over: the packing's columns (every tree the column
-    generation produced, rate 0 included: an integral mix may want trees the LP's vertex left
-    out), the load each puts on every link per unit of rate (``w / cap``), their groups, LP
-    rates and depth penalties, and the packing's rate per group."""
+    """What the integer program and :func:`_copy_counts` choose among: trees (by default the
+    packing's columns, every tree the column generation produced, rate 0 included: an
+    integral mix may want trees the LP's vertex left out), the load each puts on every link it
+    uses per unit of rate (``w / cap``; ``links``: those link ids), their groups (numbered
+    in name order), LP rates and depth penalties, and the packing's rate per group."""
 
-    def __init__(self, cols, load, group, rate, penalty, lp_rate):
-        self.cols, self.load, self.group, self.rate = cols, load, group, rate
+    def __init__(self, cols, links, load, group, rate, penalty, lp_rate):
+        self.cols, self.links, self.load, self.group, self.rate = cols, links, load, group, rate
         self.penalty, self.lp_rate = penalty, lp_rate
 
     @classmethod
-    def of(cls, packing, caps) -> "_CopyLoads":
-        cols = [t for t in packing.columns or packing.trees]
+    def of(cls, packing, caps, cols=None) -> "_CopyLoads":
+        cols = list(cols if cols is not None else packing.columns or packing.trees)
         links = sorted({link for t in cols for path in t.paths for link, _ in path})
         at = {link: i for i, link in enumerate(links)}
         load = np.zeros((len(cols), len(links)))
@@ -258,7 +238,7 @@ class _CopyLoads:
                 for link, w in path:
                     load[j, at[link]] += w / caps[link]
         names = {g: i for i, g in enumerate(sorted({t.group for t in cols}, key=str))}
-        return cls(cols, load, np.array([names[t.group] for t in cols]),
+        return cls(cols, links, load, np.array([names[t.group] for t in cols]),
                    np.array([t.rate for t in cols]),
                    np.array([TREE_PENALTY * max(t.depth(), 1) for t in cols]), packing.rate)
 
@@ -276,8 +256,8 @@ def _copy_counts(loads: _CopyLoads, k: int, priced: bool = True) -> list:
     column about 0.975, in a tenth of the time.
     """
     n = np.zeros(len(loads.cols), dtype=int)
-    for g in np.unique(loads.group):
-        mine = np.flatnonzero(loads.group == g)
+    members = [np.flatnonzero(loads.group == g) for g in np.unique(loads.group)]
+    for mine in members:
         rates = np.maximum(loads.rate[mine], 0.0)
         exact = k * rates / rates.sum() if rates.sum() > 0 else np.full(len(mine), k / len(mine))
         n[mine] = np.floor(exact).astype(int)
@@ -285,7 +265,6 @@ def _copy_counts(loads: _CopyLoads, k: int, priced: bool = True) -> list:
         n[mine[np.argsort(n[mine] - exact, kind="stable")[:short]]] += 1
     weight = loads.lp_rate / k        # 1 / the LP's busiest-link load for k copies
     price = loads.penalty if priced else np.zeros(len(loads.cols))
-    members = [np.flatnonzero(loads.group == g) for g in np.unique(loads.group)]
     for _ in range(MOVES):
         if not _move_one(loads.load, members, price, n, weight):
             break

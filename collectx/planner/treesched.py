@@ -291,7 +291,9 @@ class TreeEmitter:
 
     def _hop(self, t, m, share: Share, p: int, c: int, key, dst: Ref, source: Ref, token):
         """Copy ``source`` (on ``p``) to ``dst`` (on ``c``), staged through ``p``'s host buffer
-        where the share stages edge ``(p, c)``; returns the token of the copy into ``dst``."""
+        where the share stages edge ``(p, c)``; returns the token of the copy into ``dst``.
+        ``key`` is ``("down", p)`` plus what singles out the tree's lanes (a tree's or a
+        root's; nothing on shared lanes), which the staged copies take on as well."""
         if (p, c) not in share.staged:
             return self._add(t, c, key, "copy", dst, (source,), (token,))
         hop, up = self._stage_up(t - 0.5 / m, p, c, source, token, key[2:])
