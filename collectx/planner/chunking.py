@@ -253,7 +253,8 @@ def _copy_counts(loads: _CopyLoads, k: int, priced: bool = True) -> list:
     leaves fewer links as busy as the busiest. On the 87 DGX-1 allreduce packings then below
     0.95 of the reference, over ``k`` = 3..28, the node-limited program over the LP's own
     trees kept 0.954 of the LP's rate at the best ``k`` in the mean, this search over every
-    column about 0.975, in a tenth of the time.
+    column 0.975 without the price (never less for any packing and ``k``), in a fifth of the
+    time (0.94 s against 4.99 s for all of them, one process).
     """
     n = np.zeros(len(loads.cols), dtype=int)
     members = [np.flatnonzero(loads.group == g) for g in np.unique(loads.group)]
