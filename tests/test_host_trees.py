@@ -247,11 +247,14 @@ def test_deep_broadcast_with_host_edges_takes_twice_the_chunks_where_the_fill_co
 
 
 def test_deep_broadcast_with_host_edges_takes_four_times_the_chunks_where_twice_still_lags():
-    # DGX-1P GPUs 0-6: the budget's 480 chunks keep 0.894 of the bound, 960 0.946, 1920 0.968.
+    # DGX-1P GPUs 0-6: the budget's 480 chunks keep 0.894 of the bound, 960 0.946, 1920 0.968;
+    # below the relay gate, the plan then runs with each of its chunks cut in pieces (0.978).
     p = plan(T.load("dgx1p"), "broadcast", 1 << 30, gpus=[0, 1, 2, 3, 4, 5, 6], verify=True)
     assert p.algorithm == "blink+host"
-    assert p.schedule.nchunks == 1920
+    assert p.schedule.nchunks in (1920, 3840, 7680)
     assert 0.96 <= p.efficiency <= 1.001
+    ranks, view = allocation(T.load("dgx1p"), [0, 1, 2, 3, 4, 5, 6])
+    assert plan_blink(view, ranks, "broadcast", 1 << 30, host=True).nchunks == 1920   # uncut
 
 
 def test_blink_allreduce_with_host_edges_mixes_many_equal_trees_on_their_own_lanes():

@@ -17,9 +17,10 @@ rank, so the two never wait for each other.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from ..errors import ScheduleError
-from .ir import Dep, Instr, Lane, Ref, Schedule
+from .ir import Dep, Instr, Lane, Ref, Schedule, alias
 
 
 def refine(s: Schedule, k: int) -> Schedule:
@@ -46,6 +47,118 @@ def refine(s: Schedule, k: int) -> Schedule:
                                    for ins in lane.instrs))
                         for lane in rl) for rl in s.lanes)
     return dataclasses.replace(s, nchunks=s.nchunks * k, lanes=lanes)
+
+
+def pipeline(s: Schedule, k: int) -> Schedule:
+    """``s`` with every instruction cut into ``k`` in a row on its lane (``nchunks * k``
+    chunks): piece ``j`` moves the ``j``-th ``k``-th of each run of chunks it names and waits
+    for piece ``j`` of what it waited for, so each piece flows on as soon as it lands, as if
+    ``s`` had been planned with ``k`` times the chunks.
+
+    Why: a tree plan fills and drains its pipeline in a few chunk times, during which its
+    busiest links idle; more chunks shorten that. Planning them costs a few microseconds per
+    instruction, cutting a fraction of that.
+
+    A run of chunks an instruction writes must not overlap another run the schedule names in
+    part (in place, as :func:`~.ir.alias` places them): piece ``j`` of one then only ever meets
+    piece ``j`` of the other. Runs that are only read may overlap. No instruction may be an
+    engine call.
+
+    Raises
+    ------
+    ScheduleError
+        ``k < 1``, a written run overlapping another in part, or an engine call.
+
+    Examples
+    --------
+    >>> from collectx.schedule import ScheduleBuilder, verify
+    >>> b = ScheduleBuilder("broadcast", 2, nchunks=1)
+    >>> d = b.copy(0, 0, Ref(0, "output", 0), Ref(0, "input", 0))
+    >>> _ = b.copy(1, 0, Ref(1, "output", 0), Ref(0, "output", 0), deps=[d])
+    >>> p = pipeline(b.build(), 2)
+    >>> p.nchunks, [(i.dst.chunk, i.deps) for i in p.lanes[1][0].instrs]
+    (2, [(0, (Dep(rank=0, lane=0, index=0),)), (1, (Dep(rank=0, lane=0, index=1),))])
+    >>> verify(p).instructions
+    4
+    """
+    if k < 1:
+        raise ScheduleError(f"pipeline factor {k}: expected >= 1")
+    if k == 1:
+        return s
+    cut = _native_cutter()
+    done = cut(s.lanes, k, Instr, Ref, Dep, Lane) if cut is not None else None
+    if done is None:   # engine calls, malformed refs, or no compiled module: cut here
+        lanes = _pipeline_lanes(s, k)
+    else:
+        lanes, single = done
+        if not single:
+            _check_pipelinable(s)   # runs of several chunks must line up
+    return dataclasses.replace(s, nchunks=s.nchunks * k, lanes=lanes)
+
+
+def _pipeline_lanes(s: Schedule, k: int) -> tuple:
+    """:func:`pipeline`'s lanes, in Python (after checking ``s``)."""
+    _check_pipelinable(s)
+    new = tuple.__new__   # named tuples without their __new__: a plan cuts 10^4-10^5 of them
+
+    def pieces(instrs) -> tuple:
+        out = []
+        add = out.append
+        for op, (rank, buf, chunk, count), srcs, deps, engine_op, group in instrs:
+            first = chunk * k
+            srcs = [(r[0], r[1], r[2] * k, r[3]) for r in srcs]
+            deps = [(d[0], d[1], d[2] * k) for d in deps]
+            for j in range(k):
+                add(new(Instr, (op, new(Ref, (rank, buf, first + j * count, count)),
+                                tuple([new(Ref, (r, b, c + j * m, m)) for r, b, c, m in srcs]),
+                                tuple([new(Dep, (r, n, i + j)) for r, n, i in deps]),
+                                engine_op, group)))
+        return tuple(out)
+
+    return tuple(tuple(Lane(pieces(lane.instrs)) for lane in rl) for rl in s.lanes)
+
+
+@functools.lru_cache(maxsize=1)
+def _native_cutter():
+    """``collectx._fastpath.pipeline_lanes`` (:func:`pipeline`'s cutting, in C), or None:
+    looked up once per process."""
+    try:
+        from .. import _native
+        module = _native._compiled_module()
+    except Exception:  # no compiled module, or no library to find it beside: the Python path
+        return None
+    return getattr(module, "pipeline_lanes", None)
+
+
+def _check_pipelinable(s: Schedule) -> None:
+    """Raise ScheduleError unless :func:`pipeline` may cut ``s`` (see there)."""
+    runs, written = set(), set()
+    for rl in s.lanes:
+        for lane in rl:
+            for ins in lane.instrs:
+                if ins.op == "engine":
+                    raise ScheduleError(f"cannot pipeline {ins}: an engine call moves its "
+                                        f"data itself")
+                written.add(ins.dst)
+                runs.update(ins.srcs)
+    if all(r.count == 1 for r in runs) and all(r.count == 1 for r in written):
+        return   # single chunks are the same chunk or disjoint, aliased or not (most trees)
+    written = {alias(s, r) for r in written}
+    # Sweep each buffer's runs in start order; runs that overlap form a cluster, and a cluster
+    # of two or more runs with a written one in it holds a write overlapping another run in
+    # part. Runs only read may overlap (a broadcast root's whole input copy and its chunks).
+    cluster: dict = {}   # (rank, buf) -> [end so far, runs, whether one is written]
+    for r in sorted(written | {alias(s, r) for r in runs}, key=lambda r: (r.rank, r.buf, r.chunk)):
+        c = cluster.get((r.rank, r.buf))
+        if c is None or r.chunk >= c[0]:
+            c = cluster[r.rank, r.buf] = [r.chunk + r.count, [], False]
+        c[0] = max(c[0], r.chunk + r.count)
+        c[1].append(r)
+        c[2] = c[2] or r in written
+        if c[2] and len(c[1]) > 1:
+            raise ScheduleError(f"cannot pipeline: {c[1][0]} and {c[1][-1]} overlap in part "
+                                f"and one is written, so the pieces of one would not match "
+                                f"those of the other")
 
 
 def join_shares(a: Schedule, b: Schedule) -> Schedule:

@@ -29,6 +29,7 @@
 
 /* Only the declarations (status codes, the executor's structs): nothing is linked. */
 #include "../include/collectx.h"
+#include "cx_pipeline.h"
 #include "cx_schedule_arrays.h"
 
 /* Bumped when the Python-side contract changes; collectx/_native.py refuses other versions.
@@ -678,6 +679,7 @@ static PyMethodDef methods[] = {
     {"copy", (PyCFunction)(void (*)(void))fast_copy, METH_FASTCALL, copy_doc},
     {"bind", bind, METH_VARARGS, bind_doc},
     {"schedule_arrays", cx_schedule_arrays, METH_O, CX_SCHEDULE_ARRAYS_DOC},
+    {"pipeline_lanes", cx_pipeline_lanes, METH_VARARGS, CX_PIPELINE_LANES_DOC},
     {NULL, NULL, 0, NULL},
 };
 
