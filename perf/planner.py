@@ -17,6 +17,8 @@ d. median planning time per allocation size on dgx1v, and for the full dgx2 and 
    (targets <= 1 s for 8-GPU allocations, <= 5 s for dgx2/mi250); with section a, also the
    slowest plans of each allocation preset, re-timed.
 
+``--retime PRESET:COLLECTIVE:GPUS ...`` re-times named plans alone (median of 5 runs).
+
 Every plan is made with ``collectx.planner.plan`` exactly as users get it (cost-model choice,
 simulated prediction); ``--limit`` samples allocations evenly when the full sweep is too slow.
 ``--jsonl FILE`` also writes one JSON line per plan (algbw/busbw included) for later plotting.
@@ -182,10 +184,25 @@ def slowest_allocations(args, rows):
         print(f"  {name}: the {SLOWEST} slowest of {len(mine)} plans in (a), median of "
               f"{RETIMES} runs each")
         for r in sorted(mine, key=lambda r: -r["planning_time_s"])[:SLOWEST]:
-            times = [record(G, name, r["gpus"], r["collective"], args.size)["planning_time_s"]
-                     for _ in range(RETIMES)]
-            print(f"    {r['collective']:<10} GPUs {','.join(map(str, r['gpus'])):<16}"
-                  f"{statistics.median(times):7.3f} s (max {max(times):.3f})")
+            print(_retimed(G, name, r["gpus"], r["collective"], args.size))
+
+
+def retime(args):
+    """``--retime``: the named plans, each re-timed alone (compare with another checkout's
+    run of the same command: one plan's time moves 10-20% from run to run here)."""
+    print(f"\n(re-timed) median of {RETIMES} runs each")
+    for spec in args.retime:
+        name, coll, gpus = spec.split(":")
+        G = T.load(name)
+        chosen = [int(g) for g in gpus.split(",")] if gpus != "all" else None
+        print(_retimed(G, name, chosen, coll, args.size))
+
+
+def _retimed(G, name, gpus, coll, nbytes) -> str:
+    times = [record(G, name, gpus, coll, nbytes)["planning_time_s"] for _ in range(RETIMES)]
+    shown = ",".join(map(str, gpus)) if gpus else "all"
+    return (f"    {name:<6} {coll:<10} GPUs {shown:<16}{statistics.median(times):7.3f} s "
+            f"(max {max(times):.3f})")
 
 
 def main(argv=None) -> int:
@@ -196,6 +213,9 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="allocations per size (sampled)")
     ap.add_argument("--verify", action="store_true", help="also verify every schedule")
     ap.add_argument("--jsonl", help="write one JSON line per plan here")
+    ap.add_argument("--retime", nargs="*", default=[], metavar="PRESET:COLLECTIVE:GPUS",
+                    help="also re-time these plans alone, e.g. dgx1p:allreduce:1,2,3,4,5,7 "
+                         "or dgx1v:broadcast:all")
     args = ap.parse_args(argv)
     args.presets = args.presets.split(",")
     sink = open(args.jsonl, "w") if args.jsonl else None
@@ -212,6 +232,8 @@ def main(argv=None) -> int:
         small_messages(args, out)
     if "d" in sections:
         planning_time(args, rows, out)
+    if args.retime:
+        retime(args)
     print(f"\nbenchmark wall time {time.perf_counter() - t0:.0f} s")
     return 0
 

@@ -326,3 +326,23 @@ def test_cpu_executor_runs_equal_tree_mixes_on_more_than_32_lanes(monkeypatch, t
     assert s.uses_host and max(len(lanes) for lanes in s.lanes) > 32
     cases = [("allreduce", "float32", "sum", n, 0, 5)]
     assert collectx.launch(W.run_cases, 4, args=(cases,), timeout=300) == [[]] * 4
+
+
+def test_cpu_executor_runs_a_plan_cut_into_finer_chunks(monkeypatch, tmp_path):
+    # DGX-1P GPUs 0, 2, 4, 6 allreduce at 256 MiB: a mix of equal trees over 2048 chunks, each
+    # cut in two (host_relay._finer). The executor must run the cut plan, host buffers and all,
+    # at a size that does not split evenly.
+    import collectx.planner.host_relay as host_relay
+    path = tmp_path / "dgx1p_0246.json"
+    T.write_json(T.subset(T.load("dgx1p"), [0, 2, 4, 6]), path)
+    monkeypatch.setenv("COLLECTX_TOPO_FILE", str(path))
+    n = (256 << 20) // 4 + 3
+    s = make_schedule(T.load(str(path)), "allreduce", 4, n * 4)
+    assert s.uses_host and s.nchunks == 4096
+    monkeypatch.setattr(host_relay, "FINER", ())
+    assert make_schedule(T.load(str(path)), "allreduce", 4, n * 4).nchunks == 2048
+    monkeypatch.undo()
+    monkeypatch.setenv("COLLECTX_TOPO_FILE", str(path))
+    cases = [("allreduce", "float32", "sum", n, 0, 5)]
+    assert collectx.launch(W.run_cases, 4, args=(cases,), timeout=300) == [[]] * 4
+

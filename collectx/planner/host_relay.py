@@ -97,6 +97,11 @@ RELAY_CHUNKS = {"ring": 16, "tree": 16}   # chunks of relay plans (their own def
 # of its rate, cut in two 0.974). Choosing among plans at the finer count would double the
 # cost of lowering and simulating every candidate; cutting the winner costs a simulation.
 FINER = (2, 4)
+# ... for these collectives. Allgather forests with host edges pick their chunks per root
+# themselves (see forest._equal_units_or); cut finer, 12 / 25 DGX-1V / DGX-1P allgathers below
+# the gate gained up to 0.013 of the bound, none crossed 0.95, and the slowest DGX-1 plan (an
+# allgather that only got slower cut) took 0.05 s more.
+FINER_COLLECTIVES = ("allreduce", "broadcast", "reduce")
 FINER_MIN_CHUNK = 64 << 10    # bytes: below this per-chunk latency outweighs finer pipelining
 FINER_MAX_INSTRUCTIONS = 60_000   # a cut schedule's simulation costs ~2.5 us per instruction
 VERTEX_ALLREDUCE_UP_TO = 3  # allreduce tries the LP's vertex packing up to this many GPUs
@@ -214,8 +219,8 @@ def with_host_relays(view: nx.DiGraph, ranks, collective: str, nbytes: int, chos
             continue
         best = _integrated(view, ranks, collective, nbytes, root, inplace, best, trees_lead,
                            host=host, lean=lean)
-    if best is not chosen and _worth_trying(collective, nbytes, best[2], bound_busbw, len(ranks)):
-        best = _finer(best, view, nbytes, ranks)
+    if best is not chosen:
+        best = _finer(best, view, nbytes, ranks, bound_busbw)
     if not _worth_trying(collective, nbytes, best[2], bound_busbw, len(ranks)):
         return best   # near the bound already: no join can pay for its planning
     relayed = _relay_plan(V, view, ranks, collective, nbytes, root, inplace)
@@ -230,9 +235,8 @@ def with_host_relays(view: nx.DiGraph, ranks, collective: str, nbytes: int, chos
         last = pred.time_us
         if pred.time_us < best[2].time_us:
             best = (f"{name}+relay", joined, pred)
-    if best is not unjoined and _worth_trying(collective, nbytes, best[2], bound_busbw,
-                                              len(ranks)):
-        best = _finer(best, view, nbytes, ranks)
+    if best is not unjoined:
+        best = _finer(best, view, nbytes, ranks, bound_busbw)
     return best
 
 
@@ -293,16 +297,18 @@ def _integrated(view, ranks, collective, nbytes, root, inplace, best, trees_lead
     return best
 
 
-def _finer(best, view, nbytes, ranks):
-    """``best`` with each chunk cut into the first of :data:`FINER`, then the next, ... while
-    each simulates faster (:func:`~collectx.schedule.split.pipeline`), as long as chunks stay
-    :data:`FINER_MIN_CHUNK` or more and the cut schedule :data:`FINER_MAX_INSTRUCTIONS` or
-    fewer instructions."""
+def _finer(best, view, nbytes, ranks, bound_busbw):
+    """``best`` (of :data:`FINER_COLLECTIVES`) with each chunk cut into the first of
+    :data:`FINER`, then the next, ... (:func:`~collectx.schedule.split.pipeline`) while each
+    simulates faster and the plan still lags :data:`RELAY_GATE` of ``bound_busbw``, as long as
+    chunks stay :data:`FINER_MIN_CHUNK` or more and the cut schedule has
+    :data:`FINER_MAX_INSTRUCTIONS` or fewer instructions."""
     name, schedule, _ = best
     unit = unit_bytes(schedule.collective, nbytes, schedule.nranks)
-    for k in FINER:
+    for k in FINER if schedule.collective in FINER_COLLECTIVES else ():
         if unit / (schedule.nchunks * k) < FINER_MIN_CHUNK or \
-                schedule.n_instructions * k > FINER_MAX_INSTRUCTIONS:
+                schedule.n_instructions * k > FINER_MAX_INSTRUCTIONS or \
+                not _worth_trying(schedule.collective, nbytes, best[2], bound_busbw, len(ranks)):
             break
         try:
             finer = pipeline(schedule, k)
