@@ -48,13 +48,19 @@ def link_class(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ..
     """
     if topo is None:
         return "shm"
-    pairs = {(ref.rank, d.rank) for d, ins in schedule.instructions()
-             for ref in (ins.dst, *ins.srcs) if ref.rank != d.rank}
+    pairs = {(other, rank) for rank, rank_lanes in enumerate(schedule.lanes)
+             for other in _ranks_named(rank_lanes) if other != rank}
     worst = 0
     for a, b in pairs:
         _, cls = widest_path(topo, ranks[a], ranks[b])
         worst = max(worst, LINK_ORDER.index(cls) if cls in LINK_ORDER else len(LINK_ORDER) - 1)
     return LINK_ORDER[worst] if pairs else "shm"
+
+
+def _ranks_named(rank_lanes) -> set:
+    """The ranks whose buffers one rank's instructions name (a plan has 10^4-10^5 of them:
+    this is a set comprehension over plain tuples, not a walk that builds a Dep for each)."""
+    return {ref[0] for lane in rank_lanes for ins in lane.instrs for ref in (ins[1], *ins[2])}
 
 
 def device_kind(topo: nx.DiGraph | None, ranks: tuple[str, ...]) -> str:

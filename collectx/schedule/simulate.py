@@ -98,10 +98,10 @@ def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
     hit = _SEEN.get(key)
     if hit is not None and hit[0] is s:   # planners compare candidates, then predict the winner
         return hit[1]
-    result = _simulate(s, nodes, routes, nbytes, dtype_size, native)
-    if len(_SEEN) >= _SEEN_LIMIT:
-        _SEEN.clear()
-    _SEEN[key] = (s, result)   # the entry keeps its schedule alive: ids stay unique
+    result, longest = _simulate(s, nodes, routes, nbytes, dtype_size, native)
+    while len(_SEEN) >= _SEEN_LIMIT:
+        del _SEEN[next(iter(_SEEN))]   # the oldest
+    _SEEN[key] = (s, result, longest)   # the entry keeps its schedule alive: ids stay unique
     return result
 
 
@@ -110,7 +110,9 @@ _SEEN_LIMIT = 16
 
 
 def _simulate(s: Schedule, nodes: list, routes, nbytes: int, dtype_size: int,
-              native: bool | None) -> SimResult:
+              native: bool | None) -> tuple[SimResult, int]:
+    """The result, and the longest chain of dependent instructions where the native front end
+    worked it out (else -1)."""
     unit = unit_bytes(s.collective, nbytes, s.nranks)
     elems = int(unit // dtype_size)
 
@@ -126,14 +128,15 @@ def _simulate(s: Schedule, nodes: list, routes, nbytes: int, dtype_size: int,
                                     routes.classes)
         if len(order) < flat.ntasks:
             _check_all_ran(schedule_graph(s), set(order), range(flat.ntasks))
-        _remember_longest(s, flat.longest)
         a = flat.arrays
         class_bytes = np.bincount(a["part_class"], weights=a["part_bytes"],
                                   minlength=len(routes.classes.links)).tolist()
+        longest = flat.longest
     else:
         time_us, class_bytes = _simulate_graph(s, nodes, hosts, routes, parts, run_bytes,
                                                native)
-    return _result(s, nbytes, time_us, routes, _link_bytes(class_bytes, routes.classes))
+        longest = -1
+    return _result(s, nbytes, time_us, routes, _link_bytes(class_bytes, routes.classes)), longest
 
 
 def _simulate_graph(s: Schedule, nodes, hosts, routes, parts, run_bytes, native):
@@ -170,27 +173,21 @@ def _link_bytes(class_bytes: list, classes) -> dict[int, float]:
 
 
 _LAST_GRAPH: list = [None, None]
-_LONGEST: dict = {}   # id(schedule) -> (schedule, longest chain), for the last few simulated
-
-
-def _remember_longest(s: Schedule, longest: int) -> None:
-    if len(_LONGEST) >= _SEEN_LIMIT:
-        del _LONGEST[next(iter(_LONGEST))]   # the oldest
-    _LONGEST[id(s)] = (s, longest)   # the entry keeps its schedule alive: ids stay unique
 
 
 def known_steps(s: Schedule) -> int | None:
-    """The longest chain of dependent instructions of ``s`` when one of its last
-    simulations read it flat (:mod:`._flat` works it out on the way), else None.
+    """The longest chain of dependent instructions of ``s`` when one of the last
+    :data:`_SEEN_LIMIT` simulations read it flat (:mod:`._flat` works it out on the way),
+    else None.
 
     The planner asks for the critical path of candidates it has simulated
     (:func:`collectx.planner.cost.steps`), often not right after: it compares several, then
     prices the winner. Building the graph again for it cost as much as the simulation's whole
     front end (0.05 s for a 40,000-instruction schedule).
     """
-    hit = _LONGEST.get(id(s))
-    if hit is not None and hit[0] is s and hit[1] >= 0:
-        return hit[1]
+    for seen, _, longest in _SEEN.values():
+        if seen is s and longest >= 0:
+            return longest
     return None
 
 
