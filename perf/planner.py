@@ -217,6 +217,10 @@ def main(argv=None) -> int:
                     help="also re-time these plans alone, e.g. dgx1p:allreduce:1,2,3,4,5,7 "
                          "or dgx1v:broadcast:all")
     args = ap.parse_args(argv)
+    for spec in args.retime:
+        if spec.count(":") != 2 or spec.split(":")[0] not in ALLOC_PRESETS + FULL_PRESETS:
+            ap.error(f"--retime {spec!r}: expected PRESET:COLLECTIVE:GPUS with a preset of "
+                     f"{', '.join(ALLOC_PRESETS + FULL_PRESETS)}, e.g. dgx1v:allreduce:0,1,2")
     args.presets = args.presets.split(",")
     sink = open(args.jsonl, "w") if args.jsonl else None
 

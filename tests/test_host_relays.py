@@ -284,14 +284,21 @@ def test_cpu_executor_runs_tree_partials_at_odd_sizes(monkeypatch, algo, coll):
     assert collectx.launch(W.run_cases, 3, args=(cases,), timeout=300) == [[]] * 3
 
 
+def _runtime_topology(monkeypatch, tmp_path, preset: str, gpus: list):
+    """GPUs ``gpus`` of ``preset`` as the topology the runtime's ranks plan on (written to a
+    file they read through COLLECTX_TOPO_FILE), loaded back as they load it."""
+    path = tmp_path / f"{preset}_{''.join(map(str, gpus))}.json"
+    T.write_json(T.subset(T.load(preset), gpus), path)
+    monkeypatch.setenv("COLLECTX_TOPO_FILE", str(path))
+    return T.load(str(path))
+
+
 def test_cpu_executor_runs_host_edges_between_gpus_without_a_direct_link(monkeypatch, tmp_path):
     # DGX-1P GPUs 0, 3, 6, 7 allgather stages edges between GPU0 and GPU6 (no NVLink, across
     # the sockets): the receiver reads a host buffer its own CPU does not hold.
-    path = tmp_path / "dgx1p_0367.json"
-    T.write_json(T.subset(T.load("dgx1p"), [0, 3, 6, 7]), path)
-    monkeypatch.setenv("COLLECTX_TOPO_FILE", str(path))
+    G = _runtime_topology(monkeypatch, tmp_path, "dgx1p", [0, 3, 6, 7])
     n = (16 << 20) // 4 + 5
-    s = make_schedule(T.load(str(path)), "allgather", 4, n * 4)
+    s = make_schedule(G, "allgather", 4, n * 4)
     staged = {tuple(e) for t in s.meta_dict()["trees"] if "host" in t
               for e in t[t.index("host") + 1]}
     assert staged & {(0, 2), (2, 0)}
@@ -304,11 +311,9 @@ def test_cpu_executor_runs_forest_allreduce_with_host_edges_past_the_chunk_budge
     # Forest allreduce with host edges on 4 GPUs takes more chunks than the usual instruction
     # budget allows (512 per root at most); GPUs 0, 3, 6, 7 of dgx1v plan it. The executor
     # must run such a schedule, host buffers and all, at a size that does not split evenly.
-    path = tmp_path / "dgx1v_0367.json"
-    T.write_json(T.subset(DGX1V, [0, 3, 6, 7]), path)
-    monkeypatch.setenv("COLLECTX_TOPO_FILE", str(path))
+    G = _runtime_topology(monkeypatch, tmp_path, "dgx1v", [0, 3, 6, 7])
     n = (64 << 20) // 4 + 3
-    s = make_schedule(T.load(str(path)), "allreduce", 4, n * 4)
+    s = make_schedule(G, "allreduce", 4, n * 4)
     assert s.algorithm == "forest" and s.uses_host and s.nchunks > 512
     cases = [("allreduce", "float32", "sum", n, 0, 5)]
     assert collectx.launch(W.run_cases, 4, args=(cases,), timeout=300) == [[]] * 4
@@ -318,11 +323,9 @@ def test_cpu_executor_runs_equal_tree_mixes_on_more_than_32_lanes(monkeypatch, t
     # Mixes of many equal trees with host edges give every tree lanes of its own on each link;
     # GPUs 0, 3, 4, 7 of dgx1v take more lanes than the 32 the executors once ran. The
     # executor must run all of them, at a size that does not split evenly.
-    path = tmp_path / "dgx1v_0347.json"
-    T.write_json(T.subset(DGX1V, [0, 3, 4, 7]), path)
-    monkeypatch.setenv("COLLECTX_TOPO_FILE", str(path))
+    G = _runtime_topology(monkeypatch, tmp_path, "dgx1v", [0, 3, 4, 7])
     n = (64 << 20) // 4 + 3
-    s = make_schedule(T.load(str(path)), "allreduce", 4, n * 4)
+    s = make_schedule(G, "allreduce", 4, n * 4)
     assert s.uses_host and max(len(lanes) for lanes in s.lanes) > 32
     cases = [("allreduce", "float32", "sum", n, 0, 5)]
     assert collectx.launch(W.run_cases, 4, args=(cases,), timeout=300) == [[]] * 4
@@ -333,16 +336,13 @@ def test_cpu_executor_runs_a_plan_cut_into_finer_chunks(monkeypatch, tmp_path):
     # cut in two (host_relay._finer). The executor must run the cut plan, host buffers and all,
     # at a size that does not split evenly.
     import collectx.planner.host_relay as host_relay
-    path = tmp_path / "dgx1p_0246.json"
-    T.write_json(T.subset(T.load("dgx1p"), [0, 2, 4, 6]), path)
-    monkeypatch.setenv("COLLECTX_TOPO_FILE", str(path))
+    G = _runtime_topology(monkeypatch, tmp_path, "dgx1p", [0, 2, 4, 6])
     n = (256 << 20) // 4 + 3
-    s = make_schedule(T.load(str(path)), "allreduce", 4, n * 4)
+    s = make_schedule(G, "allreduce", 4, n * 4)
     assert s.uses_host and s.nchunks == 4096
-    monkeypatch.setattr(host_relay, "FINER", ())
-    assert make_schedule(T.load(str(path)), "allreduce", 4, n * 4).nchunks == 2048
-    monkeypatch.undo()
-    monkeypatch.setenv("COLLECTX_TOPO_FILE", str(path))
+    with monkeypatch.context() as m:
+        m.setattr(host_relay, "FINER", ())
+        assert make_schedule(G, "allreduce", 4, n * 4).nchunks == 2048
     cases = [("allreduce", "float32", "sum", n, 0, 5)]
     assert collectx.launch(W.run_cases, 4, args=(cases,), timeout=300) == [[]] * 4
 

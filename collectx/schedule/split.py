@@ -148,7 +148,8 @@ def _check_pipelinable(s: Schedule) -> None:
     # of two or more runs with a written one in it holds a write overlapping another run in
     # part. Runs only read may overlap (a broadcast root's whole input copy and its chunks).
     cluster: dict = {}   # (rank, buf) -> [end so far, runs, whether one is written]
-    for r in sorted(written | {alias(s, r) for r in runs}, key=lambda r: (r.rank, r.buf, r.chunk)):
+    every = written | {alias(s, r) for r in runs}
+    for r in sorted(every, key=lambda r: (r.rank, r.buf, r.chunk)):
         c = cluster.get((r.rank, r.buf))
         if c is None or r.chunk >= c[0]:
             c = cluster[r.rank, r.buf] = [r.chunk + r.count, [], False]
