@@ -92,18 +92,18 @@ PIPELINE_CHUNKS = 16        # staged copies of a relay plan run in at least this
 RING_ONLY_FROM = 6
 RELAY_CHUNKS = {"ring": 16, "tree": 16}   # chunks of relay plans (their own default: 100s)
 # Tree plans with host edges, and joined plans, that stay below RELAY_GATE run with each chunk
-# cut in this many (see _finer): trees fill and drain in a few chunk times, idling their
+# cut in the first of these, then the next, ... while that helps (see _finer): trees fill and drain in a few chunk times, idling their
 # busiest links (a mix of 24 equal trees over 2048 chunks on DGX-1P GPUs 0, 2, 4, 6: 0.955
 # of its rate, cut in two 0.974). Choosing among plans at the finer count would double the
 # cost of lowering and simulating every candidate; cutting the winner costs a simulation.
-FINER = (2, 4)
+FINER = (2, 3, 4)
 # ... for these collectives. Allgather forests with host edges pick their chunks per root
 # themselves (see forest._equal_units_or); cut finer, 12 / 25 DGX-1V / DGX-1P allgathers below
 # the gate gained up to 0.013 of the bound, none crossed 0.95, and the slowest DGX-1 plan (an
 # allgather that only got slower cut) took 0.05 s more.
 FINER_COLLECTIVES = ("allreduce", "broadcast", "reduce")
 FINER_MIN_CHUNK = 64 << 10    # bytes: below this per-chunk latency outweighs finer pipelining
-FINER_MAX_INSTRUCTIONS = 60_000   # a cut schedule's simulation costs ~2.5 us per instruction
+FINER_MAX_INSTRUCTIONS = 72_000   # a cut schedule's simulation costs ~2.5 us per instruction
 VERTEX_ALLREDUCE_UP_TO = 3  # allreduce tries the LP's vertex packing up to this many GPUs
 # Tree planners that take host routes, per collective. For allreduce, reduce-scatter +
 # allgather forests reach the cut bound, reduce/broadcast trees the tree bound; on DGX-1
