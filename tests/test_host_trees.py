@@ -251,7 +251,7 @@ def test_deep_broadcast_with_host_edges_takes_four_times_the_chunks_where_twice_
     # below the relay gate, the plan then runs with each of its chunks cut in pieces (0.978).
     p = plan(T.load("dgx1p"), "broadcast", 1 << 30, gpus=[0, 1, 2, 3, 4, 5, 6], verify=True)
     assert p.algorithm == "blink+host"
-    assert p.schedule.nchunks in (1920, 3840, 7680)
+    assert p.schedule.nchunks in (1920, 3840, 5760, 7680)
     assert 0.96 <= p.efficiency <= 1.001
     ranks, view = allocation(T.load("dgx1p"), [0, 1, 2, 3, 4, 5, 6])
     assert plan_blink(view, ranks, "broadcast", 1 << 30, host=True).nchunks == 1920   # uncut
