@@ -104,6 +104,10 @@ FINER = (2, 3, 4)
 FINER_COLLECTIVES = ("allreduce", "broadcast", "reduce")
 FINER_MIN_CHUNK = 64 << 10    # bytes: below this per-chunk latency outweighs finer pipelining
 FINER_MAX_INSTRUCTIONS = 72_000   # a cut schedule's simulation costs ~2.5 us per instruction
+# Cuts past the first are tried only below this of the bound: cutting 7-GPU DGX-1 allreduce
+# plans in three (69,000 instructions) lifted DGX-1V ones from 0.945-0.947 to 0.950-0.952,
+# but simulating it cost 0.15-0.3 s, which plans at 0.95-0.97 need not pay.
+FINER_MORE_BELOW = 0.95
 VERTEX_ALLREDUCE_UP_TO = 3  # allreduce tries the LP's vertex packing up to this many GPUs
 # Tree planners that take host routes, per collective. For allreduce, reduce-scatter +
 # allgather forests reach the cut bound, reduce/broadcast trees the tree bound; on DGX-1
@@ -300,15 +304,18 @@ def _integrated(view, ranks, collective, nbytes, root, inplace, best, trees_lead
 def _finer(best, view, nbytes, ranks, bound_busbw):
     """``best`` (of :data:`FINER_COLLECTIVES`) with each chunk cut into the first of
     :data:`FINER`, then the next, ... (:func:`~collectx.schedule.split.pipeline`) while each
-    simulates faster and the plan still lags :data:`RELAY_GATE` of ``bound_busbw``, as long as
-    chunks stay :data:`FINER_MIN_CHUNK` or more and the cut schedule has
-    :data:`FINER_MAX_INSTRUCTIONS` or fewer instructions."""
+    simulates faster and the plan still lags :data:`RELAY_GATE` of ``bound_busbw`` (past the
+    first cut, :data:`FINER_MORE_BELOW`), as long as chunks stay :data:`FINER_MIN_CHUNK` or
+    more and the cut schedule has :data:`FINER_MAX_INSTRUCTIONS` or fewer instructions."""
     name, schedule, _ = best
+    if schedule.collective not in FINER_COLLECTIVES or not bound_busbw:
+        return best
     unit = unit_bytes(schedule.collective, nbytes, schedule.nranks)
-    for k in FINER if schedule.collective in FINER_COLLECTIVES else ():
+    for i, k in enumerate(FINER):
+        gate = RELAY_GATE if i == 0 else FINER_MORE_BELOW
         if unit / (schedule.nchunks * k) < FINER_MIN_CHUNK or \
                 schedule.n_instructions * k > FINER_MAX_INSTRUCTIONS or \
-                not _worth_trying(schedule.collective, nbytes, best[2], bound_busbw, len(ranks)):
+                best[2].busbw_GBps >= gate * bound_busbw:
             break
         try:
             finer = pipeline(schedule, k)
