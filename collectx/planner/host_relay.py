@@ -36,10 +36,10 @@ Two kinds of plan use those PCIe paths, and the faster one (by simulation) wins:
    It is skipped when the trees of (1) already come within :data:`RELAY_GATE` of the bound.
 
 Either is kept only if it beats the direct plan alone. Where the winner still lags the gate,
-it is also tried with every chunk cut in two, then four (:func:`_finer`,
+it is also tried with every chunk cut in two, then three and four (:func:`_finer`,
 :func:`~collectx.schedule.split.pipeline`): packed trees fill and drain their pipelines in a
 few chunk times, and a mix of many equal trees splits its chunks many ways (DGX-1 allreduce
-plans below 0.95 of the reference: 19 / 16 -> 13 / 2 on DGX-1V / DGX-1P).
+plans below 0.95 of the reference: 19 / 16 -> 9 / 2 on DGX-1V / DGX-1P).
 
 Relays are tried only where they can pay: messages of at least :data:`MIN_BYTES`, a machine
 with CPUs and direct GPU links inside the allocation, a direct plan below :data:`RELAY_GATE`
