@@ -267,12 +267,12 @@ def _pcie_potential(view, ranks) -> float:
     return 1.0 - cut_rate(job_graph(direct, ranks), list(ranks))[0] / full if full > 0 else 0.0
 
 
-def _worth_trying(collective, nbytes, predicted, bound_busbw, n) -> bool:
+def _worth_trying(collective, nbytes, predicted, bound_busbw, n, gate=RELAY_GATE) -> bool:
     if collective not in COLLECTIVES or nbytes < MIN_BYTES or n < 2:
         return False
     if predicted is None or not bound_busbw:
         return False
-    return predicted.busbw_GBps < RELAY_GATE * bound_busbw
+    return predicted.busbw_GBps < gate * bound_busbw
 
 
 def _integrated(view, ranks, collective, nbytes, root, inplace, best, trees_lead=False,
@@ -308,14 +308,12 @@ def _finer(best, view, nbytes, ranks, bound_busbw):
     first cut, :data:`FINER_MORE_BELOW`), as long as chunks stay :data:`FINER_MIN_CHUNK` or
     more and the cut schedule has :data:`FINER_MAX_INSTRUCTIONS` or fewer instructions."""
     name, schedule, _ = best
-    if schedule.collective not in FINER_COLLECTIVES or not bound_busbw:
-        return best
     unit = unit_bytes(schedule.collective, nbytes, schedule.nranks)
-    for i, k in enumerate(FINER):
-        gate = RELAY_GATE if i == 0 else FINER_MORE_BELOW
+    for i, k in enumerate(FINER if schedule.collective in FINER_COLLECTIVES else ()):
         if unit / (schedule.nchunks * k) < FINER_MIN_CHUNK or \
                 schedule.n_instructions * k > FINER_MAX_INSTRUCTIONS or \
-                best[2].busbw_GBps >= gate * bound_busbw:
+                not _worth_trying(schedule.collective, nbytes, best[2], bound_busbw,
+                                  len(ranks), RELAY_GATE if i == 0 else FINER_MORE_BELOW):
             break
         try:
             finer = pipeline(schedule, k)
