@@ -102,7 +102,7 @@ FINER = (2, 3, 4)
 # the gate gained up to 0.013 of the bound, none crossed 0.95, and the slowest DGX-1 plan (an
 # allgather that only got slower cut) took 0.05 s more.
 FINER_COLLECTIVES = ("allreduce", "broadcast", "reduce")
-FINER_MIN_CHUNK = 64 << 10    # bytes: below this per-chunk latency outweighs finer pipelining
+FINER_MIN_CHUNK = 64 << 10    # bytes per instruction: below this per-step latency outweighs finer pipelining
 FINER_MAX_INSTRUCTIONS = 72_000   # a cut schedule's simulation costs ~2.5 us per instruction
 # Cuts past the first are tried only below this of the bound: cutting 7-GPU DGX-1 allreduce
 # plans in three (69,000 instructions) lifted DGX-1V ones from 0.945-0.947 to 0.950-0.952,
@@ -305,12 +305,14 @@ def _finer(best, view, nbytes, ranks, bound_busbw):
     """``best`` (of :data:`FINER_COLLECTIVES`) with each chunk cut into the first of
     :data:`FINER`, then the next, ... (:func:`~collectx.schedule.split.pipeline`) while each
     simulates faster and the plan still lags :data:`RELAY_GATE` of ``bound_busbw`` (past the
-    first cut, :data:`FINER_MORE_BELOW`), as long as chunks stay :data:`FINER_MIN_CHUNK` or
-    more and the cut schedule has :data:`FINER_MAX_INSTRUCTIONS` or fewer instructions."""
+    first cut, :data:`FINER_MORE_BELOW`), as long as instructions still move
+    :data:`FINER_MIN_CHUNK` or more (a chunk each, or the chunks of the schedule's ``stagger``
+    meta) and the cut schedule has :data:`FINER_MAX_INSTRUCTIONS` or fewer instructions."""
     name, schedule, _ = best
     unit = unit_bytes(schedule.collective, nbytes, schedule.nranks)
+    moved = unit * schedule.meta_dict().get("stagger", 1) / schedule.nchunks   # per instruction
     for i, k in enumerate(FINER if schedule.collective in FINER_COLLECTIVES else ()):
-        if unit / (schedule.nchunks * k) < FINER_MIN_CHUNK or \
+        if moved / k < FINER_MIN_CHUNK or \
                 schedule.n_instructions * k > FINER_MAX_INSTRUCTIONS or \
                 not _worth_trying(schedule.collective, nbytes, best[2], bound_busbw,
                                   len(ranks), RELAY_GATE if i == 0 else FINER_MORE_BELOW):

@@ -88,16 +88,32 @@ class TreeEmitter:
     their planned shares there only as transfers of their own (DGX-1V GPUs 0, 2, 3, 4, 6, 7
     allreduce: mixes of 19 and 28 equal trees ran at 0.86 / 0.91 of their rate with one lane
     per peer, 0.96 with lanes per tree).
+
+    ``stagger = w`` (2 or more) moves each tree's chunks in runs of ``w``, tree ``i``'s first
+    run ``i % w`` chunks long. Every transfer waits out its route's latency before it moves a
+    byte, and equal trees on lanes of their own move equal chunks in step: they all finish a
+    chunk together and leave the link idle together while the next ones start. Runs that end
+    a fraction of a run apart keep one lane moving while another starts. Planned on ``w``
+    times the chunks, the runs move what one chunk moved before.
     """
 
     def __init__(self, builder: ScheduleBuilder, sublanes: int = SUBLANES,
-                 tree_lanes: int = 1):
+                 tree_lanes: int = 1, stagger: int = 1):
         self.b = builder
         self.sublanes = sublanes
         self.tree_lanes = tree_lanes
+        self.stagger = stagger
         self._lane_keys: list[dict] = [{} for _ in range(builder.nranks)]
         self._items: list = []                      # (time, seq, rank, lane key, op, dst, srcs, deps)
         self._staged: dict = {}                     # (Ref, token) -> (host Ref, token)
+
+    def _runs(self, share, number: int) -> list:
+        """``[(first chunk, chunks)]`` the items of tree ``number`` (``share``) move one after
+        the other: one chunk each, or with :attr:`stagger` ``= w``, runs of ``w`` chunks, the
+        first one ``number % w`` chunks (see the class notes)."""
+        if self.stagger < 2:
+            return [(j, 1) for j in share.chunks]
+        return _piece_runs(share.chunks, self.stagger, number % self.stagger)
 
     def lane(self, rank: int, key) -> int:
         keys = self._lane_keys[rank]
@@ -122,8 +138,10 @@ class TreeEmitter:
         after = after or {}
         tree_key = self._tree_keys(shares)
         items = self._items
-        for share in shares:
-            root, m, staged = share.root, len(share.chunks), share.staged
+        for number, share in enumerate(shares):
+            root, staged = share.root, share.staged
+            pieces = self._runs(share, number)
+            m = len(pieces)
             if not m:
                 continue   # chunks by depth can leave a tree of a small message none
             step = 1.0 / m
@@ -131,10 +149,10 @@ class TreeEmitter:
             hops = [(p, c, ("down", p, root) if per_tree else ("down", p), (p, c) in staged)
                     for p, c in share.edges]
             keyed: dict = {}   # own lanes: the hops with each of the tree's lane keys
-            for i, j in enumerate(share.chunks):
+            for i, (j, width) in enumerate(pieces):
                 # node -> (token, time, Ref) of the item that brought it chunk j
                 start = after.get((root, j), (None, (i + 0.5) / m))
-                ready = {root: (*start, src(root, j, share))}
+                ready = {root: (*start, _widen(src(root, j, share), width))}
                 if own_lanes:
                     lanes = tree_key(share, i)
                     edges = keyed.get(lanes)
@@ -146,7 +164,7 @@ class TreeEmitter:
                 for p, c, key, via_host in edges:
                     token, tp, source = ready[p]
                     t = tp + step
-                    ref = dst(c, j, share)
+                    ref = dst(c, j, share) if width == 1 else _widen(dst(c, j, share), width)
                     if via_host:
                         seq = self._hop(t, m, share, p, c, key, ref, source, token)
                     else:   # _hop's direct copy without its staging test: most hops
@@ -167,11 +185,10 @@ class TreeEmitter:
         """
         tree_key = self._tree_keys(shares)
         for share in shares:
-            runs = _pieces(share.chunks)
+            runs = _piece_runs(share.chunks, 2, 1)
             m = len(runs)
             key = tree_key(share, 0) if own_lanes else ()
-            for i, run in enumerate(runs):
-                j, n = run[0], len(run)
+            for i, (j, n) in enumerate(runs):
                 ready = {share.root: (None, (i + 0.5) / m)}
                 for p, c in share.edges:
                     source = src(p, j, share) if p == share.root else dst(p, j, share)
@@ -189,22 +206,24 @@ class TreeEmitter:
         done = {}
         tree_key = self._tree_keys(shares)
         items, fresh, through = self._items, self.b.fresh, self._through_host
-        for share in shares:
-            m, root = len(share.chunks), share.root
+        for number, share in enumerate(shares):
+            pieces = self._runs(share, number)
+            m, root = len(pieces), share.root
             shape = _ReduceShape.of(share)
             keyed: dict = {}   # lanes of the tree -> each inner node's lane key
-            for i, j in enumerate(share.chunks):
+            for i, (j, width) in enumerate(pieces):
                 lanes = tree_key(share, i) if own_lanes else ()
                 keys = keyed.get(lanes)
                 if keys is None:
                     keys = keyed[lanes] = [node[3] + lanes for node in shape.inner]
                 partial: dict = {}
                 for u in shape.leaves:
-                    partial[u] = (contrib(u, j, share), None)
+                    partial[u] = (_widen(contrib(u, j, share), width), None)
                 # inner nodes, children first
                 for (u, kids, height, _, staged), key in zip(shape.inner, keys):
-                    own = contrib(u, j, share)
-                    dst = result(u, j, share) if u == root else fresh("scratch", u, own)
+                    own = _widen(contrib(u, j, share), width)
+                    dst = fresh("scratch", u, own) if u != root else \
+                        _widen(result(u, j, share), width)
                     t = (i + 0.5 + height) / m
                     srcs, tokens = [own], []
                     for c in kids:
@@ -352,14 +371,24 @@ class _ReduceShape:
         return cls(tuple(u for u in order if u not in kids), tuple(inner), top)
 
 
-def _pieces(chunks) -> list:
-    """Consecutive runs of two chunks, the first run one chunk (see staggered_broadcast)."""
+def _piece_runs(chunks, width: int, first: int) -> list:
+    """``[(first chunk, count)]``: consecutive ``chunks`` in runs of ``width``, the first run
+    ``first`` chunks long (none when 0).
+
+    >>> _piece_runs(range(5), 2, 1), _piece_runs(range(4), 2, 0)
+    ([(0, 1), (1, 2), (3, 2)], [(0, 2), (2, 2)])
+    """
     chunks = tuple(chunks)
-    return [chunks[:1]] + [chunks[a:a + 2] for a in range(1, len(chunks), 2)] if chunks else []
+    first = min(first, len(chunks))
+    head = [(chunks[0], first)] if first else []
+    return head + [(chunks[a], len(chunks[a:a + width])) for a in range(first, len(chunks), width)]
+
+
+_REF = tuple.__new__
 
 
 def _widen(ref: Ref, n: int) -> Ref:
-    return ref if n == 1 else Ref(ref.rank, ref.buf, ref.chunk, n)
+    return ref if n == 1 else _REF(Ref, (ref[0], ref[1], ref[2], n))
 
 
 def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool,

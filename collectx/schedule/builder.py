@@ -43,7 +43,7 @@ class ScheduleBuilder:
         self._scratch = [0] * nranks
         self._host = [0] * nranks
         self._fresh_units: dict = {}   # (buf, rank) -> first chunks of units fresh() reserved
-        self._fresh_next: dict = {}    # (buf, rank, chunk index) -> next of those units to use
+        self._fresh_next: dict = {}    # (buf, rank) -> per chunk index, next of those units to use
         self._meta: dict[str, Any] = {}
 
     # -- instructions ---------------------------------------------------------------------------
@@ -101,14 +101,16 @@ class ScheduleBuilder:
         (Ref(rank=0, buf='host', chunk=1, count=2), Ref(rank=0, buf='host', chunk=6, count=1))
         """
         i = like.chunk % self.nchunks
+        nexts = self._fresh_next.get((buf, rank))
+        if nexts is None:
+            nexts = self._fresh_next[buf, rank] = [0] * self.nchunks
         if like.count == 1:   # most calls: one index
-            k = self._fresh_next.get((buf, rank, i), 0)
-            self._fresh_next[buf, rank, i] = k + 1
-        else:
-            span = range(i, min(i + like.count, self.nchunks))   # a run holds each index
-            k = max(self._fresh_next.get((buf, rank, x), 0) for x in span)
-            for x in span:
-                self._fresh_next[buf, rank, x] = k + 1
+            k = nexts[i]
+            nexts[i] = k + 1
+        else:   # a run holds each index it covers
+            end = min(i + like.count, self.nchunks)
+            k = max(nexts[i:end])
+            nexts[i:end] = [k + 1] * (end - i)
         units = self._fresh_units.setdefault((buf, rank), [])
         while len(units) <= k:
             units.append(self.host(rank, 1) if buf == "host" else self.scratch(rank, 1))
