@@ -73,6 +73,25 @@ def test_flat_front_end_matches_the_graph_front_end(monkeypatch, name, gpus, col
 
 
 @needs_flat
+@pytest.mark.parametrize("name,gpus,coll", [("dgx1p", [0, 2, 3, 4, 6, 7], "allreduce"),
+                                            ("dgx1v", [1, 2, 3, 5, 6, 7], "broadcast"),
+                                            ("dgx2", None, "allgather")])
+def test_simulated_schedules_know_the_rank_pairs_their_instructions_name(name, gpus, coll):
+    # The pairs cost.link_class prices come from the flat front end once a schedule has been
+    # simulated, and must be those a walk over every instruction finds.
+    import importlib
+    from collectx.planner import cost, plan
+    sim = importlib.import_module("collectx.schedule.simulate")
+    G = topo.load(name)
+    p = plan(G, coll, 1 << 30, gpus=gpus, verify=False)
+    simulate(p.schedule, G, 1 << 30, ranks=list(p.ranks))
+    walked = {(other, rank) for rank, lanes in enumerate(p.schedule.lanes)
+              for other in cost._ranks_named(lanes) if other != rank}
+    assert sim.known_pairs(p.schedule) == walked and walked
+    assert sim.known_pairs(ScheduleBuilder("allreduce", 2, 1).build()) is None   # not run
+
+
+@needs_flat
 def test_flat_walk_numbers_nodes_and_edges_as_build_graph():
     import numpy as np
     from collectx import _native

@@ -48,13 +48,23 @@ def link_class(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ..
     """
     if topo is None:
         return "shm"
-    pairs = {(other, rank) for rank, rank_lanes in enumerate(schedule.lanes)
-             for other in _ranks_named(rank_lanes) if other != rank}
+    pairs = _known_pairs(schedule)
+    if pairs is None:
+        pairs = {(other, rank) for rank, rank_lanes in enumerate(schedule.lanes)
+                 for other in _ranks_named(rank_lanes) if other != rank}
     worst = 0
     for a, b in pairs:
         _, cls = widest_path(topo, ranks[a], ranks[b])
         worst = max(worst, LINK_ORDER.index(cls) if cls in LINK_ORDER else len(LINK_ORDER) - 1)
     return LINK_ORDER[worst] if pairs else "shm"
+
+
+def _known_pairs(schedule: Schedule):
+    try:   # the simulator keeps them for the schedules it just ran, like the critical path
+        from ..schedule.simulate import known_pairs
+    except ImportError:
+        return None
+    return known_pairs(schedule)
 
 
 def _ranks_named(rank_lanes) -> set:

@@ -31,12 +31,14 @@ PartsFn = Callable[[object, object], list]
 @dataclasses.dataclass
 class FlatTasks:
     """One task per instruction: ``arrays`` as ``cx_sim_graph`` takes them (CSR, int32 and
-    float64; ``part_bytes`` / ``part_class`` also serve link accounting), and ``longest``: the
-    instructions on the longest chain of dependent ones (-1: a cycle)."""
+    float64; ``part_bytes`` / ``part_class`` also serve link accounting), ``longest``: the
+    instructions on the longest chain of dependent ones (-1: a cycle), and ``pairs``:
+    ``(other, rank)`` wherever an instruction of ``rank`` names a buffer of another rank."""
 
     ntasks: int
     arrays: dict
     longest: int
+    pairs: frozenset = frozenset()
 
 
 def flat_tasks(s: Schedule, nodes: list, hosts: list, parts: PartsFn,
@@ -63,7 +65,17 @@ def flat_tasks(s: Schedule, nodes: list, hosts: list, parts: PartsFn,
         "part_off": part_off, "part_bytes": part_bytes, "part_class": part_class,
         "part_latency": part_latency, "member_off": every, "members": every[:n],
         "node_task": every[:n], "succ_off": succ_off, "succs": succs,
-        "npreds": np.diff(pred_off).astype(np.int32)}, got[-1])
+        "npreds": np.diff(pred_off).astype(np.int32)}, got[-1],
+        _pairs(rank, dst_rank, np.repeat(rank, np.diff(src_off)), src_rank, len(nodes)))
+
+
+def _pairs(rank, dst_rank, src_of, src_rank, nranks: int) -> frozenset:
+    """``{(other, rank)}`` over destinations and sources on another rank than the executing
+    one (``src_of``: the executing rank of each source)."""
+    other = np.concatenate([dst_rank, src_rank]).astype(np.int64)
+    mine = np.concatenate([rank, src_of]).astype(np.int64)
+    keys = np.unique(other[other != mine] * nranks + mine[other != mine])
+    return frozenset((int(k) // nranks, int(k) % nranks) for k in keys)
 
 
 @functools.lru_cache(maxsize=1)
