@@ -170,17 +170,20 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         units = _unit_mixes(packing, caps, n, nbytes, nchunks) \
             if host and lean and len(packing.trees) > 2 else []
         s = None
+        stagger = 1 if nchunks else STAGGER   # a chunk count asked for is one per instruction
         if not units or n < UNITS_ONLY_FROM:
             counted = _allreduce_counts(packing, caps, nbytes, n, nchunks)
-            s = _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbytes)
-        s = _equal_units_or(s, units, ranks, root, inplace, topo, nbytes)
+            s = _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbytes,
+                                   stagger)
+        s = _equal_units_or(s, units, ranks, root, inplace, topo, nbytes, stagger)
         unit = None if packing.balanced or host else pack_unit_spanning_trees(G, ranks)
         if unit is not None:
             # LP trees of unequal rates against fewer equal unit trees on their own lanes:
             # on mi250_16gcd three unit trees reach 0.82 of the reference where the LP's
             # trees reach 0.79, but with a lower packing rate, so the simulator decides.
             s = faster(s, _allreduce(unit, _allreduce_counts(unit, caps, nbytes, n, nchunks),
-                                     ranks, root, inplace, own=True), topo, nbytes, ranks)
+                                     ranks, root, inplace, own=True, stagger=stagger),
+                       topo, nbytes, ranks)
         return s
     return _rooted(G, topo, ranks, collective, nbytes, root, inplace, nchunks, host, lean)
 
@@ -268,13 +271,14 @@ def _rooted_plan(style, cands, packing, caps, collective, nbytes, wait, balance,
 
 
 def _lowered(collective, packing, counted, ranks, root, inplace, sublanes, own,
-             tree_lanes=1) -> Schedule:
+             tree_lanes=1, stagger=1) -> Schedule:
     """``collective`` over ``packing``'s trees with ``counted`` = (chunks, counts):
     ``sublanes`` lanes per link shared in pipeline order, or with ``own`` lanes of its own for
-    every tree, up to ``tree_lanes`` per link (see :meth:`TreeEmitter._tree_keys`)."""
+    every tree, up to ``tree_lanes`` per link (see :meth:`TreeEmitter._tree_keys`); with
+    ``stagger`` > 1 on that many times the chunks, in runs out of step (see
+    :class:`TreeEmitter`)."""
     nch, counts = counted
-    stagger = STAGGER if own and collective == "allreduce" else 1
-    if stagger > 1:   # the same runs of bytes, in runs of `stagger` chunks out of step
+    if stagger > 1:   # the same bytes per instruction, in runs of `stagger` chunks
         nch, counts = nch * stagger, [(t, c * stagger) for t, c in counts]
     shares = _shares(counts, {g: i for i, g in enumerate(ranks)}, up=collective == "reduce")
     b = ScheduleBuilder(collective, len(ranks), nch, root=root, inplace=inplace,
@@ -301,14 +305,16 @@ def _allreduce_counts(packing, caps, nbytes, n, nchunks) -> tuple[int, list]:
     return chunk_counts(packing, caps, cands, passes=2)
 
 
-def _allreduce(packing, counted, ranks, root, inplace, own=False, tree_lanes=1) -> Schedule:
+def _allreduce(packing, counted, ranks, root, inplace, own=False, tree_lanes=1,
+               stagger=1) -> Schedule:
     """Reduce up and broadcast down ``packing``'s trees (:func:`_lowered`): three lanes per
-    link, or lanes of its own for every tree."""
+    link, or lanes of its own for every tree (``stagger`` serves those only)."""
     return _lowered("allreduce", packing, counted, ranks, root, inplace, 1 if own else SUBLANES,
-                    own, tree_lanes)
+                    own, tree_lanes, stagger if own else 1)
 
 
-def _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbytes) -> Schedule:
+def _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbytes,
+                       stagger=1) -> Schedule:
     """:func:`_allreduce` on whichever lane layout the simulator finishes first.
 
     Trees of unequal rates (and PCIe-paced host hops): on many DGX-1 allocations a lane per
@@ -326,7 +332,7 @@ def _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbyte
     unequal = max(sizes) >= 1.5 * min(sizes)
     for lanes in ((1, TREE_LANES) if host else (TREE_LANES,)) if unequal else (1,):
         s = faster(s, _allreduce(packing, counted, ranks, root, inplace, own=True,
-                                 tree_lanes=lanes), topo, nbytes, ranks)
+                                 tree_lanes=lanes, stagger=stagger), topo, nbytes, ranks)
     return s
 
 
@@ -358,7 +364,8 @@ def _unit_mixes(packing, caps, n: int, nbytes: int, nchunks) -> list:
     return [(units, counted) for _, _, units, counted in scored[:most]]
 
 
-def _equal_units_or(s, units: list, ranks, root, inplace, topo, nbytes) -> Schedule:
+def _equal_units_or(s, units: list, ranks, root, inplace, topo, nbytes,
+                    stagger=1) -> Schedule:
     """``s`` (None: no plan yet), or an allreduce over a few trees of one equal rate from
     ``units`` (:func:`_unit_mixes`) where that simulates faster.
 
@@ -383,7 +390,7 @@ def _equal_units_or(s, units: list, ranks, root, inplace, topo, nbytes) -> Sched
     for packing, counted in units:
         if nbytes / (packing.rate * 1e3) >= best_us:
             continue   # the packing's own rate cannot beat the best plan so far
-        plan = _allreduce(packing, counted, ranks, root, inplace, own=True)
+        plan = _allreduce(packing, counted, ranks, root, inplace, own=True, stagger=stagger)
         found = simulated(plan, topo, nbytes, ranks)
         if found is None:
             return plan   # no simulator and no plan yet: the best-estimated mix
