@@ -85,8 +85,9 @@ UNIT_CHUNKS_UP_TO = 7
 TREE_LANES = 4                 # most lanes per link one allreduce tree gets with lanes of its own
 # Allreduce trees on lanes of their own move their chunks in runs of two, every other tree's
 # first run one chunk (TreeEmitter's stagger): equal trees no longer wait out their transfers'
-# latency in step. On the DGX-1 allocations with host edges, 333 of 392 allreduce plans got
-# faster, and those below 0.95 of the reference went from 9 / 2 to 4 / 0 (DGX-1V / DGX-1P).
+# latency in step. Over the 2 x 247 DGX-1 allocations 333 allreduce plans got faster (median
+# +0.005 of the reference, up to +0.027) and 22 slower (by 0.013 at most); those below 0.95
+# went from 9 / 2 to 4 / 0 (DGX-1V / DGX-1P). Runs of three, or four, lifted fewer.
 STAGGER = 2
 MAX_ROOTED_INSTRUCTIONS = 4096   # broadcast / reduce at 8 ranks (one per tree edge and chunk),
                                  # growing with n^2 (see chunking.instruction_budget)
@@ -170,7 +171,9 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         units = _unit_mixes(packing, caps, n, nbytes, nchunks) \
             if host and lean and len(packing.trees) > 2 else []
         s = None
-        stagger = 1 if nchunks else STAGGER   # a chunk count asked for is one per instruction
+        # A chunk count asked for is one per instruction. Without host edges staggering lifted
+        # no DGX-1 plan, and on dgx2 it made a losing candidate 0.3 s slower to simulate.
+        stagger = STAGGER if host and not nchunks else 1
         if not units or n < UNITS_ONLY_FROM:
             counted = _allreduce_counts(packing, caps, nbytes, n, nchunks)
             s = _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbytes,
@@ -182,8 +185,7 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
             # on mi250_16gcd three unit trees reach 0.82 of the reference where the LP's
             # trees reach 0.79, but with a lower packing rate, so the simulator decides.
             s = faster(s, _allreduce(unit, _allreduce_counts(unit, caps, nbytes, n, nchunks),
-                                     ranks, root, inplace, own=True, stagger=stagger),
-                       topo, nbytes, ranks)
+                                     ranks, root, inplace, own=True), topo, nbytes, ranks)
         return s
     return _rooted(G, topo, ranks, collective, nbytes, root, inplace, nchunks, host, lean)
 
