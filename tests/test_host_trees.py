@@ -7,7 +7,7 @@ import pytest
 import collectx.topology as T
 from collectx.planner import plan
 from collectx.planner.api import allocation
-from collectx.planner import blink
+from collectx.planner import blink, forest
 from collectx.planner.blink import plan_blink
 from collectx.planner.bounds import bounds
 from collectx.planner.edge_split import LinkIndex, host_routes, job_graph, simulator_routes
@@ -289,6 +289,18 @@ def test_equal_allreduce_trees_move_staggered_runs_out_of_step(monkeypatch):
     in_step = plan(DGX1V, "allreduce", 1 << 30, gpus=gpus, verify=False)
     assert "stagger" not in in_step.schedule.meta_dict()
     assert p.efficiency >= in_step.efficiency + 0.01
+
+
+def test_allgather_mix_of_equal_trees_moves_staggered_runs(monkeypatch):
+    # DGX-1V GPUs 1, 2, 3, 4, 6, 7: the equal-tree mix on lanes per link, in runs of two
+    # chunks out of step from tree to tree, 0.948 of the bound (one chunk at a time: 0.942).
+    gpus = [1, 2, 3, 4, 6, 7]
+    p = plan(DGX1V, "allgather", 1 << 30, gpus=gpus, verify=True)
+    assert p.algorithm == "forest+host" and p.schedule.meta_dict()["stagger"] == 2
+    monkeypatch.setattr(forest, "MIX_STAGGER", 1)
+    in_step = plan(DGX1V, "allgather", 1 << 30, gpus=gpus, verify=False)
+    assert "stagger" not in in_step.schedule.meta_dict()
+    assert p.efficiency > in_step.efficiency + 0.003
 
 
 def test_forest_allgather_with_host_edges_mixes_more_trees_per_root_where_it_lags():

@@ -64,6 +64,12 @@ WIDE_BELOW = 0.95
 WIDE_MIXES = 2
 WIDE_CHUNKS = 256
 WIDE_UP_TO = 7   # ranks: the full DGX-1s gained nothing from them and planned in 1.0 s, not 0.7
+# The equal-tree mix of an allgather with host edges moves runs of this many chunks, out of
+# step from tree to tree (TreeEmitter's stagger), on as many times the chunks: of the 392
+# DGX-1 allgathers with host edges 82 got faster and 7 slower (by 0.009 at most); the three
+# below 0.95 rose by 0.003-0.006. Staggering the wider mixes on lanes per root lost more
+# than it won.
+MIX_STAGGER = 2
 
 
 def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
@@ -240,15 +246,20 @@ def _shallow_or(s: Schedule, packed: dict, nbytes: int, ranks: tuple, inplace: b
 
 def _schedule(packed: dict, collective: str, nbytes: int, ranks: tuple, inplace: bool,
               nchunks, per_tree: bool | None = None, sublanes: int = SUBLANES,
-              counted: tuple | None = None) -> Schedule:
+              counted: tuple | None = None, stagger: int = 1) -> Schedule:
     """``counted``: :func:`_counts` of these arguments, when the caller has it already."""
     n = len(ranks)
     at = {g: i for i, g in enumerate(ranks)}
     per_root, counts = counted or _counts(packed, collective, nbytes, n, nchunks)
+    if stagger > 1:
+        per_root = per_root * stagger
+        counts = {k: [(t, c * stagger) for t, c in v] for k, v in counts.items()}
     ag, rs = (counts.get(k) for k in ("allgather", "reduce_scatter"))
     nch = per_root * n if collective == "allreduce" else per_root
     b = ScheduleBuilder(collective, n, nch, inplace=inplace, algorithm="forest")
-    em = TreeEmitter(b, sublanes)
+    em = TreeEmitter(b, sublanes, stagger=stagger)
+    if stagger > 1:
+        b.meta("stagger", stagger)
     trees_meta: list = []
     # Equal-rate allgather forests move each tree's transfers on their own lanes (see
     # TreeEmitter.broadcast). Allreduce keeps lanes per link: there each broadcast starts as
@@ -289,15 +300,16 @@ def _equal_units_or(s: Schedule, packed: tuple, ranks, inplace, nchunks, topo,
     packing, caps = packed
     if len(packing.trees) <= len(ranks):
         return s   # one tree per root: nothing to even out
-    def plan(units, q, counts, per_tree):
+    def plan(units, q, counts, per_tree, stagger=1):
         return _schedule({"allgather": (units, caps)}, "allgather", nbytes, ranks, inplace, q,
                          per_tree=per_tree, sublanes=1 if per_tree else SUBLANES,
-                         counted=(q, {"allgather": counts}))
+                         counted=(q, {"allgather": counts}), stagger=stagger)
 
     for k, units in most_kept(equal_unit_mixes(packing, caps, UNIT_TREES))[:1]:
         q, counts = (nchunks, largest_remainder(units, nchunks)) if nchunks else \
-            whole_per_tree(units, k, s.nchunks)
-        s = faster(s, plan(units, q, counts, False), topo, nbytes, ranks)
+            whole_per_tree(units, k, s.nchunks // s.meta_dict().get("stagger", 1))
+        s = faster(s, plan(units, q, counts, False, 1 if nchunks else MIX_STAGGER), topo,
+                   nbytes, ranks)
     if nchunks or not wide or len(ranks) > WIDE_UP_TO or \
             not _lags(s, packing.rate, topo, nbytes, ranks):
         return s
