@@ -83,11 +83,12 @@ UNITS_ONLY_FROM = 6
 UNIT_CHUNKS = 4
 UNIT_CHUNKS_UP_TO = 7
 TREE_LANES = 4                 # most lanes per link one allreduce tree gets with lanes of its own
-# Allreduce trees on lanes of their own move their chunks in runs of two, every other tree's
-# first run one chunk (TreeEmitter's stagger): equal trees no longer wait out their transfers'
-# latency in step. Over the 2 x 247 DGX-1 allocations 333 allreduce plans got faster (median
-# +0.005 of the reference, up to +0.027) and 22 slower (by 0.013 at most); those below 0.95
-# went from 9 / 2 to 4 / 0 (DGX-1V / DGX-1P). Runs of three, or four, lifted fewer.
+# Allreduce trees with host edges on lanes of their own move their chunks in runs of two,
+# every other tree's first run one chunk (TreeEmitter's stagger): equal trees no longer wait
+# out their transfers' latency in step. Over the 2 x 247 DGX-1 allocations 333 allreduce
+# plans got faster (median +0.005 of the reference, up to +0.027) and 22 slower (by 0.013 at
+# most); those below 0.95 went from 9 / 2 to 4 / 0 (DGX-1V / DGX-1P). Runs of three, or
+# four, lifted fewer.
 STAGGER = 2
 MAX_ROOTED_INSTRUCTIONS = 4096   # broadcast / reduce at 8 ranks (one per tree edge and chunk),
                                  # growing with n^2 (see chunking.instruction_budget)

@@ -102,7 +102,8 @@ FINER = (2, 3, 4)
 # the gate gained up to 0.013 of the bound, none crossed 0.95, and the slowest DGX-1 plan (an
 # allgather that only got slower cut) took 0.05 s more.
 FINER_COLLECTIVES = ("allreduce", "broadcast", "reduce")
-FINER_MIN_CHUNK = 64 << 10    # bytes per instruction: below this per-step latency outweighs finer pipelining
+FINER_MIN_CHUNK = 64 << 10    # bytes per instruction: below this per-step latency outweighs
+                              # finer pipelining
 FINER_MAX_INSTRUCTIONS = 72_000   # a cut schedule's simulation costs ~2.5 us per instruction
 # Cuts past the first are tried only below this of the bound: cutting 7-GPU DGX-1 allreduce
 # plans in three (69,000 instructions) lifted DGX-1V ones from 0.945-0.947 to 0.950-0.952,

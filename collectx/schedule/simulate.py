@@ -101,7 +101,7 @@ def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
     result, longest, pairs = _simulate(s, nodes, routes, nbytes, dtype_size, native)
     while len(_SEEN) >= _SEEN_LIMIT:
         del _SEEN[next(iter(_SEEN))]   # the oldest
-    _SEEN[key] = (s, result, longest, pairs)   # the entry keeps its schedule alive: ids stay unique
+    _SEEN[key] = (s, result, longest, pairs)   # keeps its schedule alive: ids stay unique
     return result
 
 
