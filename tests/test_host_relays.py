@@ -248,6 +248,19 @@ def test_cpu_executor_runs_relayed_schedules(monkeypatch, nranks):
     assert collectx.launch(W.run_cases, nranks, args=(cases,), timeout=300) == [[]] * nranks
 
 
+def test_cpu_executor_runs_staggered_tree_plans(monkeypatch):
+    # Six DGX-1V ranks at 16 MiB: allgather and allreduce plans whose trees move runs of two
+    # chunks, every other tree's first run one chunk, through host memory; results must match
+    # numpy at a size that does not split evenly.
+    monkeypatch.setenv("COLLECTX_TOPO_FILE", "dgx1v")
+    for coll in ("allgather", "allreduce"):
+        s = make_schedule(DGX1V, coll, 6, 16 << 20)
+        assert s.uses_host and s.meta_dict().get("stagger") == 2, coll
+    n = (16 << 20) // 4 // 6 + 3
+    cases = [("allgather", "float32", "sum", n, 0, 11), ("allreduce", "float32", "sum", n, 0, 12)]
+    assert collectx.launch(W.run_cases, 6, args=(cases,), timeout=300) == [[]] * 6
+
+
 @pytest.mark.parametrize("make", [T.ring, T.fully_connected, T.switch])
 def test_fabrics_without_cpus_never_get_relays(make):
     for n in range(1, 17):
