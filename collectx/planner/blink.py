@@ -287,8 +287,6 @@ def _lowered(collective, packing, counted, ranks, root, inplace, sublanes, own,
     b = ScheduleBuilder(collective, len(ranks), nch, root=root, inplace=inplace,
                         algorithm="blink")
     em = TreeEmitter(b, sublanes, tree_lanes=tree_lanes, stagger=stagger)
-    if stagger > 1:
-        b.meta("stagger", stagger)   # chunks most instructions move
     _EMIT[collective](b, em, shares, sublanes == 2 and collective == "broadcast", own)
     return _finish(b, em, shares, packing)
 

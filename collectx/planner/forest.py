@@ -258,8 +258,6 @@ def _schedule(packed: dict, collective: str, nbytes: int, ranks: tuple, inplace:
     nch = per_root * n if collective == "allreduce" else per_root
     b = ScheduleBuilder(collective, n, nch, inplace=inplace, algorithm="forest")
     em = TreeEmitter(b, sublanes, stagger=stagger)
-    if stagger > 1:
-        b.meta("stagger", stagger)
     trees_meta: list = []
     # Equal-rate allgather forests move each tree's transfers on their own lanes (see
     # TreeEmitter.broadcast). Allreduce keeps lanes per link: there each broadcast starts as

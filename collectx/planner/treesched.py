@@ -94,7 +94,8 @@ class TreeEmitter:
     byte, and equal trees on lanes of their own move equal chunks in step: they all finish a
     chunk together and leave the link idle together while the next ones start. Runs that end
     a fraction of a run apart keep one lane moving while another starts. Planned on ``w``
-    times the chunks, the runs move what one chunk moved before.
+    times the chunks, the runs move what one chunk moved before. The schedule records ``w``
+    as its ``stagger`` meta.
     """
 
     def __init__(self, builder: ScheduleBuilder, sublanes: int = SUBLANES,
@@ -103,6 +104,8 @@ class TreeEmitter:
         self.sublanes = sublanes
         self.tree_lanes = tree_lanes
         self.stagger = stagger
+        if stagger > 1:
+            builder.meta("stagger", stagger)   # chunks most instructions move
         self._lane_keys: list[dict] = [{} for _ in range(builder.nranks)]
         self._items: list = []                      # (time, seq, rank, lane key, op, dst, srcs, deps)
         self._staged: dict = {}                     # (Ref, token) -> (host Ref, token)

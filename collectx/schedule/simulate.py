@@ -186,10 +186,8 @@ def known_steps(s: Schedule) -> int | None:
     prices the winner. Building the graph again for it cost as much as the simulation's whole
     front end (0.05 s for a 40,000-instruction schedule).
     """
-    for seen, _, longest, _ in _SEEN.values():
-        if seen is s and longest >= 0:
-            return longest
-    return None
+    longest = _seen(s, 2)
+    return longest if longest is not None and longest >= 0 else None
 
 
 def known_pairs(s: Schedule) -> frozenset | None:
@@ -197,9 +195,14 @@ def known_pairs(s: Schedule) -> frozenset | None:
     ``other``, when one of the last :data:`_SEEN_LIMIT` simulations read ``s`` flat, else None
     (:func:`collectx.planner.cost.link_class` prices the routes between them; walking a cut
     schedule's 70,000 instructions for them cost 0.01 s)."""
-    for seen, _, _, pairs in _SEEN.values():
-        if seen is s and pairs is not None:
-            return pairs
+    return _seen(s, 3)
+
+
+def _seen(s: Schedule, field: int):
+    """Field ``field`` of ``s``'s entry in :data:`_SEEN` (any size it ran at), or None."""
+    for entry in _SEEN.values():
+        if entry[0] is s:
+            return entry[field]
     return None
 
 

@@ -93,15 +93,9 @@ def pipeline(s: Schedule, k: int) -> Schedule:
         lanes = _pipeline_lanes(s, k)
     else:
         lanes, single = done
-        if not single and _CHECKED.get(id(s)) is not s:
+        if not single:
             _check_pipelinable(s)   # runs of several chunks must line up
-            while len(_CHECKED) >= 4:
-                del _CHECKED[next(iter(_CHECKED))]   # the oldest
-            _CHECKED[id(s)] = s   # planners cut one schedule two, three, four ways
     return dataclasses.replace(s, nchunks=s.nchunks * k, lanes=lanes)
-
-
-_CHECKED: dict = {}   # id -> schedule that passed _check_pipelinable (kept alive: ids stay unique)
 
 
 def _pipeline_lanes(s: Schedule, k: int) -> tuple:
@@ -139,7 +133,21 @@ def _native_cutter():
 
 
 def _check_pipelinable(s: Schedule) -> None:
-    """Raise ScheduleError unless :func:`pipeline` may cut ``s`` (see there)."""
+    """Raise ScheduleError unless :func:`pipeline` may cut ``s`` (see there). Planners cut one
+    schedule two, three and four ways: the last few that passed are remembered."""
+    if _PASSED.get(id(s)) is s:
+        return
+    _check_runs(s)
+    while len(_PASSED) >= 4:
+        del _PASSED[next(iter(_PASSED))]   # the oldest
+    _PASSED[id(s)] = s   # kept alive, so ids stay unique
+
+
+_PASSED: dict = {}   # id -> schedule that passed _check_pipelinable
+
+
+def _check_runs(s: Schedule) -> None:
+    """:func:`_check_pipelinable`'s walk over every instruction."""
     written: set = set()
     runs: set = set()
     for rl in s.lanes:
