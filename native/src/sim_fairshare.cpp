@@ -7,8 +7,14 @@
 // and finishes with its last flow, which may start successor tasks. Flows of one route class
 // always share one rate, so each active class keeps a *served* counter (bytes every one of its
 // flows has moved) and a min-heap of the counter values at which its flows end: an event costs
-// O(active classes). Rates are recomputed by progressive filling at every event. Planning
-// simulates thousands of events per schedule; in Python that was most of the planning time.
+// O(active classes). Planning simulates thousands of events per schedule; in Python that was
+// most of the planning time.
+//
+// Rates: a class whose resources no other class of the graph crosses (an NVLink route, say) is
+// always alone, so its flows share its bottleneck: its rate is updated on the spot whenever its
+// flow count changes. The other classes are rated together by progressive filling, and only
+// after an event that changed one of them (activated, left, or its count moved), since their
+// rates depend on nothing else. On tree plans most events touch alone classes only.
 //
 // The floating-point operations and their order per quantity match the Python code (the
 // filling is order-independent: every per-resource and per-class quantity is updated on its
@@ -42,7 +48,9 @@ class Sim {
       : g_(g), cls_(g->nclasses), users_(g->nres, 0), left_(g->nres, 0.0),
         crossing_(g->nres), flows_left_(g->ntasks, 0), started_(g->ntasks, 0),
         waiting_(g->npreds, g->npreds + g->nnodes), rate_(g->nclasses, 0.0),
-        rated_(g->nclasses, 0) {}
+        rated_(g->nclasses, 0), alone_(g->nclasses, 0), bottleneck_(g->nclasses, 0.0) {
+    find_alone_classes();
+  }
 
   int run(double* time_us, int* start_order, int* nstarted) {
     order_out_ = start_order;
@@ -54,7 +62,7 @@ class Sim {
         if (!pending_.empty()) now_ = pending_.top().first;
         continue;
       }
-      fill();
+      if (shared_dirty_) fill();
       double step = 0.0;
       bool first = true;
       for (int c : active_) {
@@ -122,6 +130,7 @@ class Sim {
       }
       s.ends.push({s.served + size_[f], f});
       s.count += 1;
+      count_changed(c);
     }
   }
 
@@ -141,22 +150,61 @@ class Sim {
       if (s.ends.empty()) {  // the class leaves the active set, keeping the others' order
         s.active = false;
         s.count = 0;
+        if (!alone_[c]) shared_dirty_ = true;
         active_.erase(active_.begin() + static_cast<long>(i));
       } else {
-        s.count = static_cast<int>(s.ends.size());
+        int count = static_cast<int>(s.ends.size());
+        if (count != s.count) {
+          s.count = count;
+          count_changed(c);
+        }
         ++i;
       }
     }
     for (int f : done_) on_done(f);  // may queue flows; never re-enters advance
   }
 
+  // Classes used by some flow whose resources no other such class crosses, and their
+  // bottleneck capacities.
+  void find_alone_classes() {
+    std::vector<char> used(g_->nclasses, 0);
+    for (int p = 0; p < g_->part_off[g_->ntasks]; ++p) used[g_->part_class[p]] = 1;
+    std::vector<int> crossers(g_->nres, 0);
+    for (int c = 0; c < g_->nclasses; ++c)
+      if (used[c])
+        for (const int* r = route_begin(c); r != route_end(c); ++r) ++crossers[*r];
+    for (int c = 0; c < g_->nclasses; ++c) {
+      bool alone = used[c];
+      double cap = g_->capacity[*route_begin(c)];
+      for (const int* r = route_begin(c); r != route_end(c); ++r) {
+        alone = alone && crossers[*r] == 1;
+        cap = std::min(cap, g_->capacity[*r]);
+      }
+      alone_[c] = alone;
+      bottleneck_[c] = cap;
+    }
+  }
+
+  // Class c's flow count moved (it may have just become active).
+  void count_changed(int c) {
+    if (alone_[c])
+      rate_[c] = bottleneck_[c] / cls_[c].count;
+    else
+      shared_dirty_ = true;
+  }
+
   const int* route_begin(int c) const { return g_->class_res + g_->class_off[c]; }
   const int* route_end(int c) const { return g_->class_res + g_->class_off[c + 1]; }
 
-  // progressive_fill of _fairshare.py over the active classes weighted by their flow counts.
+  // progressive_fill of _fairshare.py over the active classes weighted by their flow counts
+  // (the classes that are always alone keep the rates count_changed gave them).
   void fill() {
+    shared_dirty_ = false;
     busy_.clear();
-    for (int c : active_) {
+    shared_.clear();
+    for (int c : active_)
+      if (!alone_[c]) shared_.push_back(c);
+    for (int c : shared_) {
       rated_[c] = 0;
       for (const int* r = route_begin(c); r != route_end(c); ++r) {
         if (crossing_[*r].empty()) busy_.push_back(*r);
@@ -164,7 +212,7 @@ class Sim {
         crossing_[*r].push_back(c);
       }
     }
-    for (int c : active_) {
+    for (int c : shared_) {
       // A class alone on every resource it crosses gets its bottleneck's capacity.
       const int* b = route_begin(c);
       const int* e = route_end(c);
@@ -223,7 +271,7 @@ class Sim {
   std::vector<int> users_;
   std::vector<double> left_;
   std::vector<std::vector<int>> crossing_;
-  std::vector<int> busy_, live_, full_, done_;
+  std::vector<int> busy_, live_, full_, done_, shared_;
   std::vector<double> size_;
   std::vector<int> fcls_, ftask_;
   std::vector<int> flows_left_;
@@ -231,6 +279,9 @@ class Sim {
   std::vector<int> waiting_;
   std::vector<double> rate_;
   std::vector<char> rated_;
+  std::vector<char> alone_;          // class never shares a resource with another class
+  std::vector<double> bottleneck_;   // least capacity on the class's route
+  bool shared_dirty_ = true;         // a class that shares resources changed since fill()
   MinHeap pending_;
   double now_ = 0.0;
   int* order_out_ = nullptr;
