@@ -310,6 +310,18 @@ def _compiled_module(lib_dir: Path | None = None):
     return _fastpath if getattr(_fastpath, "API", None) == _FASTPATH_API else None
 
 
+@functools.lru_cache(maxsize=None)
+def compiled_helper(name: str):
+    """``collectx._fastpath.<name>`` (one of the planner's loops in C), or None when the
+    compiled module or that function is missing: looked up once per process and name (a
+    failed import searches the file system every time), so callers fall back to Python."""
+    try:
+        module = _compiled_module()
+    except Exception:  # no compiled module, or no library to find it beside
+        return None
+    return getattr(module, name, None)
+
+
 def _module_beside(folder: Path):
     import importlib.machinery
     import importlib.util

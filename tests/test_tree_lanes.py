@@ -78,3 +78,43 @@ def test_the_lane_limit_matches_both_native_executors():
                          ("cx_cuda_exec.h", "CX_CUDA_MAX_LANES")):
         found = re.search(rf"#define {name} (\d+)", (include / header).read_text())
         assert found and int(found.group(1)) == MAX_LANES, header
+
+
+def _plans_of_tree_emitters():
+    """Tree plans that exercise every kind of lane key: shared and per-root lanes, trees with
+    lanes of their own, staggered runs, staged copies through host memory, and (the full
+    DGX-1V allreduce: 91 keys on a rank) more keys than lanes."""
+    from collectx.planner import plan
+    G = topo.load("dgx1v")
+    return [plan(G, coll, 1 << 30, gpus=gpus, verify=False).schedule
+            for coll, gpus in (("allreduce", [0, 2, 3, 4, 5, 7]), ("allgather", [0, 1, 3, 4, 5, 7]),
+                               ("broadcast", [0, 1, 2, 3, 5, 6, 7]), ("allreduce", None))]
+
+
+def test_the_c_dealer_emits_what_the_python_loop_emits(monkeypatch):
+    import pytest
+
+    import collectx.planner.treesched as ts
+    if ts.compiled_helper("emit_lanes") is None:
+        pytest.skip("no compiled collectx._fastpath")
+    native = _plans_of_tree_emitters()
+    assert any(s.uses_host for s in native) and any(s.meta_dict().get("stagger") for s in native)
+    monkeypatch.setattr(ts, "compiled_helper", lambda name: None)
+    assert [s.to_dict() for s in _plans_of_tree_emitters()] == [s.to_dict() for s in native]
+
+
+def test_the_c_dealer_refuses_an_item_waiting_for_a_later_one():
+    import pytest
+
+    from collectx.planner.treesched import ONE_LANE_TAGS, compiled_helper
+    from collectx.schedule.ir import Dep, Instr, Ref
+    deal = compiled_helper("emit_lanes")
+    if deal is None:
+        pytest.skip("no compiled collectx._fastpath")
+    ref = Ref(0, "output", 0)
+    items = [(0.0, 1, 0, ("down", 0), "copy", ref, (ref,), (0,)),
+             (1.0, 0, 1, ("down", 0), "copy", ref, (ref,), ())]
+    with pytest.raises(ValueError, match="names no item appended before"):
+        deal(items, [[], []], [{}, {}], 3, 64, ONE_LANE_TAGS, Instr, Dep)
+    with pytest.raises(ValueError, match="new seq"):
+        deal([items[1], items[1]], [[], []], [{}, {}], 3, 64, ONE_LANE_TAGS, Instr, Dep)

@@ -26,8 +26,9 @@ from typing import Callable
 
 import networkx as nx
 
+from .._native import compiled_helper
 from ..schedule.builder import ScheduleBuilder
-from ..schedule.ir import MAX_LANES, Ref   # more lane keys than MAX_LANES share lanes
+from ..schedule.ir import MAX_LANES, Dep, Instr, Ref   # more lane keys than MAX_LANES share lanes
 from .edge_split import LinkIndex, host_routes, simulator_routes
 from .integral_trees import pack_unit_trees
 from .switch_trees import pack_switch_trees
@@ -41,6 +42,7 @@ RefFn = Callable[[int, int, "Share"], Ref]   # (rank, chunk, share) -> Ref
 # Emitted items are (time, sequence number, ...), appended in sequence order: a stable sort by
 # time alone orders them by (time, sequence), three times faster than sorting on both.
 _BY_TIME = itemgetter(0)
+ONE_LANE_TAGS = ("host up", "host down")   # keys of copies to and from host memory: one lane
 
 
 @dataclass(frozen=True)
@@ -243,9 +245,18 @@ class TreeEmitter:
         return done
 
     def flush(self) -> None:
-        """Append every collected item to the builder, earliest first."""
+        """Append every collected item to the builder, earliest first: the items of one
+        (rank, lane key) dealt round-robin over the key's sublanes (:meth:`_slot_lane`), each
+        waiting for the instructions its tokens name. ``collectx._fastpath.emit_lanes`` runs
+        the loop in C when it is built (the same instructions, lanes and lane numbers)."""
         items = self._items
         items.sort(key=_BY_TIME)
+        native = compiled_helper("emit_lanes")
+        if native is not None:
+            native(items, self.b._lanes, self._lane_keys, self.sublanes, MAX_LANES,
+                   ONE_LANE_TAGS, Instr, Dep)
+            items.clear()
+            return
         dep_of: list = [None] * len(items)   # item sequence number -> its Dep
         fixed: dict = {}   # (rank, key) -> lane, for keys of one sublane
         slots: dict = {}   # (rank, key) -> [items so far, {sublane: lane}, sublanes]
@@ -272,7 +283,7 @@ class TreeEmitter:
             # Copies up to host memory keep one lane per peer (and tree, where trees have
             # lanes of their own): more concurrent ones only split the PCIe uplink among
             # more transfers, and the pipeline order is the one wanted.
-            one = key[0] in ("host up", "host down")
+            one = key[0] in ONE_LANE_TAGS
             slot = slots[rank, key] = [0, {}, 1 if one else self.sublanes]
         sub = slot[0] % slot[2]
         slot[0] += 1

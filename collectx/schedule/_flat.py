@@ -17,7 +17,6 @@ C pass does not recognise (a malformed one, which the Python path then names) re
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Callable
 
 import numpy as np
@@ -78,16 +77,10 @@ def _pairs(rank, dst_rank, src_of, src_rank, nranks: int) -> frozenset:
     return frozenset((int(k) // nranks, int(k) % nranks) for k in keys)
 
 
-@functools.lru_cache(maxsize=1)
 def _walker():
-    """``collectx._fastpath.schedule_arrays``, or None: looked up once per process (a failed
-    import searches the file system every time)."""
-    try:
-        from .. import _native
-        module = _native._compiled_module()
-    except Exception:  # no compiled module, or no library to find it beside: the Python path
-        return None
-    return getattr(module, "schedule_arrays", None)
+    """``collectx._fastpath.schedule_arrays``, or None."""
+    from .._native import compiled_helper
+    return compiled_helper("schedule_arrays")
 
 
 def _places(nodes: list, hosts: list) -> tuple[list, np.ndarray, np.ndarray]:

@@ -17,7 +17,6 @@ rank, so the two never wait for each other.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import numpy as np
 
@@ -120,16 +119,10 @@ def _pipeline_lanes(s: Schedule, k: int) -> tuple:
     return tuple(tuple(Lane(pieces(lane.instrs)) for lane in rl) for rl in s.lanes)
 
 
-@functools.lru_cache(maxsize=1)
 def _native_cutter():
-    """``collectx._fastpath.pipeline_lanes`` (:func:`pipeline`'s cutting, in C), or None:
-    looked up once per process."""
-    try:
-        from .. import _native
-        module = _native._compiled_module()
-    except Exception:  # no compiled module, or no library to find it beside: the Python path
-        return None
-    return getattr(module, "pipeline_lanes", None)
+    """``collectx._fastpath.pipeline_lanes`` (:func:`pipeline`'s cutting, in C), or None."""
+    from .._native import compiled_helper
+    return compiled_helper("pipeline_lanes")
 
 
 def _check_pipelinable(s: Schedule) -> None:

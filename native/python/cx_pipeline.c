@@ -21,19 +21,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "cx_named.h"
 #include "cx_pipeline.h"
-
-/* A named tuple of type ``type`` holding ``n`` new references (stolen); NULL on failure,
- * with the references released. */
-static PyObject* named(PyTypeObject* type, PyObject** items, Py_ssize_t n) {
-  PyObject* t = type->tp_alloc(type, n);
-  if (t == NULL) {
-    for (Py_ssize_t i = 0; i < n; ++i) Py_XDECREF(items[i]);
-    return NULL;
-  }
-  for (Py_ssize_t i = 0; i < n; ++i) PyTuple_SET_ITEM(t, i, items[i]);
-  return t;
-}
 
 /* Whether ``ref`` is a 4-tuple naming a run of one or more chunks from a non-negative index;
  * clears *single when the run is longer than one chunk. */
@@ -57,13 +46,7 @@ static PyObject* ref_piece(PyTypeObject* Ref, PyObject* ref, long k, long j) {
   PyObject* items[4] = {Py_NewRef(PyTuple_GET_ITEM(ref, 0)), Py_NewRef(PyTuple_GET_ITEM(ref, 1)),
                         PyLong_FromLong(chunk * k + j * count),
                         Py_NewRef(PyTuple_GET_ITEM(ref, 3))};
-  if (items[2] == NULL) {
-    Py_DECREF(items[0]);
-    Py_DECREF(items[1]);
-    Py_DECREF(items[3]);
-    return NULL;
-  }
-  return named(Ref, items, 4);
+  return cx_named(Ref, items, 4);
 }
 
 /* Piece j of dependency ``dep``: index * k + j, rank and lane shared. */
@@ -72,12 +55,7 @@ static PyObject* dep_piece(PyTypeObject* Dep, PyObject* dep, long k, long j) {
   if (index == -1 && PyErr_Occurred()) return NULL;
   PyObject* items[3] = {Py_NewRef(PyTuple_GET_ITEM(dep, 0)), Py_NewRef(PyTuple_GET_ITEM(dep, 1)),
                         PyLong_FromLong(index * k + j)};
-  if (items[2] == NULL) {
-    Py_DECREF(items[0]);
-    Py_DECREF(items[1]);
-    return NULL;
-  }
-  return named(Dep, items, 3);
+  return cx_named(Dep, items, 3);
 }
 
 /* 1 when ``ins`` is a copy/reduce Instr with well-formed refs (see run_ref) and deps
@@ -126,7 +104,9 @@ static PyObject* instr_piece(PyTypeObject* Instr, PyTypeObject* Ref, PyTypeObjec
     for (int i = 0; i < 6; ++i) Py_XDECREF(items[i]);
     return NULL;
   }
-  return named(Instr, items, 6);
+  cx_untrack_atomic(items[2]);
+  cx_untrack_atomic(items[3]);
+  return cx_named(Instr, items, 6);
 }
 
 /* The pieces of one lane's instructions, as a new Lane; NULL on error, Py_None (new
@@ -157,7 +137,7 @@ static PyObject* lane_pieces(PyObject* lane, long k, PyTypeObject* Instr, PyType
     }
   Py_DECREF(instrs);
   if (out == NULL) return NULL;
-  PyObject* result = PyObject_CallOneArg(Lane, out);
+  PyObject* result = PyObject_CallOneArg(Lane, cx_untrack_atomic(out));
   Py_DECREF(out);
   return result;
 }
