@@ -136,6 +136,38 @@ def test_pipeline_cuts_the_same_in_c_and_in_python():
         assert pipeline(s, 3).lanes == _pipeline_lanes(s, 3)
 
 
+def test_the_c_overlap_test_agrees_with_the_python_one():
+    # Random runs of 1-3 chunks over two buffers of two ranks, some written: the C cutter's
+    # "apart" must be True exactly where the Python walk finds no written run overlapping
+    # another in part.
+    from collectx.schedule.split import _check_runs, _native_cutter
+    from collectx.schedule.ir import Dep, Instr, Lane
+    cut = _native_cutter()
+    if cut is None:
+        pytest.skip("no compiled collectx._fastpath")
+    rng = np.random.default_rng(7)
+    seen = set()
+    for _ in range(300):
+        b = ScheduleBuilder("allgather", 2, nchunks=8)
+
+        def run():
+            c = int(rng.integers(0, 6))
+            return Ref(int(rng.integers(0, 2)), ("scratch", "output")[int(rng.integers(0, 2))], c,
+                       int(rng.integers(1, 4)))
+        for _ in range(int(rng.integers(1, 5))):
+            b.copy(int(rng.integers(0, 2)), 0, run(), run())
+        s = b.build()
+        try:
+            _check_runs(s)
+            python_apart = True
+        except ScheduleError:
+            python_apart = False
+        _, single, apart = cut(s.lanes, 2, Instr, Ref, Dep, Lane)
+        assert apart == python_apart or single, s
+        seen.add(apart)
+    assert seen == {True, False}
+
+
 def test_pipeline_refuses_runs_that_overlap_in_part_and_engine_calls():
     b = ScheduleBuilder("broadcast", 2, nchunks=2)
     d = b.copy(0, 0, Ref(0, "output", 0, 2), Ref(0, "input", 0, 2))

@@ -91,9 +91,9 @@ def pipeline(s: Schedule, k: int) -> Schedule:
     if done is None:   # engine calls, malformed refs, or no compiled module: cut here
         lanes = _pipeline_lanes(s, k)
     else:
-        lanes, single = done
-        if not single:
-            _check_pipelinable(s)   # runs of several chunks must line up
+        lanes, single, apart = done
+        if not single and not (apart and not s.inplace):
+            _check_pipelinable(s)   # runs of several chunks must line up (raises if not)
     return dataclasses.replace(s, nchunks=s.nchunks * k, lanes=lanes)
 
 

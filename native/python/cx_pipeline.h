@@ -8,9 +8,10 @@
 PyObject* cx_pipeline_lanes(PyObject* self, PyObject* args);
 
 #define CX_PIPELINE_LANES_DOC                                                                  \
-  "pipeline_lanes(lanes, k, Instr, Ref, Dep, Lane) -> (lanes, single) or None\n\n"          \
+  "pipeline_lanes(lanes, k, Instr, Ref, Dep, Lane) -> (lanes, single, apart) or None\n\n"   \
   "Schedule.lanes with every instruction followed by its k - 1 other pieces (run (c, m) ->\n"  \
-  "(c*k + j*m, m), dependency index i -> i*k + j); single: every ref names one chunk. None\n" \
+  "(c*k + j*m, m), dependency index i -> i*k + j); single: every ref names one chunk; apart:\n" \
+  "no written run overlaps another run in part (buffers taken as named, not aliased). None\n"  \
   "unless every instruction is a well-formed copy/reduce. See native/python/cx_pipeline.c."
 
 #endif
