@@ -37,7 +37,7 @@ from .edge_split import job_graph, require_connected
 from .integral_trees import depth_balanced_counts, pack_unit_spanning_trees
 from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,
                        most_kept, runs_by_group)
-from .treesched import SUBLANES, Share, TreeEmitter, pack_both_ways, pack_rooted
+from .treesched import SUBLANES, Share, TreeEmitter, chunk_refs, pack_both_ways, pack_rooted
 
 SUPPORTED = ("allreduce", "broadcast", "reduce")
 MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pipelining
@@ -410,8 +410,8 @@ def _finish(b: ScheduleBuilder, em: TreeEmitter, shares, packing) -> Schedule:
     return b.build()
 
 
-_OUT = lambda v, j, s: Ref(v, "output", j)  # noqa: E731
-_IN = lambda v, j, s: Ref(v, "input", j)  # noqa: E731
+_OUT = chunk_refs("output")
+_IN = chunk_refs("input")
 
 
 def _emit_allreduce(b, em, shares, staggered=False, own=False):

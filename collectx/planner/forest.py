@@ -32,7 +32,8 @@ from .switch_trees import tree_shaped
 from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,
                        most_kept, runs_by_group, whole_per_tree)
 from .treepack import shallowest
-from .treesched import SUBLANES, Share, TreeEmitter, pack_rooted, pack_rooted_mirrored
+from .treesched import (SUBLANES, Share, TreeEmitter, chunk_refs, pack_rooted,
+                        pack_rooted_mirrored)
 
 SUPPORTED = ("allgather", "reduce_scatter", "allreduce")
 MIN_CHUNK_BYTES = 64 << 10     # below this per-chunk latency outweighs finer pipelining
@@ -360,24 +361,22 @@ def _emit_allgather(b, em, at, ag, rs, meta, per_tree=False):
         for r in range(b.nranks):
             for j in range(c):
                 em.self_copy(r, Ref(r, "output", r * c + j), Ref(r, "input", j))
-    em.broadcast(shares, src=lambda v, j, s: Ref(v, "input", j),
-                 dst=lambda v, j, s: Ref(v, "output", s.root * c + j),
+    em.broadcast(shares, src=chunk_refs("input"), dst=chunk_refs("output", c),
                  per_tree=per_tree)
 
 
 def _emit_reduce_scatter(b, em, at, ag, rs, meta, per_tree=False):
     c = b.nchunks
     shares = _shares(rs, at, lambda r: 0, "reduce_scatter", meta)
-    em.reduce(shares, contrib=lambda v, j, s: Ref(v, "input", s.root * c + j),
-              result=lambda v, j, s: Ref(v, "output", j))
+    em.reduce(shares, contrib=chunk_refs("input", c), result=chunk_refs("output"))
 
 
 def _emit_allreduce(b, em, at, ag, rs, meta, per_tree=False):
     per_root = b.nchunks // b.nranks
     span = lambda r: r * per_root  # noqa: E731
-    here = lambda v, j, s: Ref(v, "output", j)  # noqa: E731
+    here = chunk_refs("output")
     done = em.reduce(_shares(rs, at, span, "reduce_scatter", meta),
-                     contrib=lambda v, j, s: Ref(v, "input", j), result=here)
+                     contrib=chunk_refs("input"), result=here)
     em.broadcast(_shares(ag, at, span, "allgather", meta), src=here, dst=here, after=done,
                  per_tree=per_tree)
 
