@@ -109,6 +109,12 @@ _SEEN: dict = {}
 _SEEN_LIMIT = 16
 
 
+def forget() -> None:
+    """Drop the remembered simulations and the schedules they keep alive (a planner calls
+    this when its plan is made: the candidates are of no use to the next one)."""
+    _SEEN.clear()
+
+
 def _simulate(s: Schedule, nodes: list, routes, nbytes: int, dtype_size: int,
               native: bool | None) -> tuple[SimResult, int, frozenset | None]:
     """The result, and where the native front end worked them out (else -1 and None) the

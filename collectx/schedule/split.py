@@ -139,6 +139,11 @@ def _check_pipelinable(s: Schedule) -> None:
 _PASSED: dict = {}   # id -> schedule that passed _check_pipelinable
 
 
+def forget_passed() -> None:
+    """Drop the schedules :func:`_check_pipelinable` remembers (see :func:`simulate.forget`)."""
+    _PASSED.clear()
+
+
 def _check_runs(s: Schedule) -> None:
     """:func:`_check_pipelinable`'s walk over every instruction."""
     written: set = set()
