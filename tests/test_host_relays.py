@@ -244,6 +244,24 @@ def test_lagging_tree_plans_with_host_edges_are_cut_into_finer_chunks():
     assert moved >= 64 << 10   # no instruction cut below FINER_MIN_CHUNK
 
 
+def test_allgathers_below_the_goal_are_cut_finer_and_the_others_are_not(monkeypatch):
+    # DGX-1V GPUs 1, 2, 3, 4, 6, 7: the equal-tree mix on 260 chunks per root (runs of two)
+    # reaches 0.948 of the cut bound, each run cut in two 0.951. Allgathers between 0.95 and
+    # the relay gate are not cut: the cut costs a simulation and gains them little.
+    from collectx.planner import host_relay
+    cuts = []
+    real = host_relay.pipeline
+    monkeypatch.setattr(host_relay, "pipeline", lambda s, k: cuts.append(k) or real(s, k))
+    G = T.load("dgx1v")
+    lagging = plan(G, "allgather", 1 << 30, gpus=[1, 2, 3, 4, 6, 7])
+    assert lagging.algorithm == "forest+host" and lagging.verified
+    assert lagging.schedule.nchunks == 2 * 260 and 0.95 <= lagging.efficiency <= 1.001
+    assert cuts[0] == 2
+    cuts.clear()
+    near = plan(G, "allgather", 1 << 30, gpus=[0, 2, 4, 6], verify=False)
+    assert near.algorithm == "forest+host" and 0.95 <= near.efficiency < 0.97 and not cuts
+
+
 def test_host_relays_false_never_stages_and_small_messages_never_do():
     for coll in ("allreduce", "allgather", "broadcast"):
         assert not plan(DGX1V, coll, 1 << 30, gpus=[0, 1], host_relays=False).schedule.uses_host
