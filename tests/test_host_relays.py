@@ -244,6 +244,20 @@ def test_lagging_tree_plans_with_host_edges_are_cut_into_finer_chunks():
     assert moved >= 64 << 10   # no instruction cut below FINER_MIN_CHUNK
 
 
+def test_plans_below_the_goal_take_an_odd_cut_past_the_first_instruction_cap(monkeypatch):
+    # DGX-1V GPUs 1-7 allreduce: the staggered winner (22,658 instructions) cut in two and in
+    # three stays below 0.95 (0.934 / 0.945); in five (113,290 instructions, past the first
+    # cut's cap of 72,000) it reaches 0.950. A cut in four would put its runs back in step.
+    from collectx.planner import host_relay
+    cuts = []
+    real = host_relay.pipeline
+    monkeypatch.setattr(host_relay, "pipeline", lambda s, k: cuts.append(k) or real(s, k))
+    p = plan(T.load("dgx1v"), "allreduce", 1 << 30, gpus=[1, 2, 3, 4, 5, 6, 7], verify=False)
+    assert cuts == [2, 3, 5] and p.algorithm == "blink+host"
+    assert p.schedule.n_instructions > host_relay.FINER_MAX_INSTRUCTIONS
+    assert 0.95 <= p.efficiency <= 1.001
+
+
 def test_allgathers_below_the_goal_are_cut_finer_and_the_others_are_not(monkeypatch):
     # DGX-1V GPUs 1, 2, 3, 4, 6, 7: the equal-tree mix on 260 chunks per root (runs of two)
     # reaches 0.948 of the cut bound, each run cut in two 0.951. Allgathers between 0.95 and

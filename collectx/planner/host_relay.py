@@ -96,7 +96,7 @@ RELAY_CHUNKS = {"ring": 16, "tree": 16}   # chunks of relay plans (their own def
 # busiest links (a mix of 24 equal trees over 2048 chunks on DGX-1P GPUs 0, 2, 4, 6: 0.955
 # of its rate, cut in two 0.974). Choosing among plans at the finer count would double the
 # cost of lowering and simulating every candidate; cutting the winner costs a simulation.
-FINER = (2, 3, 4)
+FINER = (2, 3, 5)
 # ... for these collectives; those of FINER_BELOW_ONLY only where they lag FINER_MORE_BELOW.
 # Allgather forests with host edges pick their chunks per root themselves (see
 # forest._equal_units_or), and cut finer, 12 / 25 DGX-1V / DGX-1P allgathers below the gate
@@ -107,6 +107,11 @@ FINER_BELOW_ONLY = ("allgather",)
 FINER_MIN_CHUNK = 64 << 10    # bytes per instruction: below this per-step latency outweighs
                               # finer pipelining
 FINER_MAX_INSTRUCTIONS = 72_000   # a cut schedule's simulation costs ~2.5 us per instruction
+# Cuts past the first (tried only below FINER_MORE_BELOW) may reach this many: the planner
+# spends more on plans that miss the goal. Odd cuts keep staggered runs out of step (a cut in
+# four puts a run's head start of half a run back on a piece boundary): DGX-1V GPUs 1-7
+# allreduce, 22,658 instructions, cut in 3 / 4 / 5: 0.945 / 0.947 / 0.950 of the reference.
+FINER_MAX_LAGGING = 120_000
 # Cuts past the first are tried only below this of the bound: cutting 7-GPU DGX-1 allreduce
 # plans in three (69,000 instructions) lifted DGX-1V ones from 0.945-0.947 to 0.950-0.952,
 # but simulating it cost 0.15-0.3 s, which plans at 0.95-0.97 need not pay.
@@ -310,13 +315,14 @@ def _finer(best, view, nbytes, ranks, bound_busbw):
     simulates faster and the plan still lags :data:`RELAY_GATE` of ``bound_busbw`` (past the
     first cut, :data:`FINER_MORE_BELOW`), as long as instructions still move
     :data:`FINER_MIN_CHUNK` or more (a chunk each, or the chunks of the schedule's ``stagger``
-    meta) and the cut schedule has :data:`FINER_MAX_INSTRUCTIONS` or fewer instructions."""
+    meta) and the cut schedule has :data:`FINER_MAX_INSTRUCTIONS` or fewer instructions (past
+    the first cut, :data:`FINER_MAX_LAGGING`)."""
     name, schedule, _ = best
     unit = unit_bytes(schedule.collective, nbytes, schedule.nranks)
     moved = unit * schedule.meta_dict().get("stagger", 1) / schedule.nchunks   # per instruction
     for i, k in enumerate(FINER if schedule.collective in FINER_COLLECTIVES else ()):
-        if moved / k < FINER_MIN_CHUNK or \
-                schedule.n_instructions * k > FINER_MAX_INSTRUCTIONS or \
+        most = FINER_MAX_LAGGING if i else FINER_MAX_INSTRUCTIONS
+        if moved / k < FINER_MIN_CHUNK or schedule.n_instructions * k > most or \
                 not _worth_trying(schedule.collective, nbytes, best[2], bound_busbw,
                                   len(ranks), _finer_gate(schedule.collective, i)):
             break
