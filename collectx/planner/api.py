@@ -198,7 +198,7 @@ def forget_candidates() -> None:
     unique); kept past the plan, up to 16 schedules of 10^4-10^5 instructions were freed
     during the next plan, which also grew slower with every plan in a row from the scattered
     memory (DGX-1P GPUs 0, 1, 3, 4, 6, 7 allreduce, eight in a row: 0.84 s to 0.97 s; freed at
-    the end of each, 0.64-0.73 s)."""
+    the end of each, 0.71-0.75 s)."""
     from ..schedule.simulate import forget
     from ..schedule.split import forget_passed
     forget()
