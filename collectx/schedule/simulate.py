@@ -100,7 +100,7 @@ def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
         return hit[1]
     result, longest, pairs = _simulate(s, nodes, routes, nbytes, dtype_size, native)
     while len(_SEEN) >= _SEEN_LIMIT:
-        del _SEEN[next(iter(_SEEN))]   # the oldest
+        _SEEN.pop(next(iter(_SEEN), None), None)   # the oldest (none if another thread cleared it)
     _SEEN[key] = (s, result, longest, pairs)   # keeps its schedule alive: ids stay unique
     return result
 
@@ -206,7 +206,7 @@ def known_pairs(s: Schedule) -> frozenset | None:
 
 def _seen(s: Schedule, field: int):
     """Field ``field`` of ``s``'s entry in :data:`_SEEN` (any size it ran at), or None."""
-    for entry in _SEEN.values():
+    for entry in list(_SEEN.values()):   # a snapshot: another thread may plan meanwhile
         if entry[0] is s:
             return entry[field]
     return None

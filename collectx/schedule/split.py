@@ -132,7 +132,7 @@ def _check_pipelinable(s: Schedule) -> None:
         return
     _check_runs(s)
     while len(_PASSED) >= 4:
-        del _PASSED[next(iter(_PASSED))]   # the oldest
+        _PASSED.pop(next(iter(_PASSED), None), None)   # the oldest (none if cleared meanwhile)
     _PASSED[id(s)] = s   # kept alive, so ids stay unique
 
 
