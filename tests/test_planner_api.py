@@ -104,3 +104,16 @@ def test_make_schedule_without_topology_serves_every_algorithm():
     for algo in ("direct", "ring", "tree"):
         s = make_schedule(None, "broadcast", 3, 1 << 20, algo=algo, root=2)
         assert s.algorithm == algo and s.root == 2
+
+
+def test_a_plan_keeps_no_candidate_schedule_alive_after_it_returns():
+    # The simulator and the pipeline cutter remember the schedules they saw while planning;
+    # kept past the plan, the next plan paid for freeing them (and ran slower in a row).
+    import sys
+    seen = sys.modules["collectx.schedule.simulate"]._SEEN
+    from collectx.schedule.split import _PASSED
+    p = plan(T.load("dgx1p"), "allreduce", 1 << 30, gpus=[0, 2, 4, 6], verify=False)
+    assert p.algorithm == "blink+host" and p.schedule.nchunks > 4096   # simulated and cut
+    assert not seen and not _PASSED
+    make_schedule(T.load("dgx1p"), "allgather", 4, 1 << 30)   # host relays simulate too
+    assert not seen and not _PASSED
