@@ -13,8 +13,11 @@ import heapq
 
 import networkx as nx
 
-from ..schedule._graph import build_graph, depths, topo_order
+from ..schedule._graph import depths, topo_order
 from ..schedule.ir import Schedule
+# The simulator keeps what it read of the schedules it just ran (critical path, rank pairs):
+# the cost model's usual next question is about one of them.
+from ..schedule.simulate import known_pairs, known_steps, schedule_graph
 from .cost_tables import BASE_US, LINK_ORDER, alpha_us
 
 
@@ -28,15 +31,10 @@ def steps(schedule: Schedule) -> int:
     # Over the dense happens-before graph in topological order: pipelined schedules have
     # thousands of instructions, and integer lists are several times cheaper than a walk keyed
     # by Dep. Raises DependencyCycle for a schedule that could never finish.
-    try:  # the simulator keeps what it read of the schedule it just ran: the usual next question
-        from ..schedule.simulate import known_steps, schedule_graph
-    except ImportError:
-        g = build_graph(schedule)
-    else:
-        known = known_steps(schedule)
-        if known is not None:
-            return known
-        g = schedule_graph(schedule)
+    known = known_steps(schedule)
+    if known is not None:
+        return known
+    g = schedule_graph(schedule)
     return max(depths(g, topo_order(g)), default=0)
 
 
@@ -48,7 +46,7 @@ def link_class(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ..
     """
     if topo is None:
         return "shm"
-    pairs = _known_pairs(schedule)
+    pairs = known_pairs(schedule)
     if pairs is None:
         pairs = {(other, rank) for rank, rank_lanes in enumerate(schedule.lanes)
                  for other in _ranks_named(rank_lanes) if other != rank}
@@ -57,14 +55,6 @@ def link_class(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ..
         _, cls = widest_path(topo, ranks[a], ranks[b])
         worst = max(worst, LINK_ORDER.index(cls) if cls in LINK_ORDER else len(LINK_ORDER) - 1)
     return LINK_ORDER[worst] if pairs else "shm"
-
-
-def _known_pairs(schedule: Schedule):
-    try:   # the simulator keeps them for the schedules it just ran, like the critical path
-        from ..schedule.simulate import known_pairs
-    except ImportError:
-        return None
-    return known_pairs(schedule)
 
 
 def _ranks_named(rank_lanes) -> set:

@@ -253,7 +253,7 @@ class TreeEmitter:
         items.sort(key=_BY_TIME)
         native = compiled_helper("emit_lanes")
         if native is not None:
-            native(items, self.b._lanes, self._lane_keys, self.sublanes, MAX_LANES,
+            native(items, self.b.lane_lists(), self._lane_keys, self.sublanes, MAX_LANES,
                    ONE_LANE_TAGS, Instr, Dep)
             items.clear()
             return

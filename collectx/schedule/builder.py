@@ -171,6 +171,12 @@ class ScheduleBuilder:
             return new_dep(Dep, (rank, lane, len(seq) - 1))
         return append
 
+    def lane_lists(self) -> list:
+        """``lists[rank][lane]``: the instruction lists themselves, for a native emitter
+        (``collectx._fastpath.emit_lanes``) that appends :class:`Instr` tuples as
+        :meth:`appender` does, lanes created on demand; the emitter checks ranks and lanes."""
+        return self._lanes
+
     # -- internals --------------------------------------------------------------------------------
     def _add(self, rank: int, lane: int, ins: Instr) -> Dep:
         self._check_rank(rank)

@@ -127,7 +127,7 @@ def _native_cutter():
 
 def _check_pipelinable(s: Schedule) -> None:
     """Raise ScheduleError unless :func:`pipeline` may cut ``s`` (see there). Planners cut one
-    schedule two, three and four ways: the last few that passed are remembered."""
+    schedule two, three and five ways: the last few that passed are remembered."""
     if _PASSED.get(id(s)) is s:
         return
     _check_runs(s)
