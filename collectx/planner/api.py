@@ -197,8 +197,8 @@ def forget_candidates() -> None:
     the plan just made. Their memos keep each schedule they saw alive (so that ids stay
     unique); kept past the plan, up to 16 schedules of 10^4-10^5 instructions were freed
     during the next plan, which also grew slower with every plan in a row from the scattered
-    memory (DGX-1P GPUs 0, 1, 3, 4, 6, 7 allreduce, eight in a row: 0.84 s to 0.97 s; freed at
-    the end of each, 0.71-0.75 s)."""
+    memory (DGX-1P GPUs 0, 1, 3, 4, 6, 7 allreduce, eight in a row: 0.93 s up to 1.10 s; freed
+    at the end of each, 0.70-0.77 s: ``perf/planner_internals.py``)."""
     from ..schedule.simulate import forget
     from ..schedule.split import forget_passed
     forget()
