@@ -34,6 +34,7 @@ from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
 from ._build import check_args, faster, rate_kept, simulated
 from .edge_split import job_graph, require_connected
+from .exact_mixes import exact_equal_mixes
 from .integral_trees import depth_balanced_counts, pack_unit_spanning_trees
 from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,
                        most_kept, runs_by_group)
@@ -63,6 +64,14 @@ UNITS_SIMULATED = 2
 # ... and on 3 GPUs, whose plans take a quarter of a second, this many: DGX-1P GPUs 0, 1, 2 and
 # its three mirror images 0.945 -> 0.956 of the reference, for 0.15 s more planning time.
 UNITS_SIMULATED_3 = 6
+# Where no mix of the column generation's trees keeps this much of the packing's rate, the
+# fewest equal trees that keep exact_mixes.KEEP of it, counted edge by edge, are simulated too,
+# and taken where they finish in EXACT_LEAD of the best plan's time or less. Over the 2 x 247
+# DGX-1 allocations 39 allreduce plans got faster (DGX-1V GPUs 0, 1, 3, 4, 5, 6, 7: 0.898 ->
+# 0.974 of the reference) and 5 slower by 0.008 at most; taken wherever faster, 10 got slower,
+# as pipelines cut finer (host_relay) gain less on them than on the plans they displaced.
+EXACT_BELOW = 0.99
+EXACT_LEAD = 0.99
 FILL_WEIGHT = 0.5
 # ... and where only the best-estimated mix is simulated (7 ranks): over the 7-GPU DGX-1
 # allocations at 2048 chunks that mix came within 0.991 of the best mix's busbw (mean) at
@@ -169,7 +178,7 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
     require_connected(G, ranks)
     if collective == "allreduce":
         packing, caps = pack_both_ways(G, ranks, host=host, lean=lean)
-        units = _unit_mixes(packing, caps, n, nbytes, nchunks) \
+        units = _unit_mixes(packing, caps, ranks, nbytes, nchunks) \
             if host and lean and len(packing.trees) > 2 else []
         s = None
         # A chunk count asked for is one per instruction. Without host edges staggering lifted
@@ -337,11 +346,14 @@ def _allreduce_layouts(packing, counted, ranks, root, inplace, host, topo, nbyte
     return s
 
 
-def _unit_mixes(packing, caps, n: int, nbytes: int, nchunks) -> list:
-    """``[(units, (chunks, counts))]``: the allreduce packings of ``k`` trees of one equal
-    rate (:func:`~.chunking.equal_units`, one per ``k`` of :data:`ALLREDUCE_UNIT_TREES`) with
-    the best estimated rate after pipeline fill, at most :data:`UNITS_SIMULATED` of them (on 3
-    ranks :data:`UNITS_SIMULATED_3`, on 7 one), best first.
+def _unit_mixes(packing, caps, ranks, nbytes: int, nchunks) -> list:
+    """``[(units, (chunks, counts), lead)]``: the allreduce packings of ``k`` trees of one
+    equal rate (:func:`~.chunking.equal_units`, one per ``k`` of :data:`ALLREDUCE_UNIT_TREES`)
+    with the best estimated rate after pipeline fill, at most :data:`UNITS_SIMULATED` of them
+    (on 3 ranks :data:`UNITS_SIMULATED_3`, on 7 one), best first; then, where none of those
+    mixes keeps :data:`EXACT_BELOW` of the packing's rate, the fewest equal trees the integer
+    program of :mod:`~.exact_mixes` finds. ``lead``: the fraction of the best plan's time a
+    mix must beat (1, or :data:`EXACT_LEAD` for the program's).
 
     The fill estimate (:func:`~.chunking.chunk_counts`' for the deepest tree's chunks) is
     weighed by :data:`FILL_WEIGHT` (:data:`FILL_WEIGHT_ONE` on 7 ranks). Of the 132 DGX-1
@@ -350,25 +362,31 @@ def _unit_mixes(packing, caps, n: int, nbytes: int, nchunks) -> list:
     the best-estimated mix of each packing found one for 40 of them with the fill counted
     whole, for 42 with half of it (and for 46 with the two best).
     """
+    n = len(ranks)
     scale = UNIT_CHUNKS if n <= UNIT_CHUNKS_UP_TO else 1
     one = HOST_CHUNKS_UP_TO < n <= UNIT_CHUNKS_UP_TO    # simulate the best-estimated mix only
     weight = FILL_WEIGHT_ONE if one else FILL_WEIGHT
     q = nchunks or min(scale * max(_candidates("allreduce", nbytes, n, 2)),
                        max(1, int(unit_bytes("allreduce", nbytes, n) // MIN_CHUNK_BYTES)))
     scored = []
-    for k, units in equal_unit_mixes(packing, caps, ALLREDUCE_UNIT_TREES):
+    mixes = equal_unit_mixes(packing, caps, ALLREDUCE_UNIT_TREES)
+    for k, units in mixes:
         counts = largest_remainder(units, q)
         fill = max((2 * t.depth() - 1) / c for t, c in counts)
         scored.append((units.rate / (1 + weight * fill), k, units, (q, counts)))
     scored.sort(key=lambda x: (-x[0], x[1]))
     most = UNITS_SIMULATED_3 if n <= 3 else 1 if one else UNITS_SIMULATED
-    return [(units, counted) for _, _, units, counted in scored[:most]]
+    chosen = [(units, counted, 1.0) for _, _, units, counted in scored[:most]]
+    if max((units.rate for _, units in mixes), default=0.0) < EXACT_BELOW * packing.rate:
+        chosen += [(units, (q, largest_remainder(units, q)), EXACT_LEAD)
+                   for _, units in exact_equal_mixes(packing, caps, ranks)]
+    return chosen
 
 
 def _equal_units_or(s, units: list, ranks, root, inplace, topo, nbytes,
                     stagger=1) -> Schedule:
     """``s`` (None: no plan yet), or an allreduce over a few trees of one equal rate from
-    ``units`` (:func:`_unit_mixes`) where that simulates faster.
+    ``units`` (:func:`_unit_mixes`) where that simulates faster (by its ``lead``).
 
     The LP's optimum mixes many trees of unequal rates (with host edges on DGX-1: often 10 or
     more, at rates 15x apart), but a link shares its bandwidth equally among the transfers on
@@ -388,14 +406,14 @@ def _equal_units_or(s, units: list, ranks, root, inplace, topo, nbytes,
         if mine is None:
             return s   # no simulator to compare with
         best_us = mine.time_us
-    for packing, counted in units:
-        if nbytes / (packing.rate * 1e3) >= best_us:
+    for packing, counted, lead in units:
+        if nbytes / (packing.rate * 1e3) >= best_us * lead:
             continue   # the packing's own rate cannot beat the best plan so far
         plan = _allreduce(packing, counted, ranks, root, inplace, own=True, stagger=stagger)
         found = simulated(plan, topo, nbytes, ranks)
         if found is None:
             return plan   # no simulator and no plan yet: the best-estimated mix
-        if found.time_us < best_us:
+        if found.time_us < best_us * lead:
             s, best_us = plan, found.time_us
     return s
 
