@@ -10,9 +10,10 @@ import pytest
 import collectx.topology as topo
 from collectx.planner import plan
 from collectx.planner.edge_split import job_graph
-from collectx.planner.exact_mixes import (_partition_labels, exact_equal_mixes,
-                                         partition_forests, tree_counts)
-from collectx.planner.treesched import pack_both_ways
+from collectx.planner.exact_mixes import (_partition_labels, exact_equal_mixes, exact_rooted_mix,
+                                         tree_counts)
+from collectx.planner.tree_split import partition_forests
+from collectx.planner.treesched import pack_both_ways, pack_rooted
 from collectx.schedule import verify
 
 BELL = {2: 2, 3: 5, 4: 15, 5: 52, 6: 203, 7: 877}
@@ -121,3 +122,44 @@ def test_dgx1v_seven_gpu_allreduce_reaches_the_reference():
     p = plan(topo.load("dgx1v"), "allreduce", 1 << 30, gpus=[0, 1, 3, 4, 5, 6, 7])
     assert p.verified and p.algorithm.startswith("blink")
     assert p.efficiency >= 0.95   # 0.898 with the columns' mixes alone
+
+
+def _within_capacity(units, caps) -> bool:
+    load = {}
+    for tree in units.trees:
+        for path in tree.paths:
+            for link, w in path:
+                load[link] = load.get(link, 0.0) + w * tree.rate
+    return all(used <= caps[link] * (1 + 1e-9) for link, used in load.items())
+
+
+def test_full_dgx1v_broadcast_takes_31_equal_out_trees():
+    # GPU 0's six NVLink lanes and its share of PCIe: 31 trees of 5 GB/s keep 0.994 of the
+    # bound; the LP's columns mix into at most 0.962 of it
+    gpus = tuple(f"GPU{i}" for i in range(8))
+    packing, caps = pack_rooted(job_graph(topo.load("dgx1v"), gpus), gpus, ["GPU0"], False,
+                                host=True)
+    (k, units), = exact_rooted_mix(packing, caps, gpus, 0)
+    assert k == 31 and len(units.trees) == 31 and units.rate >= 0.99 * packing.rate
+    for tree in units.trees:
+        reached = {"GPU0"}
+        for p, c in tree.edges:
+            assert p in reached and c not in reached
+            reached.add(c)
+        assert reached == set(gpus) and tree.root == "GPU0"
+    assert _within_capacity(units, caps)
+    assert any(t.staged for t in units.trees)
+
+
+def test_rooted_mix_never_enters_the_root():
+    gpus = ("GPU0", "GPU1", "GPU3", "GPU4", "GPU5")
+    packing, caps = pack_rooted(job_graph(topo.load("dgx1v"), gpus), gpus, ["GPU3"], False,
+                                host=True)
+    for _, units in exact_rooted_mix(packing, caps, gpus, 2):
+        assert all(c != "GPU3" for t in units.trees for _, c in t.edges)
+        assert _within_capacity(units, caps)
+
+
+def test_full_dgx1v_broadcast_reaches_the_bound():
+    p = plan(topo.load("dgx1v"), "broadcast", 1 << 30)
+    assert p.verified and p.efficiency >= 0.95   # 0.943 with a host relay joined instead

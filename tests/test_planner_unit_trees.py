@@ -7,6 +7,7 @@ import pytest
 
 import collectx.topology as topo
 from collectx.planner import plan
+from collectx.planner import integral_trees
 from collectx.planner.blink import plan_blink
 from collectx.planner.edge_split import LinkIndex, job_gpus, job_graph, simulator_routes
 from collectx.planner.integral_trees import (depth_balanced_counts, disjoint_arborescences,
@@ -40,6 +41,22 @@ def test_disjoint_arborescences_small_multigraph():
     assert trees is not None and len(trees) == 2
     _check_trees(mult, 0, trees)
     assert disjoint_arborescences(mult, 0, 3) is None
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_arborescences_by_vertex_sets_match_max_flows(seed, monkeypatch):
+    # Lovász's test over every vertex set at once must pick the very arcs the max-flow
+    # version picks (the plans of small fabrics must not change with the faster test)
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(3, 9)), int(rng.integers(1, 6))
+    mult = rng.integers(0, 4, size=(n, n)).astype(np.int32)
+    np.fill_diagonal(mult, 0)
+    root = int(rng.integers(0, n))
+    by_sets = disjoint_arborescences(mult, root, k)
+    monkeypatch.setattr(integral_trees, "MOST_SET_VERTICES", 0)
+    assert disjoint_arborescences(mult, root, k) == by_sets
+    if by_sets is not None:
+        _check_trees(mult, root, by_sets)
 
 
 def test_mi250_unit_trees_reach_the_maxflow():

@@ -34,7 +34,7 @@ from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
 from ._build import check_args, faster, rate_kept, simulated
 from .edge_split import job_graph, require_connected
-from .exact_mixes import exact_equal_mixes
+from .exact_mixes import exact_equal_mixes, exact_rooted_mix
 from .integral_trees import depth_balanced_counts, pack_unit_spanning_trees
 from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,
                        most_kept, runs_by_group)
@@ -113,6 +113,7 @@ WIDE_BELOW = 0.95   # deep broadcasts with host edges below this of their rate t
 WIDE_FACTORS = (2, 4)
 UNIT_BROADCAST_CHUNKS = 2048   # of equal-tree broadcasts (see _broadcast_units_or), at most
 UNIT_BROADCAST_UP_TO = 7       # ranks: the full DGX-1s gained nothing and took 0.2 s more
+EXACT_BROADCAST_CHUNKS = 4096
 
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
@@ -233,6 +234,8 @@ def _rooted(G, topo, ranks, collective, nbytes, root, inplace, nchunks, host, le
         if lean and n <= UNIT_BROADCAST_UP_TO and \
                 rate_kept(s, topo, nbytes, ranks, packing.rate) < WIDE_BELOW:
             s = _broadcast_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes)
+        if lean and rate_kept(s, topo, nbytes, ranks, packing.rate) < WIDE_BELOW:
+            s = _exact_broadcast_or(s, packing, caps, ranks, root, inplace, topo, nbytes)
     if style == "unit" and collective == "broadcast":
         # Paired pieces at the two largest counts: where a tree finishes varies by a percent
         # or so from one count to the next (16-GCD MI250: 0.955, 0.941, 0.947, 0.960 of the
@@ -258,9 +261,27 @@ def _broadcast_units_or(s, packing, caps, ranks, root, inplace, topo, nbytes) ->
     mixes = most_kept(equal_unit_mixes(packing, caps, UNIT_TREES))
     if not mixes:
         return s
-    k, units = mixes[0]
+    return _faster_broadcast(s, *mixes[0], UNIT_BROADCAST_CHUNKS, ranks, root, inplace, topo,
+                             nbytes)
+
+
+def _exact_broadcast_or(s, packing, caps, ranks, root, inplace, topo, nbytes) -> Schedule:
+    """``s``, or the broadcast over the fewest equal out-trees that keep
+    :data:`~.exact_mixes.KEEP` of the packing's rate (:func:`~.exact_mixes.exact_rooted_mix`,
+    counted edge by edge, not picked among the LP's columns), each on lanes of its own, with
+    :data:`EXACT_BROADCAST_CHUNKS`, where that simulates faster."""
+    for k, units in exact_rooted_mix(packing, caps, ranks, root):
+        s = _faster_broadcast(s, k, units, EXACT_BROADCAST_CHUNKS, ranks, root, inplace, topo,
+                              nbytes)
+    return s
+
+
+def _faster_broadcast(s, k, units, chunks, ranks, root, inplace, topo, nbytes) -> Schedule:
+    """``s``, or the broadcast of ``k`` equal trees ``units`` on lanes of their own, with
+    ``chunks`` rounded up to whole chunks per tree (within :data:`MIN_CHUNK_BYTES` a chunk),
+    where that simulates faster."""
     most = max(1, int(nbytes // MIN_CHUNK_BYTES))
-    q = min(k * -(-UNIT_BROADCAST_CHUNKS // k), max(k, most // k * k))
+    q = min(k * -(-chunks // k), max(k, most // k * k))
     counted = (q, largest_remainder(units, q))
     return faster(s, _lowered("broadcast", units, counted, ranks, root, inplace, 1, True),
                   topo, nbytes, ranks)

@@ -46,10 +46,13 @@ from functools import lru_cache
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from .integral_trees import disjoint_arborescences, sets_without
+from .tree_split import partition_forests
 from .treepack import Packing, Tree, _centre, _orient
 
 KEEP = 0.97          # the smallest tree count that keeps this much of the LP's rate is taken
 MOST_RANKS = 7       # partitions of 8 GPUs are 4140 rows: the program no longer solves in time
+MOST_ROOTED_RANKS = 8   # vertex sets without the root: 127 rows at 8 GPUs, 2047 at 12
 MOST_TREES = 36      # as many lanes as the mixes of chunking.equal_unit_mixes may take
 NODES = 200          # branch-and-bound nodes per tree count (deterministic, unlike a time limit)
 GAP = 0.01           # stop once within this of the relaxation: its optimum keeps all the rate
@@ -70,17 +73,48 @@ def exact_equal_mixes(packing: Packing, caps, gpus) -> list:
     n = len(gpus)
     if not 2 <= n <= MOST_RANKS or not packing.columns or packing.rate <= 0:
         return []
-    kinds = _edge_kinds(packing, caps, gpus)
+    kinds = _edge_kinds(packing, caps, gpus, directed=False)
+    return _search(packing, kinds, _Program(kinds, n, *_partition_rows(kinds, n)),
+                   lambda counts, k: _deal(kinds, counts, k, gpus))
+
+
+def exact_rooted_mix(packing: Packing, caps, gpus, root: int) -> list:
+    """``[(k, units)]``: at most one packing of ``k`` equal out-trees from ``gpus[root]``
+    that keeps :data:`KEEP` of ``packing``'s rate, or ``[]``: the program of the module doc
+    with Edmonds' rows (every GPU set without the root entered by ``k`` tree edges, one row
+    per set: 127 at 8 GPUs) in place of the partitions, the trees grown by
+    :func:`~.integral_trees.disjoint_arborescences`.
+
+    >>> from collectx.topology import line
+    >>> from collectx.planner.edge_split import job_graph
+    >>> from collectx.planner.treesched import pack_rooted
+    >>> gpus = ("GPU0", "GPU1", "GPU2")
+    >>> packing, caps = pack_rooted(job_graph(line(3, bw=100.0), gpus), gpus, ["GPU1"], False)
+    >>> [(k, units.rate, len(units.trees)) for k, units in exact_rooted_mix(packing, caps, gpus, 1)]
+    [(2, 100.0, 2)]
+    """
+    n = len(gpus)
+    if not 2 <= n <= MOST_ROOTED_RANKS or not packing.columns or packing.rate <= 0:
+        return []
+    kinds = [kind for kind in _edge_kinds(packing, caps, gpus, directed=True)
+             if kind.b != root]
+    group = packing.columns[0].group
+    return _search(packing, kinds, _Program(kinds, n, *_entry_rows(kinds, n, root)),
+                   lambda counts, k: _grow(kinds, counts, k, gpus, root, group))
+
+
+def _search(packing: Packing, kinds: list, program: "_Program", build) -> list:
+    """The first tree count of :func:`tree_counts` whose program keeps :data:`KEEP`, as
+    ``[(k, packing of build(counts, k))]``, or ``[]``."""
     unit = min((cap for kind in kinds if kind.direct for cap in kind.caps), default=None)
     if unit is None:
         return []
-    program = _Program(kinds, n)
     for k in tree_counts(packing.rate, unit):
         found = program.solve(k, packing.rate)
         if found is None:
             continue
         kept, counts = found
-        trees = _deal(kinds, counts, k, gpus)
+        trees = build(counts, k)
         if trees is None:
             return []
         rate = kept * packing.rate
@@ -109,17 +143,19 @@ def tree_counts(rate: float, unit: float) -> list[int]:
 
 class _Kind:
     """One way to carry a tree edge: GPU pair ``(a, b)`` (indices) over ``path`` (the
-    ``(link, share)`` pairs of both directions), staged through host memory from ``a`` down
-    to ``b`` (``down``) and / or back up (``up``); ``load`` maps link -> share / capacity."""
+    ``(link, share)`` pairs it loads: both directions for trees used both ways), staged through
+    host memory from ``a`` down to ``b`` (``down``) and / or back up (``up``); ``load`` maps
+    link -> share / capacity; ``direct``: one link each way, not staged."""
 
-    def __init__(self, a, b, path, down, up, load, caps):
+    def __init__(self, a, b, path, down, up, load, caps, ways):
         self.a, self.b, self.path, self.down, self.up, self.load = a, b, path, down, up, load
         self.caps = caps
-        self.direct = len(path) == 2 and not (down or up)
+        self.direct = len(path) == ways and not (down or up)
 
 
-def _edge_kinds(packing: Packing, caps, gpus) -> list[_Kind]:
-    """Every distinct (pair, link load) among the edges of the packing's columns."""
+def _edge_kinds(packing: Packing, caps, gpus, directed: bool) -> list[_Kind]:
+    """Every distinct (pair, link load) among the edges of the packing's columns; the pairs
+    are ordered where ``directed``."""
     at = {g: i for i, g in enumerate(gpus)}
     kinds: dict = {}
     for tree in packing.columns:
@@ -127,10 +163,12 @@ def _edge_kinds(packing: Packing, caps, gpus) -> list[_Kind]:
             load: dict = {}
             for link, w in path:
                 load[link] = load.get(link, 0.0) + w / caps[link]
-            key = (frozenset((p, c)), tuple(sorted((l, round(v, 12)) for l, v in load.items())))
+            pair = (p, c) if directed else frozenset((p, c))
+            key = (pair, tuple(sorted((l, round(v, 12)) for l, v in load.items())))
             if key not in kinds:
                 kinds[key] = _Kind(at[p], at[c], path, i in tree.staged, i in tree.staged_up,
-                                   load, [caps[link] for link, _ in path])
+                                   load, [caps[link] for link, _ in path],
+                                   1 if directed else 2)
     return list(kinds.values())
 
 
@@ -153,10 +191,35 @@ def _partition_labels(n: int) -> np.ndarray:
     return np.array(rows, dtype=np.int8)
 
 
-class _Program:
-    """The integer program of the module doc over ``kinds``, built once for every ``k``."""
+def _partition_rows(kinds: list[_Kind], n: int) -> tuple:
+    """Nash-Williams–Tutte: (partitions x kinds, 1 where the kind crosses; parts - 1 each;
+    the rows to start from: every GPU apart, and each GPU cut from the rest)."""
+    labels = _partition_labels(n)
+    cross = np.zeros((len(labels), len(kinds)))
+    for j, kind in enumerate(kinds):
+        cross[:, j] = labels[:, kind.a] != labels[:, kind.b]
+    parts = labels.max(axis=1).astype(float)
+    alone = np.isin((labels == labels[:, :1]).sum(axis=1), (1, n - 1))
+    return cross, parts, np.flatnonzero((parts == n - 1) | ((parts == 1) & alone))
 
-    def __init__(self, kinds: list[_Kind], n: int):
+
+def _entry_rows(kinds: list[_Kind], n: int, root: int) -> tuple:
+    """Edmonds: (vertex sets without the root x kinds, 1 where the kind enters the set; 1
+    each; the rows to start from: each GPU alone, and all but the root)."""
+    inside = sets_without(n, root)
+    enters = np.zeros((len(inside), len(kinds)))
+    for j, kind in enumerate(kinds):
+        enters[:, j] = inside[:, kind.b] & ~inside[:, kind.a]
+    size = inside.sum(axis=1)
+    return enters, np.ones(len(inside)), np.flatnonzero((size == 1) | (size == n - 1))
+
+
+class _Program:
+    """The integer program of the module doc over ``kinds``, built once for every ``k``:
+    ``cuts`` (rows x kinds) must carry ``k * needs`` tree edges each; the search starts from
+    the rows ``first``."""
+
+    def __init__(self, kinds: list[_Kind], n: int, cuts, needs, first):
         links = sorted({link for kind in kinds for link in kind.load})
         at = {link: i for i, link in enumerate(links)}
         m = len(kinds)
@@ -166,14 +229,8 @@ class _Program:
                 self.load[at[link], j] += v
         self.load[:, m] = -1.0
         self.step = np.array([_common(row[:m]) for row in self.load])
-        labels = _partition_labels(n)
-        self.parts = labels.max(axis=1).astype(float)   # parts - 1
-        self.cross = np.zeros((len(labels), m + 1))
-        for j, kind in enumerate(kinds):
-            self.cross[:, j] = labels[:, kind.a] != labels[:, kind.b]
-        # rows the search starts from: every GPU apart, and each GPU cut from the rest
-        alone = np.isin((labels == labels[:, :1]).sum(axis=1), (1, n - 1))
-        self.first = np.flatnonzero((self.parts == n - 1) | ((self.parts == 1) & alone))
+        self.cross = np.hstack([cuts, np.zeros((len(cuts), 1))])
+        self.parts, self.first = needs, first
         self.n, self.m = n, m
 
     def solve(self, k: int, rate: float):
@@ -228,11 +285,11 @@ def _deal(kinds: list[_Kind], counts, k: int, gpus) -> list[Tree] | None:
     n = len(gpus)
     if forests is None or any(len(f) != n - 1 for f in forests):
         return None
-    return [_rooted(forest, [kinds[edges[e]] for e in sorted(forest)], gpus)
+    return [_centred(forest, [kinds[edges[e]] for e in sorted(forest)], gpus)
             for forest in forests]
 
 
-def _rooted(forest, kinds: list[_Kind], gpus) -> Tree:
+def _centred(forest, kinds: list[_Kind], gpus) -> Tree:
     """The tree of one forest's edge kinds, oriented from its centre down; an edge that runs
     against its kind's pair swaps which way is staged."""
     und = [(kind.a, kind.b) for kind in kinds]
@@ -254,68 +311,22 @@ def _rooted(forest, kinds: list[_Kind], gpus) -> Tree:
     return Tree(0, gpus[root], edges, tuple(paths), 0.0, tuple(down), tuple(up))
 
 
-def partition_forests(ends: list, k: int) -> list[set] | None:
-    """Edges ``ends`` (vertex pairs, repeats allowed) dealt into ``k`` forests covering all of
-    them, as sets of edge indices, or None where no such split exists (Edmonds' matroid
-    partition: each edge enters by the shortest chain of swaps).
-
-    >>> sorted(map(sorted, partition_forests([(0, 1), (1, 2), (0, 2), (0, 1)], 2)))
-    [[0, 1], [2, 3]]
-    >>> partition_forests([(0, 1)] * 3, 2) is None
-    True
-    """
-    forests: list[set] = [set() for _ in range(k)]
-    for x in range(len(ends)):
-        if not _insert(forests, ends, x):
-            return None
-    return forests
-
-
-def _insert(forests: list[set], ends: list, x: int) -> bool:
-    """Add edge ``x``: breadth first over swaps (``e`` enters forest ``i`` and pushes out an
-    edge of the cycle it closes there) until some edge enters a forest without a cycle."""
-    came = {x: None}
-    queue = [x]
-    for e in queue:
-        for i, forest in enumerate(forests):
-            if e in forest:
-                continue
-            cycle = _tree_path(forest, ends, *ends[e])
-            if cycle is None:
-                forest.add(e)
-                while came[e] is not None:   # unwind: each edge takes its successor's place
-                    before, j = came[e]
-                    forests[j].discard(e)
-                    forests[j].add(before)
-                    e = before
-                return True
-            for f in cycle:
-                if f not in came:
-                    came[f] = (e, i)
-                    queue.append(f)
-    return False
-
-
-def _tree_path(forest: set, ends: list, a, b) -> list | None:
-    """The edges of ``forest`` joining ``a`` to ``b``, or None if they are not joined."""
-    if a == b:
-        return []
-    adj: dict = {}
-    for e in forest:
-        u, v = ends[e]
-        adj.setdefault(u, []).append((v, e))
-        adj.setdefault(v, []).append((u, e))
-    back = {a: None}
-    frontier = [a]
-    for u in frontier:
-        for v, e in adj.get(u, ()):
-            if v not in back:
-                back[v] = (u, e)
-                frontier.append(v)
-    if b not in back:
+def _grow(kinds: list[_Kind], counts, k: int, gpus, root: int, group) -> list[Tree] | None:
+    """The ``counts[j]`` arcs of each kind grown into ``k`` out-trees from ``gpus[root]``;
+    None if they do not split (they always do where the program's rows hold)."""
+    n = len(gpus)
+    mult = np.zeros((n, n), dtype=np.int64)
+    pool: dict = {}
+    for kind, c in zip(kinds, counts):
+        mult[kind.a, kind.b] += c
+        pool.setdefault((kind.a, kind.b), []).extend([kind] * int(c))
+    grown = disjoint_arborescences(mult, root, k)
+    if grown is None:
         return None
-    path = []
-    while back[b] is not None:
-        b, e = back[b]
-        path.append(e)
-    return path
+    trees = []
+    for edges in grown:
+        taken = [pool[arc].pop() for arc in edges]
+        trees.append(Tree(group, gpus[root], tuple((gpus[p], gpus[c]) for p, c in edges),
+                          tuple(kind.path for kind in taken), 0.0,
+                          tuple(i for i, kind in enumerate(taken) if kind.down)))
+    return trees
