@@ -22,6 +22,8 @@ unequal trees are weighed against equal unit-rate trees (:mod:`~.integral_trees`
 lanes of its own: a link is shared equally among its transfers, so only equal trees get the
 rates they were planned with. Broadcast / reduce take Edmonds' disjoint trees when they keep
 the LP's rate; allreduce takes greedy unit spanning trees when the simulator finds them faster.
+Where the mixes of the LP's own trees lose rate, equal trees counted edge by edge by an integer
+program (:mod:`~.exact_mixes`) are simulated too.
 """
 
 from __future__ import annotations
@@ -398,9 +400,10 @@ def _unit_mixes(packing, caps, ranks, nbytes: int, nchunks) -> list:
     scored.sort(key=lambda x: (-x[0], x[1]))
     most = UNITS_SIMULATED_3 if n <= 3 else 1 if one else UNITS_SIMULATED
     chosen = [(units, counted, 1.0) for _, _, units, counted in scored[:most]]
-    if max((units.rate for _, units in mixes), default=0.0) < EXACT_BELOW * packing.rate:
+    kept = max((units.rate for _, units in mixes), default=0.0)
+    if kept < EXACT_BELOW * packing.rate:
         chosen += [(units, (q, largest_remainder(units, q)), EXACT_LEAD)
-                   for _, units in exact_equal_mixes(packing, caps, ranks)]
+                   for _, units in exact_equal_mixes(packing, caps, ranks, kept)]
     return chosen
 
 

@@ -58,9 +58,9 @@ NODES = 200          # branch-and-bound nodes per tree count (deterministic, unl
 GAP = 0.01           # stop once within this of the relaxation: its optimum keeps all the rate
 
 
-def exact_equal_mixes(packing: Packing, caps, gpus) -> list:
+def exact_equal_mixes(packing: Packing, caps, gpus, at_least: float = 0.0) -> list:
     """``[(k, units)]``: at most one packing of ``k`` equal spanning trees that keeps
-    :data:`KEEP` of ``packing``'s rate (module doc), or ``[]``.
+    :data:`KEEP` of ``packing``'s rate (module doc) and ``at_least`` GB/s, or ``[]``.
 
     >>> from collectx.topology import line
     >>> from collectx.planner.edge_split import job_graph
@@ -75,7 +75,7 @@ def exact_equal_mixes(packing: Packing, caps, gpus) -> list:
         return []
     kinds = _edge_kinds(packing, caps, gpus, directed=False)
     return _search(packing, kinds, _Program(kinds, n, *_partition_rows(kinds, n)),
-                   lambda counts, k: _deal(kinds, counts, k, gpus))
+                   lambda counts, k: _deal(kinds, counts, k, gpus), at_least)
 
 
 def exact_rooted_mix(packing: Packing, caps, gpus, root: int) -> list:
@@ -103,9 +103,11 @@ def exact_rooted_mix(packing: Packing, caps, gpus, root: int) -> list:
                    lambda counts, k: _grow(kinds, counts, k, gpus, root, group))
 
 
-def _search(packing: Packing, kinds: list, program: "_Program", build) -> list:
+def _search(packing: Packing, kinds: list, program: "_Program", build,
+            at_least: float = 0.0) -> list:
     """The first tree count of :func:`tree_counts` whose program keeps :data:`KEEP`, as
-    ``[(k, packing of build(counts, k))]``, or ``[]``."""
+    ``[(k, packing of build(counts, k))]``, or ``[]`` (also where that keeps less than
+    ``at_least`` GB/s: the trees are not built)."""
     unit = min((cap for kind in kinds if kind.direct for cap in kind.caps), default=None)
     if unit is None:
         return []
@@ -114,6 +116,8 @@ def _search(packing: Packing, kinds: list, program: "_Program", build) -> list:
         if found is None:
             continue
         kept, counts = found
+        if kept * packing.rate < at_least:
+            return []
         trees = build(counts, k)
         if trees is None:
             return []
