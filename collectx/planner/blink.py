@@ -67,13 +67,16 @@ UNITS_SIMULATED = 2
 # its three mirror images 0.945 -> 0.956 of the reference, for 0.15 s more planning time.
 UNITS_SIMULATED_3 = 6
 # Where no mix of the column generation's trees keeps this much of the packing's rate, the
-# fewest equal trees that keep exact_mixes.KEEP of it, counted edge by edge, are simulated too,
-# and taken where they finish in EXACT_LEAD of the best plan's time or less. Over the 2 x 247
-# DGX-1 allocations 39 allreduce plans got faster (DGX-1V GPUs 0, 1, 3, 4, 5, 6, 7: 0.898 ->
-# 0.974 of the reference) and 5 slower by 0.008 at most; taken wherever faster, 10 got slower,
-# as pipelines cut finer (host_relay) gain less on them than on the plans they displaced.
+# fewest equal trees that keep exact_mixes.KEEP of it, counted edge by edge, are simulated too
+# where they keep at least the best mix's rate, and taken where they finish in EXACT_LEAD of the
+# best plan's time or less: taken wherever faster, 10 DGX-1 plans got slower, as pipelines cut
+# finer (host_relay) gain less on them than on the plans they displaced. They take the place of
+# one column mix in the simulations, of all where they keep EXACT_ALONE more of the rate than
+# the best mix: the same plans on the 72 DGX-1 allocations of 6-7 GPUs, planned in 0.69 /
+# 0.61 s instead of 0.80 / 0.77 s (median, DGX-1P / DGX-1V, two processes on two cores).
 EXACT_BELOW = 0.99
 EXACT_LEAD = 0.99
+EXACT_ALONE = 0.01
 FILL_WEIGHT = 0.5
 # ... and where only the best-estimated mix is simulated (7 ranks): over the 7-GPU DGX-1
 # allocations at 2048 chunks that mix came within 0.991 of the best mix's busbw (mean) at
@@ -375,8 +378,9 @@ def _unit_mixes(packing, caps, ranks, nbytes: int, nchunks) -> list:
     with the best estimated rate after pipeline fill, at most :data:`UNITS_SIMULATED` of them
     (on 3 ranks :data:`UNITS_SIMULATED_3`, on 7 one), best first; then, where none of those
     mixes keeps :data:`EXACT_BELOW` of the packing's rate, the fewest equal trees the integer
-    program of :mod:`~.exact_mixes` finds. ``lead``: the fraction of the best plan's time a
-    mix must beat (1, or :data:`EXACT_LEAD` for the program's).
+    program of :mod:`~.exact_mixes` finds, in place of one of those mixes (of all of them where
+    they keep :data:`EXACT_ALONE` more of the rate). ``lead``: the fraction of the best plan's
+    time a mix must beat (1, or :data:`EXACT_LEAD` for the program's).
 
     The fill estimate (:func:`~.chunking.chunk_counts`' for the deepest tree's chunks) is
     weighed by :data:`FILL_WEIGHT` (:data:`FILL_WEIGHT_ONE` on 7 ranks). Of the 132 DGX-1
@@ -399,11 +403,14 @@ def _unit_mixes(packing, caps, ranks, nbytes: int, nchunks) -> list:
         scored.append((units.rate / (1 + weight * fill), k, units, (q, counts)))
     scored.sort(key=lambda x: (-x[0], x[1]))
     most = UNITS_SIMULATED_3 if n <= 3 else 1 if one else UNITS_SIMULATED
-    chosen = [(units, counted, 1.0) for _, _, units, counted in scored[:most]]
     kept = max((units.rate for _, units in mixes), default=0.0)
+    exact = []
     if kept < EXACT_BELOW * packing.rate:
-        chosen += [(units, (q, largest_remainder(units, q)), EXACT_LEAD)
-                   for _, units in exact_equal_mixes(packing, caps, ranks, kept)]
+        exact = [(units, (q, largest_remainder(units, q)), EXACT_LEAD)
+                 for _, units in exact_equal_mixes(packing, caps, ranks, kept)]
+    if exact:   # they take a column mix's simulation, or every one where they keep far more
+        most = 0 if exact[0][0].rate >= kept + EXACT_ALONE * packing.rate else max(1, most - 1)
+    chosen = [(units, counted, 1.0) for _, _, units, counted in scored[:most]] + exact
     return chosen
 
 
