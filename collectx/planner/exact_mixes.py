@@ -1,4 +1,5 @@
-"""Equal spanning trees for Blink allreduce, counted edge by edge by an integer program.
+"""Equal trees counted edge by edge by an integer program: spanning trees for Blink allreduce,
+out-trees from the root for Blink broadcast.
 
 Why
 ---
@@ -26,7 +27,9 @@ counts the tree edges of each kind::
 link's (``k = floor(m R / unit)``), in turn, and the first that keeps :data:`KEEP` of the LP's
 rate ``R`` is taken: few trees fill their pipelines sooner. The edges are then dealt into
 ``k`` spanning trees by Edmonds' matroid partition (shortest augmenting paths), and each tree
-is rooted at its centre.
+is rooted at its centre. Out-trees from a root take Edmonds' rows instead of the partitions
+(every GPU set without the root entered by ``k`` tree edges), and Lovász's construction grows
+them (:func:`~.integral_trees.disjoint_arborescences`).
 
 Partitions are enumerated (876 at 7 GPUs), so this serves up to :data:`MOST_RANKS` GPUs, but
 the program starts from the few that bind most often (every GPU apart, one GPU cut from the
@@ -51,7 +54,7 @@ from .tree_split import partition_forests
 from .treepack import Packing, Tree, _centre, _orient
 
 KEEP = 0.97          # the smallest tree count that keeps this much of the LP's rate is taken
-MOST_RANKS = 7       # partitions of 8 GPUs are 4140 rows: the program no longer solves in time
+MOST_RANKS = 7       # partitions: 876 at 7 GPUs, 4139 at 8 (full DGX-1 allreduce is at 0.977)
 MOST_ROOTED_RANKS = 8   # vertex sets without the root: 127 rows at 8 GPUs, 2047 at 12
 MOST_TREES = 36      # as many lanes as the mixes of chunking.equal_unit_mixes may take
 NODES = 200          # branch-and-bound nodes per tree count (deterministic, unlike a time limit)
