@@ -72,8 +72,9 @@ UNITS_SIMULATED_3 = 6
 # best plan's time or less: taken wherever faster, 10 DGX-1 plans got slower, as pipelines cut
 # finer (host_relay) gain less on them than on the plans they displaced. They take the place of
 # one column mix in the simulations, of all where they keep EXACT_ALONE more of the rate than
-# the best mix: the same plans on the 72 DGX-1 allocations of 6-7 GPUs, planned in 0.69 /
-# 0.61 s instead of 0.80 / 0.77 s (median, DGX-1P / DGX-1V, two processes on two cores).
+# the best mix (simulated beside every mix they cost 6-7 GPU plans 0.2-0.4 s): the 72 DGX-1
+# allocations of 6-7 GPUs plan in a median 0.80 / 0.70 s, slowest 0.97 / 0.90 s, against
+# 0.83 / 0.68 s and 1.01 / 1.01 s before the program (DGX-1P / DGX-1V, 5667675 run beside).
 EXACT_BELOW = 0.99
 EXACT_LEAD = 0.99
 EXACT_ALONE = 0.01
