@@ -242,6 +242,8 @@ class _SetTest:
 
     @classmethod
     def of(cls, n: int, root: int) -> "_SetTest | None":
+        """The cached test of ``n`` GPUs, or None past :data:`MOST_SET_VERTICES` (read on each
+        call, not cached with the test)."""
         return _set_test(n, root) if n <= MOST_SET_VERTICES else None
 
     def passing(self, left: np.ndarray, k: int, level: dict, arcs: list) -> np.ndarray:
