@@ -115,6 +115,7 @@ def test_the_c_dealer_refuses_an_item_waiting_for_a_later_one():
     items = [(0.0, 1, 0, ("down", 0), "copy", ref, (ref,), (0,)),
              (1.0, 0, 1, ("down", 0), "copy", ref, (ref,), ())]
     with pytest.raises(ValueError, match="names no item appended before"):
-        deal(items, [[], []], [{}, {}], 3, 64, ONE_LANE_TAGS, Instr, Dep)
+        deal(items, [[], []], [{}, {}], 3, 64, dict.fromkeys(ONE_LANE_TAGS, 1), Instr, Dep)
     with pytest.raises(ValueError, match="new seq"):
-        deal([items[1], items[1]], [[], []], [{}, {}], 3, 64, ONE_LANE_TAGS, Instr, Dep)
+        deal([items[1], items[1]], [[], []], [{}, {}], 3, 64, dict.fromkeys(ONE_LANE_TAGS, 1),
+             Instr, Dep)

@@ -56,6 +56,11 @@ ROOT_SUBLANES = (1, 2)
 # rate also try this many times the budget's chunks (see _finer_or).
 FINER_FROM = 9
 FINER_SCALE = {"allgather": 2, "allreduce": 8}
+# ... and an allreduce does so with its broadcasts on one lane per link and root and its
+# reductions on this many lanes per link: a reduction's lanes are keyed by the children it
+# pulls from, so every root whose in-trees share them at a node queues there (MI250: 0.94 of
+# the reference with two lanes for each, 0.977 with one and three; two or four: 0.969, 0.973).
+FINER_UP_SUBLANES = 3
 NEAR_RATE = 0.97               # an allreduce this close to its packing rate needs no rival
 UNIT_TREES = range(4, 9)       # equal trees per root tried for allgather with host edges
 # ... and, where that plan stays below WIDE_BELOW of its packing rate, the WIDE_MIXES mixes of
@@ -156,7 +161,7 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
             rate = min(p.rate for p, _ in packed.values())
             s = _unless_lp_faster(s, rate, G, topo, nbytes, ranks, inplace, nchunks)
         return s if nchunks else _finer_or(s, packed, collective, nbytes, ranks, inplace, topo,
-                                           True, 2)
+                                           True, 1, FINER_UP_SUBLANES)
     packed = {collective: _pack(G, ranks, reverse=collective == "reduce_scatter")}
     if collective == "allgather" and not packed[collective][0].balanced:
         # Unequal LP trees: whether a root's trees do better on one lane of their own per
@@ -192,18 +197,20 @@ def _faster_layout(packed: dict, collective: str, nbytes: int, ranks: tuple, inp
 
 
 def _finer_or(s: Schedule, packed: dict, collective: str, nbytes: int, ranks: tuple,
-              inplace: bool, topo, per_tree: bool, sublanes: int) -> Schedule:
+              inplace: bool, topo, per_tree: bool, sublanes: int,
+              up_sublanes: int | None = None) -> Schedule:
     """``s``, or the forest on :data:`FINER_SCALE` times its chunks per root (at most as many
     as :data:`MIN_CHUNK_BYTES` allows) where ``s`` lags its packing's rate
     (:data:`WIDE_BELOW`) past 8 ranks (:data:`FINER_FROM`) and that simulates faster;
-    ``per_tree`` and ``sublanes`` as in :func:`_schedule`.
+    ``per_tree``, ``sublanes`` and ``up_sublanes`` as in :func:`_schedule`.
 
     The LP's trees on 16-GCD MI250 run 5 to 13 levels deep, and their pipelines fill in a
     chunk time per level: allreduce, whose chunks climb in-trees and descend out-trees, went
-    from 0.77 of the reference on the budget's 64 chunks per root to 0.94 on 512, with the
-    broadcasts on lanes per root (0.95 on 1024, but its lanes then chain more steps than the
-    cost model's per-step latency lets finish in that time); allgather from 0.947 on 128 to
-    0.957 on 256 (0.956 on 512, 0.942 on 1024)."""
+    from 0.77 of the reference on the budget's 64 chunks per root to 0.977 on 512, with the
+    broadcasts on a lane per link and root and the reductions on three lanes per link
+    (:data:`FINER_UP_SUBLANES`; 1024 chunks gain nothing more, and their lanes chain more
+    steps than the cost model's per-step latency lets finish in that time); allgather from
+    0.947 on 128 to 0.957 on 256 (0.956 on 512, 0.942 on 1024)."""
     n = len(ranks)
     roots = n if collective == "allreduce" else 1   # allreduce's chunks are cut among roots
     most = int(unit_bytes(collective, nbytes, n) // roots // MIN_CHUNK_BYTES)
@@ -214,7 +221,7 @@ def _finer_or(s: Schedule, packed: dict, collective: str, nbytes: int, ranks: tu
         return s
     total = per_root * n if collective == "allreduce" else per_root
     finer = _schedule(packed, collective, nbytes, ranks, inplace, total, per_tree=per_tree,
-                      sublanes=sublanes)
+                      sublanes=sublanes, up_sublanes=up_sublanes)
     return faster(s, finer, topo, nbytes, ranks)
 
 
@@ -247,8 +254,11 @@ def _shallow_or(s: Schedule, packed: dict, nbytes: int, ranks: tuple, inplace: b
 
 def _schedule(packed: dict, collective: str, nbytes: int, ranks: tuple, inplace: bool,
               nchunks, per_tree: bool | None = None, sublanes: int = SUBLANES,
-              counted: tuple | None = None, stagger: int = 1) -> Schedule:
-    """``counted``: :func:`_counts` of these arguments, when the caller has it already."""
+              counted: tuple | None = None, stagger: int = 1,
+              up_sublanes: int | None = None) -> Schedule:
+    """``counted``: :func:`_counts` of these arguments, when the caller has it already;
+    ``sublanes`` and ``up_sublanes``: lanes per link of broadcasts and of reductions
+    (default ``sublanes``), see :class:`~.treesched.TreeEmitter`."""
     n = len(ranks)
     at = {g: i for i, g in enumerate(ranks)}
     per_root, counts = counted or _counts(packed, collective, nbytes, n, nchunks)
@@ -258,7 +268,7 @@ def _schedule(packed: dict, collective: str, nbytes: int, ranks: tuple, inplace:
     ag, rs = (counts.get(k) for k in ("allgather", "reduce_scatter"))
     nch = per_root * n if collective == "allreduce" else per_root
     b = ScheduleBuilder(collective, n, nch, inplace=inplace, algorithm="forest")
-    em = TreeEmitter(b, sublanes, stagger=stagger)
+    em = TreeEmitter(b, sublanes, stagger=stagger, up_sublanes=up_sublanes)
     trees_meta: list = []
     # Equal-rate allgather forests move each tree's transfers on their own lanes (see
     # TreeEmitter.broadcast). Allreduce keeps lanes per link: there each broadcast starts as

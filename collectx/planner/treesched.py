@@ -42,7 +42,10 @@ RefFn = Callable[[int, int, "Share"], Ref]   # (rank, chunk, share) -> Ref
 # Emitted items are (time, sequence number, ...), appended in sequence order: a stable sort by
 # time alone orders them by (time, sequence), three times faster than sorting on both.
 _BY_TIME = itemgetter(0)
-ONE_LANE_TAGS = ("host up", "host down")   # keys of copies to and from host memory: one lane
+# Copies up to and down from host memory keep one lane per peer (and tree, where trees have
+# lanes of their own): more concurrent ones only split the PCIe uplink among more transfers,
+# and the pipeline order is the one wanted.
+ONE_LANE_TAGS = ("host up", "host down")
 
 
 @dataclass(frozen=True)
@@ -101,9 +104,13 @@ class TreeEmitter:
     """
 
     def __init__(self, builder: ScheduleBuilder, sublanes: int = SUBLANES,
-                 tree_lanes: int = 1, stagger: int = 1):
+                 tree_lanes: int = 1, stagger: int = 1, up_sublanes: int | None = None):
         self.b = builder
         self.sublanes = sublanes
+        # Sublanes by the first element of a lane key; other keys get ``sublanes``.
+        self.tag_sublanes = dict.fromkeys(ONE_LANE_TAGS, 1)
+        if up_sublanes is not None:
+            self.tag_sublanes["up"] = up_sublanes
         self.tree_lanes = tree_lanes
         self.stagger = stagger
         if stagger > 1:
@@ -254,7 +261,7 @@ class TreeEmitter:
         native = compiled_helper("emit_lanes")
         if native is not None:
             native(items, self.b.lane_lists(), self._lane_keys, self.sublanes, MAX_LANES,
-                   ONE_LANE_TAGS, Instr, Dep)
+                   self.tag_sublanes, Instr, Dep)
             items.clear()
             return
         dep_of: list = [None] * len(items)   # item sequence number -> its Dep
@@ -276,15 +283,12 @@ class TreeEmitter:
         items.clear()
 
     def _slot_lane(self, rank: int, key, fixed: dict, slots: dict) -> int:
-        """The lane of the next item of ``rank`` under lane ``key``: its :attr:`sublanes` are
-        dealt round-robin; a key with one sublane is entered in ``fixed`` for good."""
+        """The lane of the next item of ``rank`` under lane ``key``: its sublanes
+        (:attr:`tag_sublanes` of its tag, else :attr:`sublanes`) are dealt round-robin; a key
+        with one sublane is entered in ``fixed`` for good."""
         slot = slots.get((rank, key))
         if slot is None:
-            # Copies up to host memory keep one lane per peer (and tree, where trees have
-            # lanes of their own): more concurrent ones only split the PCIe uplink among
-            # more transfers, and the pipeline order is the one wanted.
-            one = key[0] in ONE_LANE_TAGS
-            slot = slots[rank, key] = [0, {}, 1 if one else self.sublanes]
+            slot = slots[rank, key] = [0, {}, self.tag_sublanes.get(key[0], self.sublanes)]
         sub = slot[0] % slot[2]
         slot[0] += 1
         lane = slot[1].get(sub)

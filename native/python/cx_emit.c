@@ -5,12 +5,13 @@
  * dozen candidate schedules of 5,000-25,000 instructions each for one DGX-1 allocation; the
  * Python loop took about 1.2 us an item, a fifth of the slowest plans' time.
  *
- * emit_lanes(items, lanes, lane_keys, sublanes, max_lanes, one_lane_tags, Instr, Dep) does what
+ * emit_lanes(items, lanes, lane_keys, sublanes, max_lanes, tag_sublanes, Instr, Dep) does what
  * the Python loop does, item for item, and leaves the same state behind:
  *   - items: (t, seq, rank, key, op, dst, srcs, tokens), already sorted by t; seq numbers the
  *     items 0..n-1 and tokens are the seqs of the items each waits for (None: no producer);
- *   - an item's lane: the items of one (rank, key) are dealt round-robin over ``sublanes``
- *     sublanes (one when key[0] is in one_lane_tags); sublane s of key is the lane
+ *   - an item's lane: the items of one (rank, key) are dealt round-robin over
+ *     tag_sublanes[key[0]] sublanes, ``sublanes`` when key[0] is not in that dict; sublane s of
+ *     key is the lane
  *     lane_keys[rank][(key, s)], numbered in order of first use and taken modulo max_lanes
  *     (TreeEmitter.lane, which shares lane_keys);
  *   - lanes[rank][lane] (lists, created on demand) get Instr(op, dst, srcs, deps, None, ()),
@@ -36,7 +37,7 @@ typedef struct {
   PyObject* lanes;       /* list per rank of lists of lists */
   PyObject* lane_keys;   /* list per rank of dicts (key, sublane) -> lane number */
   PyObject* slot_of;     /* list per rank of dicts key -> index into slots */
-  PyObject* one_lane_tags;
+  PyObject* tag_sublanes;   /* dict key[0] -> sublanes of its keys; others get ``sublanes`` */
   long sublanes, max_lanes;
   Slot* slots;
   int* sub_lane;
@@ -65,17 +66,23 @@ static long lane_number(Dealer* d, Py_ssize_t rank, PyObject* key, int sub) {
   return number < 0 ? -1 : number % d->max_lanes;
 }
 
-/* Whether key[0] is one of the tags whose keys keep one lane: 1, 0, or -1 on error. */
-static int one_lane(Dealer* d, PyObject* key) {
-  if (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) < 1) return 0;
-  return PySequence_Contains(d->one_lane_tags, PyTuple_GET_ITEM(key, 0));
+/* The sublanes of ``key``: tag_sublanes[key[0]], else ``sublanes``; -1 on error. */
+static long key_sublanes(Dealer* d, PyObject* key) {
+  if (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) < 1) return d->sublanes;
+  PyObject* v = PyDict_GetItemWithError(d->tag_sublanes, PyTuple_GET_ITEM(key, 0));
+  if (v == NULL) return PyErr_Occurred() ? -1 : d->sublanes;
+  long n = PyLong_AsLong(v);
+  if (n < 1 && !PyErr_Occurred())
+    PyErr_Format(PyExc_ValueError, "emit_lanes: tag_sublanes gives %R %ld sublanes; at least "
+                 "one expected", PyTuple_GET_ITEM(key, 0), n);
+  return n < 1 ? -1 : n;
 }
 
 /* A new slot for ``key`` (registered in its rank's slot_of): its index, -1 on error. */
 static Py_ssize_t new_slot(Dealer* d, PyObject* slot_of, PyObject* key) {
-  int one = one_lane(d, key);
-  if (one < 0) return -1;
-  int nsub = one ? 1 : (int)d->sublanes;
+  long keyed = key_sublanes(d, key);
+  if (keyed < 0) return -1;
+  int nsub = (int)keyed;
   if (d->nslots == d->cap_slots) {
     Py_ssize_t cap = d->cap_slots ? 2 * d->cap_slots : 64;
     Slot* grown = realloc(d->slots, (size_t)cap * sizeof(Slot));
@@ -261,9 +268,9 @@ PyObject* cx_emit_lanes(PyObject* self, PyObject* args) {
   PyObject *items, *lanes, *lane_keys, *tags;
   long sublanes, max_lanes;
   PyTypeObject *Instr, *Dep;
-  if (!PyArg_ParseTuple(args, "O!O!O!llOO!O!", &PyList_Type, &items, &PyList_Type, &lanes,
-                        &PyList_Type, &lane_keys, &sublanes, &max_lanes, &tags, &PyType_Type,
-                        &Instr, &PyType_Type, &Dep))
+  if (!PyArg_ParseTuple(args, "O!O!O!llO!O!O!", &PyList_Type, &items, &PyList_Type, &lanes,
+                        &PyList_Type, &lane_keys, &sublanes, &max_lanes, &PyDict_Type, &tags,
+                        &PyType_Type, &Instr, &PyType_Type, &Dep))
     return NULL;
   Py_ssize_t nranks = PyList_GET_SIZE(lanes);
   if (sublanes < 1 || max_lanes < 1 || PyList_GET_SIZE(lane_keys) != nranks ||

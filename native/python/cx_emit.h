@@ -9,10 +9,10 @@
 PyObject* cx_emit_lanes(PyObject* self, PyObject* args);
 
 #define CX_EMIT_LANES_DOC                                                                      \
-  "emit_lanes(items, lanes, lane_keys, sublanes, max_lanes, one_lane_tags, Instr, Dep)\n\n"   \
+  "emit_lanes(items, lanes, lane_keys, sublanes, max_lanes, tag_sublanes, Instr, Dep)\n\n"    \
   "Append time-ordered emitter items (t, seq, rank, key, op, dst, srcs, tokens) to lanes\n"    \
-  "[rank][lane] as Instr tuples, each key's items dealt round-robin over its sublanes (one\n"  \
-  "for keys whose first element is in one_lane_tags); lane_keys[rank] maps (key, sublane)\n"   \
+  "[rank][lane] as Instr tuples, each key's items dealt round-robin over its sublanes\n"       \
+  "(tag_sublanes[key[0]], else sublanes); lane_keys[rank] maps (key, sublane)\n"               \
   "to a lane number (modulo max_lanes) and is extended as TreeEmitter.lane extends it.\n"      \
   "Returns None. See native/python/cx_emit.c."
 
