@@ -11,7 +11,8 @@ from collectx.schedule.ir import Schedule
 
 FIELDS = {"collective", "ranks", "algorithm", "nbytes", "predicted_time_us",
           "predicted_algbw_GBps", "predicted_busbw_GBps", "bound_busbw_GBps",
-          "ceiling_busbw_GBps", "efficiency", "planning_time_s", "verified", "schedule"}
+          "ceiling_busbw_GBps", "efficiency", "planning_time_s", "verified", "verify_time_s",
+          "schedule"}
 
 
 def test_json_fields(capsys):

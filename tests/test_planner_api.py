@@ -12,7 +12,8 @@ from collectx.schedule.ir import Schedule
 
 JSON_FIELDS = {"collective", "ranks", "algorithm", "nbytes", "predicted_time_us",
                "predicted_algbw_GBps", "predicted_busbw_GBps", "bound_busbw_GBps",
-               "ceiling_busbw_GBps", "efficiency", "planning_time_s", "verified", "schedule"}
+               "ceiling_busbw_GBps", "efficiency", "planning_time_s", "verified", "verify_time_s",
+               "schedule"}
 
 
 def test_plan_forced_direct_on_switch():
@@ -23,6 +24,22 @@ def test_plan_forced_direct_on_switch():
     assert set(d) == JSON_FIELDS
     assert Schedule.from_dict(d["schedule"]) == p.schedule
     assert d["ranks"] == list(p.ranks) and d["nbytes"] == 1 << 20
+
+
+def test_verification_is_timed_apart_from_planning(monkeypatch):
+    import time
+
+    import collectx.planner.api as api
+    real = api._verify
+
+    def slow_verify(schedule):
+        time.sleep(0.2)
+        return real(schedule)
+    monkeypatch.setattr(api, "_verify", slow_verify)
+    checked = plan(T.switch(4), "allreduce", 1 << 20, algo="direct")
+    assert checked.verified and checked.verify_time_s >= 0.2 > checked.planning_time_s
+    unchecked = plan(T.switch(4), "allreduce", 1 << 20, algo="direct", verify=False)
+    assert not unchecked.verified and unchecked.verify_time_s == 0.0
 
 
 def test_plan_gpu_ids_and_indices_pick_the_same_ranks():

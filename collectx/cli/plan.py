@@ -106,8 +106,8 @@ def format_plan(p) -> str:
             lines.append(f"bound        busbw {d['bound_busbw_GBps']:.2f} GB/s")
     if d["efficiency"] is not None:
         lines.append(f"efficiency   {d['efficiency']:.3f} of the bound")
-    lines.append(f"verified     {'yes' if p.verified else 'no'}; planned in "
-                 f"{p.planning_time_s:.3f} s")
+    checked = f"yes (in {p.verify_time_s:.3f} s)" if p.verified else "no"
+    lines.append(f"verified     {checked}; planned in {p.planning_time_s:.3f} s")
     return "\n".join(lines)
 
 
