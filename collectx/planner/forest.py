@@ -58,8 +58,8 @@ FINER_FROM = 9
 FINER_SCALE = {"allgather": 2, "allreduce": 8}
 # ... and an allreduce does so with its broadcasts on one lane per link and root and its
 # reductions on this many lanes per link: a reduction's lanes are keyed by the children it
-# pulls from, so every root whose in-trees share them at a node queues there (MI250: 0.94 of
-# the reference with two lanes for each, 0.977 with one and three; two or four: 0.969, 0.973).
+# pulls from, so every root whose in-trees share them at a node queues there (MI250: 0.939 of
+# the reference with two lanes for each, 0.975 with one and three; two or four: 0.967, 0.972).
 FINER_UP_SUBLANES = 3
 NEAR_RATE = 0.97               # an allreduce this close to its packing rate needs no rival
 UNIT_TREES = range(4, 9)       # equal trees per root tried for allgather with host edges
@@ -209,7 +209,7 @@ def _finer_or(s: Schedule, packed: dict, collective: str, nbytes: int, ranks: tu
 
     The LP's trees on 16-GCD MI250 run 5 to 13 levels deep, and their pipelines fill in a
     chunk time per level: allreduce, whose chunks climb in-trees and descend out-trees, went
-    from 0.77 of the reference on the budget's 64 chunks per root to 0.977 on 512, with the
+    from 0.77 of the reference on the budget's 64 chunks per root to 0.975 on 512, with the
     broadcasts on a lane per link and root and the reductions on three lanes per link
     (:data:`FINER_UP_SUBLANES`; 1024 chunks gain nothing more, and their lanes chain more
     steps than the cost model's per-step latency lets finish in that time); allgather from
