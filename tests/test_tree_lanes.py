@@ -80,6 +80,32 @@ def test_the_lane_limit_matches_both_native_executors():
         assert found and int(found.group(1)) == MAX_LANES, header
 
 
+def _reduce_then_broadcast(up_sublanes):
+    """Lanes of rank 0 after it reduces six chunks from ranks 1 and 2 and sends them back."""
+    from collectx.planner.treesched import chunk_refs
+    b = ScheduleBuilder("allreduce", 3, 6)
+    em = TreeEmitter(b, 1, up_sublanes=up_sublanes)
+    share = Share(0, ((0, 1), (0, 2)), tuple(range(6)))
+    done = em.reduce([share], contrib=chunk_refs("input"), result=chunk_refs("output"))
+    em.broadcast([share], src=chunk_refs("output"), dst=chunk_refs("output"), after=done)
+    em.flush()
+    s = b.build()
+    verify(s)
+    return s
+
+
+def test_reductions_take_their_own_count_of_lanes(monkeypatch):
+    import collectx.planner.treesched as ts
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(ts, "compiled_helper", lambda name: None)
+        reducing = [len(lane.instrs) for lane in _reduce_then_broadcast(3).lanes[0]]
+        assert reducing == [2, 2, 2], native   # rank 0 only reduces, over three lanes
+        sending = [len(lane.instrs) for lane in _reduce_then_broadcast(3).lanes[1]]
+        assert sending == [6], native          # rank 1 pulls each chunk back on one lane
+        assert [len(lane.instrs) for lane in _reduce_then_broadcast(None).lanes[0]] == [6]
+
+
 def _plans_of_tree_emitters():
     """Tree plans that exercise every kind of lane key: shared and per-root lanes, trees with
     lanes of their own, staggered runs, staged copies through host memory, and (the full
