@@ -55,7 +55,7 @@ ROOT_SUBLANES = (1, 2)
 # Past 8 ranks (the planning-time target is 5 s there, not 1 s), forests that lag their packing
 # rate also try this many times the budget's chunks (see _finer_or).
 FINER_FROM = 9
-FINER_SCALE = {"allgather": 2, "allreduce": 8}
+FINER_SCALE = {"allgather": 2, "reduce_scatter": 2, "allreduce": 8}
 # ... and an allreduce does so with its broadcasts on one lane per link and root and its
 # reductions on this many lanes per link: a reduction's lanes are keyed by the children it
 # pulls from, so every root whose in-trees share them at a node queues there (MI250: 0.939 of
@@ -171,7 +171,9 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
         # link (the links' equal sharing then goes per root, not per transfer) depends on
         # the fabric: +12% on mi250_16gcd, up to -7% on DGX-1 allocations.
         return _faster_layout(packed, collective, nbytes, ranks, inplace, nchunks, topo)
-    return _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
+    s = _schedule(packed, collective, nbytes, ranks, inplace, nchunks)
+    return s if nchunks else _finer_or(s, packed, collective, nbytes, ranks, inplace, topo,
+                                       False, SUBLANES)
 
 
 def _pack_allreduce(G, ranks, balanced: bool = True, host: bool | str = False,
@@ -213,7 +215,8 @@ def _finer_or(s: Schedule, packed: dict, collective: str, nbytes: int, ranks: tu
     broadcasts on a lane per link and root and the reductions on three lanes per link
     (:data:`FINER_UP_SUBLANES`; 1024 chunks gain nothing more, and their lanes chain more
     steps than the cost model's per-step latency lets finish in that time); allgather from
-    0.947 on 128 to 0.957 on 256 (0.956 on 512, 0.942 on 1024)."""
+    0.947 on 128 to 0.957 on 256 (0.956 on 512, 0.942 on 1024); reduce-scatter from 0.850 on
+    128 to 0.908 on 256 (0.878 on 512)."""
     n = len(ranks)
     roots = n if collective == "allreduce" else 1   # allreduce's chunks are cut among roots
     most = int(unit_bytes(collective, nbytes, n) // roots // MIN_CHUNK_BYTES)
