@@ -55,12 +55,14 @@ ROOT_SUBLANES = (1, 2)
 # Past 8 ranks (the planning-time target is 5 s there, not 1 s), forests that lag their packing
 # rate also try this many times the budget's chunks (see _finer_or).
 FINER_FROM = 9
-FINER_SCALE = {"allgather": 2, "reduce_scatter": 2, "allreduce": 8}
-# ... and an allreduce does so with its broadcasts on one lane per link and root and its
-# reductions on this many lanes per link: a reduction's lanes are keyed by the children it
-# pulls from, so every root whose in-trees share them at a node queues there (MI250: 0.939 of
-# the reference with two lanes for each, 0.975 with one and three; two or four: 0.967, 0.972).
-FINER_UP_SUBLANES = 3
+FINER_SCALE = {"allgather": 2, "reduce_scatter": 4, "allreduce": 8}
+# ... with reductions on this many lanes per link: a reduction's lanes are keyed by the
+# children it pulls from, so every root whose in-trees share them at a node queues there.
+# MI250 allreduce, its broadcasts on one lane per link and root: 0.939 of the reference with
+# two lanes for broadcasts and reductions, 0.975 with three for reductions (two or four:
+# 0.967, 0.972). Reduce-scatter runs half as long, so its lanes must chain fewer steps (3.4 us
+# each in the cost model): 0.878 of the bound with three lanes, 0.940 with four.
+FINER_UP_SUBLANES = {"reduce_scatter": 4, "allreduce": 3}
 NEAR_RATE = 0.97               # an allreduce this close to its packing rate needs no rival
 UNIT_TREES = range(4, 9)       # equal trees per root tried for allgather with host edges
 # ... and, where that plan stays below MIXES_BELOW of its packing rate, the WIDE_MIXES mixes of
@@ -164,7 +166,7 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
             rate = min(p.rate for p, _ in packed.values())
             s = _unless_lp_faster(s, rate, G, topo, nbytes, ranks, inplace, nchunks)
         return s if nchunks else _finer_or(s, packed, collective, nbytes, ranks, inplace, topo,
-                                           True, 1, FINER_UP_SUBLANES)
+                                           True, 1)
     packed = {collective: _pack(G, ranks, reverse=collective == "reduce_scatter")}
     if collective == "allgather" and not packed[collective][0].balanced:
         # Unequal LP trees: whether a root's trees do better on one lane of their own per
@@ -202,21 +204,22 @@ def _faster_layout(packed: dict, collective: str, nbytes: int, ranks: tuple, inp
 
 
 def _finer_or(s: Schedule, packed: dict, collective: str, nbytes: int, ranks: tuple,
-              inplace: bool, topo, per_tree: bool, sublanes: int,
-              up_sublanes: int | None = None) -> Schedule:
+              inplace: bool, topo, per_tree: bool, sublanes: int) -> Schedule:
     """``s``, or the forest on :data:`FINER_SCALE` times its chunks per root (at most as many
     as :data:`MIN_CHUNK_BYTES` allows) where ``s`` lags its packing's rate
     (:data:`WIDE_BELOW`) past 8 ranks (:data:`FINER_FROM`) and that simulates faster;
-    ``per_tree``, ``sublanes`` and ``up_sublanes`` as in :func:`_schedule`.
+    ``per_tree`` and ``sublanes`` as in :func:`_schedule`, reductions on
+    :data:`FINER_UP_SUBLANES` lanes per link.
 
     The LP's trees on 16-GCD MI250 run 5 to 13 levels deep, and their pipelines fill in a
     chunk time per level: allreduce, whose chunks climb in-trees and descend out-trees, went
     from 0.77 of the reference on the budget's 64 chunks per root to 0.975 on 512, with the
     broadcasts on a lane per link and root and the reductions on three lanes per link
-    (:data:`FINER_UP_SUBLANES`; 1024 chunks gain nothing more, and their lanes chain more
+    (1024 chunks gain nothing more, and their lanes chain more
     steps than the cost model's per-step latency lets finish in that time); allgather from
     0.947 on 128 to 0.957 on 256 (0.956 on 512, 0.942 on 1024); reduce-scatter from 0.850 on
-    128 to 0.908 on 256 (0.878 on 512)."""
+    128 to 0.940 on 512 (0.908 on 256; 0.943 on 768 with six lanes: past 512 it needs more
+    lanes to keep its step chains short)."""
     n = len(ranks)
     roots = n if collective == "allreduce" else 1   # allreduce's chunks are cut among roots
     most = int(unit_bytes(collective, nbytes, n) // roots // MIN_CHUNK_BYTES)
@@ -227,7 +230,7 @@ def _finer_or(s: Schedule, packed: dict, collective: str, nbytes: int, ranks: tu
         return s
     total = per_root * n if collective == "allreduce" else per_root
     finer = _schedule(packed, collective, nbytes, ranks, inplace, total, per_tree=per_tree,
-                      sublanes=sublanes, up_sublanes=up_sublanes)
+                      sublanes=sublanes, up_sublanes=FINER_UP_SUBLANES.get(collective))
     return faster(s, finer, topo, nbytes, ranks)
 
 
