@@ -119,12 +119,12 @@ def _search(packing: Packing, kinds: list, program: "_Program", build,
         if found is None:
             continue
         kept, counts = found
-        if kept * packing.rate < at_least:
+        rate = kept * packing.rate
+        if rate < at_least:
             return []
         trees = build(counts, k)
         if trees is None:
             return []
-        rate = kept * packing.rate
         trees = tuple(replace(t, rate=rate / k) for t in trees)
         return [(k, Packing(rate=rate, trees=trees, rounds=packing.rounds,
                             columns=packing.columns))]

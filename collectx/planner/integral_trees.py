@@ -80,12 +80,11 @@ def _paths_ok(mult: np.ndarray, root: int, k: int, inside: set) -> bool:
     return True
 
 
-def disjoint_arborescences(mult: np.ndarray, root: int, k: int,
-                           shallower: bool = True) -> list | None:
+def disjoint_arborescences(mult: np.ndarray, root: int, k: int) -> list | None:
     """``k`` out-trees from ``root`` spanning every GPU, together using arc ``(u, v)`` at
-    most ``mult[u, v]`` times: each a list of top-down ``(parent, child)`` pairs. None when
-    some GPU has fewer than ``k`` unit paths from the root. ``shallower``: then shorten the
-    deepest trees by local moves (:func:`_shallower`; slow past a dozen trees)."""
+    most ``mult[u, v]`` times: each a list of top-down ``(parent, child)`` pairs, the deepest
+    then shortened by local moves (:func:`_shallower`). None when some GPU has fewer than
+    ``k`` unit paths from the root."""
     n = len(mult)
     left = mult.copy()
     if not _paths_ok(left, root, k, {root}):
@@ -104,7 +103,7 @@ def disjoint_arborescences(mult: np.ndarray, root: int, k: int,
             level[v] = level[u] + 1
             edges.append(edge)
         trees.append(edges)
-    return _shallower(trees, left, root) if shallower else trees
+    return _shallower(trees, left, root)
 
 
 SWEEPS = 30
