@@ -33,6 +33,8 @@ class Config:
     tile_bytes: int = 2 << 20    # COLLECTX_TILE_BYTES: one tile's staging slots (cache-sized)
     hosts: str | None = None     # COLLECTX_HOSTS: split local ranks into pseudo-hosts ("2,2")
     native_lib: str | None = None  # COLLECTX_NATIVE_LIB: load this libcollectx instead of searching
+    cma: bool = True             # COLLECTX_CMA=0: peers read large buffers from the window, never
+                                 # across processes (process_vm_readv)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Config":
@@ -53,6 +55,7 @@ class Config:
             tile_bytes=_positive(get, "COLLECTX_TILE_BYTES", 2 << 20, int),
             hosts=get("COLLECTX_HOSTS"),
             native_lib=get("COLLECTX_NATIVE_LIB"),
+            cma=_flag(get, "COLLECTX_CMA", True),
         )
 
 
@@ -68,6 +71,18 @@ def _positive(get, name, default, kind):
         raise ConfigError(f"{name}={raw!r}: expected a positive {kind.__name__}; unset it to use "
                           f"the default {default}")
     return value
+
+
+def _flag(get, name, default: bool) -> bool:
+    raw = get(name)
+    if raw is None:
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r}: expected 0 or 1; unset it to use the default "
+                      f"{int(default)}")
 
 
 @functools.lru_cache(maxsize=1)

@@ -6,6 +6,7 @@ table is printed with ratio columns (collectx / MPI, collectx / gloo). Benchmark
     python perf/compare_cpu.py                         # 2 and 4 ranks, allreduce/allgather/rs
     python perf/compare_cpu.py --ranks 2 --colls allreduce --sizes 8,1M,64M --json out.jsonl
     python perf/compare_cpu.py --ranks 2 --colls allreduce --repeat 3   # medians of 3 rounds
+    python perf/compare_cpu.py --ranks 2 --colls allreduce --staged    # + COLLECTX_CMA=0 column
 
 On a shared machine, --repeat N runs the backends round-robin N times (collectx, MPI, gloo,
 collectx, ...) and reports each backend's median time per point, so a burst of load from other
@@ -24,6 +25,10 @@ microseconds per small allreduce, for every backend). So every backend gets the 
 ``--bind core`` (the default) pins rank r to the r-th allowed CPU when the ranks fit, which is
 what mpirun does (``collectx.launch(..., bind="core")`` for collectx and gloo, ``--bind-to core``
 for mpirun); ``--bind none`` leaves placement to the scheduler everywhere.
+
+``--staged`` adds collectx with ``COLLECTX_CMA=0`` as one more backend of every round: peers
+then read staged copies in the shared window, never each other's buffers across processes, so
+the ``cx/staged`` column shows what cross-process reads bring, measured in the same run.
 """
 
 from __future__ import annotations
@@ -141,9 +146,20 @@ def _rank0(results):
     return results[0]
 
 
-def run_collectx(n, cases, budget, bind, window=False):
+def run_collectx(n, cases, budget, bind, window=False, cma=True):
+    """``cma=False``: the ranks run with COLLECTX_CMA=0 (otherwise the environment decides)."""
     import collectx
-    return _rank0(collectx.launch(bench_collectx, n, args=(cases, budget, window), bind=bind))
+    before = os.environ.get("COLLECTX_CMA")
+    if not cma:
+        os.environ["COLLECTX_CMA"] = "0"   # the spawned ranks read it at init
+    try:
+        return _rank0(collectx.launch(bench_collectx, n, args=(cases, budget, window),
+                                      bind=bind))
+    finally:
+        if before is None:
+            del os.environ["COLLECTX_CMA"]
+        else:
+            os.environ["COLLECTX_CMA"] = before
 
 
 def run_gloo(n, cases, budget, bind):
@@ -172,37 +188,44 @@ def rounds(n, cases, budget, skip, repeat, bind, probes=None, window=False):
     """Median time per case of each backend over ``repeat`` round-robin rounds. ``probes``
     (a dict) collects :func:`_probe.exchange_us` taken before each backend's round."""
     none = [float("nan")] * len(cases)
-    runs = {"cx": [], "mpi": [], "gloo": []}
+    runs = {"cx": [], "staged": [], "mpi": [], "gloo": []}
     probes = {} if probes is None else probes
     run = {"cx": functools.partial(run_collectx, window=window), "mpi": run_mpi,
+           "staged": functools.partial(run_collectx, window=window, cma=False),
            "gloo": run_gloo}
     for _ in range(repeat):
-        for k in ("cx", "mpi", "gloo"):
+        for k in ("cx", "staged", "mpi", "gloo"):
             if k in skip:
                 runs[k].append(none)
                 continue
             probes.setdefault(k, []).append(exchange_us())
             runs[k].append(run[k](n, cases, budget, bind))
-    return [[float(np.median(col)) for col in zip(*runs[k])] for k in ("cx", "mpi", "gloo")]
+    return [[float(np.median(col)) for col in zip(*runs[k])]
+            for k in ("cx", "staged", "mpi", "gloo")]
 
 
 def probe_lines(n, probes) -> str:
     """One line per backend: the machine probe before each of its rounds."""
-    names = {"cx": "collectx", "mpi": "Open MPI", "gloo": "gloo"}
+    names = {"cx": "collectx", "staged": "staged", "mpi": "Open MPI", "gloo": "gloo"}
     return "\n".join(f"  {n} ranks, before {names[k]:<8} rounds: "
                      + " ".join(f"{t:.0f}" for t in ts) for k, ts in probes.items())
 
 
-def table(rows) -> str:
-    head = (f"{'coll':<15}{'ranks':>5}{'bytes':>11}{'collectx us':>13}{'MPI us':>11}"
+def table(rows, staged: bool = False) -> str:
+    """The result table; ``staged`` adds the COLLECTX_CMA=0 backend's time and ratio."""
+    extra = staged and rows
+    head = (f"{'coll':<15}{'ranks':>5}{'bytes':>11}{'collectx us':>13}"
+            + (f"{'staged us':>11}" if extra else "") + f"{'MPI us':>11}"
             f"{'gloo us':>11}{'cx busbw':>10}{'MPI busbw':>10}{'gloo busbw':>11}"
-            f"{'cx/MPI':>8}{'cx/gloo':>9}")
+            f"{'cx/MPI':>8}{'cx/gloo':>9}" + (f"{'cx/staged':>11}" if extra else ""))
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['coll']:<15}{r['ranks']:>5}{r['bytes']:>11}"
-                     f"{r['collectx_us']:>13.1f}{r['mpi_us']:>11.1f}{r['gloo_us']:>11.1f}"
+        lines.append(f"{r['coll']:<15}{r['ranks']:>5}{r['bytes']:>11}{r['collectx_us']:>13.1f}"
+                     + (f"{r['staged_us']:>11.1f}" if extra else "")
+                     + f"{r['mpi_us']:>11.1f}{r['gloo_us']:>11.1f}"
                      f"{r['collectx_busbw']:>10.2f}{r['mpi_busbw']:>10.2f}{r['gloo_busbw']:>11.2f}"
-                     f"{r['ratio_mpi']:>8.2f}{r['ratio_gloo']:>9.1f}")
+                     f"{r['ratio_mpi']:>8.2f}{r['ratio_gloo']:>9.1f}"
+                     + (f"{r['ratio_staged']:>11.2f}" if extra else ""))
     return "\n".join(lines)
 
 
@@ -221,6 +244,8 @@ def main(argv=None) -> int:
     ap.add_argument("--buffers", choices=("numpy", "window"), default="numpy",
                     help="collectx's buffers: numpy arrays (staged through the shared window, "
                          "like every other backend's) or comm.empty arrays in the window")
+    ap.add_argument("--staged", action="store_true",
+                    help="also run collectx with COLLECTX_CMA=0 (peers read staged copies)")
     ap.add_argument("--json", help="also write JSON lines here")
     ap.add_argument("--mpi-worker", help=argparse.SUPPRESS)
     ap.add_argument("--cases", help=argparse.SUPPRESS)
@@ -232,21 +257,24 @@ def main(argv=None) -> int:
         return 0
     rows, notes = [], []
     skip = {k.strip() for k in a.skip.split(",")} & {"mpi", "gloo"}
+    if not a.staged:
+        skip.add("staged")
     for n in map(int, a.ranks.split(",")):
         cases = [(c, parse_size(s)) for c in a.colls.split(",") for s in a.sizes.split(",")]
         probes: dict = {}
-        cx, mpi, gloo = rounds(n, cases, a.budget, skip, max(1, a.repeat), a.bind, probes,
-                               window=a.buffers == "window")
+        cx, staged, mpi, gloo = rounds(n, cases, a.budget, skip, max(1, a.repeat), a.bind,
+                                       probes, window=a.buffers == "window")
         notes.append(probe_lines(n, probes))
-        for (coll, nbytes), t_cx, t_mpi, t_gl in zip(cases, cx, mpi, gloo):
+        for (coll, nbytes), t_cx, t_st, t_mpi, t_gl in zip(cases, cx, staged, mpi, gloo):
             f = FACTOR[coll](n)
             bw = lambda t: nbytes / t * f / 1e9 if t == t and t > 0 else float("nan")  # noqa
             rows.append({"coll": coll, "ranks": n, "bytes": nbytes, "bind": a.bind,
                          "collectx_us": t_cx * 1e6, "mpi_us": t_mpi * 1e6, "gloo_us": t_gl * 1e6,
                          "collectx_busbw": bw(t_cx), "mpi_busbw": bw(t_mpi),
                          "gloo_busbw": bw(t_gl), "ratio_mpi": t_mpi / t_cx,
-                         "ratio_gloo": t_gl / t_cx})
-    print(table(rows))
+                         "ratio_gloo": t_gl / t_cx, "staged_us": t_st * 1e6,
+                         "ratio_staged": t_st / t_cx})
+    print(table(rows, a.staged))
     print("\nmachine probe (us per 1 MiB exchange between the first two CPUs, numpy only; "
           "rounds that ran on a steadier or faster machine show here):")
     print("\n".join(notes))

@@ -17,10 +17,10 @@ def _report(path: str, me: int, **fields) -> None:
         json.dump(fields, f)
 
 
-def killed_mid_collective(path: str, victim: int) -> None:
-    """The victim SIGKILLs itself while the others are inside an allreduce."""
+def killed_mid_collective(path: str, victim: int, n: int = 1 << 16) -> None:
+    """The victim SIGKILLs itself while the others are inside an allreduce of n floats."""
     comm = collectx.init(timeout=60)
-    x = np.ones(1 << 16, np.float32)
+    x = np.ones(n, np.float32)
     comm.allreduce(x)
     if comm.rank == victim:
         time.sleep(0.5)          # the others are waiting in the next allreduce by now

@@ -187,3 +187,48 @@ def aliasing(n: int) -> list[str]:
         bad.append(f"reduce_scatter with the output inside the input: {x[r * n:r * n + 4]}")
     comm.close()
     return bad
+
+
+def cross_process_reads(n: int) -> dict:
+    """Large calls (peers read user buffers across processes where the probe allowed it) with
+    each rank choosing its own buffer layout: rank 0 in place, rank 1 into a disjoint output,
+    rank 2 into an output overlapping its input at an offset (which must stage instead).
+    Returns the failures, whether the window reads across processes, and which buffers this
+    rank published for peers to read in its last allreduce."""
+    from collectx.runtime.window import DESC_WORDS, W_DESC
+    comm = collectx.init(timeout=60)
+    r, s = comm.rank, comm.size
+    bad = []
+    inputs = [rank_input(11, q, n, "float32") for q in range(s)]
+    total = np.add.reduce(np.stack(inputs), axis=0)
+    published = []
+    for op in ("sum", "avg", "max"):
+        want = REDUCE["max"](np.stack(inputs), axis=0) if op == "max" else \
+            total if op == "sum" else total * np.float32(1.0 / s)
+        if r == 0:
+            x = out = inputs[r].copy()
+            comm.allreduce(x, op=op)
+        elif r == 1:
+            x, out = inputs[r].copy(), np.full(n, -7, np.float32)
+            comm.allreduce(x, out=out, op=op)
+        else:
+            buf = np.zeros(n + 1000, np.float32)
+            buf[1000:] = inputs[r]
+            x, out = buf[1000:], buf[:n]
+            comm.allreduce(x, out=out, op=op)
+        if not np.array_equal(out, want):
+            bad.append(f"rank {r}: allreduce {op}: {out[:4]} vs {want[:4]}")
+        if r == 1 and not np.array_equal(x, inputs[r]):
+            bad.append(f"rank {r}: allreduce {op} changed its input")
+        slot = W_DESC + DESC_WORDS * ((comm._engine._seq - 1) & 1)
+        published = [int(v) != 0 for v in comm._window.ctl[r][slot + 8:slot + 10]]
+    m = n // s * s
+    for coll in ("allgather", "reduce_scatter", "broadcast", "reduce", "alltoall"):
+        x = inputs[r][:m].copy()
+        got = call(comm, coll, x, "sum", s - 1)
+        want = reference(coll, "sum", [i[:m] for i in inputs], r, s - 1)
+        if got is not None and not np.array_equal(np.asarray(got), want):
+            bad.append(f"rank {r}: {coll}: {np.asarray(got)[:4]} vs {want[:4]}")
+    cma = comm._window.cma
+    comm.close()
+    return {"bad": bad, "cma": cma, "published": published}

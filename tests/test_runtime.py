@@ -66,6 +66,21 @@ def test_disjoint_aliased_and_overlapping_buffers_over_many_tiles(monkeypatch, n
     assert collectx.launch(W.aliasing, nranks, args=(3001,), timeout=240) == [[]] * nranks
 
 
+@pytest.mark.parametrize("cma", ["1", "0"])
+def test_large_calls_with_each_rank_choosing_its_buffer_layout(monkeypatch, cma):
+    # 6 MiB a rank: over the size from which peers read user buffers across processes. Rank 0
+    # runs in place, rank 1 into a disjoint output, rank 2 into an output that overlaps its
+    # input at an offset, which must be staged whatever the others do.
+    monkeypatch.setenv("COLLECTX_CMA", cma)
+    got = collectx.launch(W.cross_process_reads, 3, args=(3 * (1 << 19) + 7,), timeout=240)
+    assert [b for g in got for b in g["bad"]] == []
+    cma_used = got[0]["cma"]
+    assert all(g["cma"] == cma_used for g in got)
+    if cma == "0":
+        assert not cma_used
+    assert [g["published"] for g in got] == [[cma_used] * 2, [cma_used] * 2, [False, False]]
+
+
 def test_async_torch_bf16_and_out_buffers():
     pytest.importorskip("torch")
     assert collectx.launch(W.async_and_torch, 2, args=(1000,), timeout=240) == [[], []]

@@ -28,6 +28,18 @@ def test_sigkilled_rank_makes_every_survivor_raise_peer_failure(tmp_path):
         assert rep["seconds"] < 5.0, rep
 
 
+def test_sigkilled_rank_during_large_calls_read_across_processes(tmp_path):
+    # 16 MiB: peers read each other's user buffers across processes (where allowed), and a
+    # read of the dead rank's memory must report it as promptly as a wait on its flags.
+    with pytest.raises(RankFailed, match="rank 0 was killed by signal SIGKILL"):
+        collectx.launch(F.killed_mid_collective, 3, args=(str(tmp_path), 0, 1 << 22), grace=20,
+                        timeout=120)
+    for r in (1, 2):
+        rep = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert rep["error"] == "PeerFailure" and rep["rank"] == 0, rep
+        assert rep["seconds"] < 5.0, rep
+
+
 @pytest.mark.parametrize("kind", ["collective", "dtype", "op", "size", "root"])
 def test_mismatched_calls_raise_collective_mismatch_on_every_rank(kind):
     results = collectx.launch(F.mismatched, 3, args=(kind,), timeout=120)

@@ -55,7 +55,7 @@ class Communicator:
         _warm_planner()
         prefix = next_key_prefix("comm", store, rank)
         self._window = Window(rank, size, as_store(store), prefix, cfg.window_bytes, self.timeout,
-                              machine_ranks)
+                              machine_ranks, cma=cfg.cma)
         self._engine = Engine(self._window, cfg, topology, self.timeout)
         self._heap = Heap(self._window.heap_bytes)
         self._worker: Worker | None = None

@@ -20,11 +20,13 @@ A :class:`FlatPlan` is built once per (schedule, rank) and cached by the communi
 from __future__ import annotations
 
 from ..errors import PlanError, ScheduleError
+from ..schedule._graph import build_graph, topo_order, vector_clocks
 from ..schedule.host import host_as_scratch
 from ..schedule.ir import MAX_LANES, Dep, Ref, Schedule, alias
 from ._lib import native
 
 BUF_CODE = {"input": 0, "output": 1, "scratch": 2}
+BUFS = ("input", "output")        # the user's buffers
 OP_CODE = {"copy": 0, "reduce": 1}
 INSTR_WORDS = 9
 
@@ -54,6 +56,7 @@ class FlatPlan:
         self.units = (schedule.units(rank, "input"), schedule.units(rank, "output"), scratch)
         self.shared = None if schedule.inplace else (self._shared_chunks("input"),
                                                      self._shared_chunks("output"))
+        self._peer_use: PeerUse | None = None  # computed on first use
         self._struct(lane_off, instrs, srcs, deps, fin)
 
     def _record(self, ins, srcs: list, deps: list) -> list[int]:
@@ -135,6 +138,25 @@ class FlatPlan:
             inp = bytes(1 - v for v in shared_in)
         return inp, out
 
+    def cma_buffers(self, alias: int) -> tuple[bool, bool]:
+        """Whether peers may read this rank's input / output across processes, in the user's
+        buffers (``cma_in`` / ``cma_out`` of the call), instead of staged copies in the window.
+
+        ``alias`` as in :meth:`direct_masks`; the rules are :meth:`PeerUse.buffers`.
+
+        >>> from collectx.planner import make_schedule
+        >>> fp = FlatPlan(make_schedule(None, "allreduce", 2, 1 << 20), rank=0)
+        >>> fp.cma_buffers(0), fp.cma_buffers(1), fp.cma_buffers(2)
+        ((True, True), (True, True), (False, False))
+        """
+        return self.peer_use.buffers(self.rank, alias)
+
+    @property
+    def peer_use(self) -> "PeerUse":
+        if self._peer_use is None:
+            self._peer_use = PeerUse(self.schedule)
+        return self._peer_use
+
     def _struct(self, lane_off, instrs, srcs, deps, fin) -> None:
         ffi, _ = native()
         arr = lambda v: ffi.new("int[]", list(v) or [0])  # noqa: E731  (never a NULL array)
@@ -161,3 +183,88 @@ class FlatPlan:
         per_elem = max(1, sum(self.units)) * itemsize
         budget = set_bytes if tile_bytes is None else min(set_bytes, tile_bytes)
         return max(64, (budget // per_elem) // 64 * 64)
+
+
+
+class PeerUse:
+    """How the ranks of one schedule use each other's input and output buffers: what decides
+    whether a rank's buffers may be read by peers across processes, in the user's memory.
+
+    >>> from collectx.planner import make_schedule
+    >>> use = PeerUse(make_schedule(None, "allgather", 2, 1 << 20))
+    >>> use.buffers(0, 0), use.buffers(0, 1), use.everywhere()
+    ((True, False), (False, False), False)
+    """
+
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
+        self.read: set[tuple[int, str]] = set()   # (rank, buffer) some other rank reads
+        self.wrote: set[tuple[int, str]] = set()  # (rank, buffer) some other rank writes
+        for d, ins in schedule.instructions():
+            if ins.dst.rank != d.rank:
+                self.wrote.add((ins.dst.rank, ins.dst.buf))
+            self.read.update((r.rank, r.buf) for r in ins.srcs if r.rank != d.rank)
+        self._clocks = None
+        self._rbw: dict[int, bool] = {}
+
+    def buffers(self, rank: int, alias: int) -> tuple[bool, bool]:
+        """(input, output) of ``rank`` that peers may read in the user's memory.
+
+        Only a buffer that peers read and never write qualifies. Disjoint input and output
+        (``alias`` 0) qualify one by one. The same memory (``alias`` 1) qualifies together, and
+        only if no write of an output chunk can clobber its input chunk before every rank has
+        read it (:meth:`reads_before_writes`); partial overlaps (2) and in-place schedules never.
+        """
+        if self.schedule.inplace or alias == 2:
+            return False, False
+        ok = {b: (rank, b) in self.read and (rank, b) not in self.wrote for b in BUFS}
+        if alias == 0:
+            return ok["input"], ok["output"]
+        untouched = {b: (rank, b) not in self.read | self.wrote for b in BUFS}
+        both = (all(ok[b] or untouched[b] for b in BUFS) and any(ok.values())
+                and self.reads_before_writes(rank))
+        return both, both
+
+    def everywhere(self) -> bool:
+        """True if, with its input and output disjoint or the same memory, no rank stages
+        anything: every buffer peers touch qualifies on every rank."""
+        if self.schedule.inplace:
+            return False
+        for r in range(self.schedule.nranks):
+            touched = [(r, b) in self.read | self.wrote for b in BUFS]
+            for alias in (0, 1):
+                got = self.buffers(r, alias)
+                if any(t and not g for t, g in zip(touched, got)):
+                    return False
+        return True
+
+    def reads_before_writes(self, rank: int) -> bool:
+        """True if every read of an input chunk of ``rank``, by any rank, happens before every
+        write of the same chunk of its output (or is that write's own source, element by
+        element): then the two may share the user's memory with nothing staged."""
+        if rank not in self._rbw:
+            if self._clocks is None:
+                g = build_graph(self.schedule)
+                self._clocks = g, vector_clocks(g, topo_order(g))
+            g, vc = self._clocks
+            reads: dict[int, list[int]] = {}
+            writes: dict[int, list[int]] = {}
+            for v, ins in enumerate(g.instrs):
+                if ins.dst.rank == rank and ins.dst.buf == "output":
+                    for j in range(ins.dst.chunk, ins.dst.chunk + ins.dst.count):
+                        writes.setdefault(j, []).append(v)
+                for ref in ins.srcs:
+                    if ref.rank == rank and ref.buf == "input":
+                        for j in range(ref.chunk, ref.chunk + ref.count):
+                            reads.setdefault(j, []).append(v)
+            self._rbw[rank] = all(
+                (r == w and _elementwise(g.instrs[w], rank))
+                or vc[w, g.lane_of[r]] >= g.ids[r].index
+                for j, ws in writes.items() for w in ws for r in reads.get(j, ()))
+        return self._rbw[rank]
+
+
+def _elementwise(ins, rank: int) -> bool:
+    """An instruction that reads ``rank``'s input only at its destination's chunks: writing that
+    output over the same memory is safe element by element (the kernels read before they write)."""
+    return all(x.chunk == ins.dst.chunk for x in ins.srcs if x.rank == rank and x.buf == "input")

@@ -39,8 +39,8 @@ MAGIC = 0x636F6C6C65637478          # "collectx"
 ABORT_FATAL = 1 << 63                # abort word bit: the communicator is unusable
 ABORTED_CALL = 0xFFFF                # descriptor collective code of a call aborted by its rank
 # word indices (uint64) into the control block, matching cx_ctl
-W_MAGIC, W_PID, W_READY, W_ABORT, W_DESC, W_FLAGS = 0, 1, 8, 16, 32, 128
-DESC_WORDS = 8
+W_MAGIC, W_PID, W_BASE, W_READY, W_ABORT, W_DESC, W_FLAGS = 0, 1, 2, 8, 16, 32, 128
+DESC_WORDS = 10
 P2P_SLOT_BYTES = 1 << 20             # per peer; send/recv move pieces of half of it
 _NAME = re.compile(rf"^{PREFIX}(\d+)-[0-9a-f]+$")
 
@@ -126,17 +126,22 @@ class Window:
 
     ``ctl[r]`` is rank r's control block as a uint64 numpy array; ``native`` is the
     ``cx_exec_window`` struct the executor takes. ``machine_ranks`` counts the ranks of every
-    communicator sharing this machine (default ``size``): it sets how long waits spin.
+    communicator sharing this machine (default ``size``): it sets how long waits spin. ``cma``
+    tells whether every rank can read every peer's memory across processes (asked for with
+    ``cma=True`` and probed at setup, see :meth:`_probe_cma`).
     """
 
     def __init__(self, rank: int, size: int, store: Store, prefix: str, window_bytes: int,
-                 timeout: float, machine_ranks: int | None = None):
+                 timeout: float, machine_ranks: int | None = None, cma: bool = True):
         self.rank, self.size = rank, size
         self.machine_ranks = size if machine_ranks is None else machine_ranks
         self._maps: list[mmap.mmap | None] = [None] * size
         self._name = None
+        self.cma = False
         try:
             self._rendezvous(store, prefix, window_bytes, timeout)
+            if size > 1:
+                self.cma = self._probe_cma(store, prefix, timeout, cma)
         except BaseException:
             self.close()
             raise
@@ -167,8 +172,28 @@ class Window:
     def _init_ctl(self, mm: mmap.mmap) -> None:
         ctl = np.frombuffer(mm, dtype=np.uint64, count=CTL_BYTES // 8)
         ctl[W_PID] = os.getpid()
+        ctl[W_BASE] = ctl.ctypes.data  # where this process maps it: what _probe_cma reads
         ctl[W_MAGIC] = MAGIC
         del ctl
+
+    def _probe_cma(self, store: Store, prefix: str, timeout: float, wanted: bool) -> bool:
+        """True when every rank read every peer's magic word across processes, at the address
+        the peer mapped its own segment at (``W_BASE``); the ranks agree through the store.
+
+        A ptrace policy (Yama's ``ptrace_scope``, a seccomp filter) or a non-Linux kernel can
+        forbid process_vm_readv, and it must work between every pair before any call relies on
+        it; where it does not, peers read staged copies in the window instead.
+        """
+        ffi, lib = native()
+        ok = wanted
+        word = ffi.new("unsigned long long*")
+        for r in range(self.size):
+            if r == self.rank or not ok:
+                continue
+            remote = ffi.cast("void*", int(self.ctl[r][W_BASE]))
+            ok = lib.cx_exec_cma_read(self.pids[r], remote, word, 8) == 0 and word[0] == MAGIC
+        store.set(f"{prefix}/cma/{self.rank}", "1" if ok else "0")
+        return all(store.get(f"{prefix}/cma/{r}", timeout) == b"1" for r in range(self.size))
 
     def _unlink_own(self) -> None:
         if self._name:

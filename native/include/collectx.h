@@ -97,7 +97,8 @@ typedef enum {
   CX_EXEC_ABORTED = 3,    /* result.rank set its abort word or aborted this call (CX_ERR_PEER) */
   CX_EXEC_MISMATCH = 4,   /* result.rank's call descriptor differs from ours (CX_ERR_PEER) */
   CX_EXEC_BADARG = 5,     /* malformed plan or call (CX_ERR_ARG) */
-  CX_EXEC_KERNEL = 6      /* a copy/reduce kernel refused its arguments (CX_ERR_INTERNAL) */
+  CX_EXEC_KERNEL = 6,     /* a copy/reduce kernel refused its arguments (CX_ERR_INTERNAL) */
+  CX_EXEC_CMA = 7         /* reading result.rank's buffer across processes failed (CX_ERR_PEER) */
 } cx_exec_status;
 
 /* Control block at the start of every rank's window; layout in cx_executor.h. */
@@ -162,6 +163,10 @@ typedef struct {
    * decide for every chunk. */
   const unsigned char* in_direct;
   const unsigned char* out_direct;
+  /* 1: peers read this rank's user_in / user_out across processes (process_vm_readv) instead of
+   * from the window, so neither is staged; only for buffers no peer writes (see executor.py). */
+  int cma_in;
+  int cma_out;
 } cx_exec_call;
 
 typedef struct {
@@ -186,6 +191,10 @@ int cx_exec_recv(const cx_exec_window* win, int peer, void* buf, long long nbyte
 long long cx_exec_now_ns(void);
 /* 1 if the process exists and is not a zombie, else 0. */
 int cx_exec_pid_alive(long long pid);
+/* Copies nbytes at `remote` in process pid's memory to `local` (one copy through the kernel,
+ * Linux cross-memory attach). Returns 0, or the errno that stopped it (EPERM: not allowed to
+ * read that process; ESRCH: it is gone; ENOSYS: not Linux). */
+int cx_exec_cma_read(long long pid, const void* remote, void* local, long long nbytes);
 
 /* ---- end CPU executor ------------------------------------------------------------------------ */
 

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define CX_EXEC_MAX_LANES 64
-#define CX_EXEC_DESC_WORDS 8
+#define CX_EXEC_DESC_WORDS 10
 #define CX_CTL_BYTES 8192
 
 #define CX_ABORT_FATAL (1ull << 63) /* abort_word bit: the communicator is unusable */
@@ -44,12 +44,16 @@ struct cx_ctl {
     uint64_t abort_word;      /* 0, seq+1 of an aborted call, or CX_ABORT_FATAL|rank */
     uint64_t pad2[7];
     uint64_t p2p_pad[8];
-    uint64_t desc[2][CX_EXEC_DESC_WORDS]; /* call descriptors, slot = seq parity */
+    /* Call descriptors, slot = seq parity: seq, collective, dtype, op, count, root (compared
+     * across ranks), heap offset + 1 of the input and output (0: not in the heap), and the
+     * address in this process of a user input / output that peers read across processes
+     * (cma_read), 0 where they are staged. */
+    uint64_t desc[2][CX_EXEC_DESC_WORDS];
     uint32_t doorbell;        /* futex word: bumped by a peer that publishes while I sleep */
     uint32_t asleep;          /* 0 running, 1 polling its doorbell, 2 may block on it (futex) */
     int64_t next_check_ns;    /* owner only: when its waits next check the peers' health, */
     int64_t next_proc_ns;     /* and their /proc state (kept across calls, see Waiter) */
-    uint64_t pad3[77];
+    uint64_t pad3[73];
     uint64_t lane_flag[CX_EXEC_MAX_LANES][8]; /* [lane][0] used; one cache line per lane */
 };
 
@@ -65,6 +69,9 @@ inline void store_rel(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC
 
 int64_t now_ns();
 bool pid_alive(int64_t pid);
+
+// Copies nbytes from `remote` in process pid to `local` (process_vm_readv). 0 or the errno.
+int cma_read(int64_t pid, const void* remote, void* local, size_t nbytes);
 
 // Rings the doorbell of every peer asleep now. Call after publishing (store_rel) a word peers
 // may wait on; costs a fence and one load per peer when nobody sleeps.

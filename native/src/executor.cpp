@@ -14,6 +14,10 @@
 //   5. when any rank's buffer lives in its window heap (Communicator.empty, read in place by
 //      peers), wait until every lane of every rank has finished the tile before returning, so
 //      no caller reuses a buffer a peer is still reading.
+// A rank may instead let peers read its user buffers across processes (call->cma_in/cma_out,
+// executor_cma.cpp): it stages nothing, its instructions use its user buffers in place, and a
+// peer's source ref into them becomes a process_vm_readv, into the destination for a copy and
+// into a cache-sized bounce buffer for a reduce. Its last tile then waits as in 5.
 //
 // Cross-epoch safety comes from the double buffer plus the barrier: a peer that passed barrier e
 // has finished every instruction of tile e-1 (it only publishes ready=e after completing e-1),
@@ -27,10 +31,13 @@
 #include "cx_executor.h"
 #include "cx_kernels.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 
 static_assert(offsetof(cx_ctl, ready) == 64 && offsetof(cx_ctl, abort_word) == 128 &&
                   offsetof(cx_ctl, desc) == 256 && offsetof(cx_ctl, lane_flag) == 1024 &&
@@ -44,6 +51,9 @@ namespace {
 constexpr uint64_t kAbortedCall = 0xFFFF;  // descriptor "collective" code of an aborted call
 constexpr int kMaxRanks = 256;
 constexpr int kDescCompared = 6;           // seq, collective, dtype, op, count, root
+constexpr int kDescHeap = 6;               // desc[6 + b]: heap offset + 1 of buffer b, or 0
+constexpr int kDescCma = 8;                // desc[8 + b]: address of buffer b for CMA, or 0
+constexpr size_t kBounceBytes = 256 << 10; // a reduce's CMA sources, read piece by piece
 
 struct Ctx {
     const cx_exec_plan* plan;
@@ -55,6 +65,8 @@ struct Ctx {
     int64_t tile_off, tile_len;
     int64_t deadline;
     bool zero_copy;
+    bool cma_any;   // some rank's buffers are read across processes in this call
+    int fail_rank;  // the peer a failed CMA read named
     // My input (0) and output (1) in the user's buffer at this tile, and which of their chunks
     // (unit * nchunks + chunk) are used there in place: all, none (NULL), or those set in mask.
     char* user[2];
@@ -62,6 +74,9 @@ struct Ctx {
     const uint8_t* direct[2];
     char* ptr[3 * kMaxRanks];
     int64_t stride[3 * kMaxRanks];
+    // A peer's input (2r) and output (2r + 1) at this tile, as addresses in its process when it
+    // lets peers read them across processes; NULL when it stages them in its window.
+    const char* remote[2 * kMaxRanks];
 };
 
 inline bool is_direct(const Ctx& c, int b, int64_t j) {
@@ -85,7 +100,9 @@ void place_buffers(Ctx& c) {
     const int slot = int(k->seq & 1);
     for (int r = 0; r < p->nranks; ++r)
         for (int b = 0; b < 2; ++b) {
-            uint64_t at = load_acq(&c.win->ctl[r]->desc[slot][6 + b]);
+            uint64_t at = load_acq(&c.win->ctl[r]->desc[slot][kDescHeap + b]);
+            uint64_t cma = r == p->rank ? 0 : load_acq(&c.win->ctl[r]->desc[slot][kDescCma + b]);
+            c.remote[2 * r + b] = cma ? (const char*)uintptr_t(cma) + c.tile_off * es : nullptr;
             if (at == 0) continue;
             c.ptr[3 * r + b] = c.win->heap[r] + int64_t(at - 1) + c.tile_off * es;
             c.stride[3 * r + b] = k->count;
@@ -94,10 +111,11 @@ void place_buffers(Ctx& c) {
     const int priv[2] = {k->in_private, k->out_private};
     const long long heap[2] = {k->in_heap, k->out_heap};
     const uint8_t* mask[2] = {k->in_direct, k->out_direct};
+    const int cma[2] = {k->cma_in, k->cma_out};
     for (int b = 0; b < 2; ++b) {
         bool usable = user[b] && heap[b] < 0;
         c.user[b] = usable ? (char*)user[b] + c.tile_off * es : nullptr;
-        c.all_direct[b] = usable && !mask[b] && priv[b];
+        c.all_direct[b] = usable && (cma[b] || (!mask[b] && priv[b]));
         c.direct[b] = usable ? mask[b] : nullptr;
     }
 }
@@ -116,6 +134,50 @@ int64_t same_place(const Ctx& c, const int32_t* ref, int64_t k, int64_t m) {
     return run;
 }
 
+inline const char* remote_of(const Ctx& c, const int32_t* ref) {
+    return ref[0] != c.plan->rank && ref[1] < 2 ? c.remote[2 * ref[0] + ref[1]] : nullptr;
+}
+
+int cma_failed(Ctx& c, int err, int rank) {
+    c.fail_rank = rank;
+    return err == ESRCH ? CX_EXEC_PEER_DEAD : CX_EXEC_CMA;
+}
+
+// One piece of an instruction whose sources include peers' buffers read across processes
+// (addr[s] is then the address in rank[s]'s process). A copy reads straight into its
+// destination; a reduce reads its remote sources into the bounce buffer, a piece at a time.
+int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc, int64_t len) {
+    static thread_local std::unique_ptr<char, decltype(&free)> bounce(nullptr, &free);
+    size_t es = c.esize;
+    if (in[0] == 0) {
+        int err = cma_read(int64_t(c.win->ctl[rank[1]]->pid), addr[1], addr[0], size_t(len) * es);
+        return err ? cma_failed(c, err, rank[1]) : CX_EXEC_OK;
+    }
+    if (!bounce) bounce.reset(static_cast<char*>(aligned_alloc(4096, kBounceBytes)));
+    if (!bounce) return CX_EXEC_KERNEL;
+    int nremote = 0;
+    for (int s = 1; s <= nsrc; ++s) nremote += rank[s] >= 0;
+    int64_t piece = std::max<int64_t>(1, int64_t(kBounceBytes / es / size_t(nremote)) & ~63);
+    const void* src[64];
+    for (int64_t off = 0; off < len; off += piece) {
+        int64_t n = std::min(piece, len - off);
+        char* slot = bounce.get();
+        for (int s = 1; s <= nsrc; ++s) {
+            src[s - 1] = addr[s] + off * int64_t(es);
+            if (rank[s] < 0) continue;
+            int64_t pid = int64_t(c.win->ctl[rank[s]]->pid);
+            if (int err = cma_read(pid, src[s - 1], slot, size_t(n) * es))
+                return cma_failed(c, err, rank[s]);
+            src[s - 1] = slot;
+            slot += piece * int64_t(es);
+        }
+        if (cx_reduce_impl(addr[0] + off * int64_t(es), src, nsrc, size_t(n), c.call->dtype,
+                           c.call->op) != 0)
+            return CX_EXEC_KERNEL;
+    }
+    return CX_EXEC_OK;
+}
+
 // Runs one instruction, split into pieces that stay inside one unit of every ref (units are not
 // adjacent in the tiled layout) and in one place (see same_place).
 int run_instr(Ctx& c, const int32_t* in) {
@@ -132,19 +194,30 @@ int run_instr(Ctx& c, const int32_t* in) {
         for (int s = 0; s <= nsrc; ++s) m = std::min<int64_t>(m, nch - (refs[s][2] + k) % nch);
         for (int s = 0; s <= nsrc; ++s) m = std::min(m, same_place(c, refs[s], k, m));
         char* addr[65];
+        int rank[65];  // the peer whose process addr[s] is in, or -1: it is in mine
+        bool any_remote = false;
         int64_t len = -1;
         for (int s = 0; s <= nsrc; ++s) {
             int64_t j = refs[s][2] + k, unit = j / nch, i = j % nch;
             int64_t lo = chunk_lo(i, nch, c.tile_len), hi = chunk_lo(i + m, nch, c.tile_len);
             int slot = 3 * refs[s][0] + refs[s][1];
-            if (refs[s][0] == p->rank && refs[s][1] < 2 && is_direct(c, refs[s][1], j))
+            const char* remote = remote_of(c, refs[s]);
+            rank[s] = remote ? refs[s][0] : -1;
+            if (remote) {
+                if (s == 0) return CX_EXEC_BADARG;  // peers' user buffers are only read
+                addr[s] = const_cast<char*>(remote) + (unit * c.call->count + lo) * es;
+                any_remote = true;
+            } else if (refs[s][0] == p->rank && refs[s][1] < 2 && is_direct(c, refs[s][1], j)) {
                 addr[s] = c.user[refs[s][1]] + (unit * c.call->count + lo) * es;
-            else
+            } else {
                 addr[s] = c.ptr[slot] + (unit * c.stride[slot] + lo) * es;
+            }
             if (len < 0) len = hi - lo;
             else if (len != hi - lo) return CX_EXEC_BADARG;  // refs of unequal element length
         }
-        if (len > 0) {
+        if (len > 0 && any_remote) {
+            if (int rc = run_remote(c, in, addr, rank, nsrc, len)) return rc;
+        } else if (len > 0) {
             if (in[0] == 0) {
                 cx_copy_impl(addr[0], addr[1], size_t(len) * c.esize);
             } else if (cx_reduce_impl(addr[0], (const void* const*)(addr + 1), nsrc, size_t(len),
@@ -198,7 +271,7 @@ int run_lanes(Ctx& c) {
                 for (int d = 0; d < in[8] && ok; ++d) ok = dep_met(c, deps + 3 * d);
                 if (!ok) break;
                 int rc = run_instr(c, in);
-                if (rc != CX_EXEC_OK) return w.fail(rc, p->rank);
+                if (rc != CX_EXEC_OK) return w.fail(rc, c.fail_rank >= 0 ? c.fail_rank : p->rank);
                 int idx = pc[l] - p->lane_off[l];
                 publish(c.win, &mine->lane_flag[l][0], (c.epoch << 32) | uint64_t(idx + 1));
                 progressed = true;
@@ -235,8 +308,11 @@ int check_descriptors(Ctx& c) {
     for (int r = 0; r < w->nranks; ++r)
         if (memcmp(mine, w->ctl[r]->desc[slot], kDescCompared * sizeof(uint64_t)) != 0)
             return fail(c, CX_EXEC_MISMATCH, r);
-    for (int r = 0; r < w->nranks; ++r)
-        c.zero_copy |= (w->ctl[r]->desc[slot][6] | w->ctl[r]->desc[slot][7]) != 0;
+    for (int r = 0; r < w->nranks; ++r) {
+        const uint64_t* d = w->ctl[r]->desc[slot];
+        c.zero_copy |= (d[kDescHeap] | d[kDescHeap + 1]) != 0;
+        c.cma_any |= (d[kDescCma] | d[kDescCma + 1]) != 0;
+    }
     return CX_EXEC_OK;
 }
 
@@ -285,7 +361,7 @@ void scale_output(Ctx& c) {
                       k->dtype, k->scale);
 }
 
-int run_tile(Ctx& c, bool first) {
+int run_tile(Ctx& c, bool first, bool last) {
     const cx_exec_call* k = c.call;
     place_buffers(c);
     if (c.user[0] && !c.all_direct[0]) stage(c, 0, false);
@@ -295,17 +371,21 @@ int run_tile(Ctx& c, bool first) {
         place_buffers(c);  // now that every descriptor (heap offsets) is known
     }
     if (int rc = run_lanes(c)) return rc;
+    // An output that peers read in place (heap, CMA) is scaled only once they all finished the
+    // tile: they may still be copying it unscaled.
+    bool shared_out = k->out_heap >= 0 || (k->cma_out && c.user[1]);
     if (k->user_out) {
         if (int rc = wait_deps(c, c.plan->fin_deps, c.plan->nfin)) return rc;
         if (c.user[1] && !c.all_direct[1]) stage(c, 1, true);
-        if (k->scale != 1.0 && k->out_heap < 0) scale_output(c);
+        if (k->scale != 1.0 && !shared_out) scale_output(c);
     }
     // Zero copy: peers read heap buffers in place, so nobody may return (and let its caller
-    // reuse the buffer) before every rank has finished the tile; an output in my heap is scaled
-    // only then, as peers may still be copying it unscaled.
-    if (c.zero_copy)
+    // reuse the buffer) before every rank has finished the tile. Buffers read across processes
+    // are user buffers, tile by tile disjoint: only the last tile (or a scaling) must wait.
+    bool scale_late = k->user_out && k->scale != 1.0 && shared_out;
+    if (c.zero_copy || (c.cma_any && (last || scale_late)))
         if (int rc = wait_deps(c, c.plan->all_deps, c.plan->nall)) return rc;
-    if (k->user_out && k->scale != 1.0 && k->out_heap >= 0) scale_output(c);
+    if (scale_late) scale_output(c);
     return CX_EXEC_OK;
 }
 
@@ -331,8 +411,9 @@ extern "C" int cx_exec_run(const cx_exec_plan* plan, const cx_exec_window* win,
     if (plan->nranks != win->nranks || plan->rank != win->rank || plan->nranks > kMaxRanks ||
         plan->nlanes > CX_EXEC_MAX_LANES || call->tile_count <= 0 || call->count < 0)
         return to_cx_status(res->status = CX_EXEC_BADARG);
-    Ctx c;  // not value-initialised: ptr/stride (12 KiB) are filled per tile by place_buffers
-    c.zero_copy = false;
+    Ctx c;  // not value-initialised: ptr/stride/remote (16 KiB) are set per tile (place_buffers)
+    c.zero_copy = c.cma_any = false;
+    c.fail_rank = -1;
     c.plan = plan;
     c.win = win;
     c.call = call;
@@ -347,8 +428,11 @@ extern "C" int cx_exec_run(const cx_exec_plan* plan, const cx_exec_window* win,
     desc[3] = uint64_t(call->op);
     desc[4] = uint64_t(call->count);
     desc[5] = uint64_t(call->root);
-    desc[6] = uint64_t(call->in_heap + 1);   // 0: staged; else heap offset + 1 (not compared)
-    desc[7] = uint64_t(call->out_heap + 1);
+    desc[kDescHeap] = uint64_t(call->in_heap + 1);   // 0: staged; else heap offset + 1
+    desc[kDescHeap + 1] = uint64_t(call->out_heap + 1);
+    desc[kDescCma] = call->cma_in && call->in_heap < 0 ? uint64_t(uintptr_t(call->user_in)) : 0;
+    desc[kDescCma + 1] =
+        call->cma_out && call->out_heap < 0 ? uint64_t(uintptr_t(call->user_out)) : 0;
     int64_t deadline = call->deadline_ns ? call->deadline_ns : now_ns() + call->timeout_ns;
     c.deadline = deadline;
     int64_t ntiles = call->count == 0 ? 1 : (call->count + call->tile_count - 1) / call->tile_count;
@@ -357,7 +441,7 @@ extern "C" int cx_exec_run(const cx_exec_plan* plan, const cx_exec_window* win,
         c.tile_off = t * call->tile_count;
         c.tile_len = std::min(call->tile_count, call->count - c.tile_off);
         res->epochs_used = uint64_t(t + 1);
-        if (int rc = run_tile(c, t == 0)) return to_cx_status(res->status = rc);
+        if (int rc = run_tile(c, t == 0, t == ntiles - 1)) return to_cx_status(res->status = rc);
     }
     return CX_EXEC_OK;
 }
