@@ -157,7 +157,7 @@ def run_collectx(n, cases, budget, bind, window=False, cma=True):
                                       bind=bind))
     finally:
         if before is None:
-            del os.environ["COLLECTX_CMA"]
+            os.environ.pop("COLLECTX_CMA", None)
         else:
             os.environ["COLLECTX_CMA"] = before
 

@@ -192,16 +192,16 @@ def aliasing(n: int) -> list[str]:
 def cross_process_reads(n: int) -> dict:
     """Large calls (peers read user buffers across processes where the probe allowed it) with
     each rank choosing its own buffer layout: rank 0 in place, rank 1 into a disjoint output,
-    rank 2 into an output overlapping its input at an offset (which must stage instead).
-    Returns the failures, whether the window reads across processes, and which buffers this
-    rank published for peers to read in its last allreduce."""
-    from collectx.runtime.window import DESC_WORDS, W_DESC
+    rank 2 into an output overlapping its input at an offset (which must stage instead); then
+    allgather and reduce_scatter in place, NCCL style, and the other collectives. Returns the
+    failures, whether the window reads across processes, and which buffers this rank
+    published for peers to read in the last allreduce, allgather and reduce_scatter."""
     comm = collectx.init(timeout=60)
     r, s = comm.rank, comm.size
     bad = []
     inputs = [rank_input(11, q, n, "float32") for q in range(s)]
     total = np.add.reduce(np.stack(inputs), axis=0)
-    published = []
+    published = {}
     for op in ("sum", "avg", "max"):
         want = REDUCE["max"](np.stack(inputs), axis=0) if op == "max" else \
             total if op == "sum" else total * np.float32(1.0 / s)
@@ -220,9 +220,20 @@ def cross_process_reads(n: int) -> dict:
             bad.append(f"rank {r}: allreduce {op}: {out[:4]} vs {want[:4]}")
         if r == 1 and not np.array_equal(x, inputs[r]):
             bad.append(f"rank {r}: allreduce {op} changed its input")
-        slot = W_DESC + DESC_WORDS * ((comm._engine._seq - 1) & 1)
-        published = [int(v) != 0 for v in comm._window.ctl[r][slot + 8:slot + 10]]
+        published["allreduce"] = _published(comm)
     m = n // s * s
+    b = m // s                 # NCCL style in place: the input is block r of the output
+    g = np.zeros(m, np.float32)
+    g[r * b:(r + 1) * b] = inputs[r][:b]
+    comm.allgather(g[r * b:(r + 1) * b], out=g)
+    if not np.array_equal(g, np.concatenate([i[:b] for i in inputs])):
+        bad.append(f"rank {r}: allgather in place: {g[:4]}")
+    published["allgather"] = _published(comm)
+    x = inputs[r][:m].copy()   # and the output is block r of the input
+    comm.reduce_scatter(x, out=x[r * b:(r + 1) * b])
+    if not np.array_equal(x[r * b:(r + 1) * b], total[r * b:(r + 1) * b]):
+        bad.append(f"rank {r}: reduce_scatter in place: {x[r * b:r * b + 4]}")
+    published["reduce_scatter"] = _published(comm)
     for coll in ("allgather", "reduce_scatter", "broadcast", "reduce", "alltoall"):
         x = inputs[r][:m].copy()
         got = call(comm, coll, x, "sum", s - 1)
@@ -232,3 +243,10 @@ def cross_process_reads(n: int) -> dict:
     cma = comm._window.cma
     comm.close()
     return {"bad": bad, "cma": cma, "published": published}
+
+
+def _published(comm) -> list[bool]:
+    """Whether this rank's last call let peers read its input / output across processes."""
+    from collectx.runtime.window import DESC_WORDS, W_DESC
+    slot = W_DESC + DESC_WORDS * ((comm._engine._seq - 1) & 1)
+    return [int(v) != 0 for v in comm._window.ctl[comm.rank][slot + 8:slot + 10]]

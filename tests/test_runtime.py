@@ -70,7 +70,8 @@ def test_disjoint_aliased_and_overlapping_buffers_over_many_tiles(monkeypatch, n
 def test_large_calls_with_each_rank_choosing_its_buffer_layout(monkeypatch, cma):
     # 6 MiB a rank: over the size from which peers read user buffers across processes. Rank 0
     # runs in place, rank 1 into a disjoint output, rank 2 into an output that overlaps its
-    # input at an offset, which must be staged whatever the others do.
+    # input at an offset, which must be staged whatever the others do; allgather and
+    # reduce_scatter in place (input = own block of the output, and the reverse) need not be.
     monkeypatch.setenv("COLLECTX_CMA", cma)
     got = collectx.launch(W.cross_process_reads, 3, args=(3 * (1 << 19) + 7,), timeout=240)
     assert [b for g in got for b in g["bad"]] == []
@@ -78,7 +79,9 @@ def test_large_calls_with_each_rank_choosing_its_buffer_layout(monkeypatch, cma)
     assert all(g["cma"] == cma_used for g in got)
     if cma == "0":
         assert not cma_used
-    assert [g["published"] for g in got] == [[cma_used] * 2, [cma_used] * 2, [False, False]]
+    assert [g["published"]["allreduce"] for g in got] == [[cma_used] * 2] * 2 + [[False] * 2]
+    for coll in ("allgather", "reduce_scatter"):
+        assert [g["published"][coll] for g in got] == [[cma_used] * 2] * 3
 
 
 def test_async_torch_bf16_and_out_buffers():

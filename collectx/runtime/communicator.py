@@ -19,6 +19,7 @@ from ..errors import ArgumentError, DTypeError
 from .arrays import as_array, check_root, empty_like_shape, op_code
 from .arrays import DTYPE_CODES, OP_CODES
 from .engine import Engine
+from .executor import DISJOINT, IN_AT_UNIT, OUT_AT_UNIT, OVERLAP, SAME
 from .heap import Heap
 from .store import HashStore, Store, as_store, next_key_prefix
 from .window import Window, sweep_stale
@@ -307,16 +308,30 @@ def _decline(x, out, op) -> bool:
 
 
 def _overlap(src, dst) -> int:
-    """0: disjoint (or a side missing), 1: the same memory, 2: overlapping otherwise."""
+    """How ``src`` and ``dst`` (contiguous) share memory, as :mod:`.executor` codes it:
+    DISJOINT (or a side missing), SAME, IN_AT_UNIT + u / OUT_AT_UNIT + u when one is the u-th
+    of equal blocks of the other (NCCL's in-place allgather and reduce_scatter), else OVERLAP.
+
+    >>> x = np.zeros(12, np.float32)
+    >>> _overlap(x, x), _overlap(x[4:8], x) - IN_AT_UNIT, _overlap(x[:5], x[2:7])
+    (1, 1, 2)
+    """
     if src is None or dst is None:
-        return 0
+        return DISJOINT
     if src is dst:
-        return 1
+        return SAME
     if not np.may_share_memory(src, dst):
-        return 0
-    same = (src.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
-            and src.nbytes == dst.nbytes)
-    return 1 if same else 2
+        return DISJOINT
+    a, b = (v.__array_interface__["data"][0] for v in (src, dst))
+    if a == b and src.nbytes == dst.nbytes:
+        return SAME
+    small, big, base = (src, dst, IN_AT_UNIT) if src.nbytes < dst.nbytes else \
+        (dst, src, OUT_AT_UNIT)
+    offset = (a - b) if small is src else (b - a)
+    if small.nbytes and big.nbytes % small.nbytes == 0 and 0 <= offset < big.nbytes \
+            and offset % small.nbytes == 0:
+        return base + offset // small.nbytes
+    return OVERLAP
 
 
 def _warm_planner() -> None:

@@ -124,8 +124,8 @@ class Engine:
             out_heap: int = -1) -> None:
         """One collective; ``src``/``dst`` are numpy arrays or None (nothing to stage / copy out).
 
-        ``in_overlaps_out``: 0 if ``src`` and ``dst`` are disjoint, 1 if they are the same
-        memory, 2 if they overlap otherwise (see :meth:`FlatPlan.direct_masks`).
+        ``in_overlaps_out``: how ``src`` and ``dst`` share memory, coded as in
+        :mod:`.executor` (0 disjoint, 1 the same memory; see :meth:`FlatPlan.direct_masks`).
 
         ``in_heap``/``out_heap``: byte offsets of ``src``/``dst`` in this rank's window heap
         (arrays from Communicator.empty), which the executor then uses in place; -1 otherwise.

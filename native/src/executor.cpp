@@ -219,7 +219,8 @@ int run_instr(Ctx& c, const int32_t* in) {
             if (int rc = run_remote(c, in, addr, rank, nsrc, len)) return rc;
         } else if (len > 0) {
             if (in[0] == 0) {
-                cx_copy_impl(addr[0], addr[1], size_t(len) * c.esize);
+                // A copy onto itself: an input stored in the output (allgather in place)
+                if (addr[0] != addr[1]) cx_copy_impl(addr[0], addr[1], size_t(len) * c.esize);
             } else if (cx_reduce_impl(addr[0], (const void* const*)(addr + 1), nsrc, size_t(len),
                                       c.call->dtype, c.call->op) != 0) {
                 return CX_EXEC_KERNEL;

@@ -1,0 +1,79 @@
+"""Which buffers peers may read across processes (collectx.runtime.executor.PeerUse), and how a
+call's input and output share memory (Communicator's alias codes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collectx.planner import make_schedule
+from collectx.runtime.communicator import _overlap
+from collectx.runtime.executor import (DISJOINT, IN_AT_UNIT, OUT_AT_UNIT, OVERLAP, SAME,
+                                       FlatPlan, PeerUse)
+from collectx.runtime.small import replicated_allreduce
+from collectx.schedule import Ref, ScheduleBuilder
+from collectx import topology
+
+
+def test_one_hop_allreduce_lets_every_rank_publish_in_place_or_not():
+    use = PeerUse(make_schedule(topology.host(4), "allreduce", 4, 8 << 20))
+    for r in range(4):
+        assert use.buffers(r, DISJOINT) == (True, True)
+        assert use.buffers(r, SAME) == (True, True)
+        assert use.buffers(r, OVERLAP) == (False, False)
+    assert use.everywhere()
+
+
+def test_replicated_allreduce_in_place_would_clobber_inputs_peers_still_read():
+    # every rank reads every input while writing its own output: fine apart, not in place
+    use = PeerUse(replicated_allreduce(3))
+    assert use.buffers(0, DISJOINT) == (True, False)
+    assert use.buffers(0, SAME) == (False, False)
+    assert not use.everywhere()
+
+
+def test_a_buffer_peers_write_is_never_published():
+    b = ScheduleBuilder("broadcast", nranks=2, nchunks=1, root=0)
+    d = b.copy(0, 0, dst=Ref(0, "output", 0), src=Ref(0, "input", 0))
+    b.copy(0, 0, dst=Ref(1, "output", 0), src=Ref(0, "output", 0), deps=[d])  # a push
+    use = PeerUse(b.build())
+    assert use.buffers(1, DISJOINT) == (False, False)
+    assert use.buffers(0, DISJOINT) == (False, False)   # nobody else touches rank 0's
+    assert not use.everywhere()
+
+
+@pytest.mark.parametrize("coll, layout", [("allgather", IN_AT_UNIT), ("reduce_scatter",
+                                                                      OUT_AT_UNIT)])
+def test_nccl_style_in_place_blocks_publish_only_at_their_own_unit(coll, layout):
+    use = PeerUse(make_schedule(topology.host(3), coll, 3, 8 << 20))
+    for r in range(3):
+        assert layout + r in use.layouts(r)
+        assert use.buffers(r, layout + r) == (True, True)
+        assert use.buffers(r, SAME) == (False, False)       # unequal lengths: impossible
+        assert use.buffers(r, layout + 3) == (False, False)  # no such unit
+    assert use.everywhere()
+
+
+def test_in_place_schedules_publish_nothing():
+    # a schedule that itself keeps input and output in one storage (refs alias): staged as ever
+    b = ScheduleBuilder("allgather", nranks=2, nchunks=1, inplace=True)
+    for r in range(2):
+        b.copy(r, 0, dst=Ref(r, "output", 1 - r), src=Ref(1 - r, "input", 0))
+    use = PeerUse(b.build())
+    assert use.read == {(0, "input"), (1, "input")}
+    assert use.buffers(0, DISJOINT) == (False, False) and not use.everywhere()
+    assert FlatPlan(make_schedule(None, "allreduce", 2, 8 << 20), 0).cma_buffers(DISJOINT) \
+        == (True, True)
+
+
+def test_overlap_codes():
+    x = np.zeros(12, np.float32)
+    assert _overlap(x, np.zeros(12, np.float32)) == DISJOINT
+    assert _overlap(None, x) == DISJOINT
+    assert _overlap(x, x) == SAME
+    assert _overlap(x, x.reshape(3, 4)) == SAME
+    assert _overlap(x[8:], x) == IN_AT_UNIT + 2          # allgather in place, rank 2
+    assert _overlap(x, x[4:8]) == OUT_AT_UNIT + 1        # reduce_scatter in place, rank 1
+    assert _overlap(x[1:5], x) == OVERLAP                # not on a block boundary
+    assert _overlap(x[:5], x) == OVERLAP                 # 12 is not a multiple of 5
+    assert _overlap(x[:6], x[3:9]) == OVERLAP
