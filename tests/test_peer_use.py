@@ -1,4 +1,4 @@
-"""Which buffers peers may read across processes (collectx.runtime.executor.PeerUse), and how a
+"""Which buffers peers may read across processes (collectx.runtime.peer_use.PeerUse), and how a
 call's input and output share memory (Communicator's alias codes)."""
 
 from __future__ import annotations
@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from collectx.config import Config
+from collectx.errors import ConfigError
 from collectx.planner import make_schedule
 from collectx.runtime.communicator import _overlap
-from collectx.runtime.executor import (DISJOINT, IN_AT_UNIT, OUT_AT_UNIT, OVERLAP, SAME,
-                                       FlatPlan, PeerUse)
+from collectx.runtime.executor import FlatPlan
+from collectx.runtime.peer_use import DISJOINT, IN_AT_UNIT, OUT_AT_UNIT, OVERLAP, SAME, PeerUse
 from collectx.runtime.small import replicated_allreduce
 from collectx.schedule import Ref, ScheduleBuilder
 from collectx import topology
@@ -77,3 +79,15 @@ def test_overlap_codes():
     assert _overlap(x[1:5], x) == OVERLAP                # not on a block boundary
     assert _overlap(x[:5], x) == OVERLAP                 # 12 is not a multiple of 5
     assert _overlap(x[:6], x[3:9]) == OVERLAP
+
+
+@pytest.mark.parametrize("raw, want", [(None, True), ("1", True), ("on", True), ("0", False),
+                                       ("false", False)])
+def test_collectx_cma_setting(raw, want):
+    env = {} if raw is None else {"COLLECTX_CMA": raw}
+    assert Config.from_env(env).cma is want
+
+
+def test_collectx_cma_setting_rejects_other_values():
+    with pytest.raises(ConfigError, match="COLLECTX_CMA='maybe': expected 0 or 1"):
+        Config.from_env({"COLLECTX_CMA": "maybe"})

@@ -19,8 +19,8 @@ from ..errors import ArgumentError, DTypeError
 from .arrays import as_array, check_root, empty_like_shape, op_code
 from .arrays import DTYPE_CODES, OP_CODES
 from .engine import Engine
-from .executor import DISJOINT, IN_AT_UNIT, OUT_AT_UNIT, OVERLAP, SAME
 from .heap import Heap
+from .peer_use import DISJOINT, IN_AT_UNIT, OUT_AT_UNIT, OVERLAP, SAME
 from .store import HashStore, Store, as_store, next_key_prefix
 from .window import Window, sweep_stale
 from .work import Work, Worker
@@ -308,7 +308,7 @@ def _decline(x, out, op) -> bool:
 
 
 def _overlap(src, dst) -> int:
-    """How ``src`` and ``dst`` (contiguous) share memory, as :mod:`.executor` codes it:
+    """How ``src`` and ``dst`` (contiguous) share memory, as :mod:`.peer_use` codes it:
     DISJOINT (or a side missing), SAME, IN_AT_UNIT + u / OUT_AT_UNIT + u when one is the u-th
     of equal blocks of the other (NCCL's in-place allgather and reduce_scatter), else OVERLAP.
 

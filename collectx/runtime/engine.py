@@ -125,7 +125,7 @@ class Engine:
         """One collective; ``src``/``dst`` are numpy arrays or None (nothing to stage / copy out).
 
         ``in_overlaps_out``: how ``src`` and ``dst`` share memory, coded as in
-        :mod:`.executor` (0 disjoint, 1 the same memory; see :meth:`FlatPlan.direct_masks`).
+        :mod:`.peer_use` (0 disjoint, 1 the same memory; see :meth:`FlatPlan.direct_masks`).
 
         ``in_heap``/``out_heap``: byte offsets of ``src``/``dst`` in this rank's window heap
         (arrays from Communicator.empty), which the executor then uses in place; -1 otherwise.

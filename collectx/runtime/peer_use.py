@@ -1,0 +1,159 @@
+"""Which of a rank's user buffers its peers may read in place, across processes.
+
+From a size on (engine.CMA_MIN_BYTES) a rank can publish the address of its input or output
+instead of staging it in the window, and peers copy from it with process_vm_readv
+(native/src/executor_cma.cpp). That is safe only for a buffer peers read and never write, and,
+when the call's input and output share memory, only if no write over an input chunk can land
+before every rank has read it. This module decides both from the schedule (:class:`PeerUse`)
+and names the ways input and output can share memory (the ``alias`` codes the Communicator
+passes with every call).
+"""
+
+from __future__ import annotations
+
+from ..schedule._graph import build_graph, topo_order, vector_clocks
+from ..schedule.ir import Schedule
+
+BUFS = ("input", "output")        # the user's buffers
+# How a call's input and output share memory (Communicator works it out per call):
+DISJOINT, SAME, OVERLAP = 0, 1, 2
+IN_AT_UNIT = 1 << 16   # + u: the input is unit u of the output (allgather in place, NCCL style)
+OUT_AT_UNIT = 2 << 16  # + u: the output is unit u of the input (reduce_scatter in place)
+
+
+def chunk_shift(alias: int, nchunks: int) -> int | None:
+    """For input and output sharing memory as ``alias`` says: the ``shift`` such that input
+    chunk ``j`` is output chunk ``j + shift`` (chunks count across units); None when they are
+    disjoint or overlap some other way.
+
+    >>> chunk_shift(SAME, 4), chunk_shift(IN_AT_UNIT + 2, 4), chunk_shift(OUT_AT_UNIT + 1, 4)
+    (0, 8, -4)
+    """
+    if alias == SAME:
+        return 0
+    if IN_AT_UNIT <= alias < OUT_AT_UNIT:
+        return (alias - IN_AT_UNIT) * nchunks
+    if alias >= OUT_AT_UNIT:
+        return -(alias - OUT_AT_UNIT) * nchunks
+    return None
+
+
+class PeerUse:
+    """How the ranks of one schedule use each other's input and output buffers: what decides
+    whether a rank's buffers may be read by peers across processes, in the user's memory.
+
+    >>> from collectx.planner import make_schedule
+    >>> use = PeerUse(make_schedule(None, "allgather", 2, 1 << 20))
+    >>> use.buffers(1, DISJOINT), use.buffers(1, IN_AT_UNIT + 1), use.buffers(1, OVERLAP)
+    ((True, False), (True, True), (False, False))
+    >>> use.everywhere()
+    True
+    """
+
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
+        self.read: set[tuple[int, str]] = set()   # (rank, buffer) some other rank reads
+        self.wrote: set[tuple[int, str]] = set()  # (rank, buffer) some other rank writes
+        for d, ins in schedule.instructions():
+            if ins.dst.rank != d.rank:
+                self.wrote.add((ins.dst.rank, ins.dst.buf))
+            self.read.update((r.rank, r.buf) for r in ins.srcs if r.rank != d.rank)
+        self._clocks = None
+        self._rbw: dict[tuple[int, int], bool] = {}
+
+    def buffers(self, rank: int, alias: int) -> tuple[bool, bool]:
+        """(input, output) of ``rank`` that peers may read in the user's memory.
+
+        Only a buffer that peers read and never write qualifies. Disjoint input and output
+        qualify one by one. Input and output that share memory as a whole buffer or one unit of
+        the other (see :func:`chunk_shift`) qualify together, and only if no write of an output
+        chunk can clobber the input chunk under it before every rank has read it
+        (:meth:`reads_before_writes`); other overlaps and in-place schedules never.
+        """
+        s = self.schedule
+        if s.inplace:
+            return False, False
+        ok = {b: (rank, b) in self.read and (rank, b) not in self.wrote for b in BUFS}
+        if alias == DISJOINT:
+            return ok["input"], ok["output"]
+        shift = chunk_shift(alias, s.nchunks)
+        if shift is None or not self._fits(rank, alias):
+            return False, False
+        untouched = {b: (rank, b) not in self.read | self.wrote for b in BUFS}
+        both = (all(ok[b] or untouched[b] for b in BUFS) and any(ok.values())
+                and self.reads_before_writes(rank, shift))
+        return both, both
+
+    def layouts(self, rank: int) -> list[int]:
+        """The ways ``rank``'s input and output can share memory: disjoint; the same memory
+        when they are equally long; or, NCCL style, the shorter as the longer one's unit
+        ``rank`` (allgather, reduce_scatter in place)."""
+        units_in, units_out = (self.schedule.units(rank, b) for b in BUFS)
+        if units_in == units_out:
+            return [DISJOINT, SAME]
+        return [DISJOINT, (IN_AT_UNIT if units_in < units_out else OUT_AT_UNIT) + rank]
+
+    def _fits(self, rank: int, alias: int) -> bool:
+        """``alias`` is one of ``rank``'s possible :meth:`layouts` (any unit of the longer)."""
+        units_in, units_out = (self.schedule.units(rank, b) for b in BUFS)
+        if alias == SAME:
+            return units_in == units_out
+        if alias >= OUT_AT_UNIT:
+            return units_out == 1 and alias - OUT_AT_UNIT < units_in
+        return units_in == 1 and alias - IN_AT_UNIT < units_out
+
+    def everywhere(self) -> bool:
+        """True if, in every one of its :meth:`layouts`, no rank stages anything: every buffer
+        peers touch qualifies on every rank."""
+        s = self.schedule
+        if s.inplace:
+            return False
+        for r in range(s.nranks):
+            touched = [(r, b) in self.read | self.wrote for b in BUFS]
+            for alias in self.layouts(r):
+                got = self.buffers(r, alias)
+                if any(t and not g for t, g in zip(touched, got)):
+                    return False
+        return True
+
+    def reads_before_writes(self, rank: int, shift: int) -> bool:
+        """True if, with input chunk ``j`` of ``rank`` stored as its output chunk ``j + shift``,
+        every read of an input chunk, by any rank, happens before every write over it: then the
+        two may share the user's memory with nothing staged. A write may also read what it
+        overwrites, element by element (the kernels read before they write), and a copy of an
+        input chunk onto itself writes nothing (the executor skips it); it still reads."""
+        key = (rank, shift)
+        if key not in self._rbw:
+            if self._clocks is None:
+                g = build_graph(self.schedule)
+                self._clocks = g, vector_clocks(g, topo_order(g))
+            g, vc = self._clocks
+            reads: dict[int, list[int]] = {}    # input chunk -> instructions reading it
+            writes: dict[int, list[int]] = {}   # input chunk -> instructions writing over it
+            for v, ins in enumerate(g.instrs):
+                d = ins.dst
+                if d.rank == rank and d.buf == "output" and not _onto_itself(ins, rank, shift):
+                    for j in range(d.chunk - shift, d.chunk - shift + d.count):
+                        writes.setdefault(j, []).append(v)
+                for ref in ins.srcs:
+                    if ref.rank == rank and ref.buf == "input":
+                        for j in range(ref.chunk, ref.chunk + ref.count):
+                            reads.setdefault(j, []).append(v)
+            self._rbw[key] = all(
+                (r == w and _elementwise(g.instrs[w], rank, shift))
+                or vc[w, g.lane_of[r]] >= g.ids[r].index
+                for j, ws in writes.items() for w in ws for r in reads.get(j, ()))
+        return self._rbw[key]
+
+
+def _elementwise(ins, rank: int, shift: int) -> bool:
+    """An instruction that reads ``rank``'s input only under the output chunks it writes."""
+    return all(x.chunk + shift == ins.dst.chunk for x in ins.srcs
+               if x.rank == rank and x.buf == "input")
+
+
+def _onto_itself(ins, rank: int, shift: int) -> bool:
+    """A copy of ``rank``'s input chunks onto the output chunks stored over them."""
+    (src,) = ins.srcs if ins.op == "copy" else (None,)
+    return (src is not None and src.rank == rank and src.buf == "input"
+            and src.chunk + shift == ins.dst.chunk and src.count == ins.dst.count)
