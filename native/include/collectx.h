@@ -164,7 +164,7 @@ typedef struct {
   const unsigned char* in_direct;
   const unsigned char* out_direct;
   /* 1: peers read this rank's user_in / user_out across processes (process_vm_readv) instead of
-   * from the window, so neither is staged; only for buffers no peer writes (see executor.py). */
+   * from the window, so neither is staged; only for buffers no peer writes (peer_use.py). */
   int cma_in;
   int cma_out;
 } cx_exec_call;

@@ -38,7 +38,8 @@ extern "C" {
 struct cx_ctl {
     uint64_t magic;           /* set by the owner once the block is initialised */
     uint64_t pid;             /* owner's pid, for liveness checks (kill(pid, 0)) */
-    uint64_t pad0[6];
+    uint64_t base;            /* where the owner maps this segment: read by window.py's probe */
+    uint64_t pad0[5];
     uint64_t ready;           /* epoch whose tile this rank has staged (barrier word) */
     uint64_t pad1[7];
     uint64_t abort_word;      /* 0, seq+1 of an aborted call, or CX_ABORT_FATAL|rank */

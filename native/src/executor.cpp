@@ -39,7 +39,8 @@
 #include <cstddef>
 #include <memory>
 
-static_assert(offsetof(cx_ctl, ready) == 64 && offsetof(cx_ctl, abort_word) == 128 &&
+static_assert(offsetof(cx_ctl, base) == 16 && offsetof(cx_ctl, ready) == 64 &&
+                  offsetof(cx_ctl, abort_word) == 128 &&
                   offsetof(cx_ctl, desc) == 256 && offsetof(cx_ctl, lane_flag) == 1024 &&
                   sizeof(cx_ctl) <= CX_CTL_BYTES,
               "window.py addresses the control block by these byte offsets");
