@@ -7,6 +7,7 @@ table is printed with ratio columns (collectx / MPI, collectx / gloo). Benchmark
     python perf/compare_cpu.py --ranks 2 --colls allreduce --sizes 8,1M,64M --json out.jsonl
     python perf/compare_cpu.py --ranks 2 --colls allreduce --repeat 3   # medians of 3 rounds
     python perf/compare_cpu.py --ranks 2 --colls allreduce --staged    # + COLLECTX_CMA=0 column
+    python perf/compare_cpu.py --colls broadcast,reduce,allgather_inplace,reduce_scatter_inplace
 
 On a shared machine, --repeat N runs the backends round-robin N times (collectx, MPI, gloo,
 collectx, ...) and reports each backend's median time per point, so a burst of load from other
@@ -49,7 +50,12 @@ from _checkout import ROOT  # this checkout's collectx first (also for the mpiru
 from _probe import exchange_us
 
 FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
-          "reduce_scatter": lambda n: (n - 1) / n}
+          "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0,
+          "reduce": lambda n: 1.0}
+# NCCL-style in place: allgather's input is the rank's block of the output, reduce_scatter's
+# output the rank's block of the input (MPI_IN_PLACE for Open MPI)
+FACTOR |= {"allgather_inplace": FACTOR["allgather"],
+           "reduce_scatter_inplace": FACTOR["reduce_scatter"]}
 
 
 def parse_size(text: str) -> int:
@@ -66,10 +72,10 @@ def iterations(nbytes: int, budget_s: float) -> int:
 def elements(coll: str, nbytes: int, n: int) -> tuple[int, int]:
     """(input elements, output elements) of float32 for a collective of nbytes (nccl-tests)."""
     e = max(1, nbytes // 4)
-    if coll == "allreduce":
+    if coll in ("allreduce", "broadcast", "reduce"):
         return e, e
     per = max(1, e // n)
-    return (per, per * n) if coll == "allgather" else (per * n, per)
+    return (per, per * n) if coll.startswith("allgather") else (per * n, per)
 
 
 # -- one timed loop per backend ---------------------------------------------------------------
@@ -97,9 +103,15 @@ def bench_collectx(cases, budget, window=False):
             x[:] = 1
         else:
             x, y = np.ones(ni, np.float32), np.empty(no, np.float32)
+        r = comm.rank
         fn = {"allreduce": lambda: comm.allreduce(x),
               "allgather": lambda: comm.allgather(x, out=y),
-              "reduce_scatter": lambda: comm.reduce_scatter(x, out=y)}[coll]
+              "reduce_scatter": lambda: comm.reduce_scatter(x, out=y),
+              "broadcast": lambda: comm.broadcast(x, root=0),
+              "reduce": lambda: comm.reduce(x, root=0),
+              "allgather_inplace": lambda: comm.allgather(y[r * ni:(r + 1) * ni], out=y),
+              "reduce_scatter_inplace":
+                  lambda: comm.reduce_scatter(x, out=x[r * no:(r + 1) * no])}[coll]
         out.append(time_loop(fn, comm.barrier, iterations(nbytes, budget)))
         del x, y, fn
     comm.close()
@@ -118,7 +130,13 @@ def bench_gloo(cases, budget, rdzv):
         x, y = torch.ones(ni), torch.empty(no)
         fn = {"allreduce": lambda: dist.all_reduce(x),
               "allgather": lambda: dist.all_gather_into_tensor(y, x),
-              "reduce_scatter": lambda: dist.reduce_scatter_tensor(y, x)}[coll]
+              "reduce_scatter": lambda: dist.reduce_scatter_tensor(y, x),
+              "broadcast": lambda: dist.broadcast(x, src=0),
+              "reduce": lambda: dist.reduce(x, dst=0),
+              "allgather_inplace":
+                  lambda: dist.all_gather_into_tensor(y, y[rank * ni:(rank + 1) * ni]),
+              "reduce_scatter_inplace":
+                  lambda: dist.reduce_scatter_tensor(x[rank * no:(rank + 1) * no], x)}[coll]
         try:
             out.append(time_loop(fn, dist.barrier, max(3, iterations(nbytes, budget) // 4)))
         except RuntimeError:  # gloo lacks reduce_scatter_tensor on CPU in some versions
@@ -134,9 +152,16 @@ def bench_mpi(cases, budget):
     for coll, nbytes in cases:
         ni, no = elements(coll, nbytes, comm.size)
         x, y = np.ones(ni, np.float32), np.empty(no, np.float32)
+        root = comm.rank == 0
         fn = {"allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),
               "allgather": lambda: comm.Allgather(x, y),
-              "reduce_scatter": lambda: comm.Reduce_scatter_block(x, y, op=MPI.SUM)}[coll]
+              "reduce_scatter": lambda: comm.Reduce_scatter_block(x, y, op=MPI.SUM),
+              "broadcast": lambda: comm.Bcast(x, root=0),
+              "reduce": lambda: comm.Reduce(MPI.IN_PLACE if root else x, x if root else None,
+                                            op=MPI.SUM, root=0),
+              "allgather_inplace": lambda: comm.Allgather(MPI.IN_PLACE, y),
+              "reduce_scatter_inplace":
+                  lambda: comm.Reduce_scatter_block(MPI.IN_PLACE, x, op=MPI.SUM)}[coll]
         out.append(time_loop(fn, comm.Barrier, iterations(nbytes, budget)))
     return out if comm.rank == 0 else None
 
@@ -232,7 +257,9 @@ def table(rows, staged: bool = False) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", default="2,4")
-    ap.add_argument("--colls", default="allreduce,allgather,reduce_scatter")
+    ap.add_argument("--colls", default="allreduce,allgather,reduce_scatter",
+                    help="comma list of: " + ", ".join(FACTOR) + " (the _inplace ones: the "
+                         "input is the rank's block of the output, or the reverse)")
     ap.add_argument("--sizes", default="8,64K,1M,16M,64M,256M")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds of work per point")
     ap.add_argument("--skip", default="", help="backends to skip: mpi,gloo")
@@ -250,6 +277,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mpi-worker", help=argparse.SUPPRESS)
     ap.add_argument("--cases", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    unknown = set(a.colls.split(",")) - set(FACTOR)
+    if unknown and not a.mpi_worker:
+        ap.error(f"--colls {','.join(sorted(unknown))}: expected some of {', '.join(FACTOR)}")
     if a.mpi_worker:
         res = bench_mpi([tuple(c) for c in json.loads(a.cases)], a.budget)
         if res is not None:
