@@ -49,13 +49,13 @@ class FlatPlan:
                 instrs += self._record(ins, srcs, deps)
             lane_off.append(len(instrs) // INSTR_WORDS)
         fin = self._fin_deps()
-        self.in_private = not self._touched_by_peers("input")
-        self.out_private = not self._touched_by_peers("output")
+        self.peer_use = PeerUse(schedule)
+        self.in_private = not self.peer_use.touched(rank, "input")
+        self.out_private = not self.peer_use.touched(rank, "output")
         scratch = max(schedule.scratch_units) if schedule.scratch_units else 0
         self.units = (schedule.units(rank, "input"), schedule.units(rank, "output"), scratch)
         self.shared = None if schedule.inplace else (self._shared_chunks("input"),
                                                      self._shared_chunks("output"))
-        self._peer_use: PeerUse | None = None  # computed on first use
         self._struct(lane_off, instrs, srcs, deps, fin)
 
     def _record(self, ins, srcs: list, deps: list) -> list[int]:
@@ -83,19 +83,6 @@ class FlatPlan:
             if dst.rank == self.rank and dst.buf == "output":
                 last[(d.rank, d.lane)] = max(last.get((d.rank, d.lane), -1), d.index)
         return [Dep(r, lane, i) for (r, lane), i in sorted(last.items())]
-
-    def _touched_by_peers(self, buf: str) -> bool:
-        s, me = self.schedule, self.rank
-        for d, ins in s.instructions():
-            if d.rank == me:
-                continue
-            for ref in (ins.dst, *ins.srcs):
-                a = alias(s, ref)
-                if a.rank == me and a.buf == buf:
-                    return True
-                if s.inplace and a.rank == me and {a.buf, buf} == {"input", "output"}:
-                    return True  # in place, input and output are one storage
-        return False
 
     def _shared_chunks(self, buf: str) -> bytes:
         """Per chunk (unit * nchunks + chunk) of this rank's ``buf``: 1 if another rank reads or
@@ -150,13 +137,6 @@ class FlatPlan:
         ((True, True), (True, True), (False, False))
         """
         return self.peer_use.buffers(self.rank, alias)
-
-    @property
-    def peer_use(self) -> PeerUse:
-        """How every rank of the schedule uses its peers' buffers (computed once)."""
-        if self._peer_use is None:
-            self._peer_use = PeerUse(self.schedule)
-        return self._peer_use
 
     def _struct(self, lane_off, instrs, srcs, deps, fin) -> None:
         ffi, _ = native()

@@ -21,6 +21,20 @@ IN_AT_UNIT = 1 << 16   # + u: the input is unit u of the output (allgather in pl
 OUT_AT_UNIT = 2 << 16  # + u: the output is unit u of the input (reduce_scatter in place)
 
 
+def unit_of(alias: int) -> tuple[str, int] | None:
+    """``(buffer, u)`` for a unit-offset ``alias``: the named buffer (the shorter one) is unit
+    ``u`` of the other; None for the other codes.
+
+    >>> unit_of(IN_AT_UNIT + 2), unit_of(OUT_AT_UNIT + 1), unit_of(SAME)
+    (('input', 2), ('output', 1), None)
+    """
+    if alias >= OUT_AT_UNIT:
+        return "output", alias - OUT_AT_UNIT
+    if alias >= IN_AT_UNIT:
+        return "input", alias - IN_AT_UNIT
+    return None
+
+
 def chunk_shift(alias: int, nchunks: int) -> int | None:
     """For input and output sharing memory as ``alias`` says: the ``shift`` such that input
     chunk ``j`` is output chunk ``j + shift`` (chunks count across units); None when they are
@@ -31,11 +45,11 @@ def chunk_shift(alias: int, nchunks: int) -> int | None:
     """
     if alias == SAME:
         return 0
-    if IN_AT_UNIT <= alias < OUT_AT_UNIT:
-        return (alias - IN_AT_UNIT) * nchunks
-    if alias >= OUT_AT_UNIT:
-        return -(alias - OUT_AT_UNIT) * nchunks
-    return None
+    unit = unit_of(alias)
+    if unit is None:
+        return None
+    buf, u = unit
+    return u * nchunks if buf == "input" else -u * nchunks
 
 
 class PeerUse:
@@ -61,6 +75,12 @@ class PeerUse:
         self._clocks = None
         self._rbw: dict[tuple[int, int], bool] = {}
 
+    def touched(self, rank: int, buf: str) -> bool:
+        """Whether another rank reads or writes ``rank``'s ``buf`` (for an in-place schedule,
+        its input or output: they are one storage, and refs keep their rank when resolved)."""
+        bufs = BUFS if self.schedule.inplace else (buf,)
+        return any((rank, b) in self.read or (rank, b) in self.wrote for b in bufs)
+
     def buffers(self, rank: int, alias: int) -> tuple[bool, bool]:
         """(input, output) of ``rank`` that peers may read in the user's memory.
 
@@ -79,8 +99,7 @@ class PeerUse:
         shift = chunk_shift(alias, s.nchunks)
         if shift is None or not self._fits(rank, alias):
             return False, False
-        untouched = {b: (rank, b) not in self.read | self.wrote for b in BUFS}
-        both = (all(ok[b] or untouched[b] for b in BUFS) and any(ok.values())
+        both = (all(ok[b] or not self.touched(rank, b) for b in BUFS) and any(ok.values())
                 and self.reads_before_writes(rank, shift))
         return both, both
 
@@ -95,12 +114,12 @@ class PeerUse:
 
     def _fits(self, rank: int, alias: int) -> bool:
         """``alias`` is one of ``rank``'s possible :meth:`layouts` (any unit of the longer)."""
-        units_in, units_out = (self.schedule.units(rank, b) for b in BUFS)
+        units = {b: self.schedule.units(rank, b) for b in BUFS}
         if alias == SAME:
-            return units_in == units_out
-        if alias >= OUT_AT_UNIT:
-            return units_out == 1 and alias - OUT_AT_UNIT < units_in
-        return units_in == 1 and alias - IN_AT_UNIT < units_out
+            return units["input"] == units["output"]
+        buf, u = unit_of(alias)
+        other = "output" if buf == "input" else "input"
+        return units[buf] == 1 and u < units[other]
 
     def everywhere(self) -> bool:
         """True if, in every one of its :meth:`layouts`, no rank stages anything: every buffer
@@ -109,10 +128,9 @@ class PeerUse:
         if s.inplace:
             return False
         for r in range(s.nranks):
-            touched = [(r, b) in self.read | self.wrote for b in BUFS]
             for alias in self.layouts(r):
                 got = self.buffers(r, alias)
-                if any(t and not g for t, g in zip(touched, got)):
+                if any(self.touched(r, b) and not g for b, g in zip(BUFS, got)):
                     return False
         return True
 
