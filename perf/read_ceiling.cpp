@@ -5,7 +5,9 @@
 //   chain   - k-1 binary adds through one output, as numpy does (np.add(c, s, out=c))
 //   read    - a loop that reads the k inputs and sums them into a register (no output)
 //   reduce  - the k inputs summed and written once with non-temporal stores, two cache lines
-//             per source per step (what libcollectx's large float reductions do)
+//             per source per step
+//   reduce+pf - the same, each step also prefetching its lines 1 KiB ahead in every source
+//             (what libcollectx's large float reductions do)
 // GB/s is payload, k * size / time, as in perf/kernels.py. "read / chain" is the most any
 // k-ary kernel can lead a chain of binary adds by on this machine.
 //
@@ -63,6 +65,21 @@ __attribute__((target("avx2"))) static void reduce(float* d, float** s, int k, s
   _mm_sfence();
 }
 
+__attribute__((target("avx2"))) static void reduce_prefetch(float* d, float** s, int k, size_t n) {
+  for (size_t i = 0; i < n; i += 32) {
+    V a[4], x;
+    for (int j = 0; j < k; j++) {
+      _mm_prefetch(reinterpret_cast<const char*>(s[j] + i) + 1024, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(s[j] + i) + 1088, _MM_HINT_T0);
+    }
+    for (int u = 0; u < 4; u++) memcpy(&a[u], s[0] + i + 8 * u, 32);
+    for (int j = 1; j < k; j++)
+      for (int u = 0; u < 4; u++) { memcpy(&x, s[j] + i + 8 * u, 32); a[u] += x; }
+    for (int u = 0; u < 4; u++) _mm256_stream_ps(d + i + 8 * u, (__m256)a[u]);
+  }
+  _mm_sfence();
+}
+
 int main(int argc, char** argv) {
   long mib = argc > 1 ? atol(argv[1]) : 16;
   long k = argc > 2 ? atol(argv[2]) : 8;
@@ -82,21 +99,22 @@ int main(int argc, char** argv) {
   std::vector<float*> s(k);
   for (auto& p : s) p = alloc();
   float* out = alloc();
-  const char* names[] = {"chain", "read", "reduce"};
-  void (*fns[])(float*, float**, int, size_t) = {chain, read_only, reduce};
-  std::vector<double> t[3];
+  const char* names[] = {"chain", "read", "reduce", "reduce+pf"};
+  void (*fns[])(float*, float**, int, size_t) = {chain, read_only, reduce, reduce_prefetch};
+  constexpr int kFns = sizeof(fns) / sizeof(fns[0]);
+  std::vector<double> t[kFns];
   for (int r = 0; r < 15; r++)   // interleaved, so load on the machine hits all alike
-    for (int f = 0; f < 3; f++) {
+    for (int f = 0; f < kFns; f++) {
       double t0 = now();
       fns[f](out, s.data(), k, n);
       t[f].push_back(now() - t0);
     }
   printf("k=%ld, %ld MiB per input, medians of 15\n", k, mib);
-  for (int f = 0; f < 3; f++) {
+  for (int f = 0; f < kFns; f++) {
     std::sort(t[f].begin(), t[f].end());
     double m = t[f][7];
     double gbps = double(k) * n * sizeof(float) / m / 1e9;
-    printf("%-7s %7.2f GB/s  %.2fx chain\n", names[f], gbps, t[0][7] / m);
+    printf("%-9s %7.2f GB/s  %.2fx chain\n", names[f], gbps, t[0][7] / m);
   }
   return 0;
 }
