@@ -245,6 +245,27 @@ def cross_process_reads(n: int) -> dict:
     return {"bad": bad, "cma": cma, "published": published}
 
 
+def copies_read_across(sizes: list[int]) -> dict:
+    """Each collective at each element count (per rank's block), every rank's results checked.
+    Returns whether the window reads across processes and, per case, (coll, n, failure or None,
+    whether this rank published its input / output)."""
+    comm = collectx.init(timeout=60)
+    r, s = comm.rank, comm.size
+    rows = []
+    for n in sizes:
+        inputs = [rank_input(5, q, n * s, "float32") for q in range(s)]
+        for coll in ("allgather", "broadcast", "alltoall", "allreduce", "reduce_scatter"):
+            x = inputs[r][:n] if coll in ("allgather", "broadcast") else inputs[r]
+            x = x.copy()
+            got = call(comm, coll, x, "sum", s - 1)
+            want = reference(coll, "sum", [i[:len(x)] for i in inputs], r, s - 1)
+            bad = None if np.array_equal(np.asarray(got), want) else f"{np.asarray(got)[:4]}"
+            rows.append((coll, n, bad, _published(comm)))
+    cma = comm._window.cma
+    comm.close()
+    return {"cma": cma, "rows": rows}
+
+
 def _published(comm) -> list[bool]:
     """Whether this rank's last call let peers read its input / output across processes."""
     from collectx.runtime.window import DESC_WORDS, W_DESC

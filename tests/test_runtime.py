@@ -84,6 +84,26 @@ def test_large_calls_with_each_rank_choosing_its_buffer_layout(monkeypatch, cma)
         assert [g["published"][coll] for g in got] == [[cma_used] * 2] * 3
 
 
+def test_collectives_that_only_copy_read_across_processes_from_smaller_sizes():
+    # A read across processes lands straight in the reader's output, so copy-only collectives
+    # take it from CMA_COPY_MIN_BYTES (more when ranks outnumber CPUs); reductions from 2 MiB.
+    from collectx.runtime.engine import cma_min_bytes
+    from collectx.runtime.window import oversubscribed
+    small, mid = 1 << 10, cma_min_bytes("allgather", oversubscribed(2)) // 4
+    got = collectx.launch(W.copies_read_across, 2, args=([small, mid],), timeout=240)
+    assert [case[2] for g in got for case in g["rows"]] == [None] * 20
+    cma = got[0]["cma"]
+    for rank, g in enumerate(got):
+        published = {(coll, n): p for coll, n, _, p in g["rows"]}
+        for coll in ("allgather", "broadcast", "alltoall", "allreduce", "reduce_scatter"):
+            assert published[coll, small] == [False, False], (rank, coll)
+        # Peers read allgather's and alltoall's inputs; broadcast's root buffer (rank 1's).
+        assert published["allgather", mid] == [cma, False]
+        assert published["alltoall", mid] == [cma, False]
+        assert published["broadcast", mid] == [cma and rank == 1] * 2
+        assert published["allreduce", mid] == published["reduce_scatter", mid] == [False] * 2
+
+
 def test_async_torch_bf16_and_out_buffers():
     pytest.importorskip("torch")
     assert collectx.launch(W.async_and_torch, 2, args=(1000,), timeout=240) == [[], []]

@@ -21,7 +21,8 @@ from ._lib import native
 from .arrays import DTYPE_CODES, OP_CODES
 from .executor import FlatPlan
 from .small import replicated_allreduce, use_replicated
-from .window import ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, Window
+from .window import (ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, Window,
+                     oversubscribed)
 
 COLL_CODES = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3, "broadcast": 4, "reduce": 5,
               "alltoall": 6, "barrier": 7}
@@ -31,9 +32,21 @@ _OP_NAMES = {v: k for k, v in OP_CODES.items()}
 _AVG = OP_CODES["avg"]
 _EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "CMA": 7}
 # Per-unit message size from which peers read user buffers across processes (cma_in/cma_out)
-# rather than staged copies: below it the copies stay in cache and a system call per piece costs
-# more than it saves.
+# rather than staged copies. For reductions: below it the staged copies stay in cache, and a
+# remote source must pass through a bounce buffer anyway, so a system call per piece costs more
+# than it saves (2-rank allreduce, 1 MiB: 200 us read across processes, 172 us staged).
 CMA_MIN_BYTES = 2 << 20
+# For collectives that only copy (allgather, broadcast, alltoall) a read across processes lands
+# straight in the reader's output: one copy instead of the owner's staging copy and the reader's
+# copy out. On 2 ranks it won from 16 KiB (allgather 4.3 -> 3.3 us at 16 KiB, 42.6 -> 16.5 us at
+# 256 KiB; broadcast 24.3 -> 16.0 us at 256 KiB) and lost at 4 KiB (1.8 -> 2.1 us). When ranks
+# outnumber CPUs the wait at the end of such a call (no caller may reuse a buffer a peer still
+# reads) costs context switches: 4 ranks on 2 CPUs lost up to 64 KiB (allgather 16 KiB 16-25 ->
+# 36-41 us), broke even at 256 KiB and won at 1 MiB (880-930 -> 810-850 us). Powers of two, so
+# all sizes of a size class (plans are cached per class) decide alike.
+CMA_COPY_MIN_BYTES = 16 << 10
+CMA_COPY_MIN_BYTES_OVERSUBSCRIBED = 256 << 10
+_COPY_ONLY = frozenset(("allgather", "broadcast", "alltoall"))
 
 
 class Engine:
@@ -58,6 +71,7 @@ class Engine:
         self._res = ffi.new("cx_exec_result*")
         self._ffi = ffi
         self._null = ffi.NULL
+        self._crowded = oversubscribed(window.machine_ranks)
 
     @property
     def _seq(self) -> int:
@@ -87,14 +101,15 @@ class Engine:
             # keep staged copies in the caches, would only add barriers (and cost more than that:
             # 16 MiB 2-rank allreduce 2.3 ms with 2 MiB tiles, 1.4 ms in one tile). The choice
             # must be the same on every rank, so it is made on the schedule, not on this call.
-            whole = self._cma(nbytes) and fp.peer_use.everywhere()
+            whole = self._cma(coll, nbytes) and fp.peer_use.everywhere()
             tile_bytes = None if whole else self.config.tile_bytes
             hit = self._plans[key] = (fp, fp.tile_count(self.win.set_bytes, itemsize, tile_bytes))
         return hit
 
-    def _cma(self, nbytes: int) -> bool:
-        """Whether a call of ``nbytes`` per unit lets peers read user buffers across processes."""
-        return self.win.cma and nbytes >= CMA_MIN_BYTES
+    def _cma(self, coll: str, nbytes: int) -> bool:
+        """Whether ``coll`` with ``nbytes`` per unit lets peers read user buffers across
+        processes."""
+        return self.win.cma and nbytes >= cma_min_bytes(coll, self._crowded)
 
     def _schedule(self, coll: str, nbytes: int, root: int) -> Schedule:
         if coll == "barrier":  # no data: only the descriptor check and the ready barrier
@@ -161,7 +176,7 @@ class Engine:
         c.in_private = int(fp.in_private and not in_overlaps_out)
         c.out_private = int(fp.out_private)
         masks = fp.direct_masks(int(in_overlaps_out))
-        if self._cma(count * itemsize):
+        if self._cma(coll, count * itemsize):
             c.cma_in, c.cma_out = fp.cma_buffers(int(in_overlaps_out))
         keep = None  # the mask arrays live as long as the cached call struct
         if masks is not None:
@@ -358,6 +373,20 @@ class Engine:
                          f"count={d[4]}, root={d[5]})")
         return "; ".join(parts)
 
+
+
+def cma_min_bytes(coll: str, crowded: bool) -> int:
+    """Bytes per unit from which ``coll`` lets peers read user buffers across processes;
+    ``crowded``: the ranks on this machine outnumber its CPUs.
+
+    >>> cma_min_bytes("allreduce", False) >> 10, cma_min_bytes("broadcast", False) >> 10
+    (2048, 16)
+    >>> cma_min_bytes("allgather", True) >> 10, cma_min_bytes("reduce_scatter", True) >> 10
+    (256, 2048)
+    """
+    if coll not in _COPY_ONLY:
+        return CMA_MIN_BYTES
+    return CMA_COPY_MIN_BYTES_OVERSUBSCRIBED if crowded else CMA_COPY_MIN_BYTES
 
 
 def _fast_module():

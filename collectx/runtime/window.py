@@ -110,6 +110,16 @@ def _map_segment(name: str, total: int) -> mmap.mmap:
         os.close(fd)
 
 
+def oversubscribed(machine_ranks: int, cpus: int | None = None) -> bool:
+    """Whether the ranks on this machine outnumber its CPUs (then a rank waited for is often
+    queued behind the waiter, and every wait costs a context switch).
+
+    >>> oversubscribed(2, cpus=2), oversubscribed(4, cpus=2)
+    (False, True)
+    """
+    return machine_ranks > ((os.cpu_count() or 1) if cpus is None else cpus)
+
+
 def spin_polls(machine_ranks: int, cpus: int | None = None) -> int:
     """Busy polls before a wait yields or sleeps: many when every rank on the machine has a CPU,
     few when they outnumber the CPUs (the peer waited for is then often queued on ours).
@@ -117,8 +127,7 @@ def spin_polls(machine_ranks: int, cpus: int | None = None) -> int:
     >>> spin_polls(2, cpus=2), spin_polls(4, cpus=2)
     (2000, 50)
     """
-    cpus = (os.cpu_count() or 1) if cpus is None else cpus
-    return 2000 if machine_ranks <= cpus else 50
+    return 50 if oversubscribed(machine_ranks, cpus) else 2000
 
 
 class Window:
