@@ -302,3 +302,119 @@ def never_arrives_on_fast_call_with_out(timeout: float, coll: str) -> list:
         return [None]
     except Exception as e:
         return [type(e).__name__, time.monotonic() - t0, _slot_calls(comm, coll) - before]
+
+
+# -- broadcast, reduce, and allgather / reduce_scatter in place (NCCL style) --------------------
+
+ROOTED_SLOTS = {"broadcast": "_fast_broadcast", "reduce": "_fast_reduce",
+                "reduce_out": "_fast_reduce", "allgather_inplace": "_fast_allgather",
+                "reduce_scatter_inplace": "_fast_reduce_scatter"}
+
+
+def run_layout(comm, kind: str, x, buf, op, root):
+    """One call of ``kind``; ``buf`` is the out of reduce_out / the whole buffer in place.
+    Returns (what the call returned, what it should return, the array holding the result)."""
+    r, n = comm.rank, len(x)
+    if kind == "broadcast":
+        return comm.broadcast(x, root), x, x
+    if kind == "reduce":
+        return comm.reduce(x, root, op=op), x if r == root else None, x
+    if kind == "reduce_out":
+        return comm.reduce(x, root, out=buf, op=op), buf if r == root else None, buf
+    if kind == "allgather_inplace":
+        return comm.allgather(buf[r * n:(r + 1) * n], out=buf), buf, buf
+    k = n // comm.size      # reduce_scatter in place: out is block r of x
+    out = x[r * k:(r + 1) * k]
+    got = comm.reduce_scatter(x, out=out, op=op)
+    return got, out, out
+
+
+def _expected_layout(kind, seed, size, rank, n, dtype, op, root) -> np.ndarray:
+    mine = _input(seed, rank, n, dtype)
+    if kind == "broadcast":
+        return _input(seed, root, n, dtype)
+    if kind in ("reduce", "reduce_out"):
+        return _expected(seed, size, n, dtype, op) if rank == root else \
+            (mine if kind == "reduce" else None)
+    if kind == "allgather_inplace":
+        return np.concatenate([_input(seed, q, n, dtype) for q in range(size)])
+    k = n // size
+    return _expected(seed, size, n, dtype, op)[rank * k:(rank + 1) * k]
+
+
+def results_rooted_and_in_place(cases: list) -> list:
+    """Every (kind, dtype, op, n, root) case four times in a row, fresh data each time; per
+    case: the failures (wrong result or return value) and how many of the four calls the
+    method's fast call ran."""
+    comm = collectx.init(timeout=60)
+    results = []
+    for kind, dtype, op, n, root in cases:
+        failures, fast = [], 0
+        slot = ROOTED_SLOTS[kind]
+        for rep in range(4):
+            seed = zlib.crc32(f"{kind}{dtype}{op}{n}{root}{rep}".encode())  # equal on every rank
+            x = _input(seed, comm.rank, n, dtype)
+            buf = np.full(n * comm.size if kind == "allgather_inplace" else n, 99, dtype)
+            if kind == "allgather_inplace":
+                buf[comm.rank * n:(comm.rank + 1) * n] = x
+            before = getattr(getattr(comm, slot), "calls", -1)
+            got, want_got, result = run_layout(comm, kind, x, buf, op, root)
+            fast += int(getattr(getattr(comm, slot), "calls", -1) == before + 1 and before >= 0)
+            want = _expected_layout(kind, seed, comm.size, comm.rank, n, dtype, op, root)
+            if got is not want_got or (want is not None and not np.array_equal(result, want)):
+                failures.append((kind, dtype, op, n, root, rep, np.asarray(result)[:4].tolist()))
+        results.append((failures, fast))
+    comm.close()
+    return results
+
+
+def root_mismatch_on_fast_broadcast() -> list:
+    """Both ranks arm broadcast from root 0; then rank 1 broadcasts from root 1 while rank 0
+    repeats the armed call; then both broadcast from 0 again. Returns the exception's name and
+    message, how many calls the fast call ran, and the last result."""
+    comm = collectx.init(timeout=60)
+    x = np.full(4, float(comm.rank + 1), np.float32)
+    comm.broadcast(x, 0)
+    comm.broadcast(x, 0)
+    before = comm._fast_broadcast.calls
+    try:
+        comm.broadcast(x, comm.rank)
+        seen = [None, None]
+    except Exception as e:
+        seen = [type(e).__name__, str(e)]
+    ran = comm._fast_broadcast.calls - before
+    x[:] = comm.rank + 5
+    comm.broadcast(x, 0)
+    comm.close()
+    return seen + [ran, x.tolist()]
+
+
+def in_place_fast_calls_decline() -> list:
+    """Arms allgather and reduce_scatter in place (NCCL's blocks); asks each fast call for the
+    armed layout (runs), for other blocks, shifted or copied buffers (declined), each buffer
+    left untouched by a declined call; returns the answers, whether the buffers stayed as they
+    were, and how many calls each fast call ran."""
+    comm = collectx.init(timeout=60)
+    r, n = comm.rank, 6
+    buf = np.zeros(2 * n + 1, np.float32)
+    out = buf[:2 * n]
+    comm.allgather(out[r * n:(r + 1) * n], out=out)
+    ag = comm._fast_allgather
+    other = 1 - r
+    answers = [ag(out[r * n:(r + 1) * n], out, None)]
+    before = buf.copy()
+    answers += [ag(out[other * n:(other + 1) * n], out, None), ag(buf[r * n + 1:(r + 1) * n + 1],
+                out, None), ag(out[r * n:(r + 1) * n].copy(), out, None)]
+    x = np.ones(2 * n, np.float32)
+    comm.reduce_scatter(x, out=x[r * n:(r + 1) * n])
+    rs = comm._fast_reduce_scatter
+    answers += [rs(x, x[other * n:(other + 1) * n], "sum")]
+    answers += [rs(x, x[r * n:(r + 1) * n], "sum")]
+    kept = x.copy()
+    answers += [rs(x, x[r * n:(r + 1) * n].copy(), "sum"), rs(x, x[r * n:(r + 1) * n], "max")]
+    untouched = bool(np.array_equal(buf, before) and np.array_equal(x, kept))
+    ran = [ag.calls, rs.calls]
+    ag(out[r * n:(r + 1) * n], out, None)   # both in step: one more of each, on both ranks
+    rs(x, x[r * n:(r + 1) * n], "sum")
+    comm.close()
+    return [answers, untouched, ran]

@@ -2,7 +2,7 @@
 
 Once an in-place allreduce of a plain numpy array has run, later calls with the same dtype,
 element count and op run through one C call; likewise allreduce, allgather and reduce_scatter
-into an ``out=`` array. These tests check it is the path taken (its call counter), that results
+into an ``out=`` array (disjoint, or NCCL's in-place blocks), broadcast and reduce. These tests check it is the path taken (its call counter), that results
 are right for every op and several dtypes and shapes, that it declines everything else
 untouched, and that mismatches, aborted calls, dead peers and timeouts raise as on the checked
 path.
@@ -317,3 +317,59 @@ def test_missing_peer_times_out_in_a_fast_call_with_out():
     name, seconds, fast = results[0]
     assert name == "Timeout" and fast == 1
     assert 0.9 < seconds < 6.0
+
+
+# -- broadcast, reduce, and allgather / reduce_scatter in place (NCCL style) --------------------
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_rooted_and_in_place_calls_run_through_their_fast_calls(nranks):
+    last = nranks - 1
+    cases = [("broadcast", d, None, n, root) for d, n, root in (
+        ("float32", 5, 0), ("int64", 3, last), ("uint8", 1000, 1), ("float16", 64, 0))]
+    cases += [(kind, d, o, n, root) for kind in ("reduce", "reduce_out") for d, o, n, root in (
+        ("float32", "sum", 5, 0), ("float64", "avg", 3, last), ("int32", "max", 17, 1),
+        ("int8", "min", 4, 0))]
+    cases += [("allgather_inplace", d, None, n, 0) for d, n in (("float32", 5), ("int64", 1))]
+    cases += [("reduce_scatter_inplace", d, o, n * nranks, 0) for d, o, n in (
+        ("float32", "sum", 5), ("int32", "prod", 2), ("float64", "avg", 3))]
+    per_rank = collectx.launch(W.results_rooted_and_in_place, nranks, args=(cases,), timeout=240)
+    for rank, results in enumerate(per_rank):
+        for case, (failures, fast) in zip(cases, results):
+            assert failures == [], (rank, failures)
+            assert fast == 3, (rank, case, fast)           # the first call arms it
+
+
+def test_rooted_and_in_place_fast_calls_decline_other_layouts_untouched():
+    comm = collectx.init(0, 1)
+    x, out = np.arange(6, dtype=np.float32), np.empty(6, np.float32)
+    comm.broadcast(x, 0)
+    bcast = comm._fast_broadcast
+    assert bcast(x, None, None, 0) is True and bcast.calls == 1
+    assert bcast(x, None, None, 1) is False and bcast(x, None, None, np.int64(0)) is False
+    assert bcast(x, None, None) is True                  # no root given: root 0
+    assert bcast(x, out, None, 0) is False and bcast(x, x, None, 0) is True  # out=x: the same
+    comm.reduce(x, 0, out=out, op="max")
+    red = comm._fast_reduce
+    assert red(x, out, "max", 0) is True
+    assert red(x, None, "max", 0) is False               # in place is another layout
+    assert red(x, out, "sum", 0) is False and red(x, out, "max", 1) is False
+    with pytest.raises(TypeError):
+        bcast(x, None, None, 0, 1)
+    comm.close()
+    assert bcast(x, None, None, 0) is False and red(x, out, "max", 0) is False
+
+
+def test_in_place_fast_calls_decline_other_blocks_untouched():
+    results = collectx.launch(W.in_place_fast_calls_decline, 2, timeout=120)
+    for rank, (answers, untouched, ran) in enumerate(results):
+        assert answers == [True, False, False, False, False, True, False, False], rank
+        assert untouched and ran == [1, 1]
+
+
+def test_root_mismatch_against_a_fast_broadcast_raises_on_every_rank():
+    results = collectx.launch(W.root_mismatch_on_fast_broadcast, 2, timeout=120)
+    for rank, (name, message, ran, after) in enumerate(results):
+        assert name == "CollectiveMismatch", (rank, name, message)
+        assert "root" in message
+        assert after == [5.0] * 4                         # still usable, in step: root 0's x
+    assert results[0][2] == 1                             # rank 0's side was the fast call

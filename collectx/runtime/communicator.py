@@ -29,8 +29,9 @@ _HEAP_DTYPES = [np.dtype(n) for n in DTYPE_CODES if n != "bfloat16"]
 _FAST_DTYPES = frozenset(_HEAP_DTYPES)
 _OP_NAMES = {code: name for name, code in OP_CODES.items()}
 # The compiled fast call of the last signature of: in-place allreduce, allreduce(x, out=),
-# allgather(x, out=), reduce_scatter(x, out=).
-_FAST_SLOTS = ("_fast", "_fast_allreduce", "_fast_allgather", "_fast_reduce_scatter")
+# allgather(x, out=), reduce_scatter(x, out=), broadcast, reduce.
+_FAST_SLOTS = ("_fast", "_fast_allreduce", "_fast_allgather", "_fast_reduce_scatter",
+               "_fast_broadcast", "_fast_reduce")
 
 
 class Communicator:
@@ -124,22 +125,28 @@ class Communicator:
 
     def broadcast(self, x, root: int = 0, async_op: bool = False):
         """Copy root's ``x`` into every rank's ``x`` (in place)."""
+        if not async_op and self._fast_broadcast(x, None, None, root):
+            return x
+
         def prepare():
             self._root(root)
             buf, dt = as_array(x, "x", writable=True)
             return ("broadcast", buf if self.rank == root else None, buf, buf.size, dt, 0,
                     root, x)
-        return self._submit(prepare, async_op)
+        return self._submit(prepare, async_op, "_fast_broadcast")
 
     def reduce(self, x, root: int = 0, out=None, op: str = "sum", async_op: bool = False):
         """Reduce ``x`` onto ``root``: into ``out`` there (default: in place in ``x``)."""
+        if not async_op and self._fast_reduce(x, out, op, root):
+            return (x if out is None else out) if self.rank == root else None
+
         def prepare():
             self._root(root)
             src, dt = self._input(x)
             res = (x if out is None else out) if self.rank == root else None
             dst = None if res is None else self._output(res, src.size, dt, "out")
             return ("reduce", src, dst, src.size, dt, self._op(op), root, res)
-        return self._submit(prepare, async_op)
+        return self._submit(prepare, async_op, "_fast_reduce")
 
     def send(self, x, dst: int) -> None:
         """Send ``x`` to rank ``dst`` (returns once ``x`` may be reused)."""
@@ -219,14 +226,15 @@ class Communicator:
         op = OP_CODES[op_name]
         self._engine.run("allreduce", src, src, src.size, dt, src.itemsize, op, 0, 1, -1, heap)
         if heap < 0 and src.dtype in _FAST_DTYPES:  # not a bfloat16 view: x's dtype is src's
-            self._fast = (self._engine.fast_call("allreduce", src, dt, op_name, op, True)
+            self._fast = (self._engine.fast_call("allreduce", src, dt, op_name, op, SAME, "same")
                           or _decline)
         return x
 
     def _submit(self, prepare, async_op: bool, fast_slot: str | None = None):
         """Checks and runs (or queues) one collective. ``fast_slot``: the attribute that caches
-        this method's compiled fast call, armed after a successful synchronous run of plain
-        disjoint arrays outside the heap (the fast call then declines whatever else comes)."""
+        this method's compiled fast call, armed after a successful synchronous run of arrays
+        outside the heap in a layout it can take (the fast call then declines other layouts
+        and whatever else comes)."""
         try:
             coll, src, dst, count, dt, op, root, res = prepare()
         except (ArgumentError, DTypeError) as e:
@@ -250,15 +258,20 @@ class Communicator:
             return self._worker.submit(go)
         self._drain()
         result = go()
-        if fast_slot is not None and overlap == 0 and in_heap < 0 and out_heap < 0:
-            self._arm(fast_slot, coll, src, dt, op)
+        if fast_slot is not None and overlap != OVERLAP and in_heap < 0 and out_heap < 0:
+            self._arm(fast_slot, coll, src, dst, dt, op, root, overlap)
         return result
 
-    def _arm(self, slot: str, coll: str, src, dt: int, op: int) -> None:
-        """Caches the fast call of the call that just ran (src's signature) in ``slot``."""
-        if src.dtype in _FAST_DTYPES:  # not a bfloat16 view: its dtype object is the input's
-            op_name = None if coll == "allgather" else _OP_NAMES[op]
-            setattr(self, slot, self._engine.fast_call(coll, src, dt, op_name, op) or _decline)
+    def _arm(self, slot: str, coll: str, src, dst, dt: int, op: int, root: int,
+             overlap: int) -> None:
+        """Caches the fast call of the call that just ran (its signature and layout) in
+        ``slot``."""
+        x = dst if src is None else src   # the caller's x: a broadcast receiver's is the output
+        if x.dtype in _FAST_DTYPES:  # not a bfloat16 view: its dtype object is the caller's
+            op_name = None if coll in ("allgather", "broadcast") else _OP_NAMES[op]
+            fast = self._engine.fast_call(coll, x, dt, op_name, op, overlap,
+                                          _layout(src, dst, overlap), root)
+            setattr(self, slot, fast or _decline)
 
     def _drop_fast(self) -> None:
         """Every method takes the checked path until its next successful synchronous call."""
@@ -302,9 +315,28 @@ class Communicator:
         return f"Communicator(rank={self.rank}, size={self.size})"
 
 
-def _decline(x, out, op) -> bool:
+def _decline(x, out, op, root=0) -> bool:
     """The fast call when there is none: always take the checked path."""
     return False
+
+
+def _layout(src, dst, overlap: int) -> str:
+    """The FastCall layout of a call the checked path ran with ``src``/``dst`` (None where the
+    call has no input or output on this rank) sharing memory as ``overlap`` says.
+
+    >>> x = np.zeros(4, np.float32)
+    >>> _layout(x, x, SAME), _layout(None, x, DISJOINT), _layout(x[2:], x, _overlap(x[2:], x))
+    ('same', 'out_only', 'in_at')
+    """
+    if src is None:
+        return "out_only"
+    if dst is None:
+        return "in_only"
+    if overlap >= OUT_AT_UNIT:
+        return "out_at"
+    if overlap >= IN_AT_UNIT:
+        return "in_at"
+    return "same" if overlap == SAME else "disjoint"
 
 
 def _overlap(src, dst) -> int:

@@ -20,6 +20,7 @@ from ..schedule.ir import Lane, Schedule
 from ._lib import native
 from .arrays import DTYPE_CODES, OP_CODES
 from .executor import FlatPlan
+from .peer_use import DISJOINT, unit_of
 from .small import replicated_allreduce, use_replicated
 from .window import (ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, Window,
                      oversubscribed)
@@ -190,14 +191,18 @@ class Engine:
         return prepared
 
     def fast_call(self, coll: str, arr, dtype: int, op_name: str | None, op: int,
-                  in_place: bool = False):
+                  alias: int = DISJOINT, layout: str = "disjoint", root: int = 0):
         """The compiled fast call (collectx._fastpath.FastCall) of ``coll`` with an input like
-        ``arr`` (same dtype object, element count) and ``op``, in place or into a disjoint
-        output, or None without the compiled module. ``coll`` is "allreduce" (in place or not),
-        "allgather" or "reduce_scatter"; ``op_name`` is None for allgather. Call it once the
-        checked path has run the same call: it reuses the prepared call struct. Cached per
+        ``arr`` (same dtype object, element count), ``op`` and ``root``, for one layout of the
+        user's buffers, or None without the compiled module.
+
+        ``alias`` is how the checked path coded the call's input and output (:mod:`.peer_use`),
+        ``layout`` the FastCall's name for it: "same", "disjoint", "in_at" / "out_at" (the
+        unit-offset codes), "in_only" (no output: a reduce's non-roots), "out_only" (no input:
+        a broadcast's receivers). ``op_name`` is None for allgather and broadcast. Call it once
+        the checked path has run the same call: it reuses the prepared call struct. Cached per
         signature; disabled when the engine is poisoned."""
-        key = (coll, arr.dtype, arr.size, op_name, in_place)
+        key = (coll, arr.dtype, arr.size, op_name, alias, layout, root)
         fast = self._fast_calls.get(key)
         if fast is not None or self._poisoned:
             return fast
@@ -205,18 +210,19 @@ class Engine:
         if module is None or (coll == "reduce_scatter" and arr.size % self.size):
             return None
         count, out_count = self._fast_counts(coll, arr.size)
-        prepared = self._calls.get((coll, dtype, count, op, 0, int(in_place)))
+        prepared = self._calls.get((coll, dtype, count, op, root, alias))
         if prepared is None:
             return None
         fp, c, _ = prepared
+        unit = unit_of(alias)
         addr = lambda p: int(self._ffi.cast("uintptr_t", p))  # noqa: E731
         heap = self.win.heap_address
         fast = module.FastCall(addr(self._lib.cx_exec_run), addr(fp.native), addr(self._wnative),
                                addr(c), addr(self._res), addr(self._state), heap,
                                heap + self.win.heap_bytes, arr.dtype, arr.size,
-                               None if in_place else out_count, op_name, self._lock,
+                               out_count if layout in _WITH_OUT else None, op_name, self._lock,
                                functools.partial(self._fast_failed, coll),
-                               (prepared, self.win))
+                               (prepared, self.win), layout, 0 if unit is None else unit[1], root)
         if len(self._fast_calls) > 64:  # many signatures: start over rather than grow forever
             self._drop_fast_calls()
         self._fast_calls[key] = fast
@@ -404,4 +410,5 @@ def _fast_module():
 
 
 _FAST_MODULE = False  # not looked up yet
-_FASTCALL_API = 2     # FastCall(..., in_count, out_count, op, ...) called as fc(x, out, op)
+_FASTCALL_API = 3     # FastCall(..., layout, unit, root) called as fc(x, out, op[, root])
+_WITH_OUT = ("disjoint", "in_at", "out_at")  # the FastCall layouts that take an out array

@@ -28,6 +28,7 @@
 #include <numpy/arrayobject.h>
 
 #include <stddef.h>
+#include <string.h>
 
 /* Only the declarations (status codes, the executor's structs): nothing is linked. */
 #include "../include/collectx.h"
@@ -40,7 +41,7 @@
 #define CX_FASTPATH_API 1
 /* Version of FastCall's constructor and call signature; the engine builds FastCalls only of the
  * version it speaks, so a stale compiled module leaves the checked path in charge. */
-#define CX_FASTCALL_API 2
+#define CX_FASTCALL_API 3
 
 /* Calls that move at least this many bytes (all inputs) release the GIL; below it the release
  * and re-acquire would cost more than the overlap they buy. */
@@ -391,11 +392,18 @@ static PyTypeObject CxLockType = {
  * structs (plan, window, call, result) and of the engine's sequence/epoch counters; a later call
  * with the same signature costs a few flag reads and cx_exec_run.
  *
- * Contract of a call fc(x, out, op): True when the collective ran; False when x, out or op does
- * not match (or the FastCall was disabled, or another thread holds the engine's lock) and nothing
- * was touched: the caller takes the checked path. An in-place FastCall takes out=None; an
- * out-of-place one a writable out disjoint from x (the prepared call struct assumes disjoint
- * buffers: its direct-chunk masks and in_private were chosen for that).
+ * Contract of a call fc(x, out, op[, root]): True when the collective ran; False when x, out, op
+ * or root does not match (or the FastCall was disabled, or another thread holds the engine's
+ * lock) and nothing was touched: the caller takes the checked path. The prepared call struct was
+ * made for one layout of the user's buffers (its direct-chunk masks, in_private and the buffers
+ * peers may read across processes were chosen for it), so a FastCall takes that layout only:
+ *   same      out is None (or x itself): x is input and output (allreduce(x), broadcast's root)
+ *   disjoint  a writable out disjoint from x
+ *   in_at     x is block `unit` of out, exactly (allgather in place, NCCL style)
+ *   out_at    out is block `unit` of x, exactly (reduce_scatter in place)
+ *   in_only   x is only read and out is ignored, as the checked path ignores it (reduce on a
+ *             rank that is not the root)
+ *   out_only  out is None and x is only written (broadcast on a rank that is not the root)
  *
  * A failed collective raises through the engine's callback (on_failure(seq)), which maps the
  * result struct to the collectx exception, exactly as the checked path does. The GIL is released
@@ -415,8 +423,11 @@ typedef struct {
   unsigned long long* state; /* the engine's [seq, epoch], a cffi array it reads and writes too */
   PyArray_Descr* descr;      /* the dtype this call takes (compared by identity first) */
   npy_intp in_count;         /* elements of x */
-  npy_intp out_count;        /* elements of out; -1: in place (out is None, x is written) */
-  PyObject* op;              /* op name (None for allgather) */
+  npy_intp out_count;        /* elements of out (layouts with an out) */
+  int layout;                /* LAYOUT_* */
+  npy_intp unit;             /* in_at / out_at: which block of the larger buffer */
+  long root;                 /* the root the call struct was prepared for (0 when none) */
+  PyObject* op;              /* op name (None for allgather, broadcast) */
   char* heap_lo;             /* this rank's window heap: arrays in it take the checked path */
   char* heap_hi;
   CxLock* lock;              /* the engine's lock */
@@ -470,16 +481,33 @@ static void* pointer_arg(PyObject* obj, const char* what) {
   return p;
 }
 
-/* The out count argument: None (in place) is -1, else a count >= 0. */
-static int out_count_arg(PyObject* obj, npy_intp* out) {
-  if (obj == Py_None) {
-    *out = -1;
-    return 0;
-  }
-  Py_ssize_t n = PyLong_AsSsize_t(obj);
+enum { LAYOUT_SAME, LAYOUT_DISJOINT, LAYOUT_IN_AT, LAYOUT_OUT_AT, LAYOUT_IN_ONLY,
+       LAYOUT_OUT_ONLY, LAYOUT_COUNT };
+static const char* const layout_names[LAYOUT_COUNT] = {"same", "disjoint", "in_at", "out_at",
+                                                        "in_only", "out_only"};
+
+static int has_out(int layout) {
+  return layout == LAYOUT_DISJOINT || layout == LAYOUT_IN_AT || layout == LAYOUT_OUT_AT;
+}
+
+static int layout_arg(const char* name) {
+  for (int i = 0; i < LAYOUT_COUNT; i++)
+    if (strcmp(name, layout_names[i]) == 0) return i;
+  PyErr_Format(PyExc_ValueError, "FastCall(): layout '%s'; expected one of same, disjoint, "
+               "in_at, out_at, in_only, out_only", name);
+  return -1;
+}
+
+/* The out count argument: a count >= 0 for layouts with an out, else None. */
+static int out_count_arg(PyObject* obj, int layout, npy_intp* out) {
+  *out = -1;
+  if (obj == Py_None && !has_out(layout)) return 0;
+  Py_ssize_t n = obj == Py_None ? -1 : PyLong_AsSsize_t(obj);
   if (n == -1 && PyErr_Occurred()) return -1;
-  if (n < 0) {
-    PyErr_SetString(PyExc_ValueError, "FastCall(): out_count must be >= 0 (None: in place)");
+  if (n < 0 || !has_out(layout)) {
+    PyErr_Format(PyExc_ValueError, "FastCall(): out_count %R with layout '%s'; expected a count "
+                 ">= 0 for disjoint, in_at and out_at, None for the others", obj,
+                 layout_names[layout]);
     return -1;
   }
   *out = n;
@@ -489,17 +517,21 @@ static int out_count_arg(PyObject* obj, npy_intp* out) {
 static int fastcall_init(FastCall* self, PyObject* args, PyObject* kwds) {
   PyObject *a_run, *a_plan, *a_win, *a_call, *a_res, *a_state, *a_lo, *a_hi;
   PyObject *descr, *a_out_count, *op, *lock, *on_failure, *keep;
-  Py_ssize_t in_count;
+  Py_ssize_t in_count, unit;
+  const char* layout_name;
+  long root;
   npy_intp out_count;
-  if (!PyArg_ParseTuple(args, "OOOOOOOOO!nOOO!OO:FastCall", &a_run, &a_plan, &a_win, &a_call,
+  if (!PyArg_ParseTuple(args, "OOOOOOOOO!nOOO!OOsnl:FastCall", &a_run, &a_plan, &a_win, &a_call,
                         &a_res, &a_state, &a_lo, &a_hi, &PyArrayDescr_Type, &descr, &in_count,
-                        &a_out_count, &op, &CxLockType, &lock, &on_failure, &keep))
+                        &a_out_count, &op, &CxLockType, &lock, &on_failure, &keep, &layout_name,
+                        &unit, &root))
     return -1;
-  if (in_count < 0) {
-    PyErr_SetString(PyExc_ValueError, "FastCall(): in_count must be >= 0");
+  if (in_count < 0 || unit < 0) {
+    PyErr_SetString(PyExc_ValueError, "FastCall(): in_count and unit must be >= 0");
     return -1;
   }
-  if (out_count_arg(a_out_count, &out_count) < 0) return -1;
+  int layout = layout_arg(layout_name);
+  if (layout < 0 || out_count_arg(a_out_count, layout, &out_count) < 0) return -1;
   if (op != Py_None && !PyUnicode_CheckExact(op)) {
     PyErr_SetString(PyExc_TypeError, "FastCall(): op must be an op name (str) or None");
     return -1;
@@ -526,6 +558,9 @@ static int fastcall_init(FastCall* self, PyObject* args, PyObject* kwds) {
   self->heap_hi = hi;
   self->in_count = (npy_intp)in_count;
   self->out_count = out_count;
+  self->layout = layout;
+  self->unit = (npy_intp)unit;
+  self->root = root;
   Py_INCREF(descr);
   Py_INCREF(op);
   Py_INCREF(lock);
@@ -563,14 +598,40 @@ static int disjoint(PyArrayObject* a, PyArrayObject* b) {
   return pa + PyArray_NBYTES(a) <= pb || pb + PyArray_NBYTES(b) <= pa;
 }
 
-/* Whether (x, out) is the signature this call was built for: in place (out is None and x is
- * written) or into an out disjoint from x. */
+/* Whether `small` lies exactly at block `unit` of `big` (blocks of small's size). */
+static int at_block(PyArrayObject* small, PyArrayObject* big, npy_intp unit) {
+  return PyArray_NBYTES(small) > 0 &&
+         (char*)PyArray_DATA(small) == (char*)PyArray_DATA(big) + unit * PyArray_NBYTES(small);
+}
+
+/* Whether (x, out) is in the layout this call was built for (see the contract above). */
 static int fastcall_accepts(FastCall* self, PyObject* x, PyObject* out) {
-  if (self->out_count < 0)
-    return out == Py_None && fastcall_accepts_array(self, x, self->in_count, 1);
-  return fastcall_accepts_array(self, x, self->in_count, 0) &&
-         fastcall_accepts_array(self, out, self->out_count, 1) &&
-         disjoint((PyArrayObject*)x, (PyArrayObject*)out);
+  switch (self->layout) {
+    case LAYOUT_SAME:
+      return (out == Py_None || out == x) && fastcall_accepts_array(self, x, self->in_count, 1);
+    case LAYOUT_OUT_ONLY:
+      return out == Py_None && fastcall_accepts_array(self, x, self->in_count, 1);
+    case LAYOUT_IN_ONLY:
+      return fastcall_accepts_array(self, x, self->in_count, 0);
+    default:
+      break;
+  }
+  if (!fastcall_accepts_array(self, x, self->in_count, 0) ||
+      !fastcall_accepts_array(self, out, self->out_count, 1))
+    return 0;
+  PyArrayObject *a = (PyArrayObject*)x, *b = (PyArrayObject*)out;
+  if (self->layout == LAYOUT_IN_AT) return at_block(a, b, self->unit);
+  if (self->layout == LAYOUT_OUT_AT) return at_block(b, a, self->unit);
+  return disjoint(a, b);
+}
+
+/* The optional fourth argument: absent (the call has no root: 0), or an int equal to root. */
+static int same_root(FastCall* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 4) return self->root == 0;
+  if (!PyLong_CheckExact(args[3])) return 0;
+  int overflow;
+  long root = PyLong_AsLongAndOverflow(args[3], &overflow);
+  return !overflow && root == self->root;
 }
 
 static int same_op(FastCall* self, PyObject* op) {
@@ -594,21 +655,26 @@ static void raise_failure(FastCall* self, unsigned long long seq) {
 static PyObject* fastcall_call(FastCall* self, PyObject* const* args, size_t nargsf,
                                PyObject* kwnames) {
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  if (nargs != 3 || kwnames != NULL) {
-    PyErr_Format(PyExc_TypeError, "FastCall takes 3 positional arguments (x, out, op), got %zd",
-                 nargs);
+  if (nargs < 3 || nargs > 4 || kwnames != NULL) {
+    PyErr_Format(PyExc_TypeError, "FastCall takes 3 or 4 positional arguments (x, out, op[, "
+                 "root]), got %zd", nargs);
     return NULL;
   }
   PyObject *x = args[0], *out = args[1];
-  if (!self->enabled || !fastcall_accepts(self, x, out) || !same_op(self, args[2]))
+  if (!self->enabled || !fastcall_accepts(self, x, out) || !same_op(self, args[2]) ||
+      !same_root(self, args, nargs))
     Py_RETURN_FALSE;
   if (!cxlock_try(self->lock))
     Py_RETURN_FALSE; /* another thread runs a collective: the checked path waits for it */
-  void* in = PyArray_DATA((PyArrayObject*)x);
+  void* data = PyArray_DATA((PyArrayObject*)x);
   cx_exec_call* c = self->call;
   unsigned long long seq = self->state[0];
-  c->user_in = in;
-  c->user_out = out == Py_None ? in : PyArray_DATA((PyArrayObject*)out);
+  /* As the checked path passes them: no input on a broadcast's receivers, no output on a
+   * reduce's non-roots, x for both when in place. */
+  c->user_in = self->layout == LAYOUT_OUT_ONLY ? NULL : data;
+  c->user_out = self->layout == LAYOUT_IN_ONLY ? NULL
+                : has_out(self->layout)        ? PyArray_DATA((PyArrayObject*)out)
+                                               : data;
   c->seq = seq;
   c->epoch = self->state[1];
   c->in_heap = c->out_heap = -1; /* as the checked path sets them for arrays outside the heap */
@@ -652,12 +718,14 @@ static PyGetSetDef fastcall_getset[] = {
 
 PyDoc_STRVAR(fastcall_doc,
 "FastCall(run, plan, window, call, result, state, heap_lo, heap_hi, dtype, in_count,\n"
-"         out_count, op, lock, on_failure, keep)\n\n"
+"         out_count, op, lock, on_failure, keep, layout, unit, root)\n\n"
 "One prepared collective call (see the comment in native/python/cx_fastpath.c). The first six\n"
 "are addresses: cx_exec_run, the cx_exec_plan, cx_exec_window, cx_exec_call and cx_exec_result\n"
 "structs, and the engine's unsigned long long [seq, epoch]; heap_lo/heap_hi bound this rank's\n"
-"window heap. out_count None: in place. op: the op name, or None (allgather).\n"
-"fc(x, out, op) -> True when it ran, False when x/out/op do not match (nothing touched).");
+"window heap. layout: same, disjoint, in_at, out_at, in_only or out_only; out_count: None\n"
+"for the layouts without an out. op: the op name, or None (allgather, broadcast).\n"
+"fc(x, out, op[, root]) -> True when it ran, False when x/out/op/root do not match (nothing\n"
+"touched).");
 
 static PyTypeObject FastCallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
