@@ -120,14 +120,23 @@ def oversubscribed(machine_ranks: int, cpus: int | None = None) -> bool:
     return machine_ranks > ((os.cpu_count() or 1) if cpus is None else cpus)
 
 
-def spin_polls(machine_ranks: int, cpus: int | None = None) -> int:
-    """Busy polls before a wait yields or sleeps: many when every rank on the machine has a CPU,
-    few when they outnumber the CPUs (the peer waited for is then often queued on ours).
+# How long a wait busy-polls before it sleeps on its futex doorbell when every rank has a CPU.
+# By time, not by polls: a poll's `pause` takes 10 ns on one Xeon and 40+ on others. A peer that
+# publishes while we sleep must wake us, which on a VM costs tens of microseconds (waking an
+# idle virtual CPU); waits of 50-150 us are common from 1 MiB up. 2-rank 1 MiB broadcast, two
+# runs each: 112 / 140 us spinning 20 us, 72 / 92 us spinning 200 us, 83 / 75 us spinning 1 ms.
+SPIN_NS = 200_000
+
+
+def spin_polls(machine_ranks: int, cpus: int | None = None) -> tuple[int, int]:
+    """(polls, nanoseconds) a wait spins before it yields or sleeps: for SPIN_NS when every
+    rank on the machine has a CPU, 50 polls when they outnumber the CPUs (the peer waited for
+    is then often queued on ours).
 
     >>> spin_polls(2, cpus=2), spin_polls(4, cpus=2)
-    (2000, 50)
+    ((0, 200000), (50, 0))
     """
-    return 50 if oversubscribed(machine_ranks, cpus) else 2000
+    return (50, 0) if oversubscribed(machine_ranks, cpus) else (0, SPIN_NS)
 
 
 class Window:
@@ -224,7 +233,7 @@ class Window:
         self.native.nranks, self.native.rank = self.size, self.rank
         self.native.ctl, self.native.data = self._ctl_ptrs, self._data_ptrs
         self.native.set_bytes = self.set_bytes
-        self.native.spin = spin_polls(self.machine_ranks)
+        self.native.spin, self.native.spin_ns = spin_polls(self.machine_ranks)
         self._p2p_ptrs = ffi.new("char*[]", [ffi.cast("char*", b) + self.p2p_offset
                                              for b in self._bufs])
         self.native.p2p, self.native.p2p_slot_bytes = self._p2p_ptrs, P2P_SLOT_BYTES

@@ -133,10 +133,12 @@ typedef struct {
   cx_ctl** ctl;           /* [nranks] control blocks */
   char** data;            /* [nranks] start of staging set 0 */
   long long set_bytes;    /* bytes of one staging set (there are two) */
-  int spin;               /* busy polls before yielding the CPU */
+  int spin;               /* busy polls before yielding the CPU, when spin_ns is 0 */
   char** p2p;             /* [nranks] point-to-point area: counters, then one slot per peer */
   long long p2p_slot_bytes;  /* bytes of one peer's slot (two halves, double-buffered) */
   char** heap;            /* [nranks] start of each rank's heap (Communicator.empty arrays) */
+  long long spin_ns;      /* > 0: busy-poll this long before sleeping (then `spin` is unused);
+                             0: poll `spin` times, then yield (ranks outnumber the CPUs) */
 } cx_exec_window;
 
 /* One collective call of this rank. */

@@ -91,6 +91,7 @@ struct Waiter {
     int64_t deadline;
     cx_exec_result* res;
     int polls = 0;
+    int64_t spin_end = 0;     // when spinning by time (win->spin_ns): the end, once known
     // The health-check clock lives in this rank's control block, not here: a Waiter lasts one
     // wait, and restarting the clock each time made every wait of an oversubscribed rank (which
     // reaches check() after a few polls) read each peer's /proc stat, ~20 us a call.
@@ -102,7 +103,7 @@ struct Waiter {
     Waiter(const cx_exec_window* w, uint64_t s, int64_t d, cx_exec_result* r)
         : win(w), seq(s), deadline(d), res(r), next_check(w->ctl[w->rank]->next_check_ns),
           next_proc(w->ctl[w->rank]->next_proc_ns) {}
-    void reset() { polls = 0; pending = 0; }
+    void reset() { polls = 0; spin_end = 0; pending = 0; }
     int fail(int status, int rank);
 
     // Returns CX_EXEC_OK once cond() holds, or the failure (dead peer, abort, deadline) seen
@@ -112,7 +113,7 @@ struct Waiter {
     int until(Cond&& cond) {
         while (!cond()) {
             if (pending) return fail(pending, pending_rank);
-            if (++polls < win->spin) {
+            if (keep_spinning()) {
                 relax();
                 continue;
             }
@@ -131,6 +132,16 @@ private:
 #elif defined(__aarch64__)
         asm volatile("yield");
 #endif
+    }
+    // Whether to poll once more before sleeping: win->spin polls, or for win->spin_ns (the
+    // clock read every 64 polls, so a poll stays a few loads).
+    bool keep_spinning() {
+        ++polls;
+        if (win->spin_ns <= 0) return polls < win->spin;
+        if (polls & 63) return true;
+        int64_t t = now_ns();
+        if (spin_end == 0) spin_end = t + win->spin_ns;
+        return t < spin_end;
     }
     uint32_t arm();           // raise `asleep` (then a full fence); returns the doorbell value
     void sleep(uint32_t bell);

@@ -3,14 +3,14 @@
 //
 // Tests run 4-8 ranks on 2 cores, and benchmarks share their cores with other work, so a waiting
 // rank must give its core to the peer it waits for, yet resume as soon as that peer publishes. It
-// spins `win->spin` polls (large when every rank has a core, small when oversubscribed), then
-// sleeps on its doorbell (FUTEX_WAIT, at most a millisecond at a time): a peer that publishes a
+// spins for `win->spin_ns` when every rank has a core (`win->spin` polls when oversubscribed),
+// then sleeps on its doorbell (FUTEX_WAIT, at most a millisecond at a time): a peer that publishes a
 // word while we sleep rings it (see cx_executor.h). Fixed-length sleeps, used before, woke up to
 // 100 us late once per tile; a sched_yield phase between spinning and sleeping measured no better
 // (often worse: on a loaded machine a yield hands the core to other work for a whole slice).
 // Every millisecond or so it checks the peers' liveness (pid), their abort words and the deadline.
 //
-// Oversubscribed ranks (more ranks than CPUs: the runtime then sets a small `spin`) are the
+// Oversubscribed ranks (more ranks than CPUs: the runtime then sets spin_ns 0, `spin` 50) are the
 // exception: the peer a rank waits for is usually queued on the same CPU, and a futex sleep both
 // costs a wakeup and lets the load balancer move work around. There the first sleep of a wait is
 // preceded by up to kYieldNs of sched_yield() (polling the doorbell): the queued peer runs at
@@ -41,7 +41,6 @@ namespace {
 constexpr uint64_t kAbortFatal = 1ull << 63;
 constexpr long kSleepNs = 1000000;  // longest single sleep: the health-check period
 constexpr int64_t kYieldNs = 200000;  // the oversubscribed yield phase (see the top comment)
-constexpr int kOversubscribedSpin = 1000;  // window.py: spin 50 oversubscribed, 2000 otherwise
 
 bool pid_exists(int64_t pid) { return !(kill(pid_t(pid), 0) != 0 && errno == ESRCH); }
 
@@ -107,7 +106,7 @@ uint32_t Waiter::arm() {
 // when the doorbell rang meanwhile (the caller re-checks its condition).
 static bool yielded(const Waiter& w, uint32_t bell) {
     const cx_exec_window* win = w.win;
-    if (w.polls != win->spin || win->spin >= kOversubscribedSpin) return false;
+    if (win->spin_ns > 0 || w.polls != win->spin) return false;
     const uint32_t* db = &win->ctl[win->rank]->doorbell;
     int64_t end = now_ns() + kYieldNs;
     do {
