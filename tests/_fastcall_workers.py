@@ -172,7 +172,7 @@ def async_then_fast() -> list:
 # -- out-of-place fast calls: allreduce(x, out=), allgather(x, out=), reduce_scatter(x, out=) --
 
 SLOTS = {"allreduce": "_fast_allreduce", "allgather": "_fast_allgather",
-         "reduce_scatter": "_fast_reduce_scatter"}
+         "reduce_scatter": "_fast_reduce_scatter", "alltoall": "_fast_alltoall"}
 
 
 def _slot_calls(comm, coll: str) -> int:
@@ -181,15 +181,15 @@ def _slot_calls(comm, coll: str) -> int:
 
 def run_with_out(comm, coll: str, x, out, op=None):
     """``coll`` of ``x`` into ``out`` (``op`` for the reductions); returns what the call did."""
-    if coll == "allgather":
-        return comm.allgather(x, out=out)
+    if coll in ("allgather", "alltoall"):
+        return getattr(comm, coll)(x, out=out)
     return getattr(comm, coll)(x, out=out, op=op)
 
 
 def with_out_shapes(coll: str, size: int, n: int) -> tuple[int, int]:
     """(input, output) element counts of ``coll`` with ``n`` elements per rank's block."""
     return {"allreduce": (n, n), "allgather": (n, n * size),
-            "reduce_scatter": (n * size, n)}[coll]
+            "reduce_scatter": (n * size, n), "alltoall": (n * size, n * size)}[coll]
 
 
 def _expected_with_out(coll, seed, size, rank, n, dtype, op) -> np.ndarray:
@@ -197,6 +197,9 @@ def _expected_with_out(coll, seed, size, rank, n, dtype, op) -> np.ndarray:
         return np.concatenate([_input(seed, r, n, dtype) for r in range(size)])
     if coll == "allreduce":
         return _expected(seed, size, n, dtype, op)
+    if coll == "alltoall":     # block q of the output: block `rank` of rank q's input
+        return np.concatenate([_input(seed, q, n * size, dtype)[rank * n:(rank + 1) * n]
+                               for q in range(size)])
     return _expected(seed, size, n * size, dtype, op)[rank * n:(rank + 1) * n]
 
 

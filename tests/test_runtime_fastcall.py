@@ -178,7 +178,7 @@ def test_a_dropped_communicator_and_its_fast_call_are_collected():
 
 # -- allreduce(x, out=), allgather(x, out=), reduce_scatter(x, out=) --------------------------
 
-WITH_OUT = ("allreduce", "allgather", "reduce_scatter")
+WITH_OUT = ("allreduce", "allgather", "reduce_scatter", "alltoall")
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
@@ -191,6 +191,7 @@ def test_calls_with_out_run_through_their_fast_calls(nranks):
     cases += [("reduce_scatter", d, o, n) for d, o, n in (
         ("float32", "sum", 5), ("float64", "avg", 3), ("int32", "max", 7), ("int8", "min", 2),
         ("uint8", "sum", 3), ("int64", "prod", 4))]
+    cases += [("alltoall", d, None, n) for d, n in (("float32", 5), ("int64", 2), ("uint8", 9))]
     per_rank = collectx.launch(W.results_with_out, nranks, args=(cases,), timeout=240)
     for rank, results in enumerate(per_rank):
         for case, (failures, fast) in zip(cases, results):
@@ -206,7 +207,7 @@ def _one_rank_fast_call_with_out(coll):
 
 
 def _op_of(coll):
-    return None if coll == "allgather" else "sum"
+    return None if coll in ("allgather", "alltoall") else "sum"
 
 
 @pytest.mark.parametrize("coll", WITH_OUT)
@@ -288,7 +289,7 @@ def test_async_calls_drop_the_fast_calls_until_a_synchronous_one():
 def test_mismatch_and_peer_abort_reach_a_fast_call_with_out(coll):
     results = collectx.launch(W.mismatch_and_abort_on_fast_call_with_out, 2, args=(coll,),
                               timeout=120)
-    want = [1.0] * 8 if coll == "allgather" else [2.0] * 4
+    want = [1.0] * 8 if coll in ("allgather", "alltoall") else [2.0] * 4
     for rank, (mismatch, abort, after) in enumerate(results):
         name, message, _ = mismatch
         assert name == "CollectiveMismatch", (rank, name, message)

@@ -29,9 +29,9 @@ _HEAP_DTYPES = [np.dtype(n) for n in DTYPE_CODES if n != "bfloat16"]
 _FAST_DTYPES = frozenset(_HEAP_DTYPES)
 _OP_NAMES = {code: name for name, code in OP_CODES.items()}
 # The compiled fast call of the last signature of: in-place allreduce, allreduce(x, out=),
-# allgather(x, out=), reduce_scatter(x, out=), broadcast, reduce.
+# allgather(x, out=), reduce_scatter(x, out=), alltoall(x, out=), broadcast, reduce.
 _FAST_SLOTS = ("_fast", "_fast_allreduce", "_fast_allgather", "_fast_reduce_scatter",
-               "_fast_broadcast", "_fast_reduce")
+               "_fast_alltoall", "_fast_broadcast", "_fast_reduce")
 
 
 class Communicator:
@@ -113,6 +113,9 @@ class Communicator:
 
     def alltoall(self, x, out=None, async_op: bool = False):
         """Block ``j`` of rank ``i``'s ``x`` lands in block ``i`` of rank ``j``'s ``out``."""
+        if not async_op and self._fast_alltoall(x, out, None):
+            return out
+
         def prepare():
             src, dt = self._input(x)
             if src.size % self.size:
@@ -121,7 +124,7 @@ class Communicator:
             res = empty_like_shape(x, src.size, src, dt) if out is None else out
             return ("alltoall", src, self._output(res, src.size, dt, "out"),
                     src.size // self.size, dt, 0, 0, res)
-        return self._submit(prepare, async_op)
+        return self._submit(prepare, async_op, None if out is None else "_fast_alltoall")
 
     def broadcast(self, x, root: int = 0, async_op: bool = False):
         """Copy root's ``x`` into every rank's ``x`` (in place)."""
@@ -268,7 +271,7 @@ class Communicator:
         ``slot``."""
         x = dst if src is None else src   # the caller's x: a broadcast receiver's is the output
         if x.dtype in _FAST_DTYPES:  # not a bfloat16 view: its dtype object is the caller's
-            op_name = None if coll in ("allgather", "broadcast") else _OP_NAMES[op]
+            op_name = None if coll in ("allgather", "alltoall", "broadcast") else _OP_NAMES[op]
             fast = self._engine.fast_call(coll, x, dt, op_name, op, overlap,
                                           _layout(src, dst, overlap), root)
             setattr(self, slot, fast or _decline)

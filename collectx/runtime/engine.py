@@ -21,7 +21,7 @@ from ._lib import native
 from .arrays import DTYPE_CODES, OP_CODES
 from .executor import FlatPlan
 from .peer_use import DISJOINT, unit_of
-from .small import replicated_allreduce, use_replicated
+from .small import small_schedule, use_replicated
 from .window import (ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, Window,
                      oversubscribed)
 
@@ -117,7 +117,7 @@ class Engine:
             return Schedule("allreduce", self.size, 1, tuple((Lane(()),) for _ in
                                                              range(self.size)), algorithm="none")
         if self.config.algo is None and use_replicated(coll, self.size, nbytes):
-            s = replicated_allreduce(self.size)  # small: one wait per call (runtime/small.py)
+            s = small_schedule(coll, self.size, root)  # one wait per call (runtime/small.py)
         else:
             from ..planner import make_schedule
             s = make_schedule(self.topology(), coll, self.size, nbytes, algo=self.config.algo,
@@ -199,15 +199,15 @@ class Engine:
         ``alias`` is how the checked path coded the call's input and output (:mod:`.peer_use`),
         ``layout`` the FastCall's name for it: "same", "disjoint", "in_at" / "out_at" (the
         unit-offset codes), "in_only" (no output: a reduce's non-roots), "out_only" (no input:
-        a broadcast's receivers). ``op_name`` is None for allgather and broadcast. Call it once
-        the checked path has run the same call: it reuses the prepared call struct. Cached per
-        signature; disabled when the engine is poisoned."""
+        a broadcast's receivers). ``op_name`` is None for allgather, alltoall and broadcast.
+        Call it once the checked path has run the same call: it reuses the prepared call struct.
+        Cached per signature; disabled when the engine is poisoned."""
         key = (coll, arr.dtype, arr.size, op_name, alias, layout, root)
         fast = self._fast_calls.get(key)
         if fast is not None or self._poisoned:
             return fast
         module = _fast_module()
-        if module is None or (coll == "reduce_scatter" and arr.size % self.size):
+        if module is None or (coll in ("reduce_scatter", "alltoall") and arr.size % self.size):
             return None
         count, out_count = self._fast_counts(coll, arr.size)
         prepared = self._calls.get((coll, dtype, count, op, root, alias))
@@ -235,6 +235,8 @@ class Engine:
             return in_count, in_count * self.size
         if coll == "reduce_scatter":
             return in_count // self.size, in_count // self.size
+        if coll == "alltoall":
+            return in_count // self.size, in_count
         return in_count, in_count
 
     def _fast_failed(self, coll: str, seq: int):
