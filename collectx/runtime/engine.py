@@ -116,7 +116,7 @@ class Engine:
         if coll == "barrier":  # no data: only the descriptor check and the ready barrier
             return Schedule("allreduce", self.size, 1, tuple((Lane(()),) for _ in
                                                              range(self.size)), algorithm="none")
-        if self.config.algo is None and use_replicated(coll, self.size, nbytes):
+        if self.config.algo is None and use_replicated(coll, self.size, nbytes, self._crowded):
             s = small_schedule(coll, self.size, root)  # one wait per call (runtime/small.py)
         else:
             from ..planner import make_schedule

@@ -32,20 +32,34 @@ from ..schedule.ir import Ref, Schedule
 # plans per power of two, so all sizes of a class must decide alike) times the rank count is at
 # most this: 2 ranks up to 128 KiB - 1, 4 ranks up to 64 KiB - 1, 8 ranks up to 32 KiB - 1.
 REPLICATED_MAX_TOTAL = 256 << 10
+# With more ranks than CPUs every step is a round of context switches, and in a broadcast or
+# reduce the ranks with little to do race into the next call and take the CPU from those with
+# work: 4 ranks on 2 cores, one step against two, broadcast 64 KiB 26-32 us against 46-49,
+# 256 KiB 78-84 against 107-110; reduce 64 KiB 25-27 against 76-79, 256 KiB 72-86 against
+# 110-117, 1 MiB 345-407 against 421-439. (The replicated allreduce does not gain there: every
+# rank reduces everything, 36-39 us against 27-29 at 64 KiB.) Not oversubscribed, a reduce in
+# one step loses from 1 MiB (2 ranks: 152 us against 124-127), so this applies to crowded
+# machines only: 4 ranks up to 1 MiB - 1.
+ROOTED_MAX_TOTAL_CROWDED = 4 << 20
 _ONE_STEP = ("allreduce", "broadcast", "reduce")
 
 
-def use_replicated(collective: str, nranks: int, nbytes: int) -> bool:
-    """Whether ``collective`` of ``nbytes`` on ``nranks`` ranks takes :func:`small_schedule`.
+def use_replicated(collective: str, nranks: int, nbytes: int, crowded: bool = False) -> bool:
+    """Whether ``collective`` of ``nbytes`` on ``nranks`` ranks takes :func:`small_schedule`;
+    ``crowded``: the ranks on this machine outnumber its CPUs.
 
     >>> use_replicated("allreduce", 2, 8), use_replicated("allreduce", 2, 1 << 20)
     (True, False)
     >>> use_replicated("broadcast", 4, 8), use_replicated("allgather", 4, 8)
     (True, False)
+    >>> use_replicated("reduce", 4, 1 << 19), use_replicated("reduce", 4, 1 << 19, crowded=True)
+    (False, True)
     """
     largest_of_class = (1 << nbytes.bit_length()) - 1
-    return (collective in _ONE_STEP and nranks > 1
-            and largest_of_class * nranks <= REPLICATED_MAX_TOTAL)
+    limit = REPLICATED_MAX_TOTAL
+    if crowded and collective in ("broadcast", "reduce"):
+        limit = ROOTED_MAX_TOTAL_CROWDED
+    return collective in _ONE_STEP and nranks > 1 and largest_of_class * nranks <= limit
 
 
 def small_schedule(collective: str, nranks: int, root: int = 0) -> Schedule:
