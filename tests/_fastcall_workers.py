@@ -421,3 +421,25 @@ def in_place_fast_calls_decline() -> list:
     rs(x, x[r * n:(r + 1) * n], "sum")
     comm.close()
     return [answers, untouched, ran]
+
+
+def root_dies_during_fast_broadcast(path: str) -> None:
+    """Both ranks arm a broadcast from root 1; rank 1 then SIGKILLs itself while rank 0 waits
+    for its data in the armed fast call; rank 0 writes what it saw to ``path``/rank0.json."""
+    comm = collectx.init(timeout=60)
+    x = np.ones(4, np.float32)
+    comm.broadcast(x, 1)
+    comm.broadcast(x, 1)
+    if comm.rank == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    before = comm._fast_broadcast.calls
+    t0 = time.monotonic()
+    try:
+        comm.broadcast(x, 1)
+        got = [None]
+    except Exception as e:
+        got = [type(e).__name__, getattr(e, "rank", None), time.monotonic() - t0]
+    got.append(comm._fast_broadcast.calls - before)
+    with open(os.path.join(path, "rank0.json"), "w") as f:
+        json.dump(got, f)

@@ -374,3 +374,12 @@ def test_root_mismatch_against_a_fast_broadcast_raises_on_every_rank():
         assert "root" in message
         assert after == [5.0] * 4                         # still usable, in step: root 0's x
     assert results[0][2] == 1                             # rank 0's side was the fast call
+
+
+def test_root_death_during_a_fast_broadcast_raises_peer_failure(tmp_path):
+    with pytest.raises(collectx.errors.RankFailed, match="rank 1 was killed by signal SIGKILL"):
+        collectx.launch(W.root_dies_during_fast_broadcast, 2, args=(str(tmp_path),), grace=20,
+                        timeout=120)
+    name, rank, seconds, fast = json.loads((tmp_path / "rank0.json").read_text())
+    assert (name, rank) == ("PeerFailure", 1)
+    assert seconds < 5.0 and fast == 1
