@@ -271,3 +271,49 @@ def _published(comm) -> list[bool]:
     from collectx.runtime.window import DESC_WORDS, W_DESC
     slot = W_DESC + DESC_WORDS * ((comm._engine._seq - 1) & 1)
     return [int(v) != 0 for v in comm._window.ctl[comm.rank][slot + 8:slot + 10]]
+
+
+LAYOUT_CASES = [("allreduce", "sum"), ("allreduce", "avg"), ("allreduce", "max"),
+                ("reduce_scatter", "sum"), ("reduce_scatter", "avg"), ("allgather", None),
+                ("broadcast", None), ("reduce", "sum"), ("reduce", "avg")]
+
+
+def every_layout(algo: str, sizes: list[int]) -> list[str]:
+    """Each collective the schedule family ``algo`` (forced through COLLECTX_ALGO by the caller)
+    serves, at each element count per rank's block, out of place and in place (NCCL's layouts
+    for allgather and reduce_scatter): the failures, compared with numpy."""
+    from collectx.planner.registry import supports
+    comm = collectx.init(timeout=60)
+    r, s = comm.rank, comm.size
+    root = s - 1
+    bad = []
+    for n in sizes:
+        for coll, op in LAYOUT_CASES:
+            if not supports(algo, coll):
+                continue
+            for in_place in (False, True):
+                m = n * s if coll == "reduce_scatter" else n
+                inputs = [rank_input(n + len(coll), q, m, "float32") for q in range(s)]
+                want = reference(coll, op or "sum", inputs, r, root)
+                x = inputs[r].copy()
+                if coll == "allreduce":
+                    got = comm.allreduce(x, op=op) if in_place else \
+                        comm.allreduce(x, out=np.empty_like(x), op=op)
+                elif coll == "reduce_scatter":
+                    out = x[r * n:(r + 1) * n] if in_place else np.empty(n, np.float32)
+                    got = comm.reduce_scatter(x, out=out, op=op).copy()
+                elif coll == "allgather":
+                    buf = np.zeros(n * s, np.float32)
+                    buf[r * n:(r + 1) * n] = x
+                    got = comm.allgather(buf[r * n:(r + 1) * n] if in_place else x, out=buf)
+                elif coll == "broadcast":
+                    got = comm.broadcast(x, root)
+                else:
+                    got = comm.reduce(x, root, op=op) if in_place else \
+                        comm.reduce(x, root, out=np.empty_like(x), op=op)
+                    got = x if got is None else got
+                if not np.allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6):
+                    bad.append(f"rank {r}: {coll} {op} n={n} in_place={in_place}: "
+                               f"{np.asarray(got)[:4]} vs {want[:4]}")
+    comm.close()
+    return bad

@@ -91,3 +91,42 @@ def test_collectx_cma_setting(raw, want):
 def test_collectx_cma_setting_rejects_other_values():
     with pytest.raises(ConfigError, match="COLLECTX_CMA='maybe': expected 0 or 1"):
         Config.from_env({"COLLECTX_CMA": "maybe"})
+
+
+def _hand_built(*instrs, nchunks=2):
+    """A 2-rank schedule of (rank, op, dst, srcs) instructions, one lane each, in order."""
+    b = ScheduleBuilder("allreduce", nranks=2, nchunks=nchunks)
+    for rank, op, dst, srcs in instrs:
+        if op == "copy":
+            b.copy(rank, 0, dst=dst, src=srcs[0])
+        else:
+            b.reduce(rank, 0, dst=dst, srcs=srcs)
+    return b.build()
+
+
+def test_a_write_that_reads_what_it_overwrites_at_another_offset_is_not_ordered():
+    # Rank 0 copies input chunks 0-1 onto output chunks 1-2: with the two stored as one buffer
+    # the piece written over input chunk 1 lands before the piece that reads it.
+    s = _hand_built((0, "copy", Ref(0, "output", 1, 2), [Ref(0, "input", 0, 2)]),
+                    (1, "copy", Ref(1, "output", 0, 3), [Ref(1, "input", 0, 3)]), nchunks=3)
+    use = PeerUse(s)
+    assert not use.reads_before_writes(0, 0)
+    assert use.reads_before_writes(1, 0)       # a copy onto itself writes nothing
+
+
+def test_write_through_waits_for_in_place_reads_of_the_same_memory():
+    # Rank 0 reduces into output chunk 0 (which rank 1 reads: it goes through the window), then
+    # reads input chunk 0 again: in place, writing chunk 0 through early would clobber it.
+    s = _hand_built((0, "reduce", Ref(0, "output", 0, 1), [Ref(0, "input", 0, 1),
+                                                           Ref(1, "input", 0, 1)]),
+                    (0, "copy", Ref(0, "output", 1, 1), [Ref(0, "input", 0, 1)]),
+                    (1, "copy", Ref(1, "output", 0, 1), [Ref(0, "output", 0, 1)]))
+    fp = FlatPlan(s, 0)
+    assert list(fp.through_mask(DISJOINT)) == [1, 0]
+    assert fp.through_mask(SAME) is None
+    assert PeerUse(s).own_writes(0) == ({0, 1}, {1})
+    # Without the second read the same memory may be written through.
+    s2 = _hand_built((0, "reduce", Ref(0, "output", 0, 1), [Ref(0, "input", 0, 1),
+                                                            Ref(1, "input", 0, 1)]),
+                     (1, "copy", Ref(1, "output", 0, 1), [Ref(0, "output", 0, 1)]))
+    assert list(FlatPlan(s2, 0).through_mask(SAME)) == [1, 0]

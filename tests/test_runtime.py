@@ -104,6 +104,17 @@ def test_collectives_that_only_copy_read_across_processes_from_smaller_sizes():
         assert published["allreduce", mid] == published["reduce_scatter", mid] == [False] * 2
 
 
+@pytest.mark.parametrize("algo", ["direct", "ring", "tree", "blink", "forest"])
+@pytest.mark.parametrize("nranks", [3, 4])
+def test_every_schedule_family_in_every_buffer_layout(monkeypatch, algo, nranks):
+    # Staged output chunks are written through to the user's buffer as they are computed where
+    # the schedule allows it (FlatPlan.through_mask): every family's writes and in-place reads
+    # must still land right, out of place and in place.
+    monkeypatch.setenv("COLLECTX_ALGO", algo)
+    got = collectx.launch(W.every_layout, nranks, args=(algo, [1, 13, 70001]), timeout=240)
+    assert [b for g in got for b in g] == []
+
+
 def test_async_torch_bf16_and_out_buffers():
     pytest.importorskip("torch")
     assert collectx.launch(W.async_and_torch, 2, args=(1000,), timeout=240) == [[], []]

@@ -179,10 +179,14 @@ class Engine:
         masks = fp.direct_masks(int(in_overlaps_out))
         if self._cma(coll, count * itemsize):
             c.cma_in, c.cma_out = fp.cma_buffers(int(in_overlaps_out))
-        keep = None  # the mask arrays live as long as the cached call struct
+        keep = []  # the mask arrays live as long as the cached call struct
         if masks is not None:
             keep = [self._ffi.new("unsigned char[]", m or b"\0") for m in masks]
             c.in_direct, c.out_direct = keep
+        through = fp.through_mask(int(in_overlaps_out))
+        if through is not None and not (c.cma_in or c.cma_out):
+            keep.append(self._ffi.new("unsigned char[]", through))
+            c.out_through = keep[-1]
         c.scale = 1.0 / self.size if op == _AVG else 1.0
         c.deadline_ns, c.timeout_ns = 0, int(self.timeout * 1e9)
         if len(self._calls) > 512:  # many distinct sizes: start over rather than grow forever

@@ -125,6 +125,34 @@ class FlatPlan:
             inp = bytes(1 - v for v in shared_in)
         return inp, out
 
+    def through_mask(self, alias: int) -> bytes | None:
+        """Which chunks of this rank's output the executor writes through to the user's buffer
+        as soon as it computes them (1), instead of copying them out of the window once the
+        tile is done; None when none may be.
+
+        A chunk qualifies when it goes through the window (peers read it there), only this
+        rank writes it, and, when input and output are the same memory, every read of the
+        input chunk under it that is done in place happens before every write (staged input
+        chunks are read from the window). Other overlaps and in-place schedules never. The copy
+        out reads the window back after the whole tile, when the chunk has left the caches; a
+        write-through copies what the kernel just wrote (2-rank 1 MiB allreduce in place: the
+        copy out is a quarter of the call).
+
+        >>> from collectx.planner import make_schedule
+        >>> fp = FlatPlan(make_schedule(None, "allreduce", 2, 64), rank=0)
+        >>> list(fp.through_mask(0)), list(fp.through_mask(1)), fp.through_mask(2)
+        ([1, 0], [1, 0], None)
+        """
+        if self.shared is None or alias not in (DISJOINT, SAME):
+            return None
+        only, ordered = self.peer_use.own_writes(self.rank)
+        direct_in = self.direct_masks(alias)[0]
+        shared_out = self.shared[1]
+        mask = bytes(int(bool(shared_out[j]) and j in only and
+                         (alias == DISJOINT or not direct_in[j] or j in ordered))
+                     for j in range(len(shared_out)))
+        return mask if any(mask) else None
+
     def cma_buffers(self, alias: int) -> tuple[bool, bool]:
         """Whether peers may read this rank's input / output across processes, in the user's
         buffers (``cma_in`` / ``cma_out`` of the call), instead of staged copies in the window.

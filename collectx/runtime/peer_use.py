@@ -142,10 +142,7 @@ class PeerUse:
         input chunk onto itself writes nothing (the executor skips it); it still reads."""
         key = (rank, shift)
         if key not in self._rbw:
-            if self._clocks is None:
-                g = build_graph(self.schedule)
-                self._clocks = g, vector_clocks(g, topo_order(g))
-            g, vc = self._clocks
+            g, vc = self._graph()
             reads: dict[int, list[int]] = {}    # input chunk -> instructions reading it
             writes: dict[int, list[int]] = {}   # input chunk -> instructions writing over it
             for v, ins in enumerate(g.instrs):
@@ -157,11 +154,52 @@ class PeerUse:
                     if ref.rank == rank and ref.buf == "input":
                         for j in range(ref.chunk, ref.chunk + ref.count):
                             reads.setdefault(j, []).append(v)
-            self._rbw[key] = all(
-                (r == w and _elementwise(g.instrs[w], rank, shift))
-                or vc[w, g.lane_of[r]] >= g.ids[r].index
-                for j, ws in writes.items() for w in ws for r in reads.get(j, ()))
+            self._rbw[key] = all(_before(g, vc, r, w, rank, shift)
+                                 for j, ws in writes.items() for w in ws
+                                 for r in reads.get(j, ()))
         return self._rbw[key]
+
+
+    def own_writes(self, rank: int) -> tuple[frozenset[int], frozenset[int]]:
+        """(output chunks of ``rank`` that only its own instructions write, those of them under
+        which every read of the same input chunk by ``rank`` happens before every write, or is
+        the writing instruction itself reading element by element): what the executor may
+        write through to the user's output right away when input and output are disjoint, and
+        when they are the same memory (see ``FlatPlan.through_mask``)."""
+        g, vc = self._graph()
+        owner: dict[int, bool] = {}
+        writes: dict[int, list[int]] = {}
+        reads: dict[int, list[int]] = {}
+        for v, ins in enumerate(g.instrs):
+            me = g.ids[v].rank == rank
+            d = ins.dst
+            if d.rank == rank and d.buf == "output":
+                for j in range(d.chunk, d.chunk + d.count):
+                    owner[j] = owner.get(j, True) and me
+                    writes.setdefault(j, []).append(v)
+            for ref in ins.srcs:
+                if me and ref.rank == rank and ref.buf == "input":
+                    for j in range(ref.chunk, ref.chunk + ref.count):
+                        reads.setdefault(j, []).append(v)
+        only = frozenset(j for j, mine in owner.items() if mine)
+        ordered = frozenset(j for j in only if all(
+            _before(g, vc, r, w, rank, 0) for w in writes[j] for r in reads.get(j, ())))
+        return only, ordered
+
+    def _graph(self):
+        if self._clocks is None:
+            g = build_graph(self.schedule)
+            self._clocks = g, vector_clocks(g, topo_order(g))
+        return self._clocks
+
+
+def _before(g, vc, r: int, w: int, rank: int, shift: int) -> bool:
+    """Whether read ``r`` of ``rank``'s input is done before write ``w`` over it: ``r`` happens
+    before ``w``, or is ``w`` itself reading only under what it writes (element by element).
+    (A node's clock holds itself, so the clock test alone would also pass ``r == w``.)"""
+    if r == w:
+        return _elementwise(g.instrs[w], rank, shift)
+    return vc[w, g.lane_of[r]] >= g.ids[r].index
 
 
 def _elementwise(ins, rank: int, shift: int) -> bool:

@@ -169,6 +169,10 @@ typedef struct {
    * from the window, so neither is staged; only for buffers no peer writes (peer_use.py). */
   int cma_in;
   int cma_out;
+  /* Per chunk of user_out, like out_direct: 1 = a chunk staged in the window that this rank's
+   * instructions also write through to user_out as they compute it, so it is not copied out
+   * at the end of the tile (FlatPlan.through_mask). NULL: none. Ignored with cma_in/cma_out. */
+  const unsigned char* out_through;
 } cx_exec_call;
 
 typedef struct {

@@ -73,6 +73,9 @@ struct Ctx {
     char* user[2];
     bool all_direct[2];
     const uint8_t* direct[2];
+    // Chunks of my output staged in the window that my instructions also write through to the
+    // user's buffer as they compute them (call->out_through), or NULL.
+    const uint8_t* through;
     char* ptr[3 * kMaxRanks];
     int64_t stride[3 * kMaxRanks];
     // A peer's input (2r) and output (2r + 1) at this tile, as addresses in its process when it
@@ -119,7 +122,11 @@ void place_buffers(Ctx& c) {
         c.all_direct[b] = usable && (cma[b] || (!mask[b] && priv[b]));
         c.direct[b] = usable ? mask[b] : nullptr;
     }
+    bool through = c.user[1] && !c.all_direct[1] && !k->cma_in && !k->cma_out;
+    c.through = through ? k->out_through : nullptr;
 }
+
+inline bool is_through(const Ctx& c, int64_t j) { return c.through && c.through[j]; }
 
 inline int64_t chunk_lo(int64_t i, int64_t nchunks, int64_t count) { return i * count / nchunks; }
 
@@ -128,10 +135,12 @@ inline int64_t chunk_lo(int64_t i, int64_t nchunks, int64_t count) { return i * 
 // user's buffer) as the first: a piece of an instruction must not straddle the two.
 int64_t same_place(const Ctx& c, const int32_t* ref, int64_t k, int64_t m) {
     int b = ref[1];
-    if (ref[0] != c.plan->rank || b > 1 || !c.direct[b] || c.all_direct[b]) return m;
+    if (ref[0] != c.plan->rank || b > 1 || c.all_direct[b] || (!c.direct[b] && !c.through))
+        return m;
     int64_t j = ref[2] + k;
+    auto place = [&](int64_t i) { return 2 * is_direct(c, b, i) + (b == 1 && is_through(c, i)); };
     int64_t run = 1;
-    while (run < m && (c.direct[b][j + run] != 0) == (c.direct[b][j] != 0)) ++run;
+    while (run < m && place(j + run) == place(j)) ++run;
     return run;
 }
 
@@ -179,6 +188,35 @@ int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc
     return CX_EXEC_OK;
 }
 
+// One piece of an instruction whose refs all lie in this process: len elements at addr.
+int run_local(Ctx& c, const int32_t* in, char* const* addr, int nsrc, int64_t len) {
+    if (in[0] == 0) {
+        // A copy onto itself: an input stored in the output (allgather in place)
+        if (addr[0] != addr[1]) cx_copy_impl(addr[0], addr[1], size_t(len) * c.esize);
+    } else if (cx_reduce_impl(addr[0], (const void* const*)(addr + 1), nsrc, size_t(len),
+                              c.call->dtype, c.call->op) != 0) {
+        return CX_EXEC_KERNEL;
+    }
+    return CX_EXEC_OK;
+}
+
+// A piece whose destination, a chunk of my output in the window, also goes to the user's buffer
+// at `user`: computed and copied there in cache-sized parts, each while it is still in L1/L2.
+constexpr int64_t kThroughBytes = 32 << 10;
+
+int run_through(Ctx& c, const int32_t* in, char* const* addr, int nsrc, int64_t len,
+                char* user) {
+    int64_t es = int64_t(c.esize), step = std::max<int64_t>(1, kThroughBytes / es);
+    char* part[65];
+    for (int64_t off = 0; off < len; off += step) {
+        int64_t n = std::min(step, len - off);
+        for (int s = 0; s <= nsrc; ++s) part[s] = addr[s] + off * es;
+        if (int rc = run_local(c, in, part, nsrc, n)) return rc;
+        cx_copy_impl(user + off * es, part[0], size_t(n) * c.esize);
+    }
+    return CX_EXEC_OK;
+}
+
 // Runs one instruction, split into pieces that stay inside one unit of every ref (units are not
 // adjacent in the tiled layout) and in one place (see same_place).
 int run_instr(Ctx& c, const int32_t* in) {
@@ -198,9 +236,12 @@ int run_instr(Ctx& c, const int32_t* in) {
         int rank[65];  // the peer whose process addr[s] is in, or -1: it is in mine
         bool any_remote = false;
         int64_t len = -1;
+        char* through = nullptr;  // where the piece also goes in the user's output, if it does
         for (int s = 0; s <= nsrc; ++s) {
             int64_t j = refs[s][2] + k, unit = j / nch, i = j % nch;
             int64_t lo = chunk_lo(i, nch, c.tile_len), hi = chunk_lo(i + m, nch, c.tile_len);
+            if (s == 0 && refs[0][0] == p->rank && refs[0][1] == 1 && is_through(c, j))
+                through = c.user[1] + (unit * c.call->count + lo) * es;
             int slot = 3 * refs[s][0] + refs[s][1];
             const char* remote = remote_of(c, refs[s]);
             rank[s] = remote ? refs[s][0] : -1;
@@ -218,14 +259,10 @@ int run_instr(Ctx& c, const int32_t* in) {
         }
         if (len > 0 && any_remote) {
             if (int rc = run_remote(c, in, addr, rank, nsrc, len)) return rc;
+        } else if (len > 0 && through) {
+            if (int rc = run_through(c, in, addr, nsrc, len, through)) return rc;
         } else if (len > 0) {
-            if (in[0] == 0) {
-                // A copy onto itself: an input stored in the output (allgather in place)
-                if (addr[0] != addr[1]) cx_copy_impl(addr[0], addr[1], size_t(len) * c.esize);
-            } else if (cx_reduce_impl(addr[0], (const void* const*)(addr + 1), nsrc, size_t(len),
-                                      c.call->dtype, c.call->op) != 0) {
-                return CX_EXEC_KERNEL;
-            }
+            if (int rc = run_local(c, in, addr, nsrc, len)) return rc;
         }
         k += m;
     }
@@ -337,14 +374,16 @@ void stage(Ctx& c, int buf, bool out) {
     char* user = c.user[buf];
     char* slot = c.ptr[3 * p->rank + buf];
     int64_t stride = c.stride[3 * p->rank + buf];
+    // Chunks used in place, and output chunks already written through, are not copied.
+    auto skip = [&](int64_t j) { return is_direct(c, buf, j) || (out && is_through(c, j)); };
     for (int64_t u = 0; u < p->units[buf]; ++u) {
         for (int64_t i = 0; i < nch;) {
-            if (is_direct(c, buf, u * nch + i)) {
+            if (skip(u * nch + i)) {
                 ++i;
                 continue;
             }
             int64_t e = i + 1;
-            while (e < nch && !is_direct(c, buf, u * nch + e)) ++e;
+            while (e < nch && !skip(u * nch + e)) ++e;
             int64_t lo = chunk_lo(i, nch, c.tile_len), hi = chunk_lo(e, nch, c.tile_len);
             char* uptr = user + (u * c.call->count + lo) * es;
             char* sptr = slot + (u * stride + lo) * es;
