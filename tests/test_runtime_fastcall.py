@@ -1,11 +1,11 @@
 """The compiled fast calls of the Communicator (collectx._fastpath.FastCall).
 
 Once an in-place allreduce of a plain numpy array has run, later calls with the same dtype,
-element count and op run through one C call; likewise allreduce, allgather and reduce_scatter
-into an ``out=`` array (disjoint, or NCCL's in-place blocks), broadcast and reduce. These tests check it is the path taken (its call counter), that results
-are right for every op and several dtypes and shapes, that it declines everything else
-untouched, and that mismatches, aborted calls, dead peers and timeouts raise as on the checked
-path.
+element count and op run through one C call; likewise allreduce, allgather, reduce_scatter and
+alltoall into an ``out=`` array (disjoint, or NCCL's in-place blocks), broadcast and reduce.
+These tests check it is the path taken (its call counter), that results are right for every op
+and several dtypes and shapes, that it declines everything else untouched, and that
+mismatches, aborted calls, dead peers and timeouts raise as on the checked path.
 """
 
 from __future__ import annotations

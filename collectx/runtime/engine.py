@@ -21,7 +21,7 @@ from ._lib import native
 from .arrays import DTYPE_CODES, OP_CODES
 from .executor import FlatPlan
 from .peer_use import DISJOINT, unit_of
-from .small import small_schedule, use_replicated
+from .small import small_schedule, use_one_step
 from .window import (ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, Window,
                      oversubscribed)
 
@@ -116,7 +116,7 @@ class Engine:
         if coll == "barrier":  # no data: only the descriptor check and the ready barrier
             return Schedule("allreduce", self.size, 1, tuple((Lane(()),) for _ in
                                                              range(self.size)), algorithm="none")
-        if self.config.algo is None and use_replicated(coll, self.size, nbytes, self._crowded):
+        if self.config.algo is None and use_one_step(coll, self.size, nbytes, self._crowded):
             s = small_schedule(coll, self.size, root)  # one wait per call (runtime/small.py)
         else:
             from ..planner import make_schedule

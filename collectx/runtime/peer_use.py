@@ -159,7 +159,6 @@ class PeerUse:
                                  for r in reads.get(j, ()))
         return self._rbw[key]
 
-
     def own_writes(self, rank: int) -> tuple[frozenset[int], frozenset[int]]:
         """(output chunks of ``rank`` that only its own instructions write, those of them under
         which every read of the same input chunk by ``rank`` happens before every write, or is

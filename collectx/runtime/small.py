@@ -25,6 +25,7 @@ switch: reading the whole payload from its owners once is cheaper than the secon
 
 from __future__ import annotations
 
+from ..errors import PlanError
 from ..planner._build import Builder
 from ..schedule.ir import Ref, Schedule
 
@@ -44,15 +45,15 @@ ROOTED_MAX_TOTAL_CROWDED = 4 << 20
 _ONE_STEP = ("allreduce", "broadcast", "reduce")
 
 
-def use_replicated(collective: str, nranks: int, nbytes: int, crowded: bool = False) -> bool:
+def use_one_step(collective: str, nranks: int, nbytes: int, crowded: bool = False) -> bool:
     """Whether ``collective`` of ``nbytes`` on ``nranks`` ranks takes :func:`small_schedule`;
     ``crowded``: the ranks on this machine outnumber its CPUs.
 
-    >>> use_replicated("allreduce", 2, 8), use_replicated("allreduce", 2, 1 << 20)
+    >>> use_one_step("allreduce", 2, 8), use_one_step("allreduce", 2, 1 << 20)
     (True, False)
-    >>> use_replicated("broadcast", 4, 8), use_replicated("allgather", 4, 8)
+    >>> use_one_step("broadcast", 4, 8), use_one_step("allgather", 4, 8)
     (True, False)
-    >>> use_replicated("reduce", 4, 1 << 19), use_replicated("reduce", 4, 1 << 19, crowded=True)
+    >>> use_one_step("reduce", 4, 1 << 19), use_one_step("reduce", 4, 1 << 19, crowded=True)
     (False, True)
     """
     largest_of_class = (1 << nbytes.bit_length()) - 1
@@ -63,7 +64,7 @@ def use_replicated(collective: str, nranks: int, nbytes: int, crowded: bool = Fa
 
 
 def small_schedule(collective: str, nranks: int, root: int = 0) -> Schedule:
-    """The one-step schedule of ``collective`` (one of those :func:`use_replicated` takes)."""
+    """The one-step schedule of ``collective`` (one of those :func:`use_one_step` takes)."""
     if collective == "allreduce":
         return replicated_allreduce(nranks)
     b = Builder(collective, nranks, 1, root=root)
@@ -74,7 +75,7 @@ def small_schedule(collective: str, nranks: int, root: int = 0) -> Schedule:
         srcs = [Ref((root + o) % nranks, "input", 0, 1) for o in range(nranks)]
         b.add(root, 0, "reduce", Ref(root, "output", 0, 1), srcs)
     else:
-        raise ValueError(f"small_schedule({collective!r}): expected one of {', '.join(_ONE_STEP)}")
+        raise PlanError(f"small_schedule({collective!r}): expected one of {', '.join(_ONE_STEP)}")
     return b.schedule("one_step", meta={"pattern": "one-step", "pull": True})
 
 

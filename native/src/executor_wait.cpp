@@ -4,8 +4,8 @@
 // Tests run 4-8 ranks on 2 cores, and benchmarks share their cores with other work, so a waiting
 // rank must give its core to the peer it waits for, yet resume as soon as that peer publishes. It
 // spins for `win->spin_ns` when every rank has a core (`win->spin` polls when oversubscribed),
-// then sleeps on its doorbell (FUTEX_WAIT, at most a millisecond at a time): a peer that publishes a
-// word while we sleep rings it (see cx_executor.h). Fixed-length sleeps, used before, woke up to
+// then sleeps on its doorbell (FUTEX_WAIT, at most a millisecond at a time): a peer that
+// publishes a word while we sleep rings it (see cx_executor.h). Fixed-length sleeps, used before, woke up to
 // 100 us late once per tile; a sched_yield phase between spinning and sleeping measured no better
 // (often worse: on a loaded machine a yield hands the core to other work for a whole slice).
 // Every millisecond or so it checks the peers' liveness (pid), their abort words and the deadline.
