@@ -340,9 +340,8 @@ def _expected_layout(kind, seed, size, rank, n, dtype, op, root) -> np.ndarray:
         return _expected(seed, size, n, dtype, op) if rank == root else \
             (mine if kind == "reduce" else None)
     if kind == "allgather_inplace":
-        return np.concatenate([_input(seed, q, n, dtype) for q in range(size)])
-    k = n // size
-    return _expected(seed, size, n, dtype, op)[rank * k:(rank + 1) * k]
+        return _expected_with_out("allgather", seed, size, rank, n, dtype, op)
+    return _expected_with_out("reduce_scatter", seed, size, rank, n // size, dtype, op)
 
 
 def results_rooted_and_in_place(cases: list) -> list:

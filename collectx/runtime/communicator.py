@@ -227,10 +227,10 @@ class Communicator:
             self._worker.drain()
         heap = self._heap_offset(src) if self._heap.used else -1
         op = OP_CODES[op_name]
-        self._engine.run("allreduce", src, src, src.size, dt, src.itemsize, op, 0, 1, -1, heap)
-        if heap < 0 and src.dtype in _FAST_DTYPES:  # not a bfloat16 view: x's dtype is src's
-            self._fast = (self._engine.fast_call("allreduce", src, dt, op_name, op, SAME, "same")
-                          or _decline)
+        self._engine.run("allreduce", src, src, src.size, dt, src.itemsize, op, 0, SAME, -1,
+                         heap)
+        if heap < 0:
+            self._arm("_fast", "allreduce", src, src, dt, op, 0, SAME)
         return x
 
     def _submit(self, prepare, async_op: bool, fast_slot: str | None = None):

@@ -74,6 +74,8 @@ class PeerUse:
             self.read.update((r.rank, r.buf) for r in ins.srcs if r.rank != d.rank)
         self._clocks = None
         self._rbw: dict[tuple[int, int], bool] = {}
+        self._own: dict[int, tuple[frozenset[int], frozenset[int]]] = {}
+        self._uses: dict[int, tuple[dict[int, list[int]], dict[int, list[int]]]] = {}
 
     def touched(self, rank: int, buf: str) -> bool:
         """Whether another rank reads or writes ``rank``'s ``buf`` (for an in-place schedule,
@@ -143,20 +145,12 @@ class PeerUse:
         key = (rank, shift)
         if key not in self._rbw:
             g, vc = self._graph()
-            reads: dict[int, list[int]] = {}    # input chunk -> instructions reading it
-            writes: dict[int, list[int]] = {}   # input chunk -> instructions writing over it
-            for v, ins in enumerate(g.instrs):
-                d = ins.dst
-                if d.rank == rank and d.buf == "output" and not _onto_itself(ins, rank, shift):
-                    for j in range(d.chunk - shift, d.chunk - shift + d.count):
-                        writes.setdefault(j, []).append(v)
-                for ref in ins.srcs:
-                    if ref.rank == rank and ref.buf == "input":
-                        for j in range(ref.chunk, ref.chunk + ref.count):
-                            reads.setdefault(j, []).append(v)
-            self._rbw[key] = all(_before(g, vc, r, w, rank, shift)
-                                 for j, ws in writes.items() for w in ws
-                                 for r in reads.get(j, ()))
+            writes, reads = self._chunk_uses(rank)
+            self._rbw[key] = all(
+                _before(g, vc, r, w, rank, shift)
+                for j, ws in writes.items() for w in ws
+                if not _onto_itself(g.instrs[w], rank, shift)
+                for r in reads.get(j - shift, ()))
         return self._rbw[key]
 
     def own_writes(self, rank: int) -> tuple[frozenset[int], frozenset[int]]:
@@ -165,25 +159,35 @@ class PeerUse:
         the writing instruction itself reading element by element): what the executor may
         write through to the user's output right away when input and output are disjoint, and
         when they are the same memory (see ``FlatPlan.through_mask``)."""
-        g, vc = self._graph()
-        owner: dict[int, bool] = {}
-        writes: dict[int, list[int]] = {}
-        reads: dict[int, list[int]] = {}
-        for v, ins in enumerate(g.instrs):
-            me = g.ids[v].rank == rank
-            d = ins.dst
-            if d.rank == rank and d.buf == "output":
-                for j in range(d.chunk, d.chunk + d.count):
-                    owner[j] = owner.get(j, True) and me
-                    writes.setdefault(j, []).append(v)
-            for ref in ins.srcs:
-                if me and ref.rank == rank and ref.buf == "input":
-                    for j in range(ref.chunk, ref.chunk + ref.count):
-                        reads.setdefault(j, []).append(v)
-        only = frozenset(j for j, mine in owner.items() if mine)
-        ordered = frozenset(j for j in only if all(
-            _before(g, vc, r, w, rank, 0) for w in writes[j] for r in reads.get(j, ())))
-        return only, ordered
+        if rank not in self._own:
+            g, vc = self._graph()
+            writes, reads = self._chunk_uses(rank)
+            mine = lambda v: g.ids[v].rank == rank  # noqa: E731
+            only = frozenset(j for j, ws in writes.items() if all(map(mine, ws)))
+            ordered = frozenset(j for j in only if all(
+                _before(g, vc, r, w, rank, 0)
+                for w in writes[j] for r in reads.get(j, ()) if mine(r)))
+            self._own[rank] = only, ordered
+        return self._own[rank]
+
+    def _chunk_uses(self, rank: int) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+        """(output chunk of ``rank`` -> instructions writing it, input chunk of ``rank`` ->
+        instructions reading it), instructions as nodes of :meth:`_graph`."""
+        if rank not in self._uses:
+            g, _ = self._graph()
+            writes: dict[int, list[int]] = {}
+            reads: dict[int, list[int]] = {}
+            for v, ins in enumerate(g.instrs):
+                d = ins.dst
+                if d.rank == rank and d.buf == "output":
+                    for j in range(d.chunk, d.chunk + d.count):
+                        writes.setdefault(j, []).append(v)
+                for ref in ins.srcs:
+                    if ref.rank == rank and ref.buf == "input":
+                        for j in range(ref.chunk, ref.chunk + ref.count):
+                            reads.setdefault(j, []).append(v)
+            self._uses[rank] = writes, reads
+        return self._uses[rank]
 
     def _graph(self):
         if self._clocks is None:
