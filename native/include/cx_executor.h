@@ -92,6 +92,7 @@ struct Waiter {
     cx_exec_result* res;
     int polls = 0;
     int64_t spin_end = 0;     // when spinning by time (win->spin_ns): the end, once known
+    int64_t yield_end = 0;    // oversubscribed: when this wait's yield phase ends, once known
     // The health-check clock lives in this rank's control block, not here: a Waiter lasts one
     // wait, and restarting the clock each time made every wait of an oversubscribed rank (which
     // reaches check() after a few polls) read each peer's /proc stat, ~20 us a call.
@@ -103,7 +104,7 @@ struct Waiter {
     Waiter(const cx_exec_window* w, uint64_t s, int64_t d, cx_exec_result* r)
         : win(w), seq(s), deadline(d), res(r), next_check(w->ctl[w->rank]->next_check_ns),
           next_proc(w->ctl[w->rank]->next_proc_ns) {}
-    void reset() { polls = 0; spin_end = 0; pending = 0; }
+    void reset() { polls = 0; spin_end = yield_end = 0; pending = 0; }
     int fail(int status, int rank);
 
     // Returns CX_EXEC_OK once cond() holds, or the failure (dead peer, abort, deadline) seen
@@ -145,6 +146,7 @@ private:
     }
     uint32_t arm();           // raise `asleep` (then a full fence); returns the doorbell value
     void sleep(uint32_t bell);
+    bool yielded(uint32_t bell);
     void disarm();
     void check();             // health check, about once a millisecond
     int health(int64_t t, bool check_proc);
