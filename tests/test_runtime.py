@@ -68,12 +68,15 @@ def test_disjoint_aliased_and_overlapping_buffers_over_many_tiles(monkeypatch, n
 
 @pytest.mark.parametrize("cma", ["1", "0"])
 def test_large_calls_with_each_rank_choosing_its_buffer_layout(monkeypatch, cma):
-    # 6 MiB a rank: over the size from which peers read user buffers across processes. Rank 0
-    # runs in place, rank 1 into a disjoint output, rank 2 into an output that overlaps its
-    # input at an offset, which must be staged whatever the others do; allgather and
-    # reduce_scatter in place (input = own block of the output, and the reverse) need not be.
+    # Three blocks a rank of the size from which reductions read user buffers across processes
+    # (reduce_scatter's unit is a block). Rank 0 runs in place, rank 1 into a disjoint output,
+    # rank 2 into an output that overlaps its input at an offset, which must be staged whatever
+    # the others do; allgather and reduce_scatter in place (input = own block of the output, and
+    # the reverse) need not be.
+    from collectx.runtime.engine import cma_min_bytes
     monkeypatch.setenv("COLLECTX_CMA", cma)
-    got = collectx.launch(W.cross_process_reads, 3, args=(3 * (1 << 19) + 7,), timeout=240)
+    block = cma_min_bytes("reduce_scatter", True) // 4
+    got = collectx.launch(W.cross_process_reads, 3, args=(3 * block + 7,), timeout=240)
     assert [b for g in got for b in g["bad"]] == []
     cma_used = got[0]["cma"]
     assert all(g["cma"] == cma_used for g in got)
@@ -86,7 +89,7 @@ def test_large_calls_with_each_rank_choosing_its_buffer_layout(monkeypatch, cma)
 
 def test_collectives_that_only_copy_read_across_processes_from_smaller_sizes():
     # A read across processes lands straight in the reader's output, so copy-only collectives
-    # take it from CMA_COPY_MIN_BYTES (more when ranks outnumber CPUs); reductions from 2 MiB.
+    # take it from CMA_COPY_MIN_BYTES (more when ranks outnumber CPUs); reductions from 4 MiB.
     from collectx.runtime.engine import cma_min_bytes
     from collectx.runtime.window import oversubscribed
     small, mid = 1 << 10, cma_min_bytes("allgather", oversubscribed(2)) // 4

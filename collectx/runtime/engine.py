@@ -35,8 +35,12 @@ _EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "CM
 # Per-unit message size from which peers read user buffers across processes (cma_in/cma_out)
 # rather than staged copies. For reductions: below it the staged copies stay in cache, and a
 # remote source must pass through a bounce buffer anyway, so a system call per piece costs more
-# than it saves (2-rank allreduce, 1 MiB: 200 us read across processes, 172 us staged).
-CMA_MIN_BYTES = 2 << 20
+# than it saves (2-rank allreduce, 1 MiB: 200 us read across processes, 172 us staged). Up to
+# 4 MiB numpy arrays sit on 4 KiB pages (numpy asks for transparent huge pages from 4 MiB), and
+# each read pins them page by page: against the staged path a 2-rank allreduce read across
+# processes ran 0.87-0.92x at 2 MiB and 0.91-1.06x at 2.5-3.5 MiB in three runs, a 4-rank one
+# 0.82-0.87x at 2-3 MiB; at 4 MiB it ran 1.52-1.56x (2 ranks) and 1.20-1.21x (4 ranks).
+CMA_MIN_BYTES = 4 << 20
 # For collectives that only copy (allgather, broadcast, alltoall) a read across processes lands
 # straight in the reader's output: one copy instead of the owner's staging copy and the reader's
 # copy out. On 2 ranks it won from 16 KiB (allgather 4.3 -> 3.3 us at 16 KiB, 42.6 -> 16.5 us at
@@ -392,9 +396,9 @@ def cma_min_bytes(coll: str, crowded: bool) -> int:
     ``crowded``: the ranks on this machine outnumber its CPUs.
 
     >>> cma_min_bytes("allreduce", False) >> 10, cma_min_bytes("broadcast", False) >> 10
-    (2048, 16)
+    (4096, 16)
     >>> cma_min_bytes("allgather", True) >> 10, cma_min_bytes("reduce_scatter", True) >> 10
-    (256, 2048)
+    (256, 4096)
     """
     if coll not in _COPY_ONLY:
         return CMA_MIN_BYTES
