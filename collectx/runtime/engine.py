@@ -334,9 +334,7 @@ class Engine:
 
     def _check_usable(self) -> None:
         if self._poisoned:
-            raise CommError(f"rank {self.rank}: communicator unusable after an earlier failure "
-                            f"({self._poisoned}); expected a healthy communicator; create a new "
-                            f"one with collectx.init()")
+            raise unusable(self.rank, self._poisoned)
 
     def _failure(self, coll, seq, status, peer, lane, index) -> Exception:
         me = f"rank {self.rank}, {coll} #{seq}"
@@ -389,6 +387,20 @@ class Engine:
                          f"count={d[4]}, root={d[5]})")
         return "; ".join(parts)
 
+
+
+def unusable(rank: int, why: str, kind: str = "communicator",
+             init: str = "collectx.init()") -> CommError:
+    """The error for a call on a communicator that was closed (``why`` "closed") or failed.
+
+    >>> print(unusable(1, "closed"))
+    rank 1: communicator used after close(); expected an open one; create a new one with ...
+    """
+    if why == "closed":
+        return CommError(f"rank {rank}: {kind} used after close(); expected an open one; "
+                         f"create a new one with {init}")
+    return CommError(f"rank {rank}: {kind} unusable after an earlier failure ({why}); expected "
+                     f"a healthy communicator; create a new one with {init}")
 
 
 def cma_min_bytes(coll: str, crowded: bool) -> int:

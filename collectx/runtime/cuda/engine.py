@@ -18,9 +18,9 @@ import collections
 import json
 import threading
 
-from ...errors import CollectiveMismatch, CommError, NativeError, PeerAborted, PeerFailure, Timeout
+from ...errors import CollectiveMismatch, NativeError, PeerAborted, PeerFailure, Timeout
 from ...schedule.ir import Lane, Schedule
-from ..engine import COLL_CODES
+from ..engine import COLL_CODES, unusable
 from ..executor import FlatPlan
 from . import _rt
 
@@ -193,9 +193,8 @@ class CudaEngine:
 
     def _check_usable(self) -> None:
         if self._poisoned:
-            raise CommError(f"rank {self.rank}: CUDA communicator unusable after an earlier "
-                            f"failure ({self._poisoned}); expected a healthy communicator; "
-                            f"create a new one with collectx.init(device='cuda')")
+            raise unusable(self.rank, self._poisoned, "CUDA communicator",
+                           "collectx.init(device='cuda')")
 
     def _failure(self, coll, seq, status, peer, lane, index) -> Exception:
         self.poison(f"{coll} #{seq} failed with executor status {status}")
