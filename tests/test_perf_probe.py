@@ -1,8 +1,14 @@
-"""The machine probe that perf/compare_cpu.py prints beside each benchmark round."""
+"""The machine probe that perf/compare_cpu.py prints beside each benchmark round, and the C model
+of the staged 2-rank allreduce that the README compares collectx with."""
 
 import importlib.util
 import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 
 def _probe():
@@ -21,3 +27,25 @@ def test_exchange_probe_times_an_exchange_and_leaves_nothing_in_dev_shm():
     else:
         assert 0 < t < 1e6
     assert set(os.listdir("/dev/shm")) == before
+
+
+def test_exchange_model_builds_and_reports_each_phase(tmp_path):
+    # perf/exchange_model.c, the C model of the staged 2-rank allreduce the README quotes.
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = Path(__file__).resolve().parent.parent / "perf" / "exchange_model.c"
+    exe = tmp_path / "exchange_model"
+    subprocess.run([cc, "-O2", "-o", str(exe), str(src)], check=True)
+    run = subprocess.run([str(exe), "0.25"], capture_output=True, text=True, timeout=60)
+    if len(os.sched_getaffinity(0)) < 2:
+        assert run.returncode == 1 and "needs two CPUs" in run.stderr
+        return
+    assert run.returncode == 0, run.stderr
+    call = re.search(r"256 KiB  call +([\d.]+) us  \(stage ([\d.]+), reduce ([\d.]+), "
+                     r"copy ([\d.]+)\)", run.stdout)
+    read = re.search(r"128 KiB  remote read +([\d.]+) us, +([\d.]+) GB/s", run.stdout)
+    assert call and read, run.stdout
+    assert all(float(v) > 0 for v in call.groups() + read.groups())
+    bad = subprocess.run([str(exe), "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "at least 128 bytes" in bad.stderr
