@@ -34,14 +34,15 @@ def test_replicated_allreduce_in_place_would_clobber_inputs_peers_still_read():
     assert not use.everywhere()
 
 
-def test_a_buffer_peers_write_is_never_published():
+def test_an_output_peers_write_is_published_for_them_to_write_across_processes():
     b = ScheduleBuilder("broadcast", nranks=2, nchunks=1, root=0)
     d = b.copy(0, 0, dst=Ref(0, "output", 0), src=Ref(0, "input", 0))
     b.copy(0, 0, dst=Ref(1, "output", 0), src=Ref(0, "output", 0), deps=[d])  # a push
     use = PeerUse(b.build())
-    assert use.buffers(1, DISJOINT) == (False, False)
+    assert use.buffers(1, DISJOINT) == (False, True)    # rank 0 writes rank 1's output
+    assert use.buffers(1, SAME) == (True, True)         # nobody reads the input under it
     assert use.buffers(0, DISJOINT) == (False, False)   # nobody else touches rank 0's
-    assert not use.everywhere()
+    assert use.everywhere()
 
 
 @pytest.mark.parametrize("coll, layout", [("allgather", IN_AT_UNIT), ("reduce_scatter",

@@ -17,6 +17,7 @@ import threading
 from ..errors import (CollectiveMismatch, CommError, NativeError, PeerAborted, PeerFailure,
                       Timeout)
 from ..schedule.ir import Lane, Schedule
+from ..schedule.push import push_copies
 from ._lib import native
 from .arrays import DTYPE_CODES, OP_CODES
 from .executor import FlatPlan
@@ -32,15 +33,24 @@ _DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
 _OP_NAMES = {v: k for k, v in OP_CODES.items()}
 _AVG = OP_CODES["avg"]
 _EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "CMA": 7}
-# Per-unit message size from which peers read user buffers across processes (cma_in/cma_out)
-# rather than staged copies. For reductions: below it the staged copies stay in cache, and a
-# remote source must pass through a bounce buffer anyway, so a system call per piece costs more
-# than it saves (2-rank allreduce, 1 MiB: 200 us read across processes, 172 us staged). Up to
-# 4 MiB numpy arrays sit on 4 KiB pages (numpy asks for transparent huge pages from 4 MiB), and
-# each read pins them page by page: against the staged path a 2-rank allreduce read across
-# processes ran 0.87-0.92x at 2 MiB and 0.91-1.06x at 2.5-3.5 MiB in three runs, a 4-rank one
-# 0.82-0.87x at 2-3 MiB; at 4 MiB it ran 1.52-1.56x (2 ranks) and 1.20-1.21x (4 ranks).
+# Per-unit message size from which peers use user buffers across processes (cma_in/cma_out)
+# rather than staged copies in the window. For reduce: below it the staged copies stay in
+# cache, and a remote source must pass through a bounce buffer anyway, so a system call per
+# piece costs more than it saves. Up to 4 MiB numpy arrays sit on 4 KiB pages (numpy asks for
+# transparent huge pages from 4 MiB), and each read pins them page by page: against the staged
+# path an allreduce that only read across processes (its results pulled, not pushed) ran
+# 0.87-0.92x at 2 MiB on 2 ranks and 0.82-0.87x at 2-3 MiB on 4, and 1.52-1.56x and
+# 1.20-1.21x at 4 MiB; a 4-rank reduce 1.05-1.10x at 4 MiB.
 CMA_MIN_BYTES = 4 << 20
+# Allreduce and reduce_scatter also push their results (collectx/schedule/push.py): the rank
+# that reduced a chunk writes it into its peers' outputs straight from its cache, where they
+# had read it from a core that had just written it. Against the staged path that made a 2-rank
+# allreduce 1.55x as fast at 128 KiB, 1.70-1.72x at 256 KiB, 2.00-2.02x at 1 MiB and 1.63-1.70x
+# at 2 MiB (reduce_scatter 1.31-1.46x from 256 KiB); with 4 ranks on 2 CPUs, 0.97x at 256 KiB
+# and 1.40x at 1 MiB (reduce_scatter 1.00x and 1.16x).
+CMA_PUSH_MIN_BYTES = 128 << 10
+CMA_PUSH_MIN_BYTES_OVERSUBSCRIBED = 1 << 20
+_PUSHED = frozenset(("allreduce", "reduce_scatter"))
 # For collectives that only copy (allgather, broadcast, alltoall) a read across processes lands
 # straight in the reader's output: one copy instead of the owner's staging copy and the reader's
 # copy out. On 2 ranks it won from 16 KiB (allgather 4.3 -> 3.3 us at 16 KiB, 42.6 -> 16.5 us at
@@ -126,6 +136,8 @@ class Engine:
             from ..planner import make_schedule
             s = make_schedule(self.topology(), coll, self.size, nbytes, algo=self.config.algo,
                               root=root)
+            if coll in _PUSHED and self._cma(coll, nbytes):
+                s = push_copies(s)  # peers' outputs are written across processes, from cache
         if self.config.plan_dump_file and self.rank == 0:
             with open(self.config.plan_dump_file, "a") as f:
                 f.write(json.dumps({"nbytes": nbytes, "schedule": s.to_dict()}) + "\n")
@@ -408,13 +420,17 @@ def cma_min_bytes(coll: str, crowded: bool) -> int:
     ``crowded``: the ranks on this machine outnumber its CPUs.
 
     >>> cma_min_bytes("allreduce", False) >> 10, cma_min_bytes("broadcast", False) >> 10
-    (4096, 16)
+    (128, 16)
     >>> cma_min_bytes("allgather", True) >> 10, cma_min_bytes("reduce_scatter", True) >> 10
-    (256, 4096)
+    (256, 1024)
+    >>> cma_min_bytes("reduce", False) >> 10
+    4096
     """
-    if coll not in _COPY_ONLY:
-        return CMA_MIN_BYTES
-    return CMA_COPY_MIN_BYTES_OVERSUBSCRIBED if crowded else CMA_COPY_MIN_BYTES
+    if coll in _COPY_ONLY:
+        return CMA_COPY_MIN_BYTES_OVERSUBSCRIBED if crowded else CMA_COPY_MIN_BYTES
+    if coll in _PUSHED:
+        return CMA_PUSH_MIN_BYTES_OVERSUBSCRIBED if crowded else CMA_PUSH_MIN_BYTES
+    return CMA_MIN_BYTES
 
 
 def _fast_module():

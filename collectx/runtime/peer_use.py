@@ -1,10 +1,10 @@
-"""Which of a rank's user buffers its peers may read in place, across processes.
+"""Which of a rank's user buffers its peers may use in place, across processes.
 
 From a size on (engine.CMA_MIN_BYTES) a rank can publish the address of its input or output
-instead of staging it in the window, and peers copy from it with process_vm_readv
-(native/src/executor_cma.cpp). That is safe only for a buffer peers read and never write, and,
-when the call's input and output share memory, only if no write over an input chunk can land
-before every rank has read it. This module decides both from the schedule (:class:`PeerUse`)
+instead of staging it in the window, and peers read it with process_vm_readv and write its
+output with process_vm_writev (native/src/executor_cma.cpp). When the call's input and output
+share memory that is safe only if no write over an input chunk can land before every rank has
+read it. This module decides both from the schedule (:class:`PeerUse`)
 and names the ways input and output can share memory (the ``alias`` codes the Communicator
 passes with every call).
 """
@@ -86,8 +86,9 @@ class PeerUse:
     def buffers(self, rank: int, alias: int) -> tuple[bool, bool]:
         """(input, output) of ``rank`` that peers may read in the user's memory.
 
-        Only a buffer that peers read and never write qualifies. Disjoint input and output
-        qualify one by one. Input and output that share memory as a whole buffer or one unit of
+        An input qualifies when peers read it (they never write one); an output when peers read
+        or write it (a peer writes it with a pushed copy, ``collectx/schedule/push.py``).
+        Disjoint input and output qualify one by one. Input and output that share memory as a whole buffer or one unit of
         the other (see :func:`chunk_shift`) qualify together, and only if no write of an output
         chunk can clobber the input chunk under it before every rank has read it
         (:meth:`reads_before_writes`); other overlaps and in-place schedules never.
@@ -95,7 +96,8 @@ class PeerUse:
         s = self.schedule
         if s.inplace:
             return False, False
-        ok = {b: (rank, b) in self.read and (rank, b) not in self.wrote for b in BUFS}
+        ok = {"input": (rank, "input") in self.read and (rank, "input") not in self.wrote,
+              "output": self.touched(rank, "output")}
         if alias == DISJOINT:
             return ok["input"], ok["output"]
         shift = chunk_shift(alias, s.nchunks)

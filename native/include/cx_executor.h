@@ -73,6 +73,8 @@ bool pid_alive(int64_t pid);
 
 // Copies nbytes from `remote` in process pid to `local` (process_vm_readv). 0 or the errno.
 int cma_read(int64_t pid, const void* remote, void* local, size_t nbytes);
+// Copies nbytes from `local` to `remote` in process pid (process_vm_writev). 0 or the errno.
+int cma_write(int64_t pid, void* remote, const void* local, size_t nbytes);
 
 // Rings the doorbell of every peer asleep now. Call after publishing (store_rel) a word peers
 // may wait on; costs a fence and one load per peer when nobody sleeps.

@@ -153,21 +153,25 @@ int cma_failed(Ctx& c, int err, int rank) {
     return err == ESRCH ? CX_EXEC_PEER_DEAD : CX_EXEC_CMA;
 }
 
-// One piece of an instruction whose sources include peers' buffers read across processes
-// (addr[s] is then the address in rank[s]'s process). A copy reads straight into its
-// destination; a reduce reads its remote sources into the bounce buffer, a piece at a time.
+// One piece of an instruction that reads or writes peers' user buffers across processes
+// (addr[s] is then the address in rank[s]'s process). A copy moves straight between its source
+// and destination when at most one of them is remote; otherwise, and for a reduce, remote
+// sources are read into the bounce buffer and a remote destination is written from it, a piece
+// at a time, so the piece is still in this core's caches when it is written out.
 int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc, int64_t len) {
     static thread_local std::unique_ptr<char, decltype(&free)> bounce(nullptr, &free);
     size_t es = c.esize;
-    if (in[0] == 0) {
-        int err = cma_read(int64_t(c.win->ctl[rank[1]]->pid), addr[1], addr[0], size_t(len) * es);
-        return err ? cma_failed(c, err, rank[1]) : CX_EXEC_OK;
+    auto pid = [&](int r) { return int64_t(c.win->ctl[r]->pid); };
+    if (in[0] == 0 && (rank[0] < 0 || rank[1] < 0)) {
+        int err = rank[0] < 0 ? cma_read(pid(rank[1]), addr[1], addr[0], size_t(len) * es)
+                              : cma_write(pid(rank[0]), addr[0], addr[1], size_t(len) * es);
+        return err ? cma_failed(c, err, rank[0] < 0 ? rank[1] : rank[0]) : CX_EXEC_OK;
     }
     if (!bounce) bounce.reset(static_cast<char*>(aligned_alloc(4096, kBounceBytes)));
     if (!bounce) return CX_EXEC_KERNEL;
-    int nremote = 0;
-    for (int s = 1; s <= nsrc; ++s) nremote += rank[s] >= 0;
-    int64_t piece = std::max<int64_t>(1, int64_t(kBounceBytes / es / size_t(nremote)) & ~63);
+    int nbuf = rank[0] >= 0;  // bounce slots: one per remote source, one for a remote result
+    for (int s = 1; s <= nsrc; ++s) nbuf += rank[s] >= 0;
+    int64_t piece = std::max<int64_t>(1, int64_t(kBounceBytes / es / size_t(nbuf)) & ~63);
     const void* src[64];
     for (int64_t off = 0; off < len; off += piece) {
         int64_t n = std::min(piece, len - off);
@@ -175,15 +179,18 @@ int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc
         for (int s = 1; s <= nsrc; ++s) {
             src[s - 1] = addr[s] + off * int64_t(es);
             if (rank[s] < 0) continue;
-            int64_t pid = int64_t(c.win->ctl[rank[s]]->pid);
-            if (int err = cma_read(pid, src[s - 1], slot, size_t(n) * es))
+            if (int err = cma_read(pid(rank[s]), src[s - 1], slot, size_t(n) * es))
                 return cma_failed(c, err, rank[s]);
             src[s - 1] = slot;
             slot += piece * int64_t(es);
         }
-        if (cx_reduce_impl(addr[0] + off * int64_t(es), src, nsrc, size_t(n), c.call->dtype,
-                           c.call->op) != 0)
+        char* dst = rank[0] >= 0 ? slot : addr[0] + off * int64_t(es);
+        if (in[0] == 0) cx_copy_impl(dst, src[0], size_t(n) * es);
+        else if (cx_reduce_impl(dst, src, nsrc, size_t(n), c.call->dtype, c.call->op) != 0)
             return CX_EXEC_KERNEL;
+        if (rank[0] >= 0)
+            if (int err = cma_write(pid(rank[0]), addr[0] + off * int64_t(es), dst, size_t(n) * es))
+                return cma_failed(c, err, rank[0]);
     }
     return CX_EXEC_OK;
 }
@@ -250,7 +257,6 @@ int run_instr(Ctx& c, const int32_t* in) {
             const char* remote = remote_of(c, refs[s]);
             rank[s] = remote ? refs[s][0] : -1;
             if (remote) {
-                if (s == 0) return CX_EXEC_BADARG;  // peers' user buffers are only read
                 addr[s] = const_cast<char*>(remote) + (unit * c.call->count + lo) * es;
                 any_remote = true;
             } else if (refs[s][0] == p->rank && refs[s][1] < 2 && is_direct(c, refs[s][1], j)) {

@@ -1,4 +1,6 @@
-// Cross-memory attach (CMA): a rank reads a peer's user buffer with process_vm_readv.
+// Cross-memory attach (CMA): a rank reads a peer's user buffer with process_vm_readv, and
+// writes a peer's output with process_vm_writev (a copy pushed by the rank that computed it,
+// collectx/schedule/push.py).
 //
 // Staging a buffer that peers read costs its owner a copy into the window before the peers can
 // read it there; and an output that peers read is written to the window, then copied out. With
@@ -17,25 +19,36 @@
 
 namespace cx_exec {
 
-int cma_read(int64_t pid, const void* remote, void* local, size_t nbytes) {
+// process_vm_readv (write == false) or process_vm_writev of nbytes, retried across short
+// transfers and signals. 0 or the errno.
+static int cma_move(int64_t pid, char* remote, char* local, size_t nbytes, bool write) {
 #ifdef __linux__
-    char* dst = static_cast<char*>(local);
-    char* src = const_cast<char*>(static_cast<const char*>(remote));
     while (nbytes) {
-        iovec l{dst, nbytes}, r{src, nbytes};
-        ssize_t got = process_vm_readv(pid_t(pid), &l, 1, &r, 1, 0);
+        iovec l{local, nbytes}, r{remote, nbytes};
+        ssize_t got = write ? process_vm_writev(pid_t(pid), &l, 1, &r, 1, 0)
+                            : process_vm_readv(pid_t(pid), &l, 1, &r, 1, 0);
         if (got < 0 && errno == EINTR) continue;
         if (got < 0) return errno;
-        if (got == 0) return EFAULT;  // a short read is followed by a failing one; stop here
-        dst += got;
-        src += got;
+        if (got == 0) return EFAULT;  // a short transfer is followed by a failing one; stop here
+        local += got;
+        remote += got;
         nbytes -= size_t(got);
     }
     return 0;
 #else
-    (void)pid, (void)remote, (void)local, (void)nbytes;
+    (void)pid, (void)remote, (void)local, (void)nbytes, (void)write;
     return ENOSYS;
 #endif
+}
+
+int cma_read(int64_t pid, const void* remote, void* local, size_t nbytes) {
+    return cma_move(pid, const_cast<char*>(static_cast<const char*>(remote)),
+                    static_cast<char*>(local), nbytes, false);
+}
+
+int cma_write(int64_t pid, void* remote, const void* local, size_t nbytes) {
+    return cma_move(pid, static_cast<char*>(remote),
+                    const_cast<char*>(static_cast<const char*>(local)), nbytes, true);
 }
 
 }  // namespace cx_exec
