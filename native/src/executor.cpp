@@ -68,6 +68,9 @@ struct Ctx {
     bool zero_copy;
     bool cma_any;   // some rank's buffers are read across processes in this call
     int fail_rank;  // the peer a failed CMA read named
+    // The pushed copy fused into the instruction being run (see fusable_push): its destination
+    // ref, a peer's output published for writes across processes; NULL when none is.
+    const int32_t* push_ref;
     // My input (0) and output (1) in the user's buffer at this tile, and which of their chunks
     // (unit * nchunks + chunk) are used there in place: all, none (NULL), or those set in mask.
     char* user[2];
@@ -158,11 +161,12 @@ int cma_failed(Ctx& c, int err, int rank) {
 // and destination when at most one of them is remote; otherwise, and for a reduce, remote
 // sources are read into the bounce buffer and a remote destination is written from it, a piece
 // at a time, so the piece is still in this core's caches when it is written out.
-int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc, int64_t len) {
+int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc, int64_t len,
+               char* push = nullptr) {
     static thread_local std::unique_ptr<char, decltype(&free)> bounce(nullptr, &free);
     size_t es = c.esize;
     auto pid = [&](int r) { return int64_t(c.win->ctl[r]->pid); };
-    if (in[0] == 0 && (rank[0] < 0 || rank[1] < 0)) {
+    if (in[0] == 0 && !push && (rank[0] < 0 || rank[1] < 0)) {
         int err = rank[0] < 0 ? cma_read(pid(rank[1]), addr[1], addr[0], size_t(len) * es)
                               : cma_write(pid(rank[0]), addr[0], addr[1], size_t(len) * es);
         return err ? cma_failed(c, err, rank[0] < 0 ? rank[1] : rank[0]) : CX_EXEC_OK;
@@ -171,7 +175,7 @@ int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc
     if (!bounce) return CX_EXEC_KERNEL;
     int nbuf = rank[0] >= 0;  // bounce slots: one per remote source, one for a remote result
     for (int s = 1; s <= nsrc; ++s) nbuf += rank[s] >= 0;
-    int64_t piece = std::max<int64_t>(1, int64_t(kBounceBytes / es / size_t(nbuf)) & ~63);
+    int64_t piece = std::max<int64_t>(1, int64_t(kBounceBytes / es / size_t(std::max(nbuf, 1))) & ~63);
     const void* src[64];
     for (int64_t off = 0; off < len; off += piece) {
         int64_t n = std::min(piece, len - off);
@@ -191,6 +195,10 @@ int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc
         if (rank[0] >= 0)
             if (int err = cma_write(pid(rank[0]), addr[0] + off * int64_t(es), dst, size_t(n) * es))
                 return cma_failed(c, err, rank[0]);
+        // The fused push: this piece, still in cache, into the peer's output.
+        if (push)
+            if (int err = cma_write(pid(c.push_ref[0]), push + off * int64_t(es), dst, size_t(n) * es))
+                return cma_failed(c, err, c.push_ref[0]);
     }
     return CX_EXEC_OK;
 }
@@ -267,8 +275,18 @@ int run_instr(Ctx& c, const int32_t* in) {
             if (len < 0) len = hi - lo;
             else if (len != hi - lo) return CX_EXEC_BADARG;  // refs of unequal element length
         }
-        if (len > 0 && any_remote) {
-            if (int rc = run_remote(c, in, addr, rank, nsrc, len)) return rc;
+        char* push = nullptr;  // where the fused pushed copy writes this piece (same chunks)
+        if (c.push_ref) {
+            int64_t j = refs[0][2] + k, unit = j / nch, lo = chunk_lo(j % nch, nch, c.tile_len);
+            push = const_cast<char*>(remote_of(c, c.push_ref)) + (unit * c.call->count + lo) * es;
+        }
+        if (len > 0 && push && through) {  // rare: my chunk is staged and written through
+            if (int rc = run_through(c, in, addr, nsrc, len, through)) return rc;
+            if (int err = cma_write(int64_t(c.win->ctl[c.push_ref[0]]->pid), push, addr[0],
+                                    size_t(len) * size_t(es)))
+                return cma_failed(c, err, c.push_ref[0]);
+        } else if (len > 0 && (any_remote || push)) {
+            if (int rc = run_remote(c, in, addr, rank, nsrc, len, push)) return rc;
         } else if (len > 0 && through) {
             if (int rc = run_through(c, in, addr, nsrc, len, through)) return rc;
         } else if (len > 0) {
@@ -277,6 +295,20 @@ int run_instr(Ctx& c, const int32_t* in) {
         k += m;
     }
     return CX_EXEC_OK;
+}
+
+// The instruction after `in` in its lane when it is a copy that pushes exactly the chunks `in`
+// writes in my output into the same chunks of a peer's output published for writes across
+// processes, with no deps of its own (collectx/schedule/push.py places such copies): running
+// it piece by piece inside `in` writes each piece while it is still in cache. NULL otherwise.
+const int32_t* fusable_push(const Ctx& c, const int32_t* in, const int32_t* next) {
+    const int32_t* to = next + 1;
+    if (next[0] != 0 || next[6] != 1 || next[8] != 0 || in[1] != c.plan->rank || in[2] != 1 ||
+        to[0] == c.plan->rank || to[1] != 1 || to[2] != in[3] || to[3] != in[4])
+        return nullptr;
+    const int32_t* src = c.plan->srcs + 4 * next[5];
+    if (src[0] != in[1] || src[1] != in[2] || src[2] != in[3] || src[3] != in[4]) return nullptr;
+    return remote_of(c, to) ? to : nullptr;
 }
 
 int fail(Ctx& c, int status, int rank) {
@@ -319,8 +351,12 @@ int run_lanes(Ctx& c) {
                 bool ok = true;
                 for (int d = 0; d < in[8] && ok; ++d) ok = dep_met(c, deps + 3 * d);
                 if (!ok) break;
+                bool fused = pc[l] + 1 < p->lane_off[l + 1] &&
+                             (c.push_ref = fusable_push(c, in, in + 9)) != nullptr;
                 int rc = run_instr(c, in);
+                c.push_ref = nullptr;
                 if (rc != CX_EXEC_OK) return w.fail(rc, c.fail_rank >= 0 ? c.fail_rank : p->rank);
+                pc[l] += fused;  // the pushed copy ran inside it
                 int idx = pc[l] - p->lane_off[l];
                 publish(c.win, &mine->lane_flag[l][0], (c.epoch << 32) | uint64_t(idx + 1));
                 progressed = true;
@@ -465,6 +501,7 @@ extern "C" int cx_exec_run(const cx_exec_plan* plan, const cx_exec_window* win,
     Ctx c;  // not value-initialised: ptr/stride/remote (16 KiB) are set per tile (place_buffers)
     c.zero_copy = c.cma_any = false;
     c.fail_rank = -1;
+    c.push_ref = nullptr;
     c.plan = plan;
     c.win = win;
     c.call = call;
