@@ -79,18 +79,31 @@ def elements(coll: str, nbytes: int, n: int) -> tuple[int, int]:
 
 
 # -- one timed loop per backend ---------------------------------------------------------------
-def time_loop(run, barrier, iters: int) -> float:
-    for _ in range(2):
-        run()
-    barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        run()
-    barrier()
-    return (time.perf_counter() - t0) / iters
+def time_loop(run, barrier, iters: int, touch=None) -> float:
+    """Seconds per ``run()``. With ``touch``, each call is preceded by ``touch()`` (rewriting
+    the input, as a training step rewrites its gradients), and the time of the touches alone,
+    measured the same way, is subtracted."""
+    def loop(fn) -> float:
+        for _ in range(2):
+            fn()
+        barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        barrier()
+        return (time.perf_counter() - t0) / iters
+    if touch is None:
+        return loop(run)
+    both = loop(lambda: (touch(), run()))
+    return max(both - loop(touch), 0.0)
 
 
-def bench_collectx(cases, budget, window=False):
+def _input_of(coll: str, x, y, rank: int, ni: int):
+    """The buffer a rank's call reads as its input (what --touch rewrites)."""
+    return y[rank * ni:(rank + 1) * ni] if coll == "allgather_inplace" else x
+
+
+def bench_collectx(cases, budget, window=False, touch=False):
     """``window``: buffers from ``comm.empty`` (in the shared window: no staging copies)."""
     import collectx
     comm = collectx.init()
@@ -112,13 +125,15 @@ def bench_collectx(cases, budget, window=False):
               "allgather_inplace": lambda: comm.allgather(y[r * ni:(r + 1) * ni], out=y),
               "reduce_scatter_inplace":
                   lambda: comm.reduce_scatter(x, out=x[r * no:(r + 1) * no])}[coll]
-        out.append(time_loop(fn, comm.barrier, iterations(nbytes, budget)))
-        del x, y, fn
+        src = _input_of(coll, x, y, r, ni)
+        out.append(time_loop(fn, comm.barrier, iterations(nbytes, budget),
+                             (lambda: src.fill(1.0)) if touch else None))
+        del x, y, fn, src
     comm.close()
     return out
 
 
-def bench_gloo(cases, budget, rdzv):
+def bench_gloo(cases, budget, rdzv, touch=False):
     import torch
     import torch.distributed as dist
     rank, size = int(os.environ["COLLECTX_RANK"]), int(os.environ["COLLECTX_WORLD_SIZE"])
@@ -137,15 +152,17 @@ def bench_gloo(cases, budget, rdzv):
                   lambda: dist.all_gather_into_tensor(y, y[rank * ni:(rank + 1) * ni]),
               "reduce_scatter_inplace":
                   lambda: dist.reduce_scatter_tensor(x[rank * no:(rank + 1) * no], x)}[coll]
+        src = _input_of(coll, x, y, rank, ni)
         try:
-            out.append(time_loop(fn, dist.barrier, max(3, iterations(nbytes, budget) // 4)))
+            out.append(time_loop(fn, dist.barrier, max(3, iterations(nbytes, budget) // 4),
+                                 (lambda: src.fill_(1.0)) if touch else None))
         except RuntimeError:  # gloo lacks reduce_scatter_tensor on CPU in some versions
             out.append(float("nan"))
     dist.destroy_process_group()
     return out
 
 
-def bench_mpi(cases, budget):
+def bench_mpi(cases, budget, touch=False):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     out = []
@@ -162,7 +179,9 @@ def bench_mpi(cases, budget):
               "allgather_inplace": lambda: comm.Allgather(MPI.IN_PLACE, y),
               "reduce_scatter_inplace":
                   lambda: comm.Reduce_scatter_block(MPI.IN_PLACE, x, op=MPI.SUM)}[coll]
-        out.append(time_loop(fn, comm.Barrier, iterations(nbytes, budget)))
+        src = _input_of(coll, x, y, comm.rank, ni)
+        out.append(time_loop(fn, comm.Barrier, iterations(nbytes, budget),
+                             (lambda: src.fill(1.0)) if touch else None))
     return out if comm.rank == 0 else None
 
 
@@ -171,14 +190,14 @@ def _rank0(results):
     return results[0]
 
 
-def run_collectx(n, cases, budget, bind, window=False, cma=True):
+def run_collectx(n, cases, budget, bind, window=False, cma=True, touch=False):
     """``cma=False``: the ranks run with COLLECTX_CMA=0 (otherwise the environment decides)."""
     import collectx
     before = os.environ.get("COLLECTX_CMA")
     if not cma:
         os.environ["COLLECTX_CMA"] = "0"   # the spawned ranks read it at init
     try:
-        return _rank0(collectx.launch(bench_collectx, n, args=(cases, budget, window),
+        return _rank0(collectx.launch(bench_collectx, n, args=(cases, budget, window, touch),
                                       bind=bind))
     finally:
         if before is None:
@@ -187,16 +206,17 @@ def run_collectx(n, cases, budget, bind, window=False, cma=True):
             os.environ["COLLECTX_CMA"] = before
 
 
-def run_gloo(n, cases, budget, bind):
+def run_gloo(n, cases, budget, bind, touch=False):
     import collectx
     rdzv = tempfile.mkdtemp(prefix="cmp-gloo-")
     try:
-        return _rank0(collectx.launch(bench_gloo, n, args=(cases, budget, rdzv), bind=bind))
+        return _rank0(collectx.launch(bench_gloo, n, args=(cases, budget, rdzv, touch),
+                                      bind=bind))
     finally:
         shutil.rmtree(rdzv, ignore_errors=True)
 
 
-def run_mpi(n, cases, budget, bind):
+def run_mpi(n, cases, budget, bind, touch=False):
     from collectx.runtime.affinity import effective_policy
     if not shutil.which("mpirun"):
         return [float("nan")] * len(cases)
@@ -204,20 +224,21 @@ def run_mpi(n, cases, budget, bind):
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
                effective_policy(bind, n), "-n", str(n), sys.executable,
                __file__, "--mpi-worker", f.name, "--budget", str(budget),
-               "--cases", json.dumps(cases)]
+               "--cases", json.dumps(cases)] + (["--touch"] if touch else [])
         subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": ROOT})
         return json.load(open(f.name))
 
 
-def rounds(n, cases, budget, skip, repeat, bind, probes=None, window=False):
+def rounds(n, cases, budget, skip, repeat, bind, probes=None, window=False, touch=False):
     """Median time per case of each backend over ``repeat`` round-robin rounds. ``probes``
     (a dict) collects :func:`_probe.exchange_us` taken before each backend's round."""
     none = [float("nan")] * len(cases)
     runs = {"cx": [], "staged": [], "mpi": [], "gloo": []}
     probes = {} if probes is None else probes
-    run = {"cx": functools.partial(run_collectx, window=window), "mpi": run_mpi,
-           "staged": functools.partial(run_collectx, window=window, cma=False),
-           "gloo": run_gloo}
+    run = {"cx": functools.partial(run_collectx, window=window, touch=touch),
+           "mpi": functools.partial(run_mpi, touch=touch),
+           "staged": functools.partial(run_collectx, window=window, cma=False, touch=touch),
+           "gloo": functools.partial(run_gloo, touch=touch)}
     for _ in range(repeat):
         for k in ("cx", "staged", "mpi", "gloo"):
             if k in skip:
@@ -273,6 +294,11 @@ def main(argv=None) -> int:
                          "like every other backend's) or comm.empty arrays in the window")
     ap.add_argument("--staged", action="store_true",
                     help="also run collectx with COLLECTX_CMA=0 (peers read staged copies)")
+    ap.add_argument("--touch", action="store_true",
+                    help="every rank rewrites its input before each call, as a training step "
+                         "rewrites its gradients (the rewrite's own time, measured alone, is "
+                         "subtracted); by default the same buffer is reduced again and again, "
+                         "as nccl-tests do")
     ap.add_argument("--json", help="also write JSON lines here")
     ap.add_argument("--mpi-worker", help=argparse.SUPPRESS)
     ap.add_argument("--cases", help=argparse.SUPPRESS)
@@ -281,7 +307,7 @@ def main(argv=None) -> int:
     if unknown and not a.mpi_worker:
         ap.error(f"--colls {','.join(sorted(unknown))}: expected some of {', '.join(FACTOR)}")
     if a.mpi_worker:
-        res = bench_mpi([tuple(c) for c in json.loads(a.cases)], a.budget)
+        res = bench_mpi([tuple(c) for c in json.loads(a.cases)], a.budget, a.touch)
         if res is not None:
             json.dump(res, open(a.mpi_worker, "w"))
         return 0
@@ -293,7 +319,7 @@ def main(argv=None) -> int:
         cases = [(c, parse_size(s)) for c in a.colls.split(",") for s in a.sizes.split(",")]
         probes: dict = {}
         cx, staged, mpi, gloo = rounds(n, cases, a.budget, skip, max(1, a.repeat), a.bind,
-                                       probes, window=a.buffers == "window")
+                                       probes, window=a.buffers == "window", touch=a.touch)
         notes.append(probe_lines(n, probes))
         for (coll, nbytes), t_cx, t_st, t_mpi, t_gl in zip(cases, cx, staged, mpi, gloo):
             f = FACTOR[coll](n)

@@ -26,6 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "two_cores.h"
+
 typedef float V __attribute__((vector_size(32)));
 
 enum { kCalls = 300, kWarm = 20 };
@@ -33,12 +35,6 @@ enum { kCalls = 300, kWarm = 20 };
 typedef struct {                      // one cache line per counter: no false sharing
   volatile int64_t staged, pad0[7], reduced, pad1[7], done, pad2[7];
 } Flags;
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static void wait_for(volatile int64_t* flag, int64_t value) {
   while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) < value) {
@@ -76,24 +72,6 @@ __attribute__((target("avx2"))) static float sum(const float* p, size_t n) {
   return s;
 }
 
-static int cmp(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return (x > y) - (x < y);
-}
-
-static cpu_set_t g_allowed;            // the CPUs this program may use, read before any pinning
-
-static int pin(int nth) {              // the nth allowed CPU
-  cpu_set_t one;
-  for (int c = 0, seen = 0; c < CPU_SETSIZE; c++)
-    if (CPU_ISSET(c, &g_allowed) && seen++ == nth) {
-      CPU_ZERO(&one);
-      CPU_SET(c, &one);
-      return sched_setaffinity(0, sizeof one, &one);
-    }
-  return -1;
-}
-
 // One rank of the model; rank 0 reports. Returns 0, or -1 when there are not two CPUs.
 static int allreduce_model(int rank, size_t nbytes, char* shared) {
   Flags* flags = (Flags*)shared;
@@ -129,7 +107,7 @@ static int allreduce_model(int rank, size_t nbytes, char* shared) {
     }
   }
   if (rank == 0) {
-    qsort(total, kCalls, sizeof total[0], cmp);
+    qsort(total, kCalls, sizeof total[0], cmp_double);
     printf("%8zu KiB  call %8.1f us  (stage %.1f, reduce %.1f, copy %.1f)\n", nbytes >> 10,
            total[kCalls / 2] * 1e6, phase[0] / kCalls * 1e6, phase[1] / kCalls * 1e6,
            phase[2] / kCalls * 1e6);
@@ -159,7 +137,7 @@ static int remote_read(int rank, size_t nbytes, char* shared) {
     }
   }
   if (rank == 0) {
-    qsort(t, kCalls, sizeof t[0], cmp);
+    qsort(t, kCalls, sizeof t[0], cmp_double);
     printf("%8zu KiB  remote read %6.1f us, %5.1f GB/s%s\n", nbytes >> 10, t[kCalls / 2] * 1e6,
            nbytes / t[kCalls / 2] / 1e9, s == 1234.5f ? " " : "");
   }
@@ -185,7 +163,7 @@ static int in_two_processes(int (*body)(int, size_t, char*), size_t nbytes) {
 
 int main(int argc, char** argv) {
   const char* fallback[] = {"1", "2"};
-  if (sched_getaffinity(0, sizeof g_allowed, &g_allowed) != 0 || CPU_COUNT(&g_allowed) < 2) {
+  if (two_cpus() != 0) {
     fprintf(stderr, "exchange_model: needs two CPUs\n");
     return 1;
   }

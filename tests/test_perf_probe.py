@@ -1,5 +1,5 @@
-"""The machine probe that perf/compare_cpu.py prints beside each benchmark round, and the C model
-of the staged 2-rank allreduce that the README compares collectx with."""
+"""The machine probe that perf/compare_cpu.py prints beside each benchmark round, and the C models
+of the 2-rank allreduce's data movement that the README quotes."""
 
 import importlib.util
 import os
@@ -49,3 +49,24 @@ def test_exchange_model_builds_and_reports_each_phase(tmp_path):
     assert all(float(v) > 0 for v in call.groups() + read.groups())
     bad = subprocess.run([str(exe), "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "at least 128 bytes" in bad.stderr
+
+
+def test_cma_push_model_checks_and_times_each_way(tmp_path):
+    # perf/cma_push_model.c: pull against push over cross-memory attach, results checked.
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = Path(__file__).resolve().parent.parent / "perf" / "cma_push_model.c"
+    exe = tmp_path / "cma_push_model"
+    subprocess.run([cc, "-O2", "-o", str(exe), str(src)], check=True)
+    run = subprocess.run([str(exe), "--touch", "0.25"], capture_output=True, text=True,
+                         timeout=60)
+    if len(os.sched_getaffinity(0)) < 2:
+        assert run.returncode == 1 and "needs two CPUs" in run.stderr
+        return
+    if run.returncode and "cross-memory attach not allowed" in run.stderr:
+        pytest.skip("cross-memory attach is not allowed here")
+    assert run.returncode == 0, run.stderr
+    ways = re.findall(r"256 KiB  (\S+) +([\d.]+) us", run.stdout)
+    assert [w for w, _ in ways] == ["pull", "push", "push-whole"], run.stdout
+    assert all(float(t) > 0 for _, t in ways)

@@ -1,0 +1,40 @@
+// Shared by the two-process C models in perf/ (exchange_model.c, cma_push_model.c): a clock,
+// a comparison for qsort, and pinning each process to one of the first two allowed CPUs.
+#ifndef COLLECTX_PERF_TWO_CORES_H
+#define COLLECTX_PERF_TWO_CORES_H
+
+#include <sched.h>
+#include <time.h>
+
+static cpu_set_t g_allowed;  // the CPUs this program may use, read before any pinning
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+// Reads the allowed CPUs (before any process pins itself); 0 when there are at least two.
+static int two_cpus(void) {
+  return sched_getaffinity(0, sizeof g_allowed, &g_allowed) == 0 && CPU_COUNT(&g_allowed) >= 2
+             ? 0 : -1;
+}
+
+// Pins the calling process to the nth allowed CPU.
+static int pin(int nth) {
+  cpu_set_t one;
+  for (int c = 0, seen = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &g_allowed) && seen++ == nth) {
+      CPU_ZERO(&one);
+      CPU_SET(c, &one);
+      return sched_setaffinity(0, sizeof one, &one);
+    }
+  return -1;
+}
+
+#endif
