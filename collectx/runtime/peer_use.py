@@ -84,14 +84,15 @@ class PeerUse:
         return any((rank, b) in self.read or (rank, b) in self.wrote for b in bufs)
 
     def buffers(self, rank: int, alias: int) -> tuple[bool, bool]:
-        """(input, output) of ``rank`` that peers may read in the user's memory.
+        """(input, output) of ``rank`` that peers may use in the user's memory.
 
         An input qualifies when peers read it (they never write one); an output when peers read
         or write it (a peer writes it with a pushed copy, ``collectx/schedule/push.py``).
-        Disjoint input and output qualify one by one. Input and output that share memory as a whole buffer or one unit of
-        the other (see :func:`chunk_shift`) qualify together, and only if no write of an output
-        chunk can clobber the input chunk under it before every rank has read it
-        (:meth:`reads_before_writes`); other overlaps and in-place schedules never.
+        Disjoint input and output qualify one by one. Input and output that share memory as a
+        whole buffer or one unit of the other (see :func:`chunk_shift`) qualify together, and
+        only if no write of an output chunk can clobber the input chunk under it before every
+        rank has read it (:meth:`reads_before_writes`); other overlaps and in-place schedules
+        never.
         """
         s = self.schedule
         if s.inplace:

@@ -8,7 +8,8 @@ peer access), the producer can write the chunk into ``r``'s output itself, right
 computing it: the data is still in the producer's caches, and on a CPU the lines it writes
 are those it has just read ``r``'s input chunk from, where the pull reads lines another core
 has just written (a 2-rank allreduce of 1 MiB in ``perf/cma_push_model.c``, each rank
-rewriting its buffer before every call: 100 µs pulled, 72 µs pushed). :func:`push_copies` rewrites a schedule that way wherever it is safe.
+rewriting its buffer before every call: 100 µs pulled, 72 µs pushed). :func:`push_copies`
+rewrites a schedule that way wherever it is safe.
 
 >>> from collectx.planner import make_schedule
 >>> s = make_schedule(None, "allreduce", 2, 1 << 20)

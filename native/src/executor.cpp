@@ -165,40 +165,43 @@ int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc
                char* push = nullptr) {
     static thread_local std::unique_ptr<char, decltype(&free)> bounce(nullptr, &free);
     size_t es = c.esize;
-    auto pid = [&](int r) { return int64_t(c.win->ctl[r]->pid); };
-    if (in[0] == 0 && !push && (rank[0] < 0 || rank[1] < 0)) {
-        int err = rank[0] < 0 ? cma_read(pid(rank[1]), addr[1], addr[0], size_t(len) * es)
-                              : cma_write(pid(rank[0]), addr[0], addr[1], size_t(len) * es);
-        return err ? cma_failed(c, err, rank[0] < 0 ? rank[1] : rank[0]) : CX_EXEC_OK;
-    }
+    // Moves n elements between local memory and peer r's address space (errno -> status).
+    auto cma = [&](bool write, int r, char* remote, const void* local, int64_t n) {
+        int64_t pid = int64_t(c.win->ctl[r]->pid);
+        size_t bytes = size_t(n) * es;
+        int err = write ? cma_write(pid, remote, local, bytes)
+                        : cma_read(pid, remote, const_cast<void*>(local), bytes);
+        return err ? cma_failed(c, err, r) : CX_EXEC_OK;
+    };
+    if (in[0] == 0 && !push && (rank[0] < 0 || rank[1] < 0))
+        return rank[0] < 0 ? cma(false, rank[1], addr[1], addr[0], len)
+                           : cma(true, rank[0], addr[0], addr[1], len);
     if (!bounce) bounce.reset(static_cast<char*>(aligned_alloc(4096, kBounceBytes)));
     if (!bounce) return CX_EXEC_KERNEL;
     int nbuf = rank[0] >= 0;  // bounce slots: one per remote source, one for a remote result
     for (int s = 1; s <= nsrc; ++s) nbuf += rank[s] >= 0;
-    int64_t piece = std::max<int64_t>(1, int64_t(kBounceBytes / es / size_t(std::max(nbuf, 1))) & ~63);
+    int64_t piece = int64_t(kBounceBytes / es / size_t(std::max(nbuf, 1))) & ~63;
+    piece = std::max<int64_t>(1, piece);
     const void* src[64];
     for (int64_t off = 0; off < len; off += piece) {
-        int64_t n = std::min(piece, len - off);
+        int64_t n = std::min(piece, len - off), at = off * int64_t(es);
         char* slot = bounce.get();
         for (int s = 1; s <= nsrc; ++s) {
-            src[s - 1] = addr[s] + off * int64_t(es);
+            src[s - 1] = addr[s] + at;
             if (rank[s] < 0) continue;
-            if (int err = cma_read(pid(rank[s]), src[s - 1], slot, size_t(n) * es))
-                return cma_failed(c, err, rank[s]);
+            if (int rc = cma(false, rank[s], addr[s] + at, slot, n)) return rc;
             src[s - 1] = slot;
             slot += piece * int64_t(es);
         }
-        char* dst = rank[0] >= 0 ? slot : addr[0] + off * int64_t(es);
+        char* dst = rank[0] >= 0 ? slot : addr[0] + at;
         if (in[0] == 0) cx_copy_impl(dst, src[0], size_t(n) * es);
         else if (cx_reduce_impl(dst, src, nsrc, size_t(n), c.call->dtype, c.call->op) != 0)
             return CX_EXEC_KERNEL;
         if (rank[0] >= 0)
-            if (int err = cma_write(pid(rank[0]), addr[0] + off * int64_t(es), dst, size_t(n) * es))
-                return cma_failed(c, err, rank[0]);
+            if (int rc = cma(true, rank[0], addr[0] + at, dst, n)) return rc;
         // The fused push: this piece, still in cache, into the peer's output.
         if (push)
-            if (int err = cma_write(pid(c.push_ref[0]), push + off * int64_t(es), dst, size_t(n) * es))
-                return cma_failed(c, err, c.push_ref[0]);
+            if (int rc = cma(true, c.push_ref[0], push + at, dst, n)) return rc;
     }
     return CX_EXEC_OK;
 }
@@ -282,8 +285,8 @@ int run_instr(Ctx& c, const int32_t* in) {
         }
         if (len > 0 && push && through) {  // rare: my chunk is staged and written through
             if (int rc = run_through(c, in, addr, nsrc, len, through)) return rc;
-            if (int err = cma_write(int64_t(c.win->ctl[c.push_ref[0]]->pid), push, addr[0],
-                                    size_t(len) * size_t(es)))
+            int64_t pid = int64_t(c.win->ctl[c.push_ref[0]]->pid);
+            if (int err = cma_write(pid, push, addr[0], size_t(len) * size_t(es)))
                 return cma_failed(c, err, c.push_ref[0]);
         } else if (len > 0 && (any_remote || push)) {
             if (int rc = run_remote(c, in, addr, rank, nsrc, len, push)) return rc;
