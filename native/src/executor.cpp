@@ -156,6 +156,16 @@ int cma_failed(Ctx& c, int err, int rank) {
     return err == ESRCH ? CX_EXEC_PEER_DEAD : CX_EXEC_CMA;
 }
 
+// Moves n elements between local memory and `remote` in peer r's process (a status, naming r
+// when it fails).
+int cma_piece(Ctx& c, bool write, int r, char* remote, const void* local, int64_t n) {
+    int64_t pid = int64_t(c.win->ctl[r]->pid);
+    size_t bytes = size_t(n) * c.esize;
+    int err = write ? cma_write(pid, remote, local, bytes)
+                    : cma_read(pid, remote, const_cast<void*>(local), bytes);
+    return err ? cma_failed(c, err, r) : CX_EXEC_OK;
+}
+
 // One piece of an instruction that reads or writes peers' user buffers across processes
 // (addr[s] is then the address in rank[s]'s process). A copy moves straight between its source
 // and destination when at most one of them is remote; otherwise, and for a reduce, remote
@@ -165,17 +175,9 @@ int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc
                char* push = nullptr) {
     static thread_local std::unique_ptr<char, decltype(&free)> bounce(nullptr, &free);
     size_t es = c.esize;
-    // Moves n elements between local memory and peer r's address space (errno -> status).
-    auto cma = [&](bool write, int r, char* remote, const void* local, int64_t n) {
-        int64_t pid = int64_t(c.win->ctl[r]->pid);
-        size_t bytes = size_t(n) * es;
-        int err = write ? cma_write(pid, remote, local, bytes)
-                        : cma_read(pid, remote, const_cast<void*>(local), bytes);
-        return err ? cma_failed(c, err, r) : CX_EXEC_OK;
-    };
     if (in[0] == 0 && !push && (rank[0] < 0 || rank[1] < 0))
-        return rank[0] < 0 ? cma(false, rank[1], addr[1], addr[0], len)
-                           : cma(true, rank[0], addr[0], addr[1], len);
+        return rank[0] < 0 ? cma_piece(c, false, rank[1], addr[1], addr[0], len)
+                           : cma_piece(c, true, rank[0], addr[0], addr[1], len);
     if (!bounce) bounce.reset(static_cast<char*>(aligned_alloc(4096, kBounceBytes)));
     if (!bounce) return CX_EXEC_KERNEL;
     int nbuf = rank[0] >= 0;  // bounce slots: one per remote source, one for a remote result
@@ -189,7 +191,7 @@ int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc
         for (int s = 1; s <= nsrc; ++s) {
             src[s - 1] = addr[s] + at;
             if (rank[s] < 0) continue;
-            if (int rc = cma(false, rank[s], addr[s] + at, slot, n)) return rc;
+            if (int rc = cma_piece(c, false, rank[s], addr[s] + at, slot, n)) return rc;
             src[s - 1] = slot;
             slot += piece * int64_t(es);
         }
@@ -198,10 +200,10 @@ int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc
         else if (cx_reduce_impl(dst, src, nsrc, size_t(n), c.call->dtype, c.call->op) != 0)
             return CX_EXEC_KERNEL;
         if (rank[0] >= 0)
-            if (int rc = cma(true, rank[0], addr[0] + at, dst, n)) return rc;
+            if (int rc = cma_piece(c, true, rank[0], addr[0] + at, dst, n)) return rc;
         // The fused push: this piece, still in cache, into the peer's output.
         if (push)
-            if (int rc = cma(true, c.push_ref[0], push + at, dst, n)) return rc;
+            if (int rc = cma_piece(c, true, c.push_ref[0], push + at, dst, n)) return rc;
     }
     return CX_EXEC_OK;
 }
@@ -259,35 +261,31 @@ int run_instr(Ctx& c, const int32_t* in) {
         bool any_remote = false;
         int64_t len = -1;
         char* through = nullptr;  // where the piece also goes in the user's output, if it does
+        char* push = nullptr;     // where the fused pushed copy writes it (the same chunks)
         for (int s = 0; s <= nsrc; ++s) {
             int64_t j = refs[s][2] + k, unit = j / nch, i = j % nch;
             int64_t lo = chunk_lo(i, nch, c.tile_len), hi = chunk_lo(i + m, nch, c.tile_len);
+            int64_t at = (unit * c.call->count + lo) * es;  // the piece's offset in a user buffer
             if (s == 0 && refs[0][0] == p->rank && refs[0][1] == 1 && is_through(c, j))
-                through = c.user[1] + (unit * c.call->count + lo) * es;
+                through = c.user[1] + at;
+            if (s == 0 && c.push_ref) push = const_cast<char*>(remote_of(c, c.push_ref)) + at;
             int slot = 3 * refs[s][0] + refs[s][1];
             const char* remote = remote_of(c, refs[s]);
             rank[s] = remote ? refs[s][0] : -1;
             if (remote) {
-                addr[s] = const_cast<char*>(remote) + (unit * c.call->count + lo) * es;
+                addr[s] = const_cast<char*>(remote) + at;
                 any_remote = true;
             } else if (refs[s][0] == p->rank && refs[s][1] < 2 && is_direct(c, refs[s][1], j)) {
-                addr[s] = c.user[refs[s][1]] + (unit * c.call->count + lo) * es;
+                addr[s] = c.user[refs[s][1]] + at;
             } else {
                 addr[s] = c.ptr[slot] + (unit * c.stride[slot] + lo) * es;
             }
             if (len < 0) len = hi - lo;
             else if (len != hi - lo) return CX_EXEC_BADARG;  // refs of unequal element length
         }
-        char* push = nullptr;  // where the fused pushed copy writes this piece (same chunks)
-        if (c.push_ref) {
-            int64_t j = refs[0][2] + k, unit = j / nch, lo = chunk_lo(j % nch, nch, c.tile_len);
-            push = const_cast<char*>(remote_of(c, c.push_ref)) + (unit * c.call->count + lo) * es;
-        }
         if (len > 0 && push && through) {  // rare: my chunk is staged and written through
             if (int rc = run_through(c, in, addr, nsrc, len, through)) return rc;
-            int64_t pid = int64_t(c.win->ctl[c.push_ref[0]]->pid);
-            if (int err = cma_write(pid, push, addr[0], size_t(len) * size_t(es)))
-                return cma_failed(c, err, c.push_ref[0]);
+            if (int rc = cma_piece(c, true, c.push_ref[0], push, addr[0], len)) return rc;
         } else if (len > 0 && (any_remote || push)) {
             if (int rc = run_remote(c, in, addr, rank, nsrc, len, push)) return rc;
         } else if (len > 0 && through) {
