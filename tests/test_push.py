@@ -11,7 +11,7 @@ from collectx import topology
 from collectx.planner import make_schedule
 from collectx.schedule import Ref, ScheduleBuilder
 from collectx.schedule.ir import Dep
-from collectx.schedule.push import push_copies
+from collectx.schedule.push import push_copies, share_copies
 from collectx.schedule.verify import verify
 
 
@@ -19,7 +19,8 @@ def _remote_writes(s):
     return sum(ins.dst.rank != d.rank for d, ins in s.instructions())
 
 
-@pytest.mark.parametrize("coll", ["allreduce", "reduce_scatter", "allgather", "broadcast"])
+@pytest.mark.parametrize("coll", ["allreduce", "reduce_scatter", "reduce", "allgather",
+                                  "broadcast"])
 @pytest.mark.parametrize("algo", ["direct", "ring", "tree", "blink", "forest"])
 @pytest.mark.parametrize("nranks", [2, 3, 4])
 def test_pushed_schedules_still_compute_their_collective(coll, algo, nranks):
@@ -43,6 +44,18 @@ def test_one_hop_allreduce_pushes_every_reduced_chunk_to_every_peer():
             assert ins.op == "copy" and ins.deps == ()   # ordered by its lane alone
             before = p.lanes[d.rank][d.lane].instrs[:d.index]
             assert [b.dst for b in before if b.dst.rank == d.rank] == [ins.srcs[0]]
+
+
+def test_one_hop_reduce_pushes_each_reduced_chunk_from_scratch_to_the_root():
+    s = make_schedule(topology.host(3), "reduce", 3, 8 << 20, algo="direct", root=1)
+    p = push_copies(s)
+    pushed = [(d, ins) for d, ins in p.instructions() if ins.dst.rank != d.rank]
+    assert sorted(d.rank for d, _ in pushed) == [0, 2]
+    for d, ins in pushed:
+        assert ins.dst.rank == 1 and ins.dst.buf == "output" and ins.srcs[0].buf == "scratch"
+        before = p.lanes[d.rank][d.lane].instrs[d.index - 1]
+        assert before.op == "reduce" and before.dst == ins.srcs[0]
+    assert not any(ins.op == "copy" for ins in p.lanes[1][0].instrs[1:])   # the root gathers none
 
 
 def test_the_instruction_after_a_moved_copy_waits_for_it():
@@ -72,6 +85,47 @@ def test_copies_into_chunks_others_also_use_are_not_moved():
     assert push_copies(s) is s
 
 
+@pytest.mark.parametrize("coll", ["broadcast", "allgather", "alltoall"])
+@pytest.mark.parametrize("algo", ["direct", "ring", "tree", "blink", "forest"])
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_shared_schedules_still_compute_their_collective(coll, algo, nranks):
+    for root in range(nranks):
+        try:
+            s = make_schedule(topology.host(nranks), coll, nranks, 4 << 20, algo=algo, root=root)
+        except collectx.CollectXError:
+            pytest.skip(f"{algo} does not plan {coll} on {nranks} ranks")
+        p = share_copies(s)
+        verify(p)
+        assert p.n_instructions == s.n_instructions
+
+
+def _cross_rank_chunks(s):
+    load = [0] * s.nranks
+    for d, ins in s.instructions():
+        load[d.rank] += sum(ref.count for ref in (ins.dst, *ins.srcs) if ref.rank != d.rank)
+    return load
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4, 5])
+def test_a_shared_direct_broadcast_moves_as_much_on_the_root_as_on_each_peer(nranks):
+    s = make_schedule(topology.host(nranks), "broadcast", nranks, 4 << 20, algo="direct",
+                      root=1)
+    assert _cross_rank_chunks(s)[1] == 0
+    p = share_copies(s)
+    assert len(set(_cross_rank_chunks(p))) == 1
+    for d, ins in p.instructions():
+        if ins.dst.rank != d.rank:
+            assert d.rank == 1 and ins.deps == () and ins.srcs[0].buf == "input"
+    # nothing waits for a shared copy: each peer's other pulls go on at once
+    assert all(dep.rank != 1 for _, ins in p.instructions() for dep in ins.deps)
+
+
+def test_copies_of_balanced_or_ordered_work_are_not_shared():
+    for coll in ("allgather", "alltoall", "allreduce"):
+        s = make_schedule(topology.host(3), coll, 3, 4 << 20, algo="direct")
+        assert share_copies(s) is s
+
+
 def test_in_place_schedules_are_left_alone():
     s = make_schedule(topology.host(2), "allreduce", 2, 1 << 20)
     s_inplace = s.__class__(**{**{f: getattr(s, f) for f in s.__dataclass_fields__},
@@ -95,14 +149,44 @@ def _pushed_sizes(sizes):
         got = comm.reduce_scatter(block)
         if not np.array_equal(got, block[comm.rank * n:(comm.rank + 1) * n] * comm.size):
             bad.append(f"rank {comm.rank} n={n}: reduce_scatter {got[:3]}")
+        for root in range(comm.size):
+            z = np.arange(n, dtype=np.float32) * (comm.rank + 1)
+            out = np.full(n, -1, np.float32)
+            comm.reduce(z.copy(), out=out, root=root)
+            comm.reduce(z, root=root)
+            if comm.rank == root and not (np.array_equal(z, want) and np.array_equal(out, want)):
+                bad.append(f"rank {comm.rank} n={n}: reduce to {root} {z[:3]} {out[:3]}")
     comm.close()
     return bad
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_pushed_allreduce_and_reduce_scatter_land_right_in_place_and_out(nranks):
+def test_pushed_allreduce_reduce_scatter_and_reduce_land_right_in_place_and_out(nranks):
     from collectx.runtime.engine import cma_min_bytes
     from collectx.runtime.window import oversubscribed
     start = cma_min_bytes("allreduce", oversubscribed(nranks)) // 4
     sizes = [start - 1, start, 3 * start + 5, 8 * start + 3]
     assert collectx.launch(_pushed_sizes, nranks, args=(sizes,), timeout=240) == [[]] * nranks
+
+
+def _broadcasts(sizes):
+    comm = collectx.init()
+    bad = []
+    for n in sizes:
+        for root in range(comm.size):
+            for rep in range(2):
+                want = np.arange(n, dtype=np.float32) + rep * 3 + root
+                x = want.copy() if comm.rank == root else np.full(n, -1, np.float32)
+                comm.broadcast(x, root=root)
+                if not np.array_equal(x, want):
+                    bad.append(f"rank {comm.rank} n={n} root={root}: {x[:3]} vs {want[:3]}")
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_shared_broadcasts_land_right(nranks):
+    from collectx.runtime.engine import SHARED_BROADCAST_MIN_BYTES
+    start = SHARED_BROADCAST_MIN_BYTES // 4
+    sizes = [start - 1, start, 3 * start + 5]
+    assert collectx.launch(_broadcasts, nranks, args=(sizes,), timeout=240) == [[]] * nranks

@@ -130,15 +130,12 @@ def _alltoall(b: Builder):
 
 
 def _broadcast(b: Builder):
-    """Scatter then allgather for n > 2: the root sends each byte once (~M out of the root
-    instead of (n-1)M when everyone copies the root's input), and peers spread the rest."""
+    """Scatter then allgather: the root sends each byte once (~M out of the root instead of
+    (n-1)M when everyone copies the root's input), and peers spread the rest. On 2 ranks the
+    peer pulls its own shard and the root's as two copies, so that an executor can hand one of
+    them to the root (collectx.schedule.push.share_copies)."""
     n, c, root = b.nranks, b.nchunks, b.root
     b.add(root, 0, "copy", Ref(root, "output", 0, c), [Ref(root, "input", 0, c)])
-    if n <= 2:
-        for r in range(n):
-            if r != root:
-                b.add(r, 0, "copy", Ref(r, "output", 0, c), [Ref(root, "input", 0, c)])
-        return ()
     got = [None] * n
     for r in range(n):
         lo, k = shard(r, n, c)

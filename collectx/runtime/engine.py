@@ -17,7 +17,7 @@ import threading
 from ..errors import (CollectiveMismatch, CommError, NativeError, PeerAborted, PeerFailure,
                       Timeout)
 from ..schedule.ir import Lane, Schedule
-from ..schedule.push import push_copies
+from ..schedule.push import push_copies, share_copies
 from ._lib import native
 from .arrays import DTYPE_CODES, OP_CODES
 from .executor import FlatPlan
@@ -34,23 +34,37 @@ _OP_NAMES = {v: k for k, v in OP_CODES.items()}
 _AVG = OP_CODES["avg"]
 _EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "CMA": 7}
 # Per-unit message size from which peers use user buffers across processes (cma_in/cma_out)
-# rather than staged copies in the window. For reduce: below it the staged copies stay in
-# cache, and a remote source must pass through a bounce buffer anyway, so a system call per
-# piece costs more than it saves. Up to 4 MiB numpy arrays sit on 4 KiB pages (numpy asks for
-# transparent huge pages from 4 MiB), and each read pins them page by page: against the staged
-# path an allreduce that only read across processes (its results pulled, not pushed) ran
-# 0.87-0.92x at 2 MiB on 2 ranks and 0.82-0.87x at 2-3 MiB on 4, and 1.52-1.56x and
-# 1.20-1.21x at 4 MiB; a 4-rank reduce 1.05-1.10x at 4 MiB.
-CMA_MIN_BYTES = 4 << 20
-# Allreduce and reduce_scatter also push their results (collectx/schedule/push.py): the rank
-# that reduced a chunk writes it into its peers' outputs straight from its cache, where they
-# had read it from a core that had just written it. Against the staged path that made a 2-rank
-# allreduce 1.55x as fast at 128 KiB, 1.70-1.72x at 256 KiB, 2.00-2.02x at 1 MiB and 1.63-1.70x
-# at 2 MiB (reduce_scatter 1.31-1.46x from 256 KiB); with 4 ranks on 2 CPUs, 0.97x at 256 KiB
-# and 1.40x at 1 MiB (reduce_scatter 1.00x and 1.16x).
-CMA_PUSH_MIN_BYTES = 128 << 10
+# rather than staged copies in the window (see cma_min_bytes). A remote source of a reduce goes
+# through a bounce buffer, piece by piece, and numpy arrays below 4 MiB sit on 4 KiB pages that
+# each read pins one by one: an allreduce that only read across processes, its results pulled
+# rather than pushed, ran 0.87-0.92x the staged path at 2 MiB on 2 ranks and 0.82-0.87x at 2-3
+# MiB on 4 (1.52-1.56x and 1.20-1.21x at 4 MiB). Pushing the results is what pays below that.
+# Allreduce, reduce_scatter and reduce push their results (collectx/schedule/push.py): the rank
+# that reduced a chunk writes it into its peers' outputs (a reduce: into the root's) straight
+# from its cache, where they had read it from a core that had just written it. The thresholds
+# are where allreduce and reduce stop losing to the staged path when every rank rewrites its
+# input before each call (compare_cpu --touch, as a training step writes its gradients); below
+# them the system calls and page pins cost more than they save, although on a buffer reused
+# unchanged (nccl-tests' way) they win from 128 KiB. Against the staged path, two runs each,
+# 2 ranks, rewritten / reused:
+#   allreduce  128 KiB 0.66-0.74x / 1.55-1.61x, 256 KiB 1.01-1.07x / 1.82-1.86x, 1 MiB
+#              1.06-1.08x / 1.95-2.03x, 4 MiB 1.72-1.95x / 2.24-2.30x;
+#   reduce     128 KiB 0.73-0.76x / 1.59-1.63x, 256 KiB 1.01-1.05x / 1.71-1.80x, 1 MiB
+#              0.95-0.96x / 1.63-1.68x, 4 MiB 0.93-1.19x / 1.17-1.24x (it read across processes
+#              only from 4 MiB before, without pushing);
+#   reduce_scatter out of place (its direct schedule has nothing to push) 0.70-0.74x at 256
+#              KiB-1 MiB, 0.85-0.93x at 2 MiB, 0.98-1.03x at 4 MiB / 1.18-1.43x at 256 KiB-2
+#              MiB; in place (the output a slice of the input) 0.94-1.01x at 256 KiB, 1.13-1.17x
+#              at 1 MiB, 2.46-2.64x at 4 MiB / 1.86-2.89x. Ranks choose their layouts
+#              independently and the choice must be the same on all: one threshold serves
+#              both, and a rewritten out-of-place reduce_scatter loses below 4 MiB.
+# With 4 ranks on 2 CPUs, from 1 MiB: allreduce 0.96-1.02x / 1.13-1.36x at 1 MiB, 1.15-1.18x /
+# 1.33-1.39x at 2 MiB; a reduce loses at 1 MiB (0.82-0.87x / 1.31-1.33x) and breaks even at 2
+# MiB (0.93-1.08x / 1.18-1.28x), so it waits for 2 MiB there.
+CMA_PUSH_MIN_BYTES = 256 << 10
 CMA_PUSH_MIN_BYTES_OVERSUBSCRIBED = 1 << 20
-_PUSHED = frozenset(("allreduce", "reduce_scatter"))
+CMA_REDUCE_MIN_BYTES_OVERSUBSCRIBED = 2 << 20
+_PUSHED = frozenset(("allreduce", "reduce_scatter", "reduce"))
 # For collectives that only copy (allgather, broadcast, alltoall) a read across processes lands
 # straight in the reader's output: one copy instead of the owner's staging copy and the reader's
 # copy out. On 2 ranks it won from 16 KiB (allgather 4.3 -> 3.3 us at 16 KiB, 42.6 -> 16.5 us at
@@ -62,6 +76,14 @@ _PUSHED = frozenset(("allreduce", "reduce_scatter"))
 CMA_COPY_MIN_BYTES = 16 << 10
 CMA_COPY_MIN_BYTES_OVERSUBSCRIBED = 256 << 10
 _COPY_ONLY = frozenset(("allgather", "broadcast", "alltoall"))
+# A broadcast's root moves nothing while its peers pull: with a core per rank and the buffers
+# used across processes, it takes a share of the copies (push.share_copies). 2 ranks, against
+# pulling everything, two runs, the buffer reused unread / read by the receiver after each call /
+# rewritten by the receiver before each call: 1 MiB 2.8-2.9x / 0.99-1.02x / 0.82-0.89x, 2 MiB
+# 3.5-3.6x / 1.08-1.11x / 1.03-1.07x, 4 MiB 2.16-2.20x / 1.43-1.54x / 1.12-1.23x, 16 MiB
+# 1.09-2.00x / 1.43-1.48x / 1.40-1.44x, 64 MiB 2.32-2.48x / 1.24-1.36x / 1.37-1.57x.
+SHARED_BROADCAST_MIN_BYTES = 2 << 20
+_NO_DATA = 1 << 62
 
 
 class Engine:
@@ -138,6 +160,9 @@ class Engine:
                               root=root)
             if coll in _PUSHED and self._cma(coll, nbytes):
                 s = push_copies(s)  # peers' outputs are written across processes, from cache
+            elif (coll == "broadcast" and not self._crowded and self._cma(coll, nbytes)
+                  and nbytes >= SHARED_BROADCAST_MIN_BYTES):
+                s = share_copies(s)
         if self.config.plan_dump_file and self.rank == 0:
             with open(self.config.plan_dump_file, "a") as f:
                 f.write(json.dumps({"nbytes": nbytes, "schedule": s.to_dict()}) + "\n")
@@ -420,17 +445,19 @@ def cma_min_bytes(coll: str, crowded: bool) -> int:
     ``crowded``: the ranks on this machine outnumber its CPUs.
 
     >>> cma_min_bytes("allreduce", False) >> 10, cma_min_bytes("broadcast", False) >> 10
-    (128, 16)
+    (256, 16)
     >>> cma_min_bytes("allgather", True) >> 10, cma_min_bytes("reduce_scatter", True) >> 10
     (256, 1024)
-    >>> cma_min_bytes("reduce", False) >> 10
-    4096
+    >>> cma_min_bytes("reduce", False) >> 10, cma_min_bytes("reduce", True) >> 10
+    (256, 2048)
     """
     if coll in _COPY_ONLY:
         return CMA_COPY_MIN_BYTES_OVERSUBSCRIBED if crowded else CMA_COPY_MIN_BYTES
+    if coll == "reduce" and crowded:
+        return CMA_REDUCE_MIN_BYTES_OVERSUBSCRIBED
     if coll in _PUSHED:
         return CMA_PUSH_MIN_BYTES_OVERSUBSCRIBED if crowded else CMA_PUSH_MIN_BYTES
-    return CMA_MIN_BYTES
+    return _NO_DATA    # barrier
 
 
 def _fast_module():

@@ -1,6 +1,6 @@
 """Which of a rank's user buffers its peers may use in place, across processes.
 
-From a size on (engine.CMA_MIN_BYTES) a rank can publish the address of its input or output
+From a size on (engine.cma_min_bytes) a rank can publish the address of its input or output
 instead of staging it in the window, and peers read it with process_vm_readv and write its
 output with process_vm_writev (native/src/executor_cma.cpp). When the call's input and output
 share memory that is safe only if no write over an input chunk can land before every rank has
