@@ -9,7 +9,9 @@ computing it: the data is still in the producer's caches, and on a CPU the lines
 are those it has just read ``r``'s input chunk from, where the pull reads lines another core
 has just written (a 2-rank allreduce of 1 MiB in ``perf/cma_push_model.c``, each rank
 rewriting its buffer before every call: 100 µs pulled, 72 µs pushed). :func:`push_copies`
-rewrites a schedule that way wherever it is safe.
+rewrites a schedule that way wherever it is safe. :func:`share_copies` moves copies the other
+way for balance: a rank whose peers pull its input while it idles (a broadcast's root) takes
+some of those copies and writes them into their outputs itself.
 
 >>> from collectx.planner import make_schedule
 >>> s = make_schedule(None, "allreduce", 2, 1 << 20)
@@ -53,10 +55,10 @@ def share_copies(schedule: Schedule) -> Schedule:
     A broadcast plan has the root's peers pull everything while the root moves nothing; on CPU
     ranks with a core each the root's core then idles, and half the work moved onto it made a
     2-rank broadcast of 4-64 MiB about 2x as fast on a buffer reused unread, 1.1-1.6x where
-    the receiver reads or rewrites it around each call. Only a copy nothing waits for moves: no dependencies, no dependents, into
-    output chunks of its own rank that no other instruction uses, so the rest of its old lane
-    need not wait for it either (its rank waits for every writer of its output before it
-    returns).
+    the receiver reads or rewrites it around each call. Only a copy nothing waits for moves:
+    no dependencies, no dependents, into output chunks of its own rank that no other
+    instruction uses, so the rest of its old lane need not wait for it either (its rank waits
+    for every writer of its output before it returns).
 
     >>> from collectx.planner import make_schedule
     >>> s = make_schedule(None, "broadcast", 2, 1 << 20)
