@@ -30,7 +30,8 @@ def test_pushed_schedules_still_compute_their_collective(coll, algo, nranks):
         pytest.skip(f"{algo} does not plan {coll} on {nranks} ranks")
     p = push_copies(s)
     verify(p)   # raises on a wrong result or a race
-    assert p.n_instructions == s.n_instructions
+    folded = s.n_instructions - p.n_instructions     # reduces' gathers, written in place
+    assert folded == 0 or (coll == "reduce" and folded < nranks)
     assert [len(lanes) for lanes in p.lanes] == [len(lanes) for lanes in s.lanes]
 
 
@@ -46,16 +47,29 @@ def test_one_hop_allreduce_pushes_every_reduced_chunk_to_every_peer():
             assert [b.dst for b in before if b.dst.rank == d.rank] == [ins.srcs[0]]
 
 
-def test_one_hop_reduce_pushes_each_reduced_chunk_from_scratch_to_the_root():
+def test_one_hop_reduce_writes_each_reduced_shard_straight_into_the_root_output():
     s = make_schedule(topology.host(3), "reduce", 3, 8 << 20, algo="direct", root=1)
     p = push_copies(s)
-    pushed = [(d, ins) for d, ins in p.instructions() if ins.dst.rank != d.rank]
-    assert sorted(d.rank for d, _ in pushed) == [0, 2]
-    for d, ins in pushed:
-        assert ins.dst.rank == 1 and ins.dst.buf == "output" and ins.srcs[0].buf == "scratch"
-        before = p.lanes[d.rank][d.lane].instrs[d.index - 1]
-        assert before.op == "reduce" and before.dst == ins.srcs[0]
-    assert not any(ins.op == "copy" for ins in p.lanes[1][0].instrs[1:])   # the root gathers none
+    verify(p)
+    assert p.n_instructions == 3 and p.scratch_units == (0, 0, 0)   # the gather copies folded
+    for d, ins in p.instructions():
+        assert ins.op == "reduce" and ins.dst.rank == 1 and ins.dst.buf == "output"
+        assert ins.dst.chunks() == range(d.rank, d.rank + 1) and ins.deps == ()
+
+
+def test_scratch_that_others_also_read_is_pushed_not_folded():
+    # rank 1 reduces into its scratch; rank 0 copies that into its output, and rank 1 too
+    b = ScheduleBuilder("allreduce", nranks=2, nchunks=1)
+    b.scratch(1, 1)
+    red = b.reduce(1, 0, dst=Ref(1, "scratch", 0), srcs=[Ref(1, "input", 0), Ref(0, "input", 0)])
+    b.copy(0, 0, dst=Ref(0, "output", 0), src=Ref(1, "scratch", 0), deps=[red])
+    b.copy(1, 0, dst=Ref(1, "output", 0), src=Ref(1, "scratch", 0))
+    s = b.build()
+    p = push_copies(s)
+    verify(p)
+    assert [(ins.op, ins.dst.rank) for ins in p.lanes[1][0].instrs] == [
+        ("reduce", 1), ("copy", 0), ("copy", 1)]
+    assert p.scratch_units == s.scratch_units
 
 
 def test_the_instruction_after_a_moved_copy_waits_for_it():

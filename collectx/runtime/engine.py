@@ -49,9 +49,9 @@ _EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "CM
 # 2 ranks, rewritten / reused:
 #   allreduce  128 KiB 0.66-0.74x / 1.55-1.61x, 256 KiB 1.01-1.07x / 1.82-1.86x, 1 MiB
 #              1.06-1.08x / 1.95-2.03x, 4 MiB 1.72-1.95x / 2.24-2.30x;
-#   reduce     128 KiB 0.73-0.76x / 1.59-1.63x, 256 KiB 1.01-1.05x / 1.71-1.80x, 1 MiB
-#              0.95-0.96x / 1.63-1.68x, 4 MiB 0.93-1.19x / 1.17-1.24x (it read across processes
-#              only from 4 MiB before, without pushing);
+#   reduce     128 KiB 0.74-0.77x / 1.59x, 256 KiB 1.01-1.14x / 1.64-1.82x, 1 MiB 1.07-1.15x /
+#              2.07-2.08x, 4 MiB 1.69-2.42x / 2.05-2.41x, 16 MiB 2.12-2.19x / 2.31-2.33x (each
+#              rank reduces its shard straight into the root's output);
 #   reduce_scatter out of place (its direct schedule has nothing to push) 0.70-0.74x at 256
 #              KiB-1 MiB, 0.85-0.93x at 2 MiB, 0.98-1.03x at 4 MiB / 1.18-1.43x at 256 KiB-2
 #              MiB; in place (the output a slice of the input) 0.94-1.01x at 256 KiB, 1.13-1.17x
@@ -59,8 +59,8 @@ _EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "CM
 #              independently and the choice must be the same on all: one threshold serves
 #              both, and a rewritten out-of-place reduce_scatter loses below 4 MiB.
 # With 4 ranks on 2 CPUs, from 1 MiB: allreduce 0.96-1.02x / 1.13-1.36x at 1 MiB, 1.15-1.18x /
-# 1.33-1.39x at 2 MiB; a reduce loses at 1 MiB (0.82-0.87x / 1.31-1.33x) and breaks even at 2
-# MiB (0.93-1.08x / 1.18-1.28x), so it waits for 2 MiB there.
+# 1.33-1.39x at 2 MiB; a reduce loses a little at 1 MiB (0.91-0.95x / 1.42-1.67x) and breaks
+# even at 2 MiB (1.04x / 1.26-1.29x), so it waits for 2 MiB there.
 CMA_PUSH_MIN_BYTES = 256 << 10
 CMA_PUSH_MIN_BYTES_OVERSUBSCRIBED = 1 << 20
 CMA_REDUCE_MIN_BYTES_OVERSUBSCRIBED = 2 << 20

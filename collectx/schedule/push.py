@@ -34,17 +34,34 @@ def push_copies(schedule: Schedule) -> Schedule:
     instruction that computes its source (the schedule itself when none is).
 
     A copy is pushable when it copies exactly the output or scratch chunks that its one
-    dependency, on another rank, writes (a reduce's partial sums sit in scratch), into output
-    chunks of its own rank that no other instruction reads or writes. The moved copy keeps
-    every ordering it had: what depended on it depends on it in its new place, and the
-    instruction after it in its old lane waits for it.
+    dependency, on another rank, writes, into output chunks of its own rank that no other
+    instruction reads or writes. The moved copy keeps every ordering it had: what depended on
+    it depends on it in its new place, and the instruction after it in its old lane waits for
+    it. Where the source is scratch that nothing else uses (a reduce's partial sum on its way
+    to the root), the producer writes the destination itself and the copy goes away.
+
+    >>> from collectx.planner import make_schedule
+    >>> s = make_schedule(None, "reduce", 2, 1 << 20, root=0)
+    >>> [[(ins.op, ins.dst.rank, ins.dst.buf) for ins in lane.instrs] for lanes in s.lanes
+    ...  for lane in lanes]
+    [[('reduce', 0, 'output'), ('copy', 0, 'output')], [('reduce', 1, 'scratch')]]
+    >>> p = push_copies(s)
+    >>> [[(ins.op, ins.dst.rank, ins.dst.buf) for ins in lane.instrs] for lanes in p.lanes
+    ...  for lane in lanes], p.scratch_units
+    ([[('reduce', 0, 'output')], [('reduce', 0, 'output')]], (0, 0))
     """
     if schedule.inplace:
         return schedule
     after: dict[Dep, list[Dep]] = {}
+    folds: dict[Dep, Dep] = {}
+    scratch = _users(schedule, "scratch")
     for copy, producer in _pushable(schedule).items():
-        after.setdefault(producer, []).append(copy)
-    return _relocate(schedule, after, {}, keep_lane_order=True)
+        src = schedule.instr(copy).srcs[0]
+        if src.buf == "scratch" and _used_by(scratch, src, 2):   # its producer and this copy
+            folds[copy] = producer
+        else:
+            after.setdefault(producer, []).append(copy)
+    return _relocate(schedule, after, {}, keep_lane_order=True, folds=folds)
 
 
 def share_copies(schedule: Schedule) -> Schedule:
@@ -79,11 +96,15 @@ def share_copies(schedule: Schedule) -> Schedule:
 
 
 def _relocate(schedule: Schedule, after: dict[Dep, list[Dep]],
-              first: dict[tuple[int, int], list[Dep]], keep_lane_order: bool) -> Schedule:
+              first: dict[tuple[int, int], list[Dep]], keep_lane_order: bool,
+              folds: dict[Dep, Dep] | None = None) -> Schedule:
     """``schedule`` with the copies in ``after`` placed right after their anchors and those in
-    ``first`` at the front of their (rank, lane), dropped from their own lanes;
+    ``first`` at the front of their (rank, lane), dropped from their own lanes, and each copy in
+    ``folds`` dropped for good, its producer writing its destination instead;
     ``keep_lane_order``: the instruction after a moved copy in its old lane waits for it."""
+    folds = folds or {}
     moves = {copy for copies in (*after.values(), *first.values()) for copy in copies}
+    moves |= folds.keys()
     if not moves:
         return schedule
     layout: list[list[list[Dep]]] = []
@@ -100,6 +121,8 @@ def _relocate(schedule: Schedule, after: dict[Dep, list[Dep]],
             layout[r].append(ids)
     new_id = {old: Dep(r, li, i) for r, lanes in enumerate(layout)
               for li, ids in enumerate(lanes) for i, old in enumerate(ids)}
+    new_id.update((copy, new_id[producer]) for copy, producer in folds.items())
+    dst_of = {producer: schedule.instr(copy).dst for copy, producer in folds.items()}
     # The instruction that followed a moved copy in its old lane now waits for it.
     waits: dict[Dep, Dep] = {}
     for copy in moves if keep_lane_order else ():
@@ -108,22 +131,29 @@ def _relocate(schedule: Schedule, after: dict[Dep, list[Dep]],
             nxt = Dep(nxt.rank, nxt.lane, nxt.index + 1)
         if nxt.index < len(schedule.lanes[nxt.rank][nxt.lane].instrs):
             waits.setdefault(nxt, copy)
-    lanes = tuple(tuple(Lane(tuple(_moved(schedule, old, moves, waits, new_id) for old in ids))
+    lanes = tuple(tuple(Lane(tuple(_moved(schedule, old, moves, waits, new_id, dst_of)
+                                   for old in ids))
                         for ids in rank_lanes) for rank_lanes in layout)
-    return dataclasses.replace(schedule, lanes=lanes)
+    moved = dataclasses.replace(schedule, lanes=lanes)
+    if not folds:
+        return moved
+    used = _users(moved, "scratch")
+    units = tuple(u if any(r == rank for r, _ in used) else 0
+                  for rank, u in enumerate(moved.scratch_units))
+    return dataclasses.replace(moved, scratch_units=units)
 
 
-def _moved(schedule: Schedule, old: Dep, moves, waits, new_id) -> Instr:
+def _moved(schedule: Schedule, old: Dep, moves, waits, new_id, dst_of) -> Instr:
     ins = schedule.instr(old)
-    deps = () if old in moves else tuple(new_id[d] for d in ins.deps)
+    deps = () if old in moves else tuple(dict.fromkeys(new_id[d] for d in ins.deps))
     if old in waits and new_id[waits[old]] not in deps:
         deps += (new_id[waits[old]],)
-    return ins._replace(deps=deps)
+    return ins._replace(deps=deps, dst=dst_of.get(old, ins.dst))
 
 
 def _pushable(schedule: Schedule) -> dict[Dep, Dep]:
     """copy id -> id of the instruction that produces its source, for every pushable copy."""
-    users = _output_users(schedule)
+    users = _users(schedule, "output")
     moves = {}
     for d, ins in schedule.instructions():
         if ins.op != "copy" or len(ins.srcs) != 1 or len(ins.deps) != 1:
@@ -135,14 +165,14 @@ def _pushable(schedule: Schedule) -> dict[Dep, Dep]:
                 or schedule.instr(producer).dst != src
                 or schedule.instr(producer).op not in ("copy", "reduce")):
             continue
-        if _sole_user(users, dst):
+        if _used_by(users, dst, 1):
             moves[d] = producer
     return moves
 
 
 def _shareable(schedule: Schedule) -> dict[Dep, int]:
     """copy id -> rank whose input it reads, for the copies :func:`share_copies` moves."""
-    users = _output_users(schedule)
+    users = _users(schedule, "output")
     awaited = {dep for _, ins in schedule.instructions() for dep in ins.deps}
     load = [0] * schedule.nranks    # chunks each rank moves across ranks
     for d, ins in schedule.instructions():
@@ -154,7 +184,7 @@ def _shareable(schedule: Schedule) -> dict[Dep, int]:
         (src,), dst = ins.srcs, ins.dst
         owner, w = src.rank, dst.count
         if (owner == d.rank or src.buf != "input" or dst.rank != d.rank or dst.buf != "output"
-                or not _sole_user(users, dst) or load[owner] + w > load[d.rank] - w):
+                or not _used_by(users, dst, 1) or load[owner] + w > load[d.rank] - w):
             continue
         load[owner] += w
         load[d.rank] -= w
@@ -162,16 +192,16 @@ def _shareable(schedule: Schedule) -> dict[Dep, int]:
     return shares
 
 
-def _output_users(schedule: Schedule) -> dict[tuple[int, int], int]:
-    """(rank, output chunk) -> how many instructions read or write it."""
+def _users(schedule: Schedule, buf: str) -> dict[tuple[int, int], int]:
+    """(rank, chunk of ``buf``) -> how many instructions read or write it."""
     users: dict[tuple[int, int], int] = {}
     for _, ins in schedule.instructions():
         for ref in (ins.dst, *ins.srcs):
-            if ref.buf == "output":
+            if ref.buf == buf:
                 for j in ref.chunks():
                     users[ref.rank, j] = users.get((ref.rank, j), 0) + 1
     return users
 
 
-def _sole_user(users: dict[tuple[int, int], int], ref) -> bool:
-    return all(users.get((ref.rank, j)) == 1 for j in ref.chunks())
+def _used_by(users: dict[tuple[int, int], int], ref, n: int) -> bool:
+    return all(users.get((ref.rank, j)) == n for j in ref.chunks())

@@ -299,12 +299,13 @@ int run_instr(Ctx& c, const int32_t* in) {
 }
 
 // The instruction after `in` in its lane when it is a copy that pushes exactly the chunks `in`
-// writes in my output into the same chunks of a peer's output published for writes across
-// processes, with no deps of its own (collectx/schedule/push.py places such copies): running
-// it piece by piece inside `in` writes each piece while it is still in cache. NULL otherwise.
+// writes in my output or scratch (a reduce's shard) into the same chunks of a peer's output
+// published for writes across processes, with no deps of its own (collectx/schedule/push.py
+// places such copies): running it piece by piece inside `in` writes each piece while it is
+// still in cache. NULL otherwise.
 const int32_t* fusable_push(const Ctx& c, const int32_t* in, const int32_t* next) {
     const int32_t* to = next + 1;
-    if (next[0] != 0 || next[6] != 1 || next[8] != 0 || in[1] != c.plan->rank || in[2] != 1 ||
+    if (next[0] != 0 || next[6] != 1 || next[8] != 0 || in[1] != c.plan->rank || in[2] < 1 ||
         to[0] == c.plan->rank || to[1] != 1 || to[2] != in[3] || to[3] != in[4])
         return nullptr;
     const int32_t* src = c.plan->srcs + 4 * next[5];
