@@ -137,9 +137,9 @@ def _relocate(schedule: Schedule, after: dict[Dep, list[Dep]],
     moved = dataclasses.replace(schedule, lanes=lanes)
     if not folds:
         return moved
-    used = _users(moved, "scratch")
-    units = tuple(u if any(r == rank for r, _ in used) else 0
-                  for rank, u in enumerate(moved.scratch_units))
+    # Folded copies may leave a rank with no scratch to reserve (bigger tiles).
+    using = {rank for rank, _ in _users(moved, "scratch")}
+    units = tuple(u if rank in using else 0 for rank, u in enumerate(moved.scratch_units))
     return dataclasses.replace(moved, scratch_units=units)
 
 
