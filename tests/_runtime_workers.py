@@ -151,6 +151,10 @@ def zero_copy(n: int, iters: int) -> list[str]:
         comm.allreduce(x, out=y, op="max")         # window input, private output
         if not np.array_equal(y, want):
             bad.append(f"allreduce max iter {k}")
+    for slot in ("_fast_allgather", "_fast", "_fast_allreduce"):   # repeats: compiled calls
+        calls = getattr(getattr(comm, slot), "calls", None)        # (None: not built)
+        if iters > 1 and calls == 0:
+            bad.append(f"{slot}: no call went through the compiled fast call")
     del x, g
     comm.close()
     return bad

@@ -18,7 +18,7 @@ import pytest
 import _fastcall_workers as W
 import collectx
 from collectx.errors import ArgumentError, CommError, DTypeError
-from collectx.runtime.engine import _fast_module
+from collectx.runtime.engine import HEAP_MIN_BYTES, _fast_module
 
 pytestmark = pytest.mark.skipif(_fast_module() is None,
                                 reason="collectx._fastpath (with FastCall) is not built")
@@ -125,16 +125,19 @@ def test_checked_path_errors_are_unchanged():
     assert comm._fast(x, None, "sum") is False
 
 
-def test_heap_arrays_take_the_checked_path():
+def test_heap_arrays_take_the_fast_call_too():
     with collectx.init(0, 1) as comm:
-        x = comm.empty(6, np.float32)
+        x = comm.empty(6, np.float32)              # small: taken as ordinary memory
         x[:] = 2
         comm.allreduce(x)
-        assert comm._fast(x, None, "sum") is False
+        assert comm._fast(x, None, "sum") is True
         y = np.ones(6, np.float32)
-        comm.allreduce(y)
-        assert comm._fast(x, None, "sum") is False and comm._fast(y, None, "sum") is True
-        assert x.tolist() == [2.0] * 6
+        assert comm._fast(y, None, "sum") is True and x.tolist() == [2.0] * 6
+        n = HEAP_MIN_BYTES // 4                    # large: used in place, from the fast call
+        big, out = comm.empty(n, np.float32), comm.empty(n, np.float32)
+        big[:] = 3
+        comm.allreduce(big, out=out)
+        assert comm._fast_allreduce(big, out, "sum") is True and out[-1] == 3
 
 
 def test_fast_call_declines_while_the_engine_lock_is_held():
@@ -221,10 +224,10 @@ def test_fast_call_with_out_declines_other_arrays_untouched(coll):
     heap = comm.empty(6, np.float32)
     heap[:] = 5
     bad_outs = [np.empty(5, np.float32), np.empty(7, np.float32), out.astype(np.float64), ro,
-                np.empty(12, np.float32)[::2], out.astype(">f4"), x, heap, out.tolist(),
+                np.empty(12, np.float32)[::2], out.astype(">f4"), x, out.tolist(),
                 memoryview(out), None]
     bad_inputs = [x.astype(np.float64), np.arange(12, dtype=np.float32)[::2], x[:5].copy(),
-                  x.astype(">f4"), heap, x.tolist()]
+                  x.astype(">f4"), x.tolist()]
     calls = [(x, y) for y in bad_outs] + [(y, out) for y in bad_inputs]
     calls += [(shared[:6], shared[3:]), (shared[3:], shared[:6]), (out, out)]  # overlapping
     for a, b in calls:
@@ -235,7 +238,8 @@ def test_fast_call_with_out_declines_other_arrays_untouched(coll):
             np.testing.assert_array_equal(u, v)
     assert fast(x, out, "max" if op else "sum") is False and fast(x, out, 0) is False
     assert fast(x.reshape(2, 3), out.reshape(3, 2), op) is True  # any C shape
-    assert fast.calls == 2
+    assert fast(heap, out, op) is True and out.tolist() == [5.0] * 6   # window memory too
+    assert fast.calls == 3
     with pytest.raises(TypeError):
         fast(x, out)
     comm.close()
@@ -262,10 +266,6 @@ def test_checked_path_errors_with_out_are_unchanged(coll):
     shared = np.arange(9, dtype=np.float32)             # overlapping: staged by the checked path
     W.run_with_out(comm, coll, shared[:6], shared[3:], op)
     assert shared.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 5]
-    heap_in, heap_out = comm.empty(6, np.float32), comm.empty(6, np.float32)
-    heap_in[:] = x
-    assert W.run_with_out(comm, coll, heap_in, heap_out, op) is heap_out
-    assert heap_out.tolist() == x.tolist() and fast.calls == 0
     assert W.run_with_out(comm, coll, x, out, op) is out and fast.calls == 1  # still in step
     comm.close()
     with pytest.raises(CommError):

@@ -167,11 +167,14 @@ class Communicator:
         return x
 
     def empty(self, shape, dtype=np.float32) -> np.ndarray:
-        """An uninitialised array in this rank's shared window: collectives on it skip staging.
+        """An uninitialised array in this rank's shared window: large collectives on it skip
+        staging.
 
-        Peers read (and for some schedules write) such arrays in place, so a collective with
-        an ``empty`` array as input or output copies nothing between the user and the window.
-        The memory returns to the window heap when the array is garbage collected.
+        From 256 KiB per rank's block (``engine.HEAP_MIN_BYTES``) peers read (and for some
+        schedules write) such arrays in place, so a collective with an ``empty`` array as input
+        or output copies nothing between the user and the window; smaller calls (and an
+        in-place allreduce from 2 MiB) take it as ordinary memory. The memory returns to the
+        window heap when the array is garbage collected.
 
         >>> import collectx
         >>> with collectx.init() as comm:
@@ -189,6 +192,10 @@ class Communicator:
         arr = np.frombuffer(view, dtype=dt, count=n).reshape(shape)
         weakref.finalize(arr, self._heap.free, off)
         return arr
+
+    def _zero_copy(self, coll: str, nbytes: int, in_place: bool) -> bool:
+        """Whether ``coll`` with ``nbytes`` per unit uses arrays from :meth:`empty` in place."""
+        return self._heap.used and self._engine.uses_heap(coll, nbytes, in_place)
 
     def _heap_offset(self, arr) -> int:
         if arr is None:
@@ -225,12 +232,11 @@ class Communicator:
             raise
         if self._worker is not None and self._worker.busy:
             self._worker.drain()
-        heap = self._heap_offset(src) if self._heap.used else -1
+        heap = self._heap_offset(src) if self._zero_copy("allreduce", src.nbytes, True) else -1
         op = OP_CODES[op_name]
         self._engine.run("allreduce", src, src, src.size, dt, src.itemsize, op, 0, SAME, -1,
                          heap)
-        if heap < 0:
-            self._arm("_fast", "allreduce", src, src, dt, op, 0, SAME)
+        self._arm("_fast", "allreduce", src, src, dt, op, 0, SAME)
         return x
 
     def _submit(self, prepare, async_op: bool, fast_slot: str | None = None):
@@ -246,7 +252,7 @@ class Communicator:
         overlap = _overlap(src, dst)
         itemsize = (src if src is not None else dst).itemsize if count or src is not None else 1
         in_heap = out_heap = -1
-        if self._heap.used:  # zero copy for arrays from empty(); in place, the input is staged
+        if self._zero_copy(coll, count * itemsize, overlap == SAME):  # in place: input staged
             in_heap = -1 if overlap else self._heap_offset(src)
             out_heap = self._heap_offset(dst)
 
@@ -261,7 +267,7 @@ class Communicator:
             return self._worker.submit(go)
         self._drain()
         result = go()
-        if fast_slot is not None and overlap != OVERLAP and in_heap < 0 and out_heap < 0:
+        if fast_slot is not None and overlap != OVERLAP:
             self._arm(fast_slot, coll, src, dst, dt, op, root, overlap)
         return result
 

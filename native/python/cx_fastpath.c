@@ -428,8 +428,8 @@ typedef struct {
   npy_intp unit;             /* in_at / out_at: which block of the larger buffer */
   long root;                 /* the root the call struct was prepared for (0 when none) */
   PyObject* op;              /* op name (None for allgather, broadcast) */
-  char* heap_lo;             /* this rank's window heap: arrays in it take the checked path */
-  char* heap_hi;
+  char* heap_lo;             /* this rank's window heap, where arrays are used in place (zero */
+  char* heap_hi;             /* copy); an empty range for calls that take them as ordinary memory */
   CxLock* lock;              /* the engine's lock */
   PyObject* on_failure;      /* engine callback: raises the exception of res for call seq */
   PyObject* keep;            /* the cffi objects the pointers above point into */
@@ -577,7 +577,7 @@ static int fastcall_init(FastCall* self, PyObject* args, PyObject* kwds) {
 
 /* Whether obj is an array this call takes as it is: exact ndarray, C-contiguous, writable when
  * written, the same dtype (native byte order; an equivalent descriptor counts) and `count`
- * elements, outside this rank's heap (heap arrays are used in place by peers: checked path). */
+ * elements, not straddling the edge of this rank's heap. */
 static int fastcall_accepts_array(FastCall* self, PyObject* obj, npy_intp count, int written) {
   if (!PyArray_CheckExact(obj)) return 0;
   PyArrayObject* a = (PyArrayObject*)obj;
@@ -586,8 +586,16 @@ static int fastcall_accepts_array(FastCall* self, PyObject* obj, npy_intp count,
     return 0;
   if (PyArray_DESCR(a) != self->descr && !PyArray_EquivTypes(PyArray_DESCR(a), self->descr))
     return 0;
-  char* data = PyArray_DATA(a);
-  return !(data < self->heap_hi && data + PyArray_NBYTES(a) > self->heap_lo);
+  char *data = PyArray_DATA(a), *end = data + PyArray_NBYTES(a);
+  int inside = data >= self->heap_lo && end <= self->heap_hi;
+  return inside || !(data < self->heap_hi && end > self->heap_lo);
+}
+
+/* The byte offset of buf (of a call's accepted arrays) in this rank's heap, or -1 outside it: as
+ * the checked path codes in_heap / out_heap. */
+static long long heap_offset(FastCall* self, const char* buf) {
+  return buf && buf >= self->heap_lo && buf < self->heap_hi ? (long long)(buf - self->heap_lo)
+                                                            : -1;
 }
 
 /* Whether two accepted (C-contiguous) arrays occupy disjoint bytes. Equal start addresses count
@@ -677,7 +685,11 @@ static PyObject* fastcall_call(FastCall* self, PyObject* const* args, size_t nar
                                                : data;
   c->seq = seq;
   c->epoch = self->state[1];
-  c->in_heap = c->out_heap = -1; /* as the checked path sets them for arrays outside the heap */
+  /* As the checked path codes them: an input that shares memory with the output is staged. */
+  int shares = self->layout == LAYOUT_SAME || self->layout == LAYOUT_IN_AT ||
+               self->layout == LAYOUT_OUT_AT;
+  c->in_heap = shares ? -1 : heap_offset(self, (const char*)c->user_in);
+  c->out_heap = heap_offset(self, (const char*)c->user_out);
   Py_BEGIN_ALLOW_THREADS
   self->run(self->plan, self->win, c, self->res);
   Py_END_ALLOW_THREADS
@@ -722,8 +734,9 @@ PyDoc_STRVAR(fastcall_doc,
 "One prepared collective call (see the comment in native/python/cx_fastpath.c). The first six\n"
 "are addresses: cx_exec_run, the cx_exec_plan, cx_exec_window, cx_exec_call and cx_exec_result\n"
 "structs, and the engine's unsigned long long [seq, epoch]; heap_lo/heap_hi bound this rank's\n"
-"window heap. layout: same, disjoint, in_at, out_at, in_only or out_only; out_count: None\n"
-"for the layouts without an out. op: the op name, or None (allgather, broadcast).\n"
+"window heap, whose arrays the call uses in place (an empty range: none). layout: same,\n"
+"disjoint, in_at, out_at, in_only or out_only; out_count: None for the layouts without an\n"
+"out. op: the op name, or None (allgather, broadcast).\n"
 "fc(x, out, op[, root]) -> True when it ran, False when x/out/op/root do not match (nothing\n"
 "touched).");
 
