@@ -186,12 +186,14 @@ def test_small_window_arrays_over_several_tiles(monkeypatch):
     assert collectx.launch(W.zero_copy, 3, args=(10_001, 3), timeout=240) == [[]] * 3
 
 
-def test_zero_copy_window_arrays_through_the_fast_call(monkeypatch):
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_zero_copy_window_arrays_through_the_fast_call(monkeypatch, nranks):
+    # 2 ranks with a CPU each: the in-place allreduce reads its input in place too
     from collectx.runtime.engine import HEAP_MIN_BYTES
     n = HEAP_MIN_BYTES // 4 + 4_465                          # used in place by peers
     monkeypatch.setenv("COLLECTX_WINDOW_BYTES", "4000000")
     monkeypatch.setenv("COLLECTX_TILE_BYTES", "131072")     # the allreduce in 5 tiles
-    assert collectx.launch(W.zero_copy, 3, args=(n, 3), timeout=240) == [[]] * 3
+    assert collectx.launch(W.zero_copy, nranks, args=(n, 3), timeout=240) == [[]] * nranks
 
 
 def test_empty_arrays_return_to_the_heap_when_collected():

@@ -21,7 +21,7 @@ from ..schedule.push import push_copies, share_copies
 from ._lib import native
 from .arrays import DTYPE_CODES, OP_CODES
 from .executor import FlatPlan
-from .peer_use import DISJOINT, unit_of
+from .peer_use import DISJOINT, SAME, unit_of
 from .small import small_schedule, use_one_step
 from .window import (ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, Window,
                      oversubscribed)
@@ -89,11 +89,6 @@ SHARED_BROADCAST_MIN_BYTES = 2 << 20
 # call: 64 KiB allgather 3.7 / 3.7 us, allreduce 10.4 / 10.3; 256 KiB allreduce out of place
 # 17.3 / 7.2, reduce 16.2 / 9.9; 1 MiB reduce_scatter 51.4 / 16.3.
 HEAP_MIN_BYTES = 256 << 10
-# An allreduce in place stages a heap array's input whole, while with cross-memory attach it
-# reads and writes an ordinary array in place: ordinary / heap 55 / 44 us at 1 MiB, 124 / 132 at
-# 2 MiB, 293 / 383 at 4 MiB, 917 / 1542 at 16 MiB. From 2 MiB it takes the heap array as
-# ordinary memory.
-HEAP_IN_PLACE_ALLREDUCE_MAX_BYTES = 2 << 20
 _NO_DATA = 1 << 62
 
 
@@ -154,15 +149,6 @@ class Engine:
             hit = self._plans[key] = (fp, fp.tile_count(self.win.set_bytes, itemsize, tile_bytes))
         return hit
 
-    def uses_heap(self, coll: str, nbytes: int, in_place: bool) -> bool:
-        """Whether ``coll`` with ``nbytes`` per unit uses arrays from Communicator.empty() in
-        place (else it takes them as ordinary memory); ``in_place``: the call's input is its
-        output."""
-        if nbytes < HEAP_MIN_BYTES:
-            return False
-        return not (in_place and coll == "allreduce" and self._cma(coll, nbytes)
-                    and nbytes >= HEAP_IN_PLACE_ALLREDUCE_MAX_BYTES)
-
     def _cma(self, coll: str, nbytes: int) -> bool:
         """Whether ``coll`` with ``nbytes`` per unit lets peers read user buffers across
         processes."""
@@ -220,6 +206,8 @@ class Engine:
                                      self._null if dst is None else self._ffi.from_buffer(dst))
             seq = c.seq = self._seq
             c.epoch = self._epoch
+            if in_overlaps_out == SAME and out_heap >= 0 and c.cma_in:
+                in_heap = out_heap  # peers may read the input in place, as across processes
             c.in_heap, c.out_heap = in_heap, out_heap
             res = self._res
             self._lib.cx_exec_run(fp.native, self._wnative, c, res)
@@ -282,8 +270,7 @@ class Engine:
         unit = unit_of(alias)
         addr = lambda p: int(self._ffi.cast("uintptr_t", p))  # noqa: E731
         # The FastCall uses arrays between these bounds in place (see uses_heap; none: empty).
-        heap = (self.win.heap_address
-                if self.uses_heap(coll, count * arr.itemsize, layout == "same") else 0)
+        heap = self.win.heap_address if uses_heap(count * arr.itemsize) else 0
         heap_end = heap + self.win.heap_bytes if heap else 0
         fast = module.FastCall(addr(self._lib.cx_exec_run), addr(fp.native), addr(self._wnative),
                                addr(c), addr(self._res), addr(self._state), heap, heap_end,
@@ -461,6 +448,16 @@ def unusable(rank: int, why: str, kind: str = "communicator",
                          f"create a new one with {init}")
     return CommError(f"rank {rank}: {kind} unusable after an earlier failure ({why}); expected "
                      f"a healthy communicator; create a new one with {init}")
+
+
+def uses_heap(nbytes: int) -> bool:
+    """Whether a call of ``nbytes`` per unit uses arrays from Communicator.empty() in place
+    (else it takes them as ordinary memory).
+
+    >>> uses_heap(64 << 10), uses_heap(1 << 20)
+    (False, True)
+    """
+    return nbytes >= HEAP_MIN_BYTES
 
 
 def cma_min_bytes(coll: str, crowded: bool) -> int:

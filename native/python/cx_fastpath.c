@@ -685,11 +685,16 @@ static PyObject* fastcall_call(FastCall* self, PyObject* const* args, size_t nar
                                                : data;
   c->seq = seq;
   c->epoch = self->state[1];
-  /* As the checked path codes them: an input that shares memory with the output is staged. */
-  int shares = self->layout == LAYOUT_SAME || self->layout == LAYOUT_IN_AT ||
-               self->layout == LAYOUT_OUT_AT;
-  c->in_heap = shares ? -1 : heap_offset(self, (const char*)c->user_in);
+  /* As the engine codes them: an input that shares memory with the output is staged, unless
+   * the output is x itself and peers may read the input in place (cma_in: as across processes,
+   * every read of an input chunk comes before every write over it). */
   c->out_heap = heap_offset(self, (const char*)c->user_out);
+  if (self->layout == LAYOUT_SAME)
+    c->in_heap = c->cma_in ? c->out_heap : -1;
+  else if (self->layout == LAYOUT_IN_AT || self->layout == LAYOUT_OUT_AT)
+    c->in_heap = -1;
+  else
+    c->in_heap = heap_offset(self, (const char*)c->user_in);
   Py_BEGIN_ALLOW_THREADS
   self->run(self->plan, self->win, c, self->res);
   Py_END_ALLOW_THREADS
