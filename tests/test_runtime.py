@@ -180,20 +180,17 @@ def test_send_to_self_is_an_argument_error():
             comm.send(np.ones(2), 0)
 
 
-def test_small_window_arrays_over_several_tiles(monkeypatch):
-    # below HEAP_MIN_BYTES window arrays are ordinary memory: staged, through the fast call
+def test_zero_copy_window_arrays_over_several_tiles(monkeypatch):
     monkeypatch.setenv("COLLECTX_WINDOW_BYTES", "300000")   # two tiles for 10001 floats
     assert collectx.launch(W.zero_copy, 3, args=(10_001, 3), timeout=240) == [[]] * 3
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_zero_copy_window_arrays_through_the_fast_call(monkeypatch, nranks):
-    # 2 ranks with a CPU each: the in-place allreduce reads its input in place too
-    from collectx.runtime.engine import HEAP_MIN_BYTES
-    n = HEAP_MIN_BYTES // 4 + 4_465                          # used in place by peers
+    # 2 ranks with a CPU each, from 256 KiB: the in-place allreduce reads its input in place too
     monkeypatch.setenv("COLLECTX_WINDOW_BYTES", "4000000")
     monkeypatch.setenv("COLLECTX_TILE_BYTES", "131072")     # the allreduce in 5 tiles
-    assert collectx.launch(W.zero_copy, nranks, args=(n, 3), timeout=240) == [[]] * nranks
+    assert collectx.launch(W.zero_copy, nranks, args=(70_001, 3), timeout=240) == [[]] * nranks
 
 
 def test_empty_arrays_return_to_the_heap_when_collected():

@@ -18,7 +18,7 @@ from ..config import get_config
 from ..errors import ArgumentError, DTypeError
 from .arrays import as_array, check_root, empty_like_shape, op_code
 from .arrays import DTYPE_CODES, OP_CODES
-from .engine import Engine, uses_heap
+from .engine import Engine
 from .heap import Heap
 from .peer_use import DISJOINT, IN_AT_UNIT, OUT_AT_UNIT, OVERLAP, SAME
 from .store import HashStore, Store, as_store, next_key_prefix
@@ -167,14 +167,11 @@ class Communicator:
         return x
 
     def empty(self, shape, dtype=np.float32) -> np.ndarray:
-        """An uninitialised array in this rank's shared window: large collectives on it skip
-        staging.
+        """An uninitialised array in this rank's shared window: collectives on it skip staging.
 
-        From 256 KiB per rank's block (``engine.HEAP_MIN_BYTES``) peers read (and for some
-        schedules write) such arrays in place, so a collective with an ``empty`` array as input
-        or output copies nothing between the user and the window; smaller calls take it as
-        ordinary memory. The memory returns to the window heap when the array is garbage
-        collected.
+        Peers read (and for some schedules write) such arrays in place, so a collective with
+        an ``empty`` array as input or output copies nothing between the user and the window.
+        The memory returns to the window heap when the array is garbage collected.
 
         >>> import collectx
         >>> with collectx.init() as comm:
@@ -192,10 +189,6 @@ class Communicator:
         arr = np.frombuffer(view, dtype=dt, count=n).reshape(shape)
         weakref.finalize(arr, self._heap.free, off)
         return arr
-
-    def _zero_copy(self, nbytes: int) -> bool:
-        """Whether a call of ``nbytes`` per unit uses arrays from :meth:`empty` in place."""
-        return self._heap.used and uses_heap(nbytes)
 
     def _heap_offset(self, arr) -> int:
         if arr is None:
@@ -232,7 +225,7 @@ class Communicator:
             raise
         if self._worker is not None and self._worker.busy:
             self._worker.drain()
-        heap = self._heap_offset(src) if self._zero_copy(src.nbytes) else -1
+        heap = self._heap_offset(src) if self._heap.used else -1
         op = OP_CODES[op_name]
         self._engine.run("allreduce", src, src, src.size, dt, src.itemsize, op, 0, SAME, -1,
                          heap)
@@ -252,7 +245,7 @@ class Communicator:
         overlap = _overlap(src, dst)
         itemsize = (src if src is not None else dst).itemsize if count or src is not None else 1
         in_heap = out_heap = -1
-        if self._zero_copy(count * itemsize):  # arrays from empty(); in place see Engine.run
+        if self._heap.used:  # zero copy for arrays from empty() (in place: see Engine.run)
             in_heap = -1 if overlap else self._heap_offset(src)
             out_heap = self._heap_offset(dst)
 

@@ -83,12 +83,6 @@ _COPY_ONLY = frozenset(("allgather", "broadcast", "alltoall"))
 # 3.5-3.6x / 1.08-1.11x / 1.03-1.07x, 4 MiB 2.16-2.20x / 1.43-1.54x / 1.12-1.23x, 16 MiB
 # 1.09-2.00x / 1.43-1.48x / 1.40-1.44x, 64 MiB 2.32-2.48x / 1.24-1.36x / 1.37-1.57x.
 SHARED_BROADCAST_MIN_BYTES = 2 << 20
-# Arrays from Communicator.empty() are used in place (zero copy, no staging) only from this many
-# bytes per unit: below it the staging copies cost less than the extra end-of-call wait for
-# every peer that zero copy needs. 2 ranks, ordinary / heap, each through the compiled fast
-# call: 64 KiB allgather 3.7 / 3.7 us, allreduce 10.4 / 10.3; 256 KiB allreduce out of place
-# 17.3 / 7.2, reduce 16.2 / 9.9; 1 MiB reduce_scatter 51.4 / 16.3.
-HEAP_MIN_BYTES = 256 << 10
 _NO_DATA = 1 << 62
 
 
@@ -269,12 +263,10 @@ class Engine:
         fp, c, _ = prepared
         unit = unit_of(alias)
         addr = lambda p: int(self._ffi.cast("uintptr_t", p))  # noqa: E731
-        # The FastCall uses arrays between these bounds in place (see uses_heap; none: empty).
-        heap = self.win.heap_address if uses_heap(count * arr.itemsize) else 0
-        heap_end = heap + self.win.heap_bytes if heap else 0
+        heap = self.win.heap_address    # the FastCall uses arrays in the heap in place
         fast = module.FastCall(addr(self._lib.cx_exec_run), addr(fp.native), addr(self._wnative),
-                               addr(c), addr(self._res), addr(self._state), heap, heap_end,
-                               arr.dtype, arr.size,
+                               addr(c), addr(self._res), addr(self._state), heap,
+                               heap + self.win.heap_bytes, arr.dtype, arr.size,
                                out_count if layout in _WITH_OUT else None, op_name, self._lock,
                                functools.partial(self._fast_failed, coll),
                                (prepared, self.win), layout, 0 if unit is None else unit[1], root)
@@ -448,16 +440,6 @@ def unusable(rank: int, why: str, kind: str = "communicator",
                          f"create a new one with {init}")
     return CommError(f"rank {rank}: {kind} unusable after an earlier failure ({why}); expected "
                      f"a healthy communicator; create a new one with {init}")
-
-
-def uses_heap(nbytes: int) -> bool:
-    """Whether a call of ``nbytes`` per unit uses arrays from Communicator.empty() in place
-    (else it takes them as ordinary memory).
-
-    >>> uses_heap(64 << 10), uses_heap(1 << 20)
-    (False, True)
-    """
-    return nbytes >= HEAP_MIN_BYTES
 
 
 def cma_min_bytes(coll: str, crowded: bool) -> int:
