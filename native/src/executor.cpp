@@ -305,8 +305,9 @@ int run_instr(Ctx& c, const int32_t* in) {
 // still in cache. NULL otherwise.
 const int32_t* fusable_push(const Ctx& c, const int32_t* in, const int32_t* next) {
     const int32_t* to = next + 1;
-    if (next[0] != 0 || next[6] != 1 || next[8] != 0 || in[1] != c.plan->rank || in[2] < 1 ||
-        to[0] == c.plan->rank || to[1] != 1 || to[2] != in[3] || to[3] != in[4])
+    bool mine = in[1] == c.plan->rank && (in[2] == 1 || in[2] == 2);  // my output or scratch
+    if (next[0] != 0 || next[6] != 1 || next[8] != 0 || !mine || to[0] == c.plan->rank ||
+        to[1] != 1 || to[2] != in[3] || to[3] != in[4])
         return nullptr;
     const int32_t* src = c.plan->srcs + 4 * next[5];
     if (src[0] != in[1] || src[1] != in[2] || src[2] != in[3] || src[3] != in[4]) return nullptr;
