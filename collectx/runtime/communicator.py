@@ -227,7 +227,7 @@ class Communicator:
             self._worker.drain()
         heap = self._heap_offset(src) if self._heap.used else -1
         op = OP_CODES[op_name]
-        self._engine.run("allreduce", src, src, src.size, dt, src.itemsize, op, 0, SAME, -1,
+        self._engine.run("allreduce", src, src, src.size, dt, src.itemsize, op, 0, SAME, heap,
                          heap)
         self._arm("_fast", "allreduce", src, src, dt, op, 0, SAME)
         return x
@@ -245,9 +245,8 @@ class Communicator:
         overlap = _overlap(src, dst)
         itemsize = (src if src is not None else dst).itemsize if count or src is not None else 1
         in_heap = out_heap = -1
-        if self._heap.used:  # zero copy for arrays from empty() (in place: see Engine.run)
-            in_heap = -1 if overlap else self._heap_offset(src)
-            out_heap = self._heap_offset(dst)
+        if self._heap.used:  # zero copy for arrays from empty() (see engine.input_heap)
+            in_heap, out_heap = self._heap_offset(src), self._heap_offset(dst)
 
         def go():
             self._engine.run(coll, src, dst, count, dt, itemsize, op, root, overlap, in_heap,

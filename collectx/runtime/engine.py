@@ -185,7 +185,8 @@ class Engine:
         :mod:`.peer_use` (0 disjoint, 1 the same memory; see :meth:`FlatPlan.direct_masks`).
 
         ``in_heap``/``out_heap``: byte offsets of ``src``/``dst`` in this rank's window heap
-        (arrays from Communicator.empty), which the executor then uses in place; -1 otherwise.
+        (arrays from Communicator.empty), which the executor then uses in place (an input that
+        shares memory with the output only as :func:`input_heap` allows); -1 otherwise.
         """
         with self._lock:
             if self._poisoned:
@@ -200,9 +201,8 @@ class Engine:
                                      self._null if dst is None else self._ffi.from_buffer(dst))
             seq = c.seq = self._seq
             c.epoch = self._epoch
-            if in_overlaps_out == SAME and out_heap >= 0 and c.cma_in:
-                in_heap = out_heap  # peers may read the input in place, as across processes
-            c.in_heap, c.out_heap = in_heap, out_heap
+            c.in_heap = input_heap(in_overlaps_out, in_heap, out_heap, c.cma_in)
+            c.out_heap = out_heap
             res = self._res
             self._lib.cx_exec_run(fp.native, self._wnative, c, res)
             del keep_in, keep_out          # the user's buffers were pinned until here
@@ -440,6 +440,21 @@ def unusable(rank: int, why: str, kind: str = "communicator",
                          f"create a new one with {init}")
     return CommError(f"rank {rank}: {kind} unusable after an earlier failure ({why}); expected "
                      f"a healthy communicator; create a new one with {init}")
+
+
+def input_heap(alias: int, in_heap: int, out_heap: int, cma_in: int) -> int:
+    """The input's heap offset as the executor takes it, -1 to stage it (the FastCall in
+    native/python/cx_fastpath.c codes it the same way): the input is used in place when it is
+    disjoint from the output, or when it is the output itself and peers may read it in place
+    as they would across processes (``cma_in``: every read of an input chunk comes before every
+    write over it); other overlaps are staged.
+
+    >>> input_heap(DISJOINT, 64, 0, 0), input_heap(SAME, 0, 0, 1), input_heap(SAME, 0, 0, 0)
+    (64, 0, -1)
+    """
+    if alias == DISJOINT:
+        return in_heap
+    return out_heap if alias == SAME and cma_in else -1
 
 
 def cma_min_bytes(coll: str, crowded: bool) -> int:

@@ -4,9 +4,9 @@ From a size on (engine.cma_min_bytes) a rank can publish the address of its inpu
 instead of staging it in the window, and peers read it with process_vm_readv and write its
 output with process_vm_writev (native/src/executor_cma.cpp). When the call's input and output
 share memory that is safe only if no write over an input chunk can land before every rank has
-read it. This module decides both from the schedule (:class:`PeerUse`)
-and names the ways input and output can share memory (the ``alias`` codes the Communicator
-passes with every call).
+read it. This module decides both from the schedule (:class:`PeerUse`) and names the ways
+input and output can share memory (the ``alias`` codes the Communicator passes with every
+call).
 """
 
 from __future__ import annotations

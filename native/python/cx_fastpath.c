@@ -428,8 +428,8 @@ typedef struct {
   npy_intp unit;             /* in_at / out_at: which block of the larger buffer */
   long root;                 /* the root the call struct was prepared for (0 when none) */
   PyObject* op;              /* op name (None for allgather, broadcast) */
-  char* heap_lo;             /* this rank's window heap, where arrays are used in place (zero */
-  char* heap_hi;             /* copy); an empty range for calls that take them as ordinary memory */
+  char* heap_lo;             /* this rank's window heap, whose arrays are used in place */
+  char* heap_hi;
   CxLock* lock;              /* the engine's lock */
   PyObject* on_failure;      /* engine callback: raises the exception of res for call seq */
   PyObject* keep;            /* the cffi objects the pointers above point into */
@@ -685,9 +685,9 @@ static PyObject* fastcall_call(FastCall* self, PyObject* const* args, size_t nar
                                                : data;
   c->seq = seq;
   c->epoch = self->state[1];
-  /* As the engine codes them: an input that shares memory with the output is staged, unless
-   * the output is x itself and peers may read the input in place (cma_in: as across processes,
-   * every read of an input chunk comes before every write over it). */
+  /* As collectx/runtime/engine.py input_heap codes them: an input that shares memory with the
+   * output is staged, unless the output is x itself and peers may read the input in place
+   * (cma_in: as across processes, every read of an input chunk comes before every write). */
   c->out_heap = heap_offset(self, (const char*)c->user_out);
   if (self->layout == LAYOUT_SAME)
     c->in_heap = c->cma_in ? c->out_heap : -1;
@@ -739,9 +739,9 @@ PyDoc_STRVAR(fastcall_doc,
 "One prepared collective call (see the comment in native/python/cx_fastpath.c). The first six\n"
 "are addresses: cx_exec_run, the cx_exec_plan, cx_exec_window, cx_exec_call and cx_exec_result\n"
 "structs, and the engine's unsigned long long [seq, epoch]; heap_lo/heap_hi bound this rank's\n"
-"window heap, whose arrays the call uses in place (an empty range: none). layout: same,\n"
-"disjoint, in_at, out_at, in_only or out_only; out_count: None for the layouts without an\n"
-"out. op: the op name, or None (allgather, broadcast).\n"
+"window heap, whose arrays the call uses in place. layout: same, disjoint, in_at, out_at,\n"
+"in_only or out_only; out_count: None for the layouts without an out. op: the op name, or\n"
+"None (allgather, broadcast).\n"
 "fc(x, out, op[, root]) -> True when it ran, False when x/out/op/root do not match (nothing\n"
 "touched).");
 
