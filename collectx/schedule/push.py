@@ -8,7 +8,7 @@ peer access), the producer can write the chunk into ``r``'s output itself, right
 computing it: the data is still in the producer's caches, and on a CPU the lines it writes
 are those it has just read ``r``'s input chunk from, where the pull reads lines another core
 has just written (a 2-rank allreduce of 1 MiB in ``perf/cma_push_model.c``, each rank
-rewriting its buffer before every call: 100 µs pulled, 72 µs pushed). :func:`push_copies`
+rewriting its buffer before every call: 104 µs pulled, 72 µs pushed). :func:`push_copies`
 rewrites a schedule that way wherever it is safe. :func:`share_copies` moves copies the other
 way for balance: a rank whose peers pull its input while it idles (a broadcast's root) takes
 some of those copies and writes them into their outputs itself.
