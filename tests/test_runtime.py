@@ -140,6 +140,8 @@ def test_single_rank_world_runs_in_process():
     (lambda c: c.allreduce(np.ones(4, np.float32), op="xor"), ArgumentError),
     (lambda c: c.broadcast(np.ones(4, np.float32), root=3), ArgumentError),
     (lambda c: c.reduce_scatter(np.ones(4, np.float32), out=np.ones(2, np.float64)), DTypeError),
+    (lambda c: c.allreduce(np.ones(4, ">f4")), DTypeError),
+    (lambda c: c.allgather(np.ones(4, np.int32), out=np.zeros(4, ">i4")), DTypeError),
 ])
 def test_bad_arguments_raise_value_and_type_errors(call, err):
     with collectx.init() as comm:

@@ -46,6 +46,9 @@ def as_array(x, what: str, writable: bool = False) -> tuple[np.ndarray, int]:
     if name not in DTYPE_CODES:
         raise DTypeError(f"{what}: dtype {name} is not supported; expected one of "
                          f"{', '.join(DTYPE_CODES)}")
+    if not arr.dtype.isnative:   # '>f4' is named float32 too; summed as '<f4' it is garbage
+        raise DTypeError(f"{what}: dtype {arr.dtype.str} is byte-swapped; expected native byte "
+                         f"order; convert with x.astype(x.dtype.newbyteorder('='))")
     return arr.reshape(-1), DTYPE_CODES[name]
 
 
