@@ -155,7 +155,18 @@ def zero_copy(n: int, iters: int) -> list[str]:
         calls = getattr(getattr(comm, slot), "calls", None)        # (None: not built)
         if iters > 1 and calls == 0:
             bad.append(f"{slot}: no call went through the compiled fast call")
-    del x, g
+    w = comm.empty(n, np.float32)                  # input and output both in the window
+    for k in range(iters):
+        x[:] = np.arange(n, dtype=np.float32) + r + k
+        comm.allreduce(x, out=w, op="min")
+        if not np.array_equal(w, np.arange(n, dtype=np.float32) + k):
+            bad.append(f"allreduce min into a window output, iter {k}")
+        per = n // s
+        want_rs = g[r * per:(r + 1) * per] * s     # every rank reduces the same gathered g
+        comm.reduce_scatter(g[:per * s], out=w[:per])
+        if not np.array_equal(w[:per], want_rs):
+            bad.append(f"reduce_scatter window to window iter {k}: {w[:4]} vs {want_rs[:4]}")
+    del x, g, w
     comm.close()
     return bad
 

@@ -69,7 +69,7 @@ struct Ctx {
     bool cma_any;   // some rank's buffers are read across processes in this call
     int fail_rank;  // the peer a failed CMA read named
     // The pushed copy fused into the instruction being run (see fusable_push): its destination
-    // ref, a peer's output published for writes across processes; NULL when none is.
+    // ref, a peer's output; NULL when none is.
     const int32_t* push_ref;
     // My input (0) and output (1) in the user's buffer at this tile, and which of their chunks
     // (unit * nchunks + chunk) are used there in place: all, none (NULL), or those set in mask.
@@ -166,16 +166,31 @@ int cma_piece(Ctx& c, bool write, int r, char* remote, const void* local, int64_
     return err ? cma_failed(c, err, r) : CX_EXEC_OK;
 }
 
+// Where a piece also goes: addr in rank's process (a peer's buffer written across processes),
+// or in mine when rank < 0 (the window); nowhere when addr is NULL.
+struct Target {
+    char* addr;
+    int rank;
+};
+
+// Writes n elements from src to the target, `at` bytes in.
+int put(Ctx& c, const Target& t, int64_t at, const void* src, int64_t n) {
+    if (!t.addr) return CX_EXEC_OK;
+    if (t.rank >= 0) return cma_piece(c, true, t.rank, t.addr + at, src, n);
+    cx_copy_impl(t.addr + at, src, size_t(n) * c.esize);
+    return CX_EXEC_OK;
+}
+
 // One piece of an instruction that reads or writes peers' user buffers across processes
 // (addr[s] is then the address in rank[s]'s process). A copy moves straight between its source
 // and destination when at most one of them is remote; otherwise, and for a reduce, remote
 // sources are read into the bounce buffer and a remote destination is written from it, a piece
 // at a time, so the piece is still in this core's caches when it is written out.
 int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc, int64_t len,
-               char* push = nullptr) {
+               const Target& push) {
     static thread_local std::unique_ptr<char, decltype(&free)> bounce(nullptr, &free);
     size_t es = c.esize;
-    if (in[0] == 0 && !push && (rank[0] < 0 || rank[1] < 0))
+    if (in[0] == 0 && !push.addr && (rank[0] < 0 || rank[1] < 0))
         return rank[0] < 0 ? cma_piece(c, false, rank[1], addr[1], addr[0], len)
                            : cma_piece(c, true, rank[0], addr[0], addr[1], len);
     if (!bounce) bounce.reset(static_cast<char*>(aligned_alloc(4096, kBounceBytes)));
@@ -202,8 +217,7 @@ int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc
         if (rank[0] >= 0)
             if (int rc = cma_piece(c, true, rank[0], addr[0] + at, dst, n)) return rc;
         // The fused push: this piece, still in cache, into the peer's output.
-        if (push)
-            if (int rc = cma_piece(c, true, c.push_ref[0], push + at, dst, n)) return rc;
+        if (int rc = put(c, push, at, dst, n)) return rc;
     }
     return CX_EXEC_OK;
 }
@@ -220,25 +234,37 @@ int run_local(Ctx& c, const int32_t* in, char* const* addr, int nsrc, int64_t le
     return CX_EXEC_OK;
 }
 
-// A piece whose destination, a chunk of my output in the window, also goes to the user's buffer
-// at `user`: computed and copied there in parts small enough that the copy reads them from L1
-// (a part's sources stream through L1 too). 2-rank in-place allreduce of 1 MiB, four rounds of
+// A piece whose destination also goes elsewhere: a chunk of my output in the window to the
+// user's buffer at `user`, and/or a pushed chunk to a peer's output (`push`): computed and
+// copied there in parts small enough that the copies read them from L1 (a part's sources
+// stream through L1 too). 2-rank in-place allreduce of 1 MiB, four rounds of
 // each: 116.4-119.0 us with 32 KiB parts, 112.5-116.5 with 16, 110.8-117.0 with 8, 112.8-114.8
 // with 4; a model in C that writes both places from the same registers was 1.5-3 us faster
 // than 8 KiB parts.
 constexpr int64_t kThroughBytes = 16 << 10;
 
 int run_through(Ctx& c, const int32_t* in, char* const* addr, int nsrc, int64_t len,
-                char* user) {
+                char* user, const Target& push) {
     int64_t es = int64_t(c.esize), step = std::max<int64_t>(1, kThroughBytes / es);
     char* part[65];
     for (int64_t off = 0; off < len; off += step) {
         int64_t n = std::min(step, len - off);
         for (int s = 0; s <= nsrc; ++s) part[s] = addr[s] + off * es;
         if (int rc = run_local(c, in, part, nsrc, n)) return rc;
-        cx_copy_impl(user + off * es, part[0], size_t(n) * c.esize);
+        if (user) cx_copy_impl(user + off * es, part[0], size_t(n) * c.esize);
+        if (int rc = put(c, push, off * es, part[0], n)) return rc;
     }
     return CX_EXEC_OK;
+}
+
+// Where the fused pushed copy (c.push_ref) writes the piece at chunk offset `lo` of `unit`
+// (`at`: the piece's offset in a user buffer): across processes into the peer's published
+// output, or straight into its output in the window (its heap array or staging slot).
+Target push_target(const Ctx& c, int64_t unit, int64_t lo, int64_t at) {
+    const int32_t* to = c.push_ref;
+    if (const char* remote = remote_of(c, to)) return {const_cast<char*>(remote) + at, to[0]};
+    int slot = 3 * to[0] + to[1];
+    return {c.ptr[slot] + (unit * c.stride[slot] + lo) * int64_t(c.esize), -1};
 }
 
 // Runs one instruction, split into pieces that stay inside one unit of every ref (units are not
@@ -261,14 +287,14 @@ int run_instr(Ctx& c, const int32_t* in) {
         bool any_remote = false;
         int64_t len = -1;
         char* through = nullptr;  // where the piece also goes in the user's output, if it does
-        char* push = nullptr;     // where the fused pushed copy writes it (the same chunks)
+        Target push{nullptr, -1};  // where the fused pushed copy writes it (the same chunks)
         for (int s = 0; s <= nsrc; ++s) {
             int64_t j = refs[s][2] + k, unit = j / nch, i = j % nch;
             int64_t lo = chunk_lo(i, nch, c.tile_len), hi = chunk_lo(i + m, nch, c.tile_len);
             int64_t at = (unit * c.call->count + lo) * es;  // the piece's offset in a user buffer
             if (s == 0 && refs[0][0] == p->rank && refs[0][1] == 1 && is_through(c, j))
                 through = c.user[1] + at;
-            if (s == 0 && c.push_ref) push = const_cast<char*>(remote_of(c, c.push_ref)) + at;
+            if (s == 0 && c.push_ref) push = push_target(c, unit, lo, at);
             int slot = 3 * refs[s][0] + refs[s][1];
             const char* remote = remote_of(c, refs[s]);
             rank[s] = remote ? refs[s][0] : -1;
@@ -283,13 +309,14 @@ int run_instr(Ctx& c, const int32_t* in) {
             if (len < 0) len = hi - lo;
             else if (len != hi - lo) return CX_EXEC_BADARG;  // refs of unequal element length
         }
-        if (len > 0 && push && through) {  // rare: my chunk is staged and written through
-            if (int rc = run_through(c, in, addr, nsrc, len, through)) return rc;
-            if (int rc = cma_piece(c, true, c.push_ref[0], push, addr[0], len)) return rc;
-        } else if (len > 0 && (any_remote || push)) {
+        if (len > 0 && push.addr && push.rank >= 0 && through) {  // rare: staged, written through
+            if (int rc = run_through(c, in, addr, nsrc, len, through, Target{nullptr, -1}))
+                return rc;
+            if (int rc = put(c, push, 0, addr[0], len)) return rc;
+        } else if (len > 0 && (any_remote || (push.addr && push.rank >= 0))) {
             if (int rc = run_remote(c, in, addr, rank, nsrc, len, push)) return rc;
-        } else if (len > 0 && through) {
-            if (int rc = run_through(c, in, addr, nsrc, len, through)) return rc;
+        } else if (len > 0 && (through || push.addr)) {
+            if (int rc = run_through(c, in, addr, nsrc, len, through, push)) return rc;
         } else if (len > 0) {
             if (int rc = run_local(c, in, addr, nsrc, len)) return rc;
         }
@@ -299,10 +326,9 @@ int run_instr(Ctx& c, const int32_t* in) {
 }
 
 // The instruction after `in` in its lane when it is a copy that pushes exactly the chunks `in`
-// writes in my output or scratch (a reduce's shard) into the same chunks of a peer's output
-// published for writes across processes, with no deps of its own (collectx/schedule/push.py
-// places such copies): running it piece by piece inside `in` writes each piece while it is
-// still in cache. NULL otherwise.
+// writes in my output or scratch (a reduce's shard) into the same chunks of a peer's output,
+// with no deps of its own (collectx/schedule/push.py places such copies): running it piece by
+// piece inside `in` writes each piece while it is still in cache. NULL otherwise.
 const int32_t* fusable_push(const Ctx& c, const int32_t* in, const int32_t* next) {
     const int32_t* to = next + 1;
     bool mine = in[1] == c.plan->rank && (in[2] == 1 || in[2] == 2);  // my output or scratch
@@ -311,7 +337,7 @@ const int32_t* fusable_push(const Ctx& c, const int32_t* in, const int32_t* next
         return nullptr;
     const int32_t* src = c.plan->srcs + 4 * next[5];
     if (src[0] != in[1] || src[1] != in[2] || src[2] != in[3] || src[3] != in[4]) return nullptr;
-    return remote_of(c, to) ? to : nullptr;
+    return to;
 }
 
 int fail(Ctx& c, int status, int rank) {
