@@ -147,22 +147,34 @@ def test_in_place_schedules_are_left_alone():
     assert push_copies(s_inplace) is s_inplace
 
 
-def _pushed_sizes(sizes):
+def _pushed_sizes(sizes, window=False):
+    """``window``: the allreduce and reduce_scatter buffers come from comm.empty, so the pushed
+    copies are stores into peers' arrays in the window rather than writes across processes."""
     comm = collectx.init()
     bad = []
+
+    def buf(a):
+        if not window:
+            return a
+        w = comm.empty(a.shape, a.dtype)
+        w[:] = a
+        return w
     for n in sizes:
-        x = np.arange(n, dtype=np.float32) * (comm.rank + 1)
+        x = buf(np.arange(n, dtype=np.float32) * (comm.rank + 1))
         want = np.arange(n, dtype=np.float32) * sum(range(1, comm.size + 1))
-        y = np.full(n, -1, np.float32)
-        comm.allreduce(x.copy(), out=y)
+        y = buf(np.full(n, -1, np.float32))
+        comm.allreduce(buf(x.copy()), out=y)
         comm.allreduce(x)
-        comm.allreduce(x * 0 + np.arange(n, dtype=np.float32) * (comm.rank + 1))  # fast call
+        x[:] = np.arange(n, dtype=np.float32) * (comm.rank + 1)
+        comm.allreduce(x)                                              # fast call
         if not (np.array_equal(x, want) and np.array_equal(y, want)):
             bad.append(f"rank {comm.rank} n={n}: {x[:3]} {y[:3]} vs {want[:3]}")
-        block = np.arange(n * comm.size, dtype=np.float32)
-        got = comm.reduce_scatter(block)
+        block = buf(np.arange(n * comm.size, dtype=np.float32))
+        got = buf(np.full(n, -1, np.float32))
+        comm.reduce_scatter(block, out=got)
         if not np.array_equal(got, block[comm.rank * n:(comm.rank + 1) * n] * comm.size):
             bad.append(f"rank {comm.rank} n={n}: reduce_scatter {got[:3]}")
+        del x, y, block, got
         for root in range(comm.size):
             z = np.arange(n, dtype=np.float32) * (comm.rank + 1)
             out = np.full(n, -1, np.float32)
@@ -181,6 +193,18 @@ def test_pushed_allreduce_reduce_scatter_and_reduce_land_right_in_place_and_out(
     start = cma_min_bytes("allreduce", oversubscribed(nranks)) // 4
     sizes = [start - 1, start, 3 * start + 5, 8 * start + 3]
     assert collectx.launch(_pushed_sizes, nranks, args=(sizes,), timeout=240) == [[]] * nranks
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_pushed_copies_into_window_arrays_land_right(monkeypatch, nranks):
+    # A rank's pushed copies (one per peer) run inside its reduce, into peers' window arrays
+    from collectx.runtime.engine import cma_min_bytes
+    from collectx.runtime.window import oversubscribed
+    start = cma_min_bytes("allreduce", oversubscribed(nranks)) // 4
+    monkeypatch.setenv("COLLECTX_WINDOW_BYTES", str(2 * 4 * (5 + nranks) * (8 * start + 3)))
+    sizes = [start, 3 * start + 5, 8 * start + 3]
+    assert collectx.launch(_pushed_sizes, nranks, args=(sizes, True),
+                           timeout=240) == [[]] * nranks
 
 
 def _broadcasts(sizes):

@@ -55,6 +55,7 @@ constexpr int kDescCompared = 6;           // seq, collective, dtype, op, count,
 constexpr int kDescHeap = 6;               // desc[6 + b]: heap offset + 1 of buffer b, or 0
 constexpr int kDescCma = 8;                // desc[8 + b]: address of buffer b for CMA, or 0
 constexpr size_t kBounceBytes = 256 << 10; // a reduce's CMA sources, read piece by piece
+constexpr int kMaxPush = 64;               // pushed copies run inside one instruction, at most
 
 struct Ctx {
     const cx_exec_plan* plan;
@@ -68,9 +69,10 @@ struct Ctx {
     bool zero_copy;
     bool cma_any;   // some rank's buffers are read across processes in this call
     int fail_rank;  // the peer a failed CMA read named
-    // The pushed copy fused into the instruction being run (see fusable_push): its destination
-    // ref, a peer's output; NULL when none is.
-    const int32_t* push_ref;
+    // The pushed copies fused into the instruction being run (see fused_pushes): their
+    // destination refs, peers' outputs.
+    const int32_t* push_ref[kMaxPush];
+    int npush;
     // My input (0) and output (1) in the user's buffer at this tile, and which of their chunks
     // (unit * nchunks + chunk) are used there in place: all, none (NULL), or those set in mask.
     char* user[2];
@@ -167,17 +169,21 @@ int cma_piece(Ctx& c, bool write, int r, char* remote, const void* local, int64_
 }
 
 // Where a piece also goes: addr in rank's process (a peer's buffer written across processes),
-// or in mine when rank < 0 (the window); nowhere when addr is NULL.
+// or in mine when rank < 0 (the window).
 struct Target {
     char* addr;
     int rank;
 };
 
-// Writes n elements from src to the target, `at` bytes in.
-int put(Ctx& c, const Target& t, int64_t at, const void* src, int64_t n) {
-    if (!t.addr) return CX_EXEC_OK;
-    if (t.rank >= 0) return cma_piece(c, true, t.rank, t.addr + at, src, n);
-    cx_copy_impl(t.addr + at, src, size_t(n) * c.esize);
+// Writes n elements from src to each of the targets, `at` bytes in.
+int put(Ctx& c, const Target* t, int nt, int64_t at, const void* src, int64_t n) {
+    for (int i = 0; i < nt; ++i) {
+        if (t[i].rank >= 0) {
+            if (int rc = cma_piece(c, true, t[i].rank, t[i].addr + at, src, n)) return rc;
+        } else {
+            cx_copy_impl(t[i].addr + at, src, size_t(n) * c.esize);
+        }
+    }
     return CX_EXEC_OK;
 }
 
@@ -187,10 +193,10 @@ int put(Ctx& c, const Target& t, int64_t at, const void* src, int64_t n) {
 // sources are read into the bounce buffer and a remote destination is written from it, a piece
 // at a time, so the piece is still in this core's caches when it is written out.
 int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc, int64_t len,
-               const Target& push) {
+               const Target* push, int npush) {
     static thread_local std::unique_ptr<char, decltype(&free)> bounce(nullptr, &free);
     size_t es = c.esize;
-    if (in[0] == 0 && !push.addr && (rank[0] < 0 || rank[1] < 0))
+    if (in[0] == 0 && npush == 0 && (rank[0] < 0 || rank[1] < 0))
         return rank[0] < 0 ? cma_piece(c, false, rank[1], addr[1], addr[0], len)
                            : cma_piece(c, true, rank[0], addr[0], addr[1], len);
     if (!bounce) bounce.reset(static_cast<char*>(aligned_alloc(4096, kBounceBytes)));
@@ -216,8 +222,8 @@ int run_remote(Ctx& c, const int32_t* in, char** addr, const int* rank, int nsrc
             return CX_EXEC_KERNEL;
         if (rank[0] >= 0)
             if (int rc = cma_piece(c, true, rank[0], addr[0] + at, dst, n)) return rc;
-        // The fused push: this piece, still in cache, into the peer's output.
-        if (int rc = put(c, push, at, dst, n)) return rc;
+        // The fused pushes: this piece, still in cache, into the peers' outputs.
+        if (int rc = put(c, push, npush, at, dst, n)) return rc;
     }
     return CX_EXEC_OK;
 }
@@ -235,7 +241,7 @@ int run_local(Ctx& c, const int32_t* in, char* const* addr, int nsrc, int64_t le
 }
 
 // A piece whose destination also goes elsewhere: a chunk of my output in the window to the
-// user's buffer at `user`, and/or a pushed chunk to a peer's output (`push`): computed and
+// user's buffer at `user`, and/or a pushed chunk to peers' outputs (`push`): computed and
 // copied there in parts small enough that the copies read them from L1 (a part's sources
 // stream through L1 too). 2-rank in-place allreduce of 1 MiB, four rounds of
 // each: 116.4-119.0 us with 32 KiB parts, 112.5-116.5 with 16, 110.8-117.0 with 8, 112.8-114.8
@@ -244,7 +250,7 @@ int run_local(Ctx& c, const int32_t* in, char* const* addr, int nsrc, int64_t le
 constexpr int64_t kThroughBytes = 16 << 10;
 
 int run_through(Ctx& c, const int32_t* in, char* const* addr, int nsrc, int64_t len,
-                char* user, const Target& push) {
+                char* user, const Target* push, int npush) {
     int64_t es = int64_t(c.esize), step = std::max<int64_t>(1, kThroughBytes / es);
     char* part[65];
     for (int64_t off = 0; off < len; off += step) {
@@ -252,16 +258,15 @@ int run_through(Ctx& c, const int32_t* in, char* const* addr, int nsrc, int64_t 
         for (int s = 0; s <= nsrc; ++s) part[s] = addr[s] + off * es;
         if (int rc = run_local(c, in, part, nsrc, n)) return rc;
         if (user) cx_copy_impl(user + off * es, part[0], size_t(n) * c.esize);
-        if (int rc = put(c, push, off * es, part[0], n)) return rc;
+        if (int rc = put(c, push, npush, off * es, part[0], n)) return rc;
     }
     return CX_EXEC_OK;
 }
 
-// Where the fused pushed copy (c.push_ref) writes the piece at chunk offset `lo` of `unit`
-// (`at`: the piece's offset in a user buffer): across processes into the peer's published
-// output, or straight into its output in the window (its heap array or staging slot).
-Target push_target(const Ctx& c, int64_t unit, int64_t lo, int64_t at) {
-    const int32_t* to = c.push_ref;
+// Where a fused pushed copy to `to` writes the piece at chunk offset `lo` of `unit` (`at`: the
+// piece's offset in a user buffer): across processes into the peer's published output, or
+// straight into its output in the window (its heap array or staging slot).
+Target push_target(const Ctx& c, const int32_t* to, int64_t unit, int64_t lo, int64_t at) {
     if (const char* remote = remote_of(c, to)) return {const_cast<char*>(remote) + at, to[0]};
     int slot = 3 * to[0] + to[1];
     return {c.ptr[slot] + (unit * c.stride[slot] + lo) * int64_t(c.esize), -1};
@@ -287,14 +292,18 @@ int run_instr(Ctx& c, const int32_t* in) {
         bool any_remote = false;
         int64_t len = -1;
         char* through = nullptr;  // where the piece also goes in the user's output, if it does
-        Target push{nullptr, -1};  // where the fused pushed copy writes it (the same chunks)
+        Target push[kMaxPush];    // where the fused pushed copies write it (the same chunks)
+        bool remote_push = false;
         for (int s = 0; s <= nsrc; ++s) {
             int64_t j = refs[s][2] + k, unit = j / nch, i = j % nch;
             int64_t lo = chunk_lo(i, nch, c.tile_len), hi = chunk_lo(i + m, nch, c.tile_len);
             int64_t at = (unit * c.call->count + lo) * es;  // the piece's offset in a user buffer
             if (s == 0 && refs[0][0] == p->rank && refs[0][1] == 1 && is_through(c, j))
                 through = c.user[1] + at;
-            if (s == 0 && c.push_ref) push = push_target(c, unit, lo, at);
+            for (int q = 0; s == 0 && q < c.npush; ++q) {
+                push[q] = push_target(c, c.push_ref[q], unit, lo, at);
+                remote_push |= push[q].rank >= 0;
+            }
             int slot = 3 * refs[s][0] + refs[s][1];
             const char* remote = remote_of(c, refs[s]);
             rank[s] = remote ? refs[s][0] : -1;
@@ -309,14 +318,13 @@ int run_instr(Ctx& c, const int32_t* in) {
             if (len < 0) len = hi - lo;
             else if (len != hi - lo) return CX_EXEC_BADARG;  // refs of unequal element length
         }
-        if (len > 0 && push.addr && push.rank >= 0 && through) {  // rare: staged, written through
-            if (int rc = run_through(c, in, addr, nsrc, len, through, Target{nullptr, -1}))
-                return rc;
-            if (int rc = put(c, push, 0, addr[0], len)) return rc;
-        } else if (len > 0 && (any_remote || (push.addr && push.rank >= 0))) {
-            if (int rc = run_remote(c, in, addr, rank, nsrc, len, push)) return rc;
-        } else if (len > 0 && (through || push.addr)) {
-            if (int rc = run_through(c, in, addr, nsrc, len, through, push)) return rc;
+        if (len > 0 && remote_push && through) {  // rare: staged, written through
+            if (int rc = run_through(c, in, addr, nsrc, len, through, push, 0)) return rc;
+            if (int rc = put(c, push, c.npush, 0, addr[0], len)) return rc;
+        } else if (len > 0 && (any_remote || remote_push)) {
+            if (int rc = run_remote(c, in, addr, rank, nsrc, len, push, c.npush)) return rc;
+        } else if (len > 0 && (through || c.npush)) {
+            if (int rc = run_through(c, in, addr, nsrc, len, through, push, c.npush)) return rc;
         } else if (len > 0) {
             if (int rc = run_local(c, in, addr, nsrc, len)) return rc;
         }
@@ -325,10 +333,10 @@ int run_instr(Ctx& c, const int32_t* in) {
     return CX_EXEC_OK;
 }
 
-// The instruction after `in` in its lane when it is a copy that pushes exactly the chunks `in`
-// writes in my output or scratch (a reduce's shard) into the same chunks of a peer's output,
-// with no deps of its own (collectx/schedule/push.py places such copies): running it piece by
-// piece inside `in` writes each piece while it is still in cache. NULL otherwise.
+// The destination of `next` when it is a copy that pushes exactly the chunks `in` writes in my
+// output or scratch (a reduce's shard) into the same chunks of a peer's output, with no deps
+// of its own (collectx/schedule/push.py places such copies right after `in`): running it piece
+// by piece inside `in` writes each piece while it is still in cache. NULL otherwise.
 const int32_t* fusable_push(const Ctx& c, const int32_t* in, const int32_t* next) {
     const int32_t* to = next + 1;
     bool mine = in[1] == c.plan->rank && (in[2] == 1 || in[2] == 2);  // my output or scratch
@@ -380,12 +388,16 @@ int run_lanes(Ctx& c) {
                 bool ok = true;
                 for (int d = 0; d < in[8] && ok; ++d) ok = dep_met(c, deps + 3 * d);
                 if (!ok) break;
-                bool fused = pc[l] + 1 < p->lane_off[l + 1] &&
-                             (c.push_ref = fusable_push(c, in, in + 9)) != nullptr;
+                // The pushed copies that follow it run inside it.
+                c.npush = 0;
+                while (c.npush < kMaxPush && pc[l] + 1 + c.npush < p->lane_off[l + 1] &&
+                       (c.push_ref[c.npush] = fusable_push(c, in, in + 9 * (1 + c.npush))))
+                    ++c.npush;
                 int rc = run_instr(c, in);
-                c.push_ref = nullptr;
+                int fused = c.npush;
+                c.npush = 0;
                 if (rc != CX_EXEC_OK) return w.fail(rc, c.fail_rank >= 0 ? c.fail_rank : p->rank);
-                pc[l] += fused;  // the pushed copy ran inside it
+                pc[l] += fused;
                 int idx = pc[l] - p->lane_off[l];
                 publish(c.win, &mine->lane_flag[l][0], (c.epoch << 32) | uint64_t(idx + 1));
                 progressed = true;
@@ -530,7 +542,7 @@ extern "C" int cx_exec_run(const cx_exec_plan* plan, const cx_exec_window* win,
     Ctx c;  // not value-initialised: ptr/stride/remote (16 KiB) are set per tile (place_buffers)
     c.zero_copy = c.cma_any = false;
     c.fail_rank = -1;
-    c.push_ref = nullptr;
+    c.npush = 0;
     c.plan = plan;
     c.win = win;
     c.call = call;
