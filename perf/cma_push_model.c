@@ -35,23 +35,9 @@ static const char* kNames[kWays] = {"pull", "push", "push-whole"};
 static const size_t kPiece = 256 << 10;
 
 typedef struct {
-  volatile int64_t v, pad[7];
-} Flag;                                // one cache line per flag
-
-typedef struct {
   Flag pid[2], addr[2], arrived[2], reduced[2], done[2], bad[2];
 } Shared;
 
-static void wait_for(Flag* f, int64_t v) {
-  while (__atomic_load_n(&f->v, __ATOMIC_ACQUIRE) < v) {
-  }
-}
-
-static void publish(Flag* f, int64_t v) { __atomic_store_n(&f->v, v, __ATOMIC_RELEASE); }
-
-static void add(float* x, const float* y, size_t n) {
-  for (size_t i = 0; i < n; i++) x[i] += y[i];
-}
 
 static void move(pid_t pid, void* local, void* remote, size_t n, int write) {
   struct iovec l = {local, n}, r = {remote, n};

@@ -33,17 +33,8 @@ typedef float V __attribute__((vector_size(32)));
 enum { kCalls = 300, kWarm = 20 };
 
 typedef struct {                      // one cache line per counter: no false sharing
-  volatile int64_t staged, pad0[7], reduced, pad1[7], done, pad2[7];
+  Flag staged, reduced, done;
 } Flags;
-
-static void wait_for(volatile int64_t* flag, int64_t value) {
-  while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) < value) {
-  }
-}
-
-static void publish(volatile int64_t* flag, int64_t value) {
-  __atomic_store_n(flag, value, __ATOMIC_RELEASE);
-}
 
 __attribute__((target("avx2"))) static void add_twice(float* x, float* slot, const float* peer,
                                                       size_t n) {

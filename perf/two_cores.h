@@ -1,9 +1,12 @@
-// Shared by the two-process C models in perf/ (exchange_model.c, cma_push_model.c): a clock,
-// a comparison for qsort, and pinning each process to one of the first two allowed CPUs.
+// Shared by the two-process C models in perf/ (exchange_model.c, cma_push_model.c,
+// window_model.c): a clock, a comparison for qsort, flags in shared memory, the float32 add,
+// and pinning each process to one of the first two allowed CPUs.
 #ifndef COLLECTX_PERF_TWO_CORES_H
 #define COLLECTX_PERF_TWO_CORES_H
 
 #include <sched.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <time.h>
 
 static cpu_set_t g_allowed;  // the CPUs this program may use, read before any pinning
@@ -12,6 +15,23 @@ static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+// A flag one process publishes and the other waits for, alone in its cache line.
+typedef struct {
+  volatile int64_t v, pad[7];
+} Flag;
+
+static inline void wait_for(Flag* f, int64_t v) {
+  while (__atomic_load_n(&f->v, __ATOMIC_ACQUIRE) < v) {
+  }
+}
+
+static inline void publish(Flag* f, int64_t v) { __atomic_store_n(&f->v, v, __ATOMIC_RELEASE); }
+
+// The reduction the models time: x += y, float32.
+static inline void add(float* x, const float* y, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
 static int cmp_double(const void* a, const void* b) {

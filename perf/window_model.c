@@ -30,23 +30,9 @@ static const char* kNames[kWays] = {"whole", "parts"};
 static const size_t kPart = 16 << 10;
 
 typedef struct {
-  volatile int64_t v, pad[7];
-} Flag;  // one cache line per flag
-
-typedef struct {
   Flag done[2], bad[2];
 } Shared;
 
-static void wait_for(Flag* f, int64_t v) {
-  while (__atomic_load_n(&f->v, __ATOMIC_ACQUIRE) < v) {
-  }
-}
-
-static void publish(Flag* f, int64_t v) { __atomic_store_n(&f->v, v, __ATOMIC_RELEASE); }
-
-static void add(float* x, const float* y, size_t n) {
-  for (size_t i = 0; i < n; i++) x[i] += y[i];
-}
 
 // x_r[lo, lo + len) += x_peer[...], then copied into x_peer, in steps of `step` bytes.
 static void reduce_push(char* mine, char* theirs, size_t len, size_t step) {

@@ -72,3 +72,17 @@ def test_cma_push_model_checks_and_times_each_way(tmp_path):
     ways = re.findall(r"256 KiB  (\S+) +([\d.]+) us", run.stdout)
     assert [w for w, _ in ways] == ["pull", "push", "push-whole"], run.stdout
     assert all(float(t) > 0 for _, t in ways)
+
+
+def test_window_model_checks_and_times_each_way(tmp_path):
+    # perf/window_model.c: the 2-rank allreduce of window arrays, whole and part by part.
+    run = _run_model(tmp_path, "window_model", "0.25")
+    if run is None:
+        return
+    assert run.returncode == 0, run.stderr
+    ways = re.findall(r"256 KiB  (\S+) +([\d.]+) us", run.stdout)
+    assert [w for w, _ in ways] == ["whole", "parts"], run.stdout
+    assert all(float(t) > 0 for _, t in ways)
+    bad = subprocess.run([str(tmp_path / "window_model"), "0"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 1 and "at least 32 KiB" in bad.stderr
