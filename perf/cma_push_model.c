@@ -103,15 +103,10 @@ static int run(size_t nbytes, int way, int touch, int huge) {
                     -1, 0);
   if (sh == MAP_FAILED) return -1;
   memset(sh, 0, sizeof *sh);
-  fflush(stdout);
-  pid_t child = fork();
-  alarm(60);  // a side whose peer died would wait forever: end both instead of hanging
+  pid_t child = start_pair(60);
   double t = rank_main(child == 0 ? 1 : 0, sh, nbytes, way, touch, huge);
   if (child == 0) _exit(0);
-  int status = 0;
-  waitpid(child, &status, 0);
-  alarm(0);
-  int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && !sh->bad[0].v && !sh->bad[1].v;
+  int ok = join_pair(child) && !sh->bad[0].v && !sh->bad[1].v;
   if (ok) printf("%8zu KiB  %-10s %8.1f us\n", nbytes >> 10, kNames[way], t * 1e6);
   munmap(sh, sizeof *sh);
   return ok ? 0 : -1;

@@ -140,16 +140,12 @@ static int in_two_processes(int (*body)(int, size_t, char*), size_t nbytes) {
   char* shared = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shared == MAP_FAILED) return -1;
   memset(shared, 0, 4096);
-  fflush(stdout);
-  pid_t child = fork();
-  alarm(60);  // a side whose peer died would wait forever: end both instead of hanging
+  pid_t child = start_pair(60);
   int rc = body(child == 0 ? 1 : 0, nbytes, shared);
-  alarm(0);
   if (child == 0) _exit(rc == 0 ? 0 : 1);
-  int status = 0;
-  waitpid(child, &status, 0);
+  int ok = join_pair(child);
   munmap(shared, len);
-  return rc == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+  return rc == 0 && ok ? 0 : -1;
 }
 
 int main(int argc, char** argv) {

@@ -7,7 +7,10 @@
 #include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 static cpu_set_t g_allowed;  // the CPUs this program may use, read before any pinning
 
@@ -55,6 +58,24 @@ static int pin(int nth) {
       return sched_setaffinity(0, sizeof one, &one);
     }
   return -1;
+}
+
+// Forks the second process: the caller then runs rank 0 (the parent) or rank 1 (the child,
+// where this returns 0). A side whose peer died would wait forever: an alarm ends both after
+// `limit_s` seconds instead of hanging.
+static pid_t start_pair(unsigned limit_s) {
+  fflush(stdout);
+  pid_t child = fork();
+  alarm(limit_s);
+  return child;
+}
+
+// In rank 0: waits for rank 1; 1 when it exited with status 0.
+static int join_pair(pid_t child) {
+  int status = 0;
+  waitpid(child, &status, 0);
+  alarm(0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 #endif

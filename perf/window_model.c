@@ -74,15 +74,10 @@ static int run(size_t nbytes, int way) {
   memset(map, 0, sizeof(Shared));
   Shared* sh = (Shared*)map;
   char* x[2] = {map + 4096, map + 4096 + nbytes};
-  fflush(stdout);
-  pid_t child = fork();
-  alarm(120);  // a side whose peer died would wait forever: end both instead of hanging
+  pid_t child = start_pair(120);
   double t = rank_main(child == 0 ? 1 : 0, sh, x, nbytes, way);
   if (child == 0) _exit(0);
-  int status = 0;
-  waitpid(child, &status, 0);
-  alarm(0);
-  int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && !sh->bad[0].v && !sh->bad[1].v;
+  int ok = join_pair(child) && !sh->bad[0].v && !sh->bad[1].v;
   if (ok) printf("%8zu KiB  %-6s %10.1f us\n", nbytes >> 10, kNames[way], t * 1e6);
   munmap(map, bytes);
   return ok ? 0 : -1;
