@@ -50,3 +50,15 @@ def test_under_collectx_run_the_launchers_ranks_are_used():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("# Out of bounds values : 0 OK") == 1  # rank 0 reports, once
     assert "nranks 2" in done.stdout
+
+
+def test_buffers_too_big_for_the_default_window_get_a_window_that_holds_them():
+    from collectx.perf.window import window_for
+    spec = {"collectives": ["allreduce"], "sizes": [40 << 20], "dtype": "float32"}
+    done = _run(["-m", "collectx.cli.perf", "-n", "2", "-b", "40M", "-e", "40M", "-w", "1",
+                 "-I", "1", "--no-progress"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    # 80 MiB of buffers: in the window when /dev/shm has room (and no window size is forced)
+    want = "comm.empty" if window_for(spec, 2) else "ordinary memory"
+    assert f"# collectx buffers: {'arrays from ' if want == 'comm.empty' else ''}{want}" \
+        in done.stdout, done.stdout

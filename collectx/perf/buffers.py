@@ -32,21 +32,31 @@ def _torch():
 def alloc(comm, n: int, dtype: str, device: str = "cpu"):
     """An ``n``-element buffer of ``dtype``: on the current GPU (torch) for ``device="cuda"``,
     else from ``comm.empty`` when the communicator has one, else numpy (torch for bfloat16)."""
+    return alloc_where(comm, n, dtype, device)[0]
+
+
+def alloc_where(comm, n: int, dtype: str, device: str = "cpu") -> tuple[object, str]:
+    """:func:`alloc`'s buffer and where it came from: ``"device"``, ``"comm.empty"`` (the
+    communicator's own memory: collectx's shared window) or ``"host"`` (ordinary memory).
+
+    >>> alloc_where(None, 2, "float32")[1]
+    'host'
+    """
     if device == "cuda":
         torch = _torch()
-        return torch.empty(n, dtype=getattr(torch, dtype), device="cuda")
+        return torch.empty(n, dtype=getattr(torch, dtype), device="cuda"), "device"
     maker = getattr(comm, "empty", None)
     if maker is not None:
         try:
-            return maker((n,), dtype)
+            return maker((n,), dtype), "comm.empty"
         except (TypeError, DTypeError, ArgumentError):
             # No window memory for this dtype, or the window is full: ordinary memory works
             # too (the runtime stages it through the window).
             pass
     if dtype == "bfloat16":
         torch = _torch()
-        return torch.empty(n, dtype=torch.bfloat16)
-    return np.empty(n, dtype=dtype)
+        return torch.empty(n, dtype=torch.bfloat16), "host"
+    return np.empty(n, dtype=dtype), "host"
 
 
 def read(buf) -> np.ndarray:

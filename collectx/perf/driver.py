@@ -19,6 +19,7 @@ from .rounds import median_rows
 from .report import library_versions, machine_info, write_csv, write_json
 from .sweep import run_sweep, stderr_progress
 from .table import format_table, total_wrong
+from .window import window_for
 
 # Variables by which a launcher tells a process its rank: then the sweep uses those ranks.
 LAUNCHER_VARS = (("OMPI_COMM_WORLD_SIZE",), ("WORLD_SIZE", "RANK"), ("COLLECTX_RANK",))
@@ -38,6 +39,7 @@ def _collectx_rank(spec: dict) -> list[dict]:
     # Runs in every rank process that collectx.launch starts; must stay a module-level function.
     import collectx
     _apply_algo(spec.get("algo"))
+    _apply_window(spec.get("window_bytes"))
     if spec.get("device") == "cuda":
         _bind_gpu()
     comm = collectx.init(device=spec.get("device", "cpu"))
@@ -84,6 +86,14 @@ def _apply_algo(algo: str | None) -> None:
         get_config.cache_clear()
 
 
+def _apply_window(window_bytes: int | None) -> None:
+    # A window that holds the sweep's buffers (collectx.perf.window), set the same way.
+    if window_bytes:
+        os.environ["COLLECTX_WINDOW_BYTES"] = str(window_bytes)
+        from ..config import get_config
+        get_config.cache_clear()
+
+
 def _bind_gpu() -> None:
     # One GPU per local rank, chosen before any CUDA memory is touched.
     import torch
@@ -122,6 +132,27 @@ def _preamble(opts: Options, nranks: int) -> list[str]:
             f"iters: {opts.iters or auto}  validation: {opts.check}  device: {opts.device}  "
             f"algo: {opts.algo or 'auto'}  bind: {_binding(opts, nranks)}",
             f"# host {machine_info()['hostname']}  cpu {machine_info()['cpu_model']}"]
+
+
+# What the preamble says of the memory collectx's rows ran on (collectx.perf.buffers).
+_BUFFER_NOTES = {
+    "comm.empty": "arrays from comm.empty in the shared window (used in place: zero copy)",
+    "host": "ordinary memory, staged or read across processes by the runtime (the sweep's "
+            "largest buffers did not fit the shared window; COLLECTX_WINDOW_BYTES sizes it)",
+    "device": "GPU memory"}
+
+
+def _buffer_notes(rows: list[dict]) -> list[str]:
+    """One preamble line per kind of buffer collectx's rows ran on, naming those rows."""
+    kinds: dict[str, list[str]] = {}
+    for row in rows:
+        if row.get("buffers"):
+            kinds.setdefault(row["buffers"], []).append(row["collective"])
+    if len(kinds) == 1:
+        (kind, _), = kinds.items()
+        return [f"# collectx buffers: {_BUFFER_NOTES.get(kind, kind)}"]
+    return [f"# collectx buffers ({', '.join(dict.fromkeys(colls))}): "
+            f"{_BUFFER_NOTES.get(kind, kind)}" for kind, colls in kinds.items()]
 
 
 def _binding(opts: Options, nranks: int) -> str:
@@ -186,7 +217,8 @@ def run_measured(opts: Options, out=None, launch=None) -> int:
         for i in range(opts.repeat):
             if opts.repeat > 1 and opts.progress:
                 sys.stderr.write(f"collectx-perf: round {i + 1} of {opts.repeat}\n")
-            spec = dict(opts.spec(), rows_file=os.path.join(tmp, f"rows{i}.jsonl"))
+            spec = dict(opts.spec(), rows_file=os.path.join(tmp, f"rows{i}.jsonl"),
+                        window_bytes=window_for(opts.spec(), opts.nprocs))
             try:
                 rows = launch(_collectx_rank, opts.nprocs, args=(spec,), bind=opts.bind)[0]
             except CollectXError as exc:  # show what was measured before the failure, then fail
@@ -220,6 +252,7 @@ def report_measured(opts: Options, nranks: int, peers: dict, skipped: dict, out,
     for name, info in skipped.items():
         hint = f"; install: {info['hint']}" if info.get("hint") else ""
         lines.append(f"# peer {name} skipped: {info['reason']}{hint}")
+    lines += _buffer_notes(peers["collectx"])
     measured = {row["collective"] for row in peers["collectx"]}
     if not failed:  # after a failure, missing collectives are simply the ones not reached
         lines += [f"# {c}: not run, this communicator does not provide it"

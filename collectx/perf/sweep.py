@@ -107,7 +107,8 @@ def run_sweep(comm, spec: dict, *, corrupt: Callable | None = None,
         if progress is not None and comm.rank == 0:
             progress(done, len(jobs), f"{collective} {size} B")
         if collective not in pool:  # one pair of buffers per collective, as nccl-tests does
-            pool = {collective: _buffers(comm, spec, collective)}
+            pool.clear()            # the previous pair goes back to the window heap first
+            pool[collective] = _buffers(comm, spec, collective)
         row = _run_size(comm, spec, collective, size, corrupt, pool[collective],
                         _estimate(last.get(collective), size))
         last[collective] = row
@@ -133,19 +134,32 @@ def _estimate(previous: dict | None, size: int) -> float | None:
     return max(times) * max(1.0, size / max(previous["size"], 1)) if times else None
 
 
+def buffer_elems(collective: str, sizes, itemsize: int, nranks: int) -> tuple[int, int]:
+    """(input, output) elements of the buffers a sweep of ``collective`` over ``sizes`` runs on.
+
+    >>> buffer_elems("allgather", [8, 1024], 4, 2)
+    (128, 256)
+    """
+    bench = BENCHES[collective]
+    lays = [bench.layout(size, itemsize, nranks) for size in sizes]
+    return (max(lay.in_elems for lay in lays),
+            max(max(lay.in_elems, lay.out_elems) for lay in lays))
+
+
 def _buffers(comm, spec, collective) -> tuple:
-    """Input and output buffers big enough for the sweep's largest size of ``collective``.
+    """Input and output buffers big enough for the sweep's largest size of ``collective``, and
+    where they came from (:func:`~collectx.perf.buffers.alloc_where`; ``"host"`` unless both
+    came from the same place).
 
     Every size runs on leading slices of these, so the timed calls reuse memory that is already
     mapped (no page faults) and the runtime sees the same buffers call after call.
     """
-    bench, itemsize = BENCHES[collective], buffers.itemsize(spec["dtype"])
-    lays = [bench.layout(size, itemsize, comm.size) for size in spec["sizes"]]
-    n_in = max(lay.in_elems for lay in lays)
-    n_out = max(max(lay.in_elems, lay.out_elems) for lay in lays)
+    n_in, n_out = buffer_elems(collective, spec["sizes"], buffers.itemsize(spec["dtype"]),
+                               comm.size)
     device = spec.get("device", "cpu")
-    return (buffers.alloc(comm, n_in, spec["dtype"], device),
-            buffers.alloc(comm, n_out, spec["dtype"], device))
+    x, x_at = buffers.alloc_where(comm, n_in, spec["dtype"], device)
+    y, y_at = buffers.alloc_where(comm, n_out, spec["dtype"], device)
+    return x, y, x_at if x_at == y_at else "host"
 
 
 def _variants(comm, bench, x, y, y_oop, op, root) -> dict:
@@ -172,7 +186,7 @@ def _run_size(comm, spec, collective, size, corrupt, pool, estimate_us=None) -> 
     row = {"collective": collective, "size": lay.nbytes, "count": lay.count, "type": dtype,
            "redop": op if collective in REDUCING else "none",
            "root": root if collective in ROOTED else -1, "nranks": comm.size,
-           "warmup": warmup, "iters": iters, "oop": None, "ip": None}
+           "warmup": warmup, "iters": iters, "buffers": pool[2], "oop": None, "ip": None}
     factor = bus_factor(collective, comm.size)
     for name, (run, x_view, out_view) in variants.items():
         mine = _time(comm, run, warmup, iters)
