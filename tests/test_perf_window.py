@@ -26,6 +26,7 @@ def test_window_grows_only_when_shm_has_room_and_nothing_forces_a_size(monkeypat
     assert window.window_for(SPEC, 2, env={}) == need
     assert window.window_for(SPEC, 2, env={"COLLECTX_WINDOW_BYTES": "1000000"}) is None
     assert window.window_for(dict(SPEC, device="cuda"), 2, env={}) is None
+    assert window.window_for(dict(SPEC, dtype="bfloat16"), 2, env={}) is None
     assert window.window_for(dict(SPEC, sizes=[8, 1024]), 2, env={}) is None
     monkeypatch.setattr(os, "statvfs", lambda path: _Fs(need))   # room for one rank only
     assert window.window_for(SPEC, 2, env={}) is None

@@ -137,8 +137,9 @@ def _preamble(opts: Options, nranks: int) -> list[str]:
 # What the preamble says of the memory collectx's rows ran on (collectx.perf.buffers).
 _BUFFER_NOTES = {
     "comm.empty": "arrays from comm.empty in the shared window (used in place: zero copy)",
-    "host": "ordinary memory, staged or read across processes by the runtime (the sweep's "
-            "largest buffers did not fit the shared window; COLLECTX_WINDOW_BYTES sizes it)",
+    "host": "ordinary memory, staged or read across processes by the runtime (comm.empty "
+            "had no room for the sweep's largest buffers, COLLECTX_WINDOW_BYTES sizes the "
+            "window, or no such dtype)",
     "device": "GPU memory"}
 
 

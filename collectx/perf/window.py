@@ -38,10 +38,12 @@ def heap_bytes_needed(spec: dict, nranks: int) -> int:
 
 def window_for(spec: dict, nranks: int, env=None, shm: str = "/dev/shm") -> int | None:
     """``COLLECTX_WINDOW_BYTES`` for ``nranks`` local ranks whose heaps must hold the sweep's
-    buffers, or None to leave the window as configured: GPU buffers, a window set by the user,
-    buffers that fit the default one, or not enough room in ``shm`` for every rank's heap."""
+    buffers, or None to leave the window as configured: GPU buffers, bfloat16 (which
+    ``comm.empty`` does not hold), a window set by the user, buffers that fit the default one,
+    or not enough room in ``shm`` for every rank's heap."""
     env = os.environ if env is None else env
-    if spec.get("device", "cpu") != "cpu" or "COLLECTX_WINDOW_BYTES" in env:
+    if (spec.get("device", "cpu") != "cpu" or spec["dtype"] == "bfloat16"
+            or "COLLECTX_WINDOW_BYTES" in env):
         return None
     need, default = heap_bytes_needed(spec, nranks), Config().window_bytes
     if need <= default:

@@ -69,7 +69,7 @@ struct Ctx {
     bool zero_copy;
     bool cma_any;   // some rank's buffers are read across processes in this call
     int fail_rank;  // the peer a failed CMA read named
-    // The pushed copies fused into the instruction being run (see fused_pushes): their
+    // The pushed copies fused into the instruction being run (see fusable_push): their
     // destination refs, peers' outputs.
     const int32_t* push_ref[kMaxPush];
     int npush;
