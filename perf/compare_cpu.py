@@ -110,7 +110,7 @@ def bench_collectx(cases, budget, window=False, touch=False):
     out = []
     for coll, nbytes in cases:
         ni, no = elements(coll, nbytes, comm.size)
-        if window:   # the heap is half the window (COLLECTX_WINDOW_BYTES): free as we go
+        if window:   # the heap is as large as the window (COLLECTX_WINDOW_BYTES): free as we go
             x = comm.empty((ni,), np.float32)
             y = x if coll == "allreduce" else comm.empty((no,), np.float32)
             x[:] = 1
