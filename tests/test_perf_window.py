@@ -48,3 +48,21 @@ def test_preamble_names_the_buffers_and_which_collectives_ran_on_which():
                                                 "# collectx buffers (alltoall)"]
     assert "COLLECTX_WINDOW_BYTES" in notes[1]
     assert _buffer_notes([{"collective": "allreduce"}]) == []    # peers' rows say nothing
+
+
+def test_buffers_are_labelled_by_where_the_communicator_put_them():
+    import numpy as np
+    from collectx.perf import buffers
+    from collectx.perf.adapters import MpiComm
+
+    class Window:
+        def empty(self, shape, dtype):
+            return np.empty(shape, dtype)
+
+    class Plain(Window):
+        empty_kind = "host"      # as the Open MPI and gloo adapters hand out ordinary memory
+
+    assert buffers.alloc_where(Window(), 4, "float32")[1] == "comm.empty"
+    assert buffers.alloc_where(Plain(), 4, "float32")[1] == "host"
+    assert buffers.alloc_where(None, 4, "float32")[1] == "host"
+    assert MpiComm.empty_kind == "host"

@@ -22,6 +22,7 @@ class MpiComm:
     """collectx-style calls over an mpi4py communicator (numpy buffers)."""
 
     inplace = frozenset({"allreduce", "allgather", "broadcast", "reduce"})
+    empty_kind = "host"      # what empty() hands out (collectx.perf.buffers.alloc_where)
     UNSUPPORTED_DTYPES = ("float16", "bfloat16")  # Open MPI has no half-precision reductions
 
     def __init__(self, mpi_comm=None):
@@ -106,6 +107,7 @@ class TorchComm:
         import torch.distributed as dist
         self._torch, self._dist, self.device = torch, dist, device
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.empty_kind = "host" if device == "cpu" else "device"
         ops = dist.ReduceOp
         self._ops = {"sum": ops.SUM, "prod": ops.PRODUCT, "min": ops.MIN, "max": ops.MAX,
                      "avg": ops.AVG}

@@ -37,7 +37,8 @@ def alloc(comm, n: int, dtype: str, device: str = "cpu"):
 
 def alloc_where(comm, n: int, dtype: str, device: str = "cpu") -> tuple[object, str]:
     """:func:`alloc`'s buffer and where it came from: ``"device"``, ``"comm.empty"`` (the
-    communicator's own memory: collectx's shared window) or ``"host"`` (ordinary memory).
+    communicator's own memory: collectx's shared window) or ``"host"`` (ordinary memory). A
+    communicator whose ``empty`` hands out ordinary memory says so in ``empty_kind``.
 
     >>> alloc_where(None, 2, "float32")[1]
     'host'
@@ -48,7 +49,7 @@ def alloc_where(comm, n: int, dtype: str, device: str = "cpu") -> tuple[object, 
     maker = getattr(comm, "empty", None)
     if maker is not None:
         try:
-            return maker((n,), dtype), "comm.empty"
+            return maker((n,), dtype), getattr(comm, "empty_kind", "comm.empty")
         except (TypeError, DTypeError, ArgumentError):
             # No window memory for this dtype, or the window is full: ordinary memory works
             # too (the runtime stages it through the window).
