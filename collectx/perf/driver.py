@@ -38,8 +38,8 @@ def launched_externally(env=None) -> bool:
 def _collectx_rank(spec: dict) -> list[dict]:
     # Runs in every rank process that collectx.launch starts; must stay a module-level function.
     import collectx
-    _apply_algo(spec.get("algo"))
-    _apply_window(spec.get("window_bytes"))
+    _apply_setting("COLLECTX_ALGO", spec.get("algo"))
+    _apply_setting("COLLECTX_WINDOW_BYTES", spec.get("window_bytes"))
     if spec.get("device") == "cuda":
         _bind_gpu()
     comm = collectx.init(device=spec.get("device", "cpu"))
@@ -77,19 +77,12 @@ def _check_algo(algo: str | None) -> None:
         raise ArgumentError(f"--algo {algo!r}: expected one of {', '.join(sorted(ALGORITHMS))}")
 
 
-def _apply_algo(algo: str | None) -> None:
-    # --algo reaches the runtime the way every knob does: through its COLLECTX_* variable, set
-    # in this rank process before collectx.init() reads the configuration.
-    if algo:
-        os.environ["COLLECTX_ALGO"] = algo
-        from ..config import get_config
-        get_config.cache_clear()
-
-
-def _apply_window(window_bytes: int | None) -> None:
-    # A window that holds the sweep's buffers (collectx.perf.window), set the same way.
-    if window_bytes:
-        os.environ["COLLECTX_WINDOW_BYTES"] = str(window_bytes)
+def _apply_setting(name: str, value) -> None:
+    # --algo, and a window that holds the sweep's buffers (collectx.perf.window), reach the
+    # runtime the way every knob does: through its COLLECTX_* variable, set in this rank
+    # process before collectx.init() reads the configuration. None or 0: leave it.
+    if value:
+        os.environ[name] = str(value)
         from ..config import get_config
         get_config.cache_clear()
 
@@ -214,12 +207,13 @@ def run_measured(opts: Options, out=None, launch=None) -> int:
                             f"for -n {opts.nprocs}")
     rounds: dict[str, list] = {"collectx": []}
     skipped: dict[str, dict] = {}
+    window_bytes = window_for(opts.spec(), opts.nprocs)
     with tempfile.TemporaryDirectory(prefix="collectx-perf-") as tmp:
         for i in range(opts.repeat):
             if opts.repeat > 1 and opts.progress:
                 sys.stderr.write(f"collectx-perf: round {i + 1} of {opts.repeat}\n")
             spec = dict(opts.spec(), rows_file=os.path.join(tmp, f"rows{i}.jsonl"),
-                        window_bytes=window_for(opts.spec(), opts.nprocs))
+                        window_bytes=window_bytes)
             try:
                 rows = launch(_collectx_rank, opts.nprocs, args=(spec,), bind=opts.bind)[0]
             except CollectXError as exc:  # show what was measured before the failure, then fail
@@ -271,7 +265,7 @@ def run_as_rank(opts: Options, out=None) -> int:
     """Under an external launcher: this process is one rank; rank 0 reports."""
     import collectx
     out = out or sys.stdout
-    _apply_algo(opts.algo)
+    _apply_setting("COLLECTX_ALGO", opts.algo)
     if opts.device == "cuda":
         _bind_gpu()
     comm = collectx.init(device=opts.device)

@@ -263,12 +263,15 @@ int run_through(Ctx& c, const int32_t* in, char* const* addr, int nsrc, int64_t 
     return CX_EXEC_OK;
 }
 
-// Where a fused pushed copy to `to` writes the piece at chunk offset `lo` of `unit` (`at`: the
-// piece's offset in a user buffer): across processes into the peer's published output, or
-// straight into its output in the window (its heap array or staging slot).
-Target push_target(const Ctx& c, const int32_t* to, int64_t unit, int64_t lo, int64_t at) {
-    if (const char* remote = remote_of(c, to)) return {const_cast<char*>(remote) + at, to[0]};
-    int slot = 3 * to[0] + to[1];
+// Where the piece of `ref` at chunk j (offset `lo` of `unit`; `at`: its offset in a user
+// buffer) lies: in a peer's buffer published for use across processes, in my user buffer used
+// in place, or in the window (a staging slot or a heap array).
+Target locate(const Ctx& c, const int32_t* ref, int64_t j, int64_t unit, int64_t lo,
+              int64_t at) {
+    if (const char* remote = remote_of(c, ref)) return {const_cast<char*>(remote) + at, ref[0]};
+    if (ref[0] == c.plan->rank && ref[1] < 2 && is_direct(c, ref[1], j))
+        return {c.user[ref[1]] + at, -1};
+    int slot = 3 * ref[0] + ref[1];
     return {c.ptr[slot] + (unit * c.stride[slot] + lo) * int64_t(c.esize), -1};
 }
 
@@ -300,21 +303,14 @@ int run_instr(Ctx& c, const int32_t* in) {
             int64_t at = (unit * c.call->count + lo) * es;  // the piece's offset in a user buffer
             if (s == 0 && refs[0][0] == p->rank && refs[0][1] == 1 && is_through(c, j))
                 through = c.user[1] + at;
-            for (int q = 0; s == 0 && q < c.npush; ++q) {
-                push[q] = push_target(c, c.push_ref[q], unit, lo, at);
+            for (int q = 0; s == 0 && q < c.npush; ++q) {  // the same chunks of peers' outputs
+                push[q] = locate(c, c.push_ref[q], j, unit, lo, at);
                 remote_push |= push[q].rank >= 0;
             }
-            int slot = 3 * refs[s][0] + refs[s][1];
-            const char* remote = remote_of(c, refs[s]);
-            rank[s] = remote ? refs[s][0] : -1;
-            if (remote) {
-                addr[s] = const_cast<char*>(remote) + at;
-                any_remote = true;
-            } else if (refs[s][0] == p->rank && refs[s][1] < 2 && is_direct(c, refs[s][1], j)) {
-                addr[s] = c.user[refs[s][1]] + at;
-            } else {
-                addr[s] = c.ptr[slot] + (unit * c.stride[slot] + lo) * es;
-            }
+            Target t = locate(c, refs[s], j, unit, lo, at);
+            addr[s] = t.addr;
+            rank[s] = t.rank;
+            any_remote |= t.rank >= 0;
             if (len < 0) len = hi - lo;
             else if (len != hi - lo) return CX_EXEC_BADARG;  // refs of unequal element length
         }
