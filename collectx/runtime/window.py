@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import CommError
 from ._lib import native
+from .peer_reads import close_to_peers, open_to_peers
 from .store import Store
 
 SHM_DIR = "/dev/shm"
@@ -156,10 +157,14 @@ class Window:
         self._maps: list[mmap.mmap | None] = [None] * size
         self._name = None
         self.cma = False
+        # Before the rendezvous: a peer probes this process as soon as every rank has mapped
+        self._opened = cma and size > 1 and open_to_peers()
         try:
             self._rendezvous(store, prefix, window_bytes, timeout)
             if size > 1:
                 self.cma = self._probe_cma(store, prefix, timeout, cma)
+            if self._opened and not self.cma:
+                self._close_to_peers()
         except BaseException:
             self.close()
             raise
@@ -198,9 +203,10 @@ class Window:
         """True when every rank read every peer's magic word across processes, at the address
         the peer mapped its own segment at (``W_BASE``); the ranks agree through the store.
 
-        A ptrace policy (Yama's ``ptrace_scope``, a seccomp filter) or a non-Linux kernel can
-        forbid process_vm_readv, and it must work between every pair before any call relies on
-        it; where it does not, peers read staged copies in the window instead.
+        A ptrace policy (Yama's ``ptrace_scope`` 2 or 3, or 1 where :mod:`.peer_reads` could
+        not lift it; a seccomp filter) or a non-Linux kernel can forbid process_vm_readv, and
+        it must work between every pair before any call relies on it; where it does not, peers
+        read staged copies in the window instead.
         """
         ffi, lib = native()
         ok = wanted
@@ -212,6 +218,11 @@ class Window:
             ok = lib.cx_exec_cma_read(self.pids[r], remote, word, 8) == 0 and word[0] == MAGIC
         store.set(f"{prefix}/cma/{self.rank}", "1" if ok else "0")
         return all(store.get(f"{prefix}/cma/{r}", timeout) == b"1" for r in range(self.size))
+
+    def _close_to_peers(self) -> None:
+        if getattr(self, "_opened", False):
+            self._opened = False
+            close_to_peers()
 
     def _unlink_own(self) -> None:
         if self._name:
@@ -250,6 +261,7 @@ class Window:
     def close(self) -> None:
         """Unmap every segment (and unlink ours if setup never got that far). Idempotent."""
         self._unlink_own()
+        self._close_to_peers()
         ffi = native()[0] if hasattr(self, "_bufs") else None
         for b in getattr(self, "_bufs", ()):
             ffi.release(b)

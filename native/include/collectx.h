@@ -201,6 +201,10 @@ int cx_exec_pid_alive(long long pid);
  * Linux cross-memory attach). Returns 0, or the errno that stopped it (EPERM: not allowed to
  * read that process; ESRCH: it is gone; ENOSYS: not Linux). */
 int cx_exec_cma_read(long long pid, const void* remote, void* local, long long nbytes);
+/* allow = 1: any process of this user may read this one across processes (and ptrace it), even
+ * under Yama's ptrace_scope 1; 0: only what the system policy allows again. Returns 0, or the
+ * errno (EINVAL: no Yama in this kernel, nothing to lift; ENOSYS: not Linux). */
+int cx_exec_allow_peer_reads(int allow);
 
 /* ---- end CPU executor ------------------------------------------------------------------------ */
 
