@@ -54,7 +54,8 @@ def test_build_with_nvcc_has_the_cuda_executor():
 
 @needs_objects
 def test_control_block_size_matches_the_header():
-    from collectx.runtime.cuda.window import ctl_bytes, set_bytes_for
+    from collectx.runtime.cuda.window import ctl_bytes
+    from collectx.runtime.segment import set_bytes_for
     assert ctl_bytes() == 16384
     assert set_bytes_for(8 << 20) == 4 << 20 and set_bytes_for(0) == 1 << 16
 

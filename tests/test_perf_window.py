@@ -12,7 +12,7 @@ SPEC = {"collectives": ["allreduce", "allgather"], "sizes": [8, 1 << 20, 256 << 
 
 class _Fs:
     def __init__(self, free):
-        self.f_bavail, self.f_frsize = free, 1
+        self.f_bavail, self.f_frsize, self.f_blocks = free, 1, free
 
 
 def test_heap_holds_the_largest_pair_of_buffers():
@@ -28,7 +28,7 @@ def test_window_grows_only_when_shm_has_room_and_nothing_forces_a_size(monkeypat
     assert window.window_for(dict(SPEC, device="cuda"), 2, env={}) is None
     assert window.window_for(dict(SPEC, dtype="bfloat16"), 2, env={}) is None
     assert window.window_for(dict(SPEC, sizes=[8, 1024]), 2, env={}) is None
-    monkeypatch.setattr(os, "statvfs", lambda path: _Fs(need))   # room for one rank only
+    monkeypatch.setattr(os, "statvfs", lambda path: _Fs(2 * need))   # room for one rank only
     assert window.window_for(SPEC, 2, env={}) is None
 
     def missing(path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 
 from ..config import Config
+from ..runtime.segment import Layout, shm_free
 from . import buffers
 from .sweep import buffer_elems
 
@@ -48,9 +49,8 @@ def window_for(spec: dict, nranks: int, env=None, shm: str = "/dev/shm") -> int 
     need, default = heap_bytes_needed(spec, nranks), Config().window_bytes
     if need <= default:
         return None
-    try:
-        st = os.statvfs(shm)
-    except OSError:
+    free = shm_free(shm)
+    # Every rank fills its heap (the window's size); its staging sets are as big again
+    if free is None or nranks * Layout.of(need, nranks).total > free:
         return None
-    # A rank's segment is its heap (the window's size) plus staging sets only partly touched.
-    return need if st.f_bavail * st.f_frsize >= nranks * (need + default) else None
+    return need

@@ -34,6 +34,15 @@ _FAST_SLOTS = ("_fast", "_fast_allreduce", "_fast_allgather", "_fast_reduce_scat
                "_fast_alltoall", "_fast_broadcast", "_fast_reduce")
 
 
+def _heap_fix(window: Window) -> str:
+    """What to do when a ``comm.empty`` array does not fit the window's heap."""
+    if window.fitted_to_shm:
+        return (f"the window was cut to {window.heap_bytes} bytes to fit /dev/shm; give the "
+                f"machine more shared memory (e.g. docker run --shm-size=1g) or free arrays "
+                f"from empty()")
+    return "raise COLLECTX_WINDOW_BYTES or free arrays from empty()"
+
+
 class Communicator:
     """``size`` ranks exchanging data through shared-memory windows and planned schedules.
 
@@ -59,7 +68,7 @@ class Communicator:
         self._window = Window(rank, size, as_store(store), prefix, cfg.window_bytes, self.timeout,
                               machine_ranks, cma=cfg.cma)
         self._engine = Engine(self._window, cfg, topology, self.timeout)
-        self._heap = Heap(self._window.heap_bytes)
+        self._heap = Heap(self._window.heap_bytes, _heap_fix(self._window))
         self._worker: Worker | None = None
         self._drop_fast()
         self._finalizer = weakref.finalize(self, _release, self._window)

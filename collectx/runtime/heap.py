@@ -20,10 +20,11 @@ ALIGN = 64
 
 
 class Heap:
-    """Offsets into a region of ``size`` bytes: ``alloc`` / ``free``."""
+    """Offsets into a region of ``size`` bytes: ``alloc`` / ``free``. ``fix``: how to make
+    room when an array does not fit."""
 
-    def __init__(self, size: int):
-        self.size = size
+    def __init__(self, size: int, fix: str = "free arrays from empty()"):
+        self.size, self.fix = size, fix
         self._free = [(0, size)]         # sorted (offset, length) holes
         self._used: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -38,7 +39,7 @@ class Heap:
                     return off
         raise ArgumentError(f"empty(): {nbytes} bytes do not fit in the {self.size}-byte window "
                             f"heap ({self.in_use} in use); expected at most the free space; "
-                            f"raise COLLECTX_WINDOW_BYTES or free arrays from empty()")
+                            f"{self.fix}")
 
     def free(self, off: int) -> None:
         with self._lock:

@@ -31,18 +31,17 @@ import numpy as np
 from ..errors import CommError
 from ._lib import native
 from .peer_reads import close_to_peers, open_to_peers
+from .segment import CTL_BYTES, P2P_SLOT_BYTES, Layout, fit_window_bytes, shm_free
 from .store import Store
 
 SHM_DIR = "/dev/shm"
 PREFIX = "collectx-"
-CTL_BYTES = 8192
 MAGIC = 0x636F6C6C65637478          # "collectx"
 ABORT_FATAL = 1 << 63                # abort word bit: the communicator is unusable
 ABORTED_CALL = 0xFFFF                # descriptor collective code of a call aborted by its rank
 # word indices (uint64) into the control block, matching cx_ctl
 W_MAGIC, W_PID, W_BASE, W_READY, W_ABORT, W_DESC, W_FLAGS = 0, 1, 2, 8, 16, 32, 128
 DESC_WORDS = 10
-P2P_SLOT_BYTES = 1 << 20             # per peer; send/recv move pieces of half of it
 _NAME = re.compile(rf"^{PREFIX}(\d+)-[0-9a-f]+$")
 
 
@@ -170,16 +169,19 @@ class Window:
             raise
 
     def _rendezvous(self, store, prefix, window_bytes, timeout):
-        # Rank 0 decides the size so every rank computes the same tile layout.
+        # Rank 0 decides the size so every rank computes the same tile layout, and fits it to
+        # the room in /dev/shm first (segment.py); where even the smallest does not fit, every
+        # rank raises the same error at once instead of waiting for segments never made.
         if self.rank == 0:
-            store.set(f"{prefix}/window_bytes", str(int(window_bytes)))
-        agreed = int(store.get(f"{prefix}/window_bytes", timeout))
-        self.set_bytes = max(1 << 16, (agreed // 2) & ~4095)
-        self.p2p_offset = CTL_BYTES + 2 * self.set_bytes
-        p2p_header = (self.size * 128 + 4095) // 4096 * 4096
-        self.heap_offset = self.p2p_offset + p2p_header + self.size * P2P_SLOT_BYTES
-        self.heap_bytes = 2 * self.set_bytes
-        total = self.heap_offset + self.heap_bytes
+            store.set(f"{prefix}/window_bytes", self._fitted(window_bytes))
+        agreed = store.get(f"{prefix}/window_bytes", timeout).decode()
+        if not agreed.isdigit():
+            raise CommError(agreed)
+        layout = Layout.of(int(agreed), self.size)
+        self.set_bytes, self.heap_bytes = layout.set_bytes, layout.heap_bytes
+        self.p2p_offset, self.heap_offset = layout.p2p_offset, layout.heap_offset
+        self.fitted_to_shm = int(agreed) < window_bytes
+        total = layout.total
         self._name, self._maps[self.rank] = _create_segment(total)
         self._init_ctl(self._maps[self.rank])
         store.set(f"{prefix}/seg/{self.rank}", self._name)
@@ -191,6 +193,14 @@ class Window:
         store.wait([f"{prefix}/mapped/{r}" for r in range(self.size)], timeout)
         self._unlink_own()
         self._build_views()
+
+    def _fitted(self, window_bytes: int) -> str:
+        """The window size every rank uses, or the error that stops them all."""
+        try:
+            return str(fit_window_bytes(window_bytes, self.size, self.machine_ranks,
+                                        shm_free(SHM_DIR)))
+        except CommError as e:
+            return str(e)
 
     def _init_ctl(self, mm: mmap.mmap) -> None:
         ctl = np.frombuffer(mm, dtype=np.uint64, count=CTL_BYTES // 8)

@@ -23,7 +23,9 @@ import os
 import threading
 
 from ...errors import ArgumentError, CommError
+from ..segment import set_bytes_for
 from . import _rt
+
 
 class _Holders:
     """Resources of this process shared by several ranks: made by the first, released by the
@@ -72,15 +74,6 @@ def ctl_bytes() -> int:
     n = ffi.new("long long*")
     _rt.check(lib.cx_cuda_ctl_bytes(n), "cx_cuda_ctl_bytes")
     return int(n[0])
-
-
-def set_bytes_for(window_bytes: int) -> int:
-    """Bytes of one staging set for a window budget: half of it, 4 KiB aligned, >= 64 KiB.
-
-    >>> set_bytes_for(1 << 20), set_bytes_for(1000)
-    (524288, 65536)
-    """
-    return max(1 << 16, (int(window_bytes) // 2) & ~4095)
 
 
 class CudaWindow:
