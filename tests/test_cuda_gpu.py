@@ -194,7 +194,7 @@ def test_async_work_orders_the_current_stream_without_a_host_wait():
         assert work.is_completed()
         comm.barrier()
         return float(fw.to_host(y, "float32")[0])
-    assert run_ranks(2, body) == [4.0, 4.0]
+    assert run_ranks(2, body, fw=fw) == [4.0, 4.0]
 
 
 def test_sync_call_returns_before_the_kernel_finishes_the_stream_orders_it():

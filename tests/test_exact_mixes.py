@@ -14,7 +14,6 @@ from collectx.planner.exact_mixes import (_partition_labels, exact_equal_mixes, 
                                          tree_counts)
 from collectx.planner.tree_split import partition_forests
 from collectx.planner.treesched import pack_both_ways, pack_rooted
-from collectx.schedule import verify
 
 BELL = {2: 2, 3: 5, 4: 15, 5: 52, 6: 203, 7: 877}
 DGX1V_SEVEN = ("GPU0", "GPU1", "GPU3", "GPU4", "GPU5", "GPU6", "GPU7")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from collectx import _native as nat
-from collectx.errors import ArgumentError, DTypeError, NativeError
+from collectx.errors import ArgumentError
 
 INTS = ("int8", "uint8", "int32", "int64")
 FLOATS = ("float16", "bfloat16", "float32", "float64")

@@ -46,6 +46,9 @@ def init(rank: int | None = None, world_size: int | None = None, *, store=None, 
     (0, 1)
     >>> comm.close()
     """
+    from ..config import get_config
+    from ..log import configure
+    configure(get_config().debug)
     if str(device).startswith("cuda"):
         from . import cuda
         index = str(device).partition(":")[2]
@@ -59,7 +62,6 @@ def init(rank: int | None = None, world_size: int | None = None, *, store=None, 
         hier = maybe_init(timeout)
         if hier is not None:
             return hier
-    from ..config import get_config
     from .bootstrap import bootstrap
     t = float(timeout if timeout is not None else get_config().timeout_s)
     rank, world_size, store, done = bootstrap(rank, world_size, store, t)

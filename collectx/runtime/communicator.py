@@ -23,7 +23,7 @@ from .heap import Heap
 from .peer_use import DISJOINT, IN_AT_UNIT, OUT_AT_UNIT, OVERLAP, SAME
 from .store import HashStore, Store, as_store, next_key_prefix
 from .window import Window, sweep_stale
-from .work import Work, Worker
+from .work import Worker
 
 _HEAP_DTYPES = [np.dtype(n) for n in DTYPE_CODES if n != "bfloat16"]
 _FAST_DTYPES = frozenset(_HEAP_DTYPES)
@@ -191,7 +191,8 @@ class Communicator:
         """
         dt = np.dtype(dtype)
         if dt not in _HEAP_DTYPES:
-            raise DTypeError(f"empty(dtype={dt}): expected one of {', '.join(map(str, _HEAP_DTYPES))}")
+            names = ", ".join(map(str, _HEAP_DTYPES))
+            raise DTypeError(f"empty(dtype={dt}): expected one of {names}")
         n = int(np.prod(shape, dtype=np.int64))
         off = self._heap.alloc(n * dt.itemsize)
         view = self._window.heap_view(off, n * dt.itemsize)

@@ -16,6 +16,7 @@ import threading
 
 from ..errors import (CollectiveMismatch, CommError, NativeError, PeerAborted, PeerFailure,
                       Timeout)
+from ..log import TRACE, logger, tracing
 from ..schedule.ir import Lane, Schedule
 from ..schedule.push import push_copies, share_copies
 from ._lib import native
@@ -86,6 +87,13 @@ SHARED_BROADCAST_MIN_BYTES = 2 << 20
 _NO_DATA = 1 << 62
 
 
+def trace_call(engine, coll: str, count: int, dtype: int, op: int, root: int) -> None:
+    """The TRACE line of one call of ``engine`` (a CPU or CUDA engine), before it runs."""
+    logger.log(TRACE, "rank %d/%d: %s count=%d dtype=%s op=%s root=%d seq=%d", engine.rank,
+               engine.size, coll, count, _DTYPE_NAMES.get(dtype, dtype), _OP_NAMES.get(op, op),
+               root, engine._seq)
+
+
 class Engine:
     """Runs collectives for one rank of a communicator over its :class:`Window`."""
 
@@ -141,7 +149,18 @@ class Engine:
             whole = self._cma(coll, nbytes) and fp.peer_use.everywhere()
             tile_bytes = None if whole else self.config.tile_bytes
             hit = self._plans[key] = (fp, fp.tile_count(self.win.set_bytes, itemsize, tile_bytes))
+            if self.rank == 0:
+                self._log_plan(coll, nbytes, schedule, hit[1])
         return hit
+
+    def _log_plan(self, coll: str, nbytes: int, schedule: Schedule, tile_count: int) -> None:
+        low = 1 << (nbytes.bit_length() - 1) if nbytes else 0
+        route = ("peers' buffers across processes" if self._cma(coll, nbytes)
+                 else "staged in the window")
+        logger.info("rank 0/%d: %s of %d-%d bytes per rank: %s schedule (%s), %d chunks, "
+                    "tiles of up to %d elements, %s", self.size, coll, low, max(2 * low - 1, 0),
+                    schedule.algorithm, schedule.meta_dict().get("pattern", "-"), schedule.nchunks,
+                    tile_count, route)
 
     def _cma(self, coll: str, nbytes: int) -> bool:
         """Whether ``coll`` with ``nbytes`` per unit lets peers read user buffers across
@@ -188,6 +207,8 @@ class Engine:
         (arrays from Communicator.empty), which the executor then uses in place (an input that
         shares memory with the output only as :func:`input_heap` allows); -1 otherwise.
         """
+        if tracing():
+            trace_call(self, coll, count, dtype, op, root)
         with self._lock:
             if self._poisoned:
                 self._check_usable()
@@ -248,10 +269,10 @@ class Engine:
         unit-offset codes), "in_only" (no output: a reduce's non-roots), "out_only" (no input:
         a broadcast's receivers). ``op_name`` is None for allgather, alltoall and broadcast.
         Call it once the checked path has run the same call: it reuses the prepared call struct.
-        Cached per signature; disabled when the engine is poisoned."""
+        Cached per signature; none when the engine is poisoned or TRACE logs every call."""
         key = (coll, arr.dtype, arr.size, op_name, alias, layout, root)
         fast = self._fast_calls.get(key)
-        if fast is not None or self._poisoned:
+        if fast is not None or self._poisoned or tracing():  # TRACE logs every call in Python
             return fast
         module = _fast_module()
         if module is None or (coll in ("reduce_scatter", "alltoall") and arr.size % self.size):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..errors import PlanError, ScheduleError
 from ..schedule.host import host_as_scratch
-from ..schedule.ir import MAX_LANES, Dep, Ref, Schedule, alias
+from ..schedule.ir import MAX_LANES, Dep, Schedule, alias
 from ._lib import native
 from .peer_use import DISJOINT, SAME, PeerUse
 

@@ -21,6 +21,7 @@ import dataclasses
 import os
 
 from ..errors import CommError
+from ..log import mib
 
 CTL_BYTES = 8192
 P2P_SLOT_BYTES = 1 << 20             # per peer; send/recv move pieces of half of it
@@ -73,10 +74,11 @@ def fit_window_bytes(window_bytes: int, size: int, machine_ranks: int, free: int
 
     >>> fit_window_bytes(64 << 20, size=2, machine_ranks=2, free=None) >> 20   # no limit
     64
-    >>> fit_window_bytes(64 << 20, size=8, machine_ranks=8, free=8 << 20)
-    Traceback (most recent call last):
-    ...
-    collectx.errors.CommError: /dev/shm has 8.0 MiB free; 8 ranks need at least 66.1 MiB (8 x 8.3 MiB: the smallest window and the point-to-point area); expected room for every rank's shared window; give the machine more shared memory (e.g. docker run --shm-size=1g) or run fewer ranks
+    >>> try:
+    ...     fit_window_bytes(64 << 20, size=8, machine_ranks=8, free=8 << 20)
+    ... except CommError as e:
+    ...     print(str(e)[:57])
+    /dev/shm has 8.0 MiB free; 8 ranks need at least 66.1 MiB
     """
     if free is None or machine_ranks * Layout.of(window_bytes, size).total <= free:
         return window_bytes
@@ -86,13 +88,9 @@ def fit_window_bytes(window_bytes: int, size: int, machine_ranks: int, free: int
     smallest = Layout.of(0, size).total
     if set_bytes_for(fitted) * 4 > room:
         raise CommError(
-            f"/dev/shm has {_mib(free)} free; {machine_ranks} ranks need at least "
-            f"{_mib(machine_ranks * smallest)} ({machine_ranks} x {_mib(smallest)}: the smallest "
+            f"/dev/shm has {mib(free)} free; {machine_ranks} ranks need at least "
+            f"{mib(machine_ranks * smallest)} ({machine_ranks} x {mib(smallest)}: the smallest "
             f"window and the point-to-point area); expected room for every rank's shared "
             f"window; give the machine more shared memory (e.g. docker run --shm-size=1g) or "
             f"run fewer ranks")
     return fitted
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"

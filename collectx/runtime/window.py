@@ -29,6 +29,7 @@ import secrets
 import numpy as np
 
 from ..errors import CommError
+from ..log import logger, mib
 from ._lib import native
 from .peer_reads import close_to_peers, open_to_peers
 from .segment import CTL_BYTES, P2P_SLOT_BYTES, Layout, fit_window_bytes, shm_free
@@ -167,6 +168,25 @@ class Window:
         except BaseException:
             self.close()
             raise
+        self._log_setup(window_bytes, cma)
+
+    def _log_setup(self, requested: int, cma_wanted: bool) -> None:
+        if self.rank == 0 and self.fitted_to_shm:
+            logger.warning("rank 0/%d: shared windows cut from %s to %s per rank to fit "
+                           "/dev/shm (comm.empty arrays: up to %s); give the machine more "
+                           "shared memory (e.g. docker run --shm-size=1g) for larger ones",
+                           self.size, mib(requested), mib(2 * self.set_bytes),
+                           mib(self.heap_bytes))
+        if self.rank == 0 and cma_wanted and self.size > 1 and not self.cma:
+            logger.warning("rank 0/%d: ranks may not read each other's memory across processes "
+                           "(a ptrace policy or a seccomp filter forbids process_vm_readv); "
+                           "large buffers go through staged copies, 1.8-2.3x as slow for a "
+                           "2-rank allreduce of 256 KiB-16 MiB; see docs/runtime.md", self.size)
+        logger.info("rank %d/%d: window %s (heap %s), peers read large buffers %s%s",
+                    self.rank, self.size, mib(2 * self.set_bytes),
+                    mib(self.heap_bytes),
+                    "across processes" if self.cma else "from staged copies",
+                    ", Yama ptrace_scope 1 lifted for them" if self._opened else "")
 
     def _rendezvous(self, store, prefix, window_bytes, timeout):
         # Rank 0 decides the size so every rank computes the same tile layout, and fits it to

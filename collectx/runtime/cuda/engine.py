@@ -19,8 +19,9 @@ import json
 import threading
 
 from ...errors import CollectiveMismatch, NativeError, PeerAborted, PeerFailure, Timeout
+from ...log import tracing
 from ...schedule.ir import Lane, Schedule
-from ..engine import COLL_CODES, unusable
+from ..engine import COLL_CODES, trace_call, unusable
 from ..executor import FlatPlan
 from . import _rt
 
@@ -109,6 +110,8 @@ class CudaEngine:
     def run(self, coll: str, src, dst, count: int, dtype: int, itemsize: int, op: int, root: int,
             overlap: bool, stream: int):
         """Queue one collective on ``stream``; returns the event recorded after it."""
+        if tracing():
+            trace_call(self, coll, count, dtype, op, root)
         with self._lock:
             self._check_usable()
             self._poll_locked(block=False)
