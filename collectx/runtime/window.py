@@ -180,12 +180,12 @@ class Window:
         if self.rank == 0 and cma_wanted and self.size > 1 and not self.cma:
             logger.warning("rank 0/%d: ranks may not read each other's memory across processes "
                            "(a ptrace policy or a seccomp filter forbids process_vm_readv); "
-                           "large buffers go through staged copies, 1.8-2.3x as slow for a "
-                           "2-rank allreduce of 256 KiB-16 MiB; see docs/runtime.md", self.size)
-        logger.info("rank %d/%d: window %s (heap %s), peers read large buffers %s%s",
-                    self.rank, self.size, mib(2 * self.set_bytes),
-                    mib(self.heap_bytes),
-                    "across processes" if self.cma else "from staged copies",
+                           "large buffers go through staged copies, slower from 256 KiB up "
+                           "(docs/runtime.md)", self.size)
+        route = ("" if self.size == 1 else ", peers read large buffers across processes"
+                 if self.cma else ", peers read large buffers from staged copies")
+        logger.info("rank %d/%d: window %s (heap %s)%s%s", self.rank, self.size,
+                    mib(2 * self.set_bytes), mib(self.heap_bytes), route,
                     ", Yama ptrace_scope 1 lifted for them" if self._opened else "")
 
     def _rendezvous(self, store, prefix, window_bytes, timeout):
