@@ -4,7 +4,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -16,6 +15,8 @@ from collectx.runtime.segment import Layout
 from collectx.runtime.store import HashStore
 from collectx.runtime.window import Window
 
+from _threads import on_threads
+
 
 @pytest.fixture
 def records(caplog):
@@ -25,22 +26,12 @@ def records(caplog):
 
 
 def _threads(nranks, fn):
-    """fn(rank) on nranks threads; returns their results (re-raising the first error)."""
-    out, errors = [None] * nranks, []
-
-    def run(rank):
-        try:
-            out[rank] = fn(rank)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(nranks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
+    """fn(rank) on nranks threads; their results, re-raising the first error."""
+    results, errors = on_threads(nranks, fn)
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
 
 
 def _messages(caplog, level):

@@ -3,13 +3,14 @@ uses cross-memory attach is open, and restore the policy after."""
 
 import errno
 import sys
-import threading
 
 import pytest
 
 from collectx.runtime import peer_reads
 from collectx.runtime.store import HashStore
 from collectx.runtime.window import Window
+
+from _threads import on_threads
 
 
 class FakeLib:
@@ -84,23 +85,15 @@ def test_the_native_call_sets_and_clears_the_ptracer():
 def _windows(nranks, cma):
     """nranks Windows of one communicator, made by threads of this process (CMA between them
     reads this process's own memory, so the probe passes wherever CMA works at all)."""
-    store, made, errors = HashStore(), [None] * nranks, []
-
-    def make(rank):
-        try:
-            made[rank] = Window(rank, nranks, store, "w", 1 << 20, 10.0, cma=cma)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=make, args=(r,)) for r in range(nranks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        for w in made:
-            if w is not None:
-                w.close()
-        raise errors[0]
+    store = HashStore()
+    made, errors = on_threads(nranks, lambda r: Window(r, nranks, store, "w", 1 << 20, 10.0,
+                                                       cma=cma))
+    for w in made:
+        if w is not None and any(errors):
+            w.close()
+    for e in errors:
+        if e is not None:
+            raise e
     return made
 
 

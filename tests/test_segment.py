@@ -2,7 +2,6 @@
 instead of letting a rank die of SIGBUS on its first write past the room."""
 
 import os
-import threading
 import time
 
 import pytest
@@ -14,6 +13,8 @@ from collectx.runtime.heap import Heap
 from collectx.runtime.segment import Layout, fit_window_bytes, set_bytes_for, shm_free
 from collectx.runtime.store import HashStore
 from collectx.runtime.window import Window
+
+from _threads import on_threads
 
 MiB = 1 << 20
 
@@ -54,19 +55,9 @@ def test_shm_free_reads_the_mount(monkeypatch, tmp_path):
 
 def _make_windows(nranks, window_bytes, timeout=10.0):
     """nranks Windows made by threads of this process; returns (windows, errors)."""
-    store, made, errors = HashStore(), [None] * nranks, [None] * nranks
-
-    def make(rank):
-        try:
-            made[rank] = Window(rank, nranks, store, "w", window_bytes, timeout, cma=False)
-        except BaseException as e:  # noqa: BLE001 - returned to the test
-            errors[rank] = e
-    threads = [threading.Thread(target=make, args=(r,)) for r in range(nranks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return made, errors
+    store = HashStore()
+    return on_threads(nranks, lambda r: Window(r, nranks, store, "w", window_bytes, timeout,
+                                               cma=False))
 
 
 def test_windows_shrink_to_the_room_and_say_so(monkeypatch):
