@@ -5,8 +5,8 @@ owner. Yama's ``ptrace_scope`` 1, the default of Ubuntu and Debian kernels that 
 allows that only toward the reader's own descendants: ranks started side by side (by the
 launcher, torchrun or mpirun) are siblings and would fall back to staging every large buffer
 through the window: a 2-rank allreduce of numpy arrays takes 1.8-2.3x as long from 256 KiB to
-16 MiB that way, and 1.4x at 64 MiB (``perf/compare_cpu.py --staged``), no faster than Open
-MPI, which lifts the restriction for itself. A process may name who reads it
+16 MiB that way, and 1.4x at 64 MiB (``perf/compare_cpu.py --staged``), 0.95-1.15x Open MPI's
+speed at 2-16 MiB, while Open MPI lifts the restriction for itself. A process may name who reads it
 (``PR_SET_PTRACER``); only one pid can be named and a rank has several peers, so a rank names
 any process of its user, as Open MPI's shared-memory transport does. It does so only while a
 window that wants cross-memory attach is open, and only under scope 1: scope 0 needs nothing,
