@@ -1,16 +1,16 @@
 """Letting sibling ranks read this process's memory under Yama's ptrace_scope 1.
 
 Cross-memory attach (``process_vm_readv``) needs the reader to be allowed to ptrace the
-owner. Yama's ``ptrace_scope`` 1, the default of Ubuntu and Debian kernels that build Yama in,
-allows that only toward the reader's own descendants: ranks started side by side (by the
-launcher, torchrun or mpirun) are siblings and would fall back to staging every large buffer
-through the window: a 2-rank allreduce of numpy arrays takes 1.8-2.3x as long from 256 KiB to
-16 MiB that way, and 1.4x at 64 MiB (``perf/compare_cpu.py --staged``), 0.95-1.15x Open MPI's
-speed at 2-16 MiB, while Open MPI lifts the restriction for itself. A process may name who reads it
-(``PR_SET_PTRACER``); only one pid can be named and a rank has several peers, so a rank names
-any process of its user, as Open MPI's shared-memory transport does. It does so only while a
-window that wants cross-memory attach is open, and only under scope 1: scope 0 needs nothing,
-scopes 2 and 3 ignore the exception. ``COLLECTX_CMA=0`` leaves the setting alone.
+owner. Yama's ``ptrace_scope`` 1, Ubuntu's default, allows that only toward the reader's own
+descendants: ranks started side by side (by the launcher, torchrun or mpirun) are siblings and
+would fall back to staging every large buffer through the window. A 2-rank allreduce of numpy
+arrays takes 1.8-2.3x as long from 256 KiB to 16 MiB that way, and 1.4x at 64 MiB
+(``perf/compare_cpu.py --staged``): 0.95-1.15x Open MPI's speed at 2-16 MiB, while Open MPI
+lifts the restriction for itself. A process may name who reads it (``PR_SET_PTRACER``); only
+one pid can be named and a rank has several peers, so a rank names any process of its user, as
+Open MPI's shared-memory transport does. It does so only while a window that wants
+cross-memory attach is open, and only under scope 1: scope 0 needs nothing, scopes 2 and 3
+ignore the exception. ``COLLECTX_CMA=0`` leaves the setting alone.
 
 >>> open_to_peers(scope_file="/nonexistent")   # no Yama: nothing to lift
 False

@@ -60,10 +60,10 @@ extern "C" int cx_exec_cma_read(long long pid, const void* remote, void* local,
     return cx_exec::cma_read(pid, remote, local, size_t(nbytes));
 }
 
-// Yama's ptrace_scope 1 (Ubuntu's and Debian's default where Yama is built in) lets a process
-// read only the memory of its own descendants, so sibling ranks cannot use CMA until each names
-// who may read it. Only one reader pid can be named, and a rank has several peers, hence "any
-// process of this user" (Open MPI's shared-memory transport does the same). 0 undoes it.
+// Yama's ptrace_scope 1 (Ubuntu's default) lets a process read only the memory of its own
+// descendants, so sibling ranks cannot use CMA until each names who may read it. Only one reader
+// pid can be named, and a rank has several peers, hence "any process of this user" (Open MPI's
+// shared-memory transport does the same). 0 undoes it.
 extern "C" int cx_exec_allow_peer_reads(int allow) {
 #if defined(__linux__) && defined(PR_SET_PTRACER)
     unsigned long who = allow ? (unsigned long)PR_SET_PTRACER_ANY : 0UL;
