@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import get_config
-from .errors import (ArgumentError, DTypeError, NativeError, NativeUnavailable,
+from .errors import (ArgumentError, DTypeError, Interrupted, NativeError, NativeUnavailable,
                      PeerFailure, Timeout)
 
 _LIB_NAMES = ("libcollectx.so", "libcollectx.dylib")
@@ -44,7 +44,7 @@ _STATUS = {-1: ("CX_ERR_DTYPE", DTypeError), -2: ("CX_ERR_OP", DTypeError),
            -3: ("CX_ERR_ARG", ArgumentError), -4: ("CX_ERR_CUDA", NativeError),
            -5: ("CX_ERR_NO_CUDA", NativeError), -6: ("CX_ERR_NOMEM", NativeError),
            -7: ("CX_ERR_TIMEOUT", Timeout), -8: ("CX_ERR_PEER", PeerFailure),
-           -9: ("CX_ERR_INTERNAL", NativeError)}
+           -9: ("CX_ERR_INTERNAL", NativeError), -10: ("CX_ERR_INTERRUPTED", Interrupted)}
 
 
 # ---- loading ---------------------------------------------------------------------------------

@@ -105,6 +105,11 @@ class PeerAborted(CommError):
         self.rank = rank
 
 
+class Interrupted(CommError):
+    """A signal (Ctrl-C, SIGTERM) came while a collective had waited a second or more; the
+    communicator is aborted, and its peers raise PeerAborted."""
+
+
 class CollectiveMismatch(CommError):
     """Ranks called different collectives, dtypes, ops, sizes or roots."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -89,6 +90,33 @@ def bad_args_on_one_rank() -> list:
     comm.allreduce(y)                # the aborted call left every rank in step
     got.append(y.tolist())
     return got
+
+
+def signalled_while_waiting(handler: str, peer_delay: float, p2p: bool = False) -> list:
+    """Rank 0 signals itself (SIGINT) 0.2 s into a call that rank 1 joins after peer_delay
+    seconds; handler "default" (KeyboardInterrupt) or "record" (a handler that only notes it).
+    Each rank returns [what its call ended with, seconds, handler runs]."""
+    comm = collectx.init(timeout=60)
+    seen = []
+    if handler == "record":
+        signal.signal(signal.SIGINT, lambda sig, frame: seen.append(sig))
+    x = np.ones(256, np.float32)
+    if comm.rank == 0:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    else:
+        time.sleep(peer_delay)
+    t0 = time.monotonic()
+    try:
+        if p2p:
+            comm.recv(x, 1 - comm.rank)   # both receive first: only a signal ends it
+        else:
+            comm.allreduce(x)
+        got = "completed"
+    except KeyboardInterrupt:
+        got = "KeyboardInterrupt"
+    except collectx.CollectXError as e:
+        got = type(e).__name__
+    return [got, time.monotonic() - t0, len(seen)]
 
 
 def raise_after_init() -> None:

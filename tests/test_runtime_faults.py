@@ -57,6 +57,51 @@ def test_rank_that_never_arrives_gives_timeout():
     assert results[1] == ["skipped"]
 
 
+def test_ctrl_c_ends_a_wait_for_a_peer_that_does_not_come():
+    results = collectx.launch(F.signalled_while_waiting, 2, args=("default", 4.0), timeout=120)
+    name, seconds, _ = results[0]
+    assert name == "KeyboardInterrupt" and 0.9 < seconds < 3.0, results
+    # The peer comes later and finds the communicator aborted, not data that may have changed
+    assert results[1][0] == "PeerAborted", results
+
+
+def test_a_handler_that_returns_gets_interrupted_not_a_hang():
+    results = collectx.launch(F.signalled_while_waiting, 2, args=("record", 4.0), timeout=120)
+    assert results[0][0] == "Interrupted" and results[0][1] < 3.0 and results[0][2] == 1, results
+    assert results[1][0] == "PeerAborted", results
+
+
+def test_a_signal_during_a_call_that_completes_soon_leaves_it_alone():
+    # A program that shuts down gracefully on Ctrl-C (finish the step, then exit) keeps working
+    # collectives: the call waited under a second and completes; the handler runs after it.
+    results = collectx.launch(F.signalled_while_waiting, 2, args=("record", 0.4), timeout=120)
+    assert [r[0] for r in results] == ["completed", "completed"], results
+    assert results[0][2] == 1, results
+
+
+def test_ctrl_c_ends_two_ranks_that_both_receive_first():
+    results = collectx.launch(F.signalled_while_waiting, 2, args=("default", 0.0, True),
+                              timeout=120)
+    assert results[0][0] == "KeyboardInterrupt" and results[0][1] < 3.0, results
+    assert results[1][0] == "PeerAborted" and results[1][1] < 5.0, results
+
+
+def test_the_watch_chains_in_front_of_each_new_python_handler():
+    import signal
+    from collectx.runtime._lib import native
+    lib = native()[1]
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        assert lib.cx_exec_watch_signals() >= 1          # Python's SIGINT handler
+        signal.signal(signal.SIGINT, lambda *a: None)    # replaces the chain
+        assert lib.cx_exec_watch_signals() >= 1          # chained again
+        signal.signal(signal.SIGINT, signal.SIG_IGN)     # nothing to chain to
+        assert lib.cx_exec_watch_signals() == (1 if callable(signal.getsignal(signal.SIGTERM))
+                                               else 0)
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def test_bad_arguments_on_one_rank_abort_the_call_on_its_peers():
     results = collectx.launch(F.bad_args_on_one_rank, 3, timeout=120)
     assert results[1][0] == "ArgumentError" and results[1][3] is True

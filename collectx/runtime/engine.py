@@ -14,8 +14,8 @@ import functools
 import json
 import threading
 
-from ..errors import (CollectiveMismatch, CommError, NativeError, PeerAborted, PeerFailure,
-                      Timeout)
+from ..errors import (CollectiveMismatch, CommError, Interrupted, NativeError, PeerAborted,
+                      PeerFailure, Timeout)
 from ..log import TRACE, logger, tracing
 from ..schedule.ir import Lane, Schedule
 from ..schedule.push import push_copies, share_copies
@@ -33,7 +33,8 @@ _COLL_NAMES = {v: k for k, v in COLL_CODES.items()} | {ABORTED_CALL: "<aborted>"
 _DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
 _OP_NAMES = {v: k for k, v in OP_CODES.items()}
 _AVG = OP_CODES["avg"]
-_EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "CMA": 7}
+_EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "CMA": 7,
+         "INTERRUPTED": 8}
 # Per-unit message size from which peers use user buffers across processes (cma_in/cma_out)
 # rather than staged copies in the window (see cma_min_bytes). A remote source of a reduce goes
 # through a bounce buffer, piece by piece, and numpy arrays below 4 MiB sit on 4 KiB pages that
@@ -117,6 +118,7 @@ class Engine:
         self._ffi = ffi
         self._null = ffi.NULL
         self._crowded = oversubscribed(window.machine_ranks)
+        self._lib.cx_exec_watch_signals()   # Ctrl-C ends a wait that went on (executor_wait.cpp)
 
     @property
     def _seq(self) -> int:
@@ -234,6 +236,7 @@ class Engine:
 
     def _prepare(self, coll, dtype, itemsize, count, op, root, in_overlaps_out):
         """The plan and a pre-filled call struct for one call signature (cached)."""
+        self._lib.cx_exec_watch_signals()   # again, in case a handler was installed since
         fp, tile = self._flat(coll, dtype, itemsize, count, root)
         c = self._ffi.new("cx_exec_call*")
         c.dtype, c.op, c.count, c.tile_count = dtype, op, count, tile
@@ -321,6 +324,7 @@ class Engine:
         """Send ``arr`` to ``peer`` or receive into it (blocking; see executor_p2p.cpp)."""
         with self._lock:
             self._check_usable()
+            self._lib.cx_exec_watch_signals()
             fn = self._lib.cx_exec_send if send else self._lib.cx_exec_recv
             deadline = self._lib.cx_exec_now_ns() + int(self.timeout * 1e9)
             fn(self.win.native, peer, self._ffi.from_buffer(arr), arr.nbytes, deadline, self._res)
@@ -427,6 +431,13 @@ class Engine:
                              f"(process_vm_readv) failed; expected it to be readable as the "
                              f"probe at setup found it; set COLLECTX_CMA=0 to stage through "
                              f"shared memory instead")
+        if status == _EXEC["INTERRUPTED"]:
+            self.poison(f"interrupted by a signal in {coll} #{seq}")
+            return Interrupted(f"{me}: a signal (Ctrl-C or SIGTERM) came while the call waited "
+                               f"(lane {lane}, instruction {index}) for over a second; the "
+                               f"communicator is aborted and its peers raise PeerAborted; "
+                               f"expected every rank to reach the call; create a new "
+                               f"communicator to go on")
         if status == _EXEC["TIMEOUT"]:
             self.poison(f"timeout in {coll} #{seq}")
             return Timeout(f"{me}: no progress within {self.timeout:g} s (waiting in lane "

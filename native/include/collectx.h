@@ -47,7 +47,8 @@ typedef enum {
   CX_ERR_NOMEM = -6,      /* an allocation or mapping failed */
   CX_ERR_TIMEOUT = -7,    /* a wait on a peer ran past its deadline */
   CX_ERR_PEER = -8,       /* a peer failed or aborted */
-  CX_ERR_INTERNAL = -9    /* a broken invariant inside the library */
+  CX_ERR_INTERNAL = -9,   /* a broken invariant inside the library */
+  CX_ERR_INTERRUPTED = -10 /* a signal came while a collective waited (cx_exec_watch_signals) */
 } cx_status;
 
 /* The most sources one cx_cuda_reduce call takes (they travel as a kernel parameter). */
@@ -98,7 +99,9 @@ typedef enum {
   CX_EXEC_MISMATCH = 4,   /* result.rank's call descriptor differs from ours (CX_ERR_PEER) */
   CX_EXEC_BADARG = 5,     /* malformed plan or call (CX_ERR_ARG) */
   CX_EXEC_KERNEL = 6,     /* a copy/reduce kernel refused its arguments (CX_ERR_INTERNAL) */
-  CX_EXEC_CMA = 7         /* reading result.rank's buffer across processes failed (CX_ERR_PEER) */
+  CX_EXEC_CMA = 7,        /* reading result.rank's buffer across processes failed (CX_ERR_PEER) */
+  CX_EXEC_INTERRUPTED = 8 /* a watched signal came while the call had waited a while; this rank
+                             raised its fatal abort word (CX_ERR_INTERRUPTED) */
 } cx_exec_status;
 
 /* Control block at the start of every rank's window; layout in cx_executor.h. */
@@ -193,6 +196,12 @@ int cx_exec_send(const cx_exec_window* win, int peer, const void* buf, long long
                  long long deadline_ns, cx_exec_result* res);
 int cx_exec_recv(const cx_exec_window* win, int peer, void* buf, long long nbytes,
                  long long deadline_ns, cx_exec_result* res);
+/* Watch SIGINT and SIGTERM where the process handles them with a function (Python does for
+ * SIGINT): the function still runs, and a collective that has waited at least a second when the
+ * signal comes, or waits that long after it, stops with CX_EXEC_INTERRUPTED instead of waiting
+ * out its deadline. Idempotent; call again after a handler is replaced. Returns how many of the
+ * two signals are watched. */
+int cx_exec_watch_signals(void);
 /* CLOCK_MONOTONIC in nanoseconds, the clock of cx_exec_call.deadline_ns. */
 long long cx_exec_now_ns(void);
 /* 1 if the process exists and is not a zombie, else 0. */

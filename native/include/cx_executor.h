@@ -71,6 +71,23 @@ inline void store_rel(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC
 int64_t now_ns();
 bool pid_alive(int64_t pid);
 
+// cx_status for a cx_exec_status, so entry points follow the library-wide convention.
+inline int to_cx_status(int exec_status) {
+    switch (exec_status) {
+        case CX_EXEC_OK: return CX_OK;
+        case CX_EXEC_TIMEOUT: return CX_ERR_TIMEOUT;
+        case CX_EXEC_BADARG: return CX_ERR_ARG;
+        case CX_EXEC_KERNEL: return CX_ERR_INTERNAL;
+        case CX_EXEC_INTERRUPTED: return CX_ERR_INTERRUPTED;
+        default: return CX_ERR_PEER;
+    }
+}
+
+// Marks the start of a call on this thread (at start_ns, CLOCK_MONOTONIC): a watched signal
+// interrupts the call's waits only once the call has waited kInterruptAfterNs
+// (executor_wait.cpp).
+void begin_call(int64_t start_ns);
+
 // Copies nbytes from `remote` in process pid to `local` (process_vm_readv). 0 or the errno.
 int cma_read(int64_t pid, const void* remote, void* local, size_t nbytes);
 // Copies nbytes from `local` to `remote` in process pid (process_vm_writev). 0 or the errno.

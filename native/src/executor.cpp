@@ -513,15 +513,19 @@ int run_tile(Ctx& c, bool first, bool last) {
     return CX_EXEC_OK;
 }
 
-// cx_status for a cx_exec_status, so the return value follows the library-wide convention.
-int to_cx_status(int exec_status) {
-    switch (exec_status) {
-        case CX_EXEC_OK: return CX_OK;
-        case CX_EXEC_TIMEOUT: return CX_ERR_TIMEOUT;
-        case CX_EXEC_BADARG: return CX_ERR_ARG;
-        case CX_EXEC_KERNEL: return CX_ERR_INTERNAL;
-        default: return CX_ERR_PEER;
+// A peer that gave up on the communicator (a timeout, a signal, an error) returns to its
+// caller, which may then rewrite or free the buffers this rank reads in place or across
+// processes. Ranks that still had work of their own left in the call may have finished it
+// without waiting on that peer again: they check, once every read is done, that no peer gave
+// up meanwhile, and fail the call instead of returning data read from a buffer in use again.
+int peers_stayed(Ctx& c) {
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);  // every read of this call before the loads below
+    for (int r = 0; r < c.win->nranks; ++r) {
+        if (r == c.win->rank || !(load_acq(&c.win->ctl[r]->abort_word) & CX_ABORT_FATAL)) continue;
+        c.res->rank = r;
+        return CX_EXEC_ABORTED;
     }
+    return CX_EXEC_OK;
 }
 
 }  // namespace
@@ -558,8 +562,10 @@ extern "C" int cx_exec_run(const cx_exec_plan* plan, const cx_exec_window* win,
     desc[kDescCma] = call->cma_in && call->in_heap < 0 ? uint64_t(uintptr_t(call->user_in)) : 0;
     desc[kDescCma + 1] =
         call->cma_out && call->out_heap < 0 ? uint64_t(uintptr_t(call->user_out)) : 0;
-    int64_t deadline = call->deadline_ns ? call->deadline_ns : now_ns() + call->timeout_ns;
+    int64_t start = call->deadline_ns ? call->deadline_ns - call->timeout_ns : now_ns();
+    int64_t deadline = start + call->timeout_ns;
     c.deadline = deadline;
+    begin_call(start);
     int64_t ntiles = call->count == 0 ? 1 : (call->count + call->tile_count - 1) / call->tile_count;
     for (int64_t t = 0; t < ntiles; ++t) {
         c.epoch = call->epoch + uint64_t(t);
@@ -568,5 +574,5 @@ extern "C" int cx_exec_run(const cx_exec_plan* plan, const cx_exec_window* win,
         res->epochs_used = uint64_t(t + 1);
         if (int rc = run_tile(c, t == 0, t == ntiles - 1)) return to_cx_status(res->status = rc);
     }
-    return CX_EXEC_OK;
+    return to_cx_status(res->status = peers_stayed(c));
 }

@@ -40,6 +40,7 @@ char* slot(const cx_exec_window* w, int owner, int peer) {
 }
 
 int start(const cx_exec_window* w, int peer, long long nbytes, cx_exec_result* res) {
+    begin_call(now_ns());
     res->status = CX_EXEC_OK;
     res->rank = peer;
     res->epochs_used = 0;
@@ -49,17 +50,11 @@ int start(const cx_exec_window* w, int peer, long long nbytes, cx_exec_result* r
     return ok ? CX_EXEC_OK : (res->status = CX_EXEC_BADARG);
 }
 
-int to_status(int exec_status) {
-    return exec_status == CX_EXEC_OK ? CX_OK
-         : exec_status == CX_EXEC_TIMEOUT ? CX_ERR_TIMEOUT
-         : exec_status == CX_EXEC_BADARG ? CX_ERR_ARG : CX_ERR_PEER;
-}
-
 }  // namespace
 
 extern "C" int cx_exec_send(const cx_exec_window* w, int peer, const void* buf, long long nbytes,
                             long long deadline_ns, cx_exec_result* res) {
-    if (int rc = start(w, peer, nbytes, res)) return to_status(rc);
+    if (int rc = start(w, peer, nbytes, res)) return to_cx_status(rc);
     Line* mine = line(w, w->rank, peer);
     const Line* theirs = line(w, peer, w->rank);
     int64_t half = w->p2p_slot_bytes / 2;
@@ -68,7 +63,7 @@ extern "C" int cx_exec_send(const cx_exec_window* w, int peer, const void* buf, 
     for (int64_t k = 0; k < pieces; ++k) {
         uint64_t p = mine->sent + 1;
         if (int rc = wt.until([&] { return load_acq(&theirs->acked) + 2 >= p; }))
-            return to_status(rc);
+            return to_cx_status(rc);
         wt.reset();
         int64_t off = k * half, len = std::min<int64_t>(half, nbytes - off);
         if (len > 0) cx_copy_impl(slot(w, w->rank, peer) + (p & 1) * half, (const char*)buf + off,
@@ -81,7 +76,7 @@ extern "C" int cx_exec_send(const cx_exec_window* w, int peer, const void* buf, 
 
 extern "C" int cx_exec_recv(const cx_exec_window* w, int peer, void* buf, long long nbytes,
                             long long deadline_ns, cx_exec_result* res) {
-    if (int rc = start(w, peer, nbytes, res)) return to_status(rc);
+    if (int rc = start(w, peer, nbytes, res)) return to_cx_status(rc);
     Line* mine = line(w, w->rank, peer);
     const Line* theirs = line(w, peer, w->rank);
     int64_t half = w->p2p_slot_bytes / 2;
@@ -89,11 +84,11 @@ extern "C" int cx_exec_recv(const cx_exec_window* w, int peer, void* buf, long l
     Waiter wt(w, kNoCall, deadline_ns, res);
     for (int64_t k = 0; k < pieces; ++k) {
         uint64_t p = mine->acked + 1;
-        if (int rc = wt.until([&] { return load_acq(&theirs->sent) >= p; })) return to_status(rc);
+        if (int rc = wt.until([&] { return load_acq(&theirs->sent) >= p; })) return to_cx_status(rc);
         wt.reset();
         if (k == 0 && theirs->nbytes[p & 1] != uint64_t(nbytes)) {
             res->epochs_used = theirs->nbytes[p & 1];  // the sender's length, for the error message
-            return to_status(wt.fail(CX_EXEC_MISMATCH, peer));
+            return to_cx_status(wt.fail(CX_EXEC_MISMATCH, peer));
         }
         int64_t off = k * half, len = std::min<int64_t>(half, nbytes - off);
         if (len > 0) cx_copy_impl((char*)buf + off, slot(w, peer, w->rank) + (p & 1) * half,

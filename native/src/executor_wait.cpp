@@ -8,7 +8,8 @@
 // publishes a word while we sleep rings it (see cx_executor.h). Fixed-length sleeps, used before, woke up to
 // 100 us late once per tile; a sched_yield phase between spinning and sleeping measured no better
 // (often worse: on a loaded machine a yield hands the core to other work for a whole slice).
-// Every millisecond or so it checks the peers' liveness (pid), their abort words and the deadline.
+// Every millisecond or so it checks the peers' liveness (pid), their abort words, the deadline,
+// and whether a watched signal came (see "Signals" below).
 //
 // Oversubscribed ranks (more ranks than CPUs: the runtime then sets spin_ns 0, `spin` 50) are the
 // exception: the peer a rank waits for is usually queued on the same CPU, and a futex sleep both
@@ -38,7 +39,6 @@ namespace cx_exec {
 
 namespace {
 
-constexpr uint64_t kAbortFatal = 1ull << 63;
 constexpr long kSleepNs = 1000000;  // longest single sleep: the health-check period
 constexpr int64_t kYieldNs = 200000;  // the oversubscribed yield phase (see the top comment)
 
@@ -52,7 +52,45 @@ void futex_wait(uint32_t* word, uint32_t expected, long ns) {
 
 void futex_wake(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
 
+// Signals. A rank blocked in a wait runs no Python, so Python's handler for Ctrl-C only sets a
+// flag, and the KeyboardInterrupt came once the call returned: at its deadline (COLLECTX_TIMEOUT,
+// 300 s by default) when a peer never arrives, e.g. two ranks that both receive first. The
+// library chains its own handler in front of the process's: it counts the signal, then calls
+// the previous handler as the kernel would have. A wait gives up on a counted signal only once
+// its call has waited kInterruptAfterNs: a call that finishes sooner returns normally and the
+// program's handler sees the signal then, so a handler that shuts down gracefully (finish the
+// step, save, exit) still gets working collectives.
+constexpr int64_t kInterruptAfterNs = 1000000000;
+constexpr int kWatched[2] = {SIGINT, SIGTERM};
+struct sigaction g_previous[2];
+uint64_t g_signals;  // how many watched signals came; only atomic operations touch it
+
+thread_local int64_t t_call_start;     // when this thread's current call began
+thread_local uint64_t t_call_signals;  // g_signals then
+
+void counted(int sig, siginfo_t* info, void* ctx) {
+    __atomic_fetch_add(&g_signals, 1, __ATOMIC_RELAXED);  // lock-free: async-signal-safe
+    const struct sigaction& prev = g_previous[sig == kWatched[0] ? 0 : 1];
+    if (prev.sa_flags & SA_SIGINFO) prev.sa_sigaction(sig, info, ctx);
+    else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN) prev.sa_handler(sig);
+}
+
+bool is_ours(const struct sigaction& a) {
+    return (a.sa_flags & SA_SIGINFO) && a.sa_sigaction == counted;
+}
+
+// Whether a watched signal came since this call began, and the call has waited long enough.
+bool interrupted(int64_t t) {
+    return __atomic_load_n(&g_signals, __ATOMIC_RELAXED) != t_call_signals &&
+           t - t_call_start >= kInterruptAfterNs;
+}
+
 }  // namespace
+
+void begin_call(int64_t start_ns) {
+    t_call_start = start_ns;
+    t_call_signals = __atomic_load_n(&g_signals, __ATOMIC_RELAXED);
+}
 
 int64_t now_ns() {
     timespec ts;
@@ -163,12 +201,18 @@ int Waiter::health(int64_t t, bool check_proc) {
     for (int r = 0; r < win->nranks; ++r) {
         if (r == win->rank) continue;
         uint64_t a = load_acq(&win->ctl[r]->abort_word);
-        if ((a & kAbortFatal) || a == seq + 1) {
+        if ((a & CX_ABORT_FATAL) || a == seq + 1) {
             pending_rank = r;
             return CX_EXEC_ABORTED;
         }
     }
     pending_rank = -1;
+    if (interrupted(t)) {
+        // Peers waiting on this rank give up at once (Python poisons the communicator too, but
+        // the KeyboardInterrupt may come before that code runs).
+        publish(win, &win->ctl[win->rank]->abort_word, CX_ABORT_FATAL | uint64_t(win->rank));
+        return CX_EXEC_INTERRUPTED;
+    }
     return t > deadline ? CX_EXEC_TIMEOUT : CX_EXEC_OK;
 }
 
@@ -183,3 +227,27 @@ int Waiter::fail(int status, int rank) {
 extern "C" long long cx_exec_now_ns(void) { return cx_exec::now_ns(); }
 
 extern "C" int cx_exec_pid_alive(long long pid) { return cx_exec::pid_alive(pid) ? 1 : 0; }
+
+// Chains `counted` in front of each watched signal's handler when that handler is a function
+// and not already ours (Python's signal.signal() replaces it: call again to re-chain).
+extern "C" int cx_exec_watch_signals(void) {
+    using namespace cx_exec;
+    int watched = 0;
+    for (int i = 0; i < 2; ++i) {
+        struct sigaction cur;
+        if (sigaction(kWatched[i], nullptr, &cur) != 0) continue;
+        if (is_ours(cur)) {
+            ++watched;
+            continue;
+        }
+        bool function = (cur.sa_flags & SA_SIGINFO) ||
+                        (cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN);
+        if (!function) continue;
+        struct sigaction mine = cur;  // same mask and flags (SA_ONSTACK, SA_RESTART...)
+        mine.sa_flags |= SA_SIGINFO;
+        mine.sa_sigaction = counted;
+        g_previous[i] = cur;
+        if (sigaction(kWatched[i], &mine, nullptr) == 0) ++watched;
+    }
+    return watched;
+}
