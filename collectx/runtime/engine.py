@@ -433,11 +433,11 @@ class Engine:
                              f"shared memory instead")
         if status == _EXEC["INTERRUPTED"]:
             self.poison(f"interrupted by a signal in {coll} #{seq}")
-            return Interrupted(f"{me}: a signal (Ctrl-C or SIGTERM) came while the call waited "
-                               f"(lane {lane}, instruction {index}) for over a second; the "
-                               f"communicator is aborted and its peers raise PeerAborted; "
-                               f"expected every rank to reach the call; create a new "
-                               f"communicator to go on")
+            where = f" (lane {lane}, instruction {index})" if lane >= 0 else ""
+            return Interrupted(f"{me}: a signal (Ctrl-C or SIGTERM) came while the call had "
+                               f"waited{where} a second or more for a peer; the communicator is "
+                               f"aborted and its peers raise PeerAborted; expected every rank to "
+                               f"reach the call; create a new communicator to go on")
         if status == _EXEC["TIMEOUT"]:
             self.poison(f"timeout in {coll} #{seq}")
             return Timeout(f"{me}: no progress within {self.timeout:g} s (waiting in lane "
