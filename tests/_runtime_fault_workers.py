@@ -119,6 +119,23 @@ def signalled_while_waiting(handler: str, peer_delay: float, p2p: bool = False) 
     return [got, time.monotonic() - t0, len(seen)]
 
 
+def extra_call_after_peer_closed() -> list:
+    """Rank 0 makes one allreduce more than rank 1, which closes its communicator and lives on."""
+    comm = collectx.init(timeout=60)
+    x = np.ones(64, np.float32)
+    comm.allreduce(x)
+    if comm.rank == 1:
+        comm.close()
+        time.sleep(6)
+        return ["closed"]
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(x)
+        return ["completed"]
+    except collectx.CollectXError as e:
+        return [type(e).__name__, getattr(e, "rank", None), time.monotonic() - t0, str(e)]
+
+
 def raise_after_init() -> None:
     comm = collectx.init()
     comm.allreduce(np.ones(4, np.float32))

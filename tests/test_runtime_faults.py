@@ -102,6 +102,14 @@ def test_the_watch_chains_in_front_of_each_new_python_handler():
         signal.signal(signal.SIGINT, old)
 
 
+def test_a_call_no_peer_will_make_fails_once_the_peer_closes():
+    results = collectx.launch(F.extra_call_after_peer_closed, 2, timeout=120)
+    name, who, seconds, message = results[0]
+    assert (name, who) == ("PeerAborted", 1) and seconds < 3.0, results
+    assert "closed the communicator" in message
+    assert results[1] == ["closed"]
+
+
 def test_bad_arguments_on_one_rank_abort_the_call_on_its_peers():
     results = collectx.launch(F.bad_args_on_one_rank, 3, timeout=120)
     assert results[1][0] == "ArgumentError" and results[1][3] is True

@@ -24,7 +24,7 @@ from .arrays import DTYPE_CODES, OP_CODES
 from .executor import FlatPlan
 from .peer_use import DISJOINT, SAME, unit_of
 from .small import small_schedule, use_one_step
-from .window import (ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, Window,
+from .window import (ABORT_CLOSED, ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, Window,
                      oversubscribed)
 
 COLL_CODES = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3, "broadcast": 4, "reduce": 5,
@@ -389,8 +389,11 @@ class Engine:
             self._ctl[W_ABORT] = ABORT_FATAL | culprit | self.rank
 
     def detach(self) -> None:
-        """Drop every view of the window (so it can be unmapped); later calls raise."""
+        """Drop every view of the window (so it can be unmapped); later calls raise. Peers
+        still waiting on this rank then raise PeerAborted: it makes no more calls."""
         with self._lock:
+            if len(self._ctl) and not int(self._ctl[W_ABORT]) & ABORT_FATAL:
+                self._ctl[W_ABORT] = ABORT_CLOSED | self.rank
             self._poisoned = self._poisoned or "closed"
             self._drop_fast_calls()
             self._ctl = self._ctl[:0].copy()
@@ -415,6 +418,12 @@ class Engine:
                 status, peer = _EXEC["PEER_DEAD"], dead
             elif fatal:
                 self.poison(f"rank {peer} failed")
+            elif word & ABORT_CLOSED:
+                self.poison(f"rank {peer} closed the communicator")
+                return PeerAborted(f"{me}: rank {peer} closed the communicator and makes no more "
+                                   f"calls; expected every rank to make the same calls in the "
+                                   f"same order; check which rank makes this call and the others "
+                                   f"do not", rank=peer)
         if status == _EXEC["ABORTED"]:
             return PeerAborted(f"{me}: rank {peer} aborted "
                                f"{'the communicator after a failure' if fatal else 'this call'}"

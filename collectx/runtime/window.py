@@ -39,6 +39,7 @@ SHM_DIR = "/dev/shm"
 PREFIX = "collectx-"
 MAGIC = 0x636F6C6C65637478          # "collectx"
 ABORT_FATAL = 1 << 63                # abort word bit: the communicator is unusable
+ABORT_CLOSED = 1 << 62               # abort word bit: the rank closed it, makes no more calls
 ABORTED_CALL = 0xFFFF                # descriptor collective code of a call aborted by its rank
 # word indices (uint64) into the control block, matching cx_ctl
 W_MAGIC, W_PID, W_BASE, W_READY, W_ABORT, W_DESC, W_FLAGS = 0, 1, 2, 8, 16, 32, 128

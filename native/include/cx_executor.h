@@ -33,6 +33,7 @@ extern "C" {
 #define CX_CTL_BYTES 8192
 
 #define CX_ABORT_FATAL (1ull << 63) /* abort_word bit: the communicator is unusable */
+#define CX_ABORT_CLOSED (1ull << 62) /* abort_word bit: the rank closed it, makes no more calls */
 
 /* Control block at offset 0 of every rank's segment; each hot word on its own cache line. */
 struct cx_ctl {
@@ -42,7 +43,8 @@ struct cx_ctl {
     uint64_t pad0[5];
     uint64_t ready;           /* epoch whose tile this rank has staged (barrier word) */
     uint64_t pad1[7];
-    uint64_t abort_word;      /* 0, seq+1 of an aborted call, or CX_ABORT_FATAL|rank */
+    uint64_t abort_word;      /* 0, seq+1 of an aborted call, CX_ABORT_FATAL|rank or
+                                 CX_ABORT_CLOSED|rank */
     uint64_t pad2[7];
     uint64_t p2p_pad[8];
     /* Call descriptors, slot = seq parity: seq, collective, dtype, op, count, root (compared
@@ -119,6 +121,9 @@ struct Waiter {
     int64_t& next_proc;
     int pending = 0;          // failure seen by the last health check, not yet reported
     int pending_rank = -1;
+    // The one peer the wait is for, where only that peer can end it (a barrier, send/recv), or
+    // -1: a wait on a peer that closed the communicator then fails instead of timing out.
+    int awaited = -1;
 
     Waiter(const cx_exec_window* w, uint64_t s, int64_t d, cx_exec_result* r)
         : win(w), seq(s), deadline(d), res(r), next_check(w->ctl[w->rank]->next_check_ns),

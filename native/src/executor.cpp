@@ -443,7 +443,8 @@ int barrier(Ctx& c) {
     publish(w, &w->ctl[w->rank]->ready, c.epoch);
     Waiter wt(c.win, c.call->seq, c.deadline, c.res);
     for (int i = 1; i < w->nranks; ++i) {
-        const uint64_t* ready = &w->ctl[(w->rank + i) % w->nranks]->ready;
+        wt.awaited = (w->rank + i) % w->nranks;
+        const uint64_t* ready = &w->ctl[wt.awaited]->ready;
         if (int rc = wt.until([&] { return load_acq(ready) >= c.epoch; })) return rc;
     }
     return CX_EXEC_OK;

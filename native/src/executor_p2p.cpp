@@ -60,6 +60,7 @@ extern "C" int cx_exec_send(const cx_exec_window* w, int peer, const void* buf, 
     int64_t half = w->p2p_slot_bytes / 2;
     int64_t pieces = std::max<int64_t>(1, (nbytes + half - 1) / half);
     Waiter wt(w, kNoCall, deadline_ns, res);
+    wt.awaited = peer;
     for (int64_t k = 0; k < pieces; ++k) {
         uint64_t p = mine->sent + 1;
         if (int rc = wt.until([&] { return load_acq(&theirs->acked) + 2 >= p; }))
@@ -82,6 +83,7 @@ extern "C" int cx_exec_recv(const cx_exec_window* w, int peer, void* buf, long l
     int64_t half = w->p2p_slot_bytes / 2;
     int64_t pieces = std::max<int64_t>(1, (nbytes + half - 1) / half);
     Waiter wt(w, kNoCall, deadline_ns, res);
+    wt.awaited = peer;
     for (int64_t k = 0; k < pieces; ++k) {
         uint64_t p = mine->acked + 1;
         if (int rc = wt.until([&] { return load_acq(&theirs->sent) >= p; })) return to_cx_status(rc);

@@ -206,6 +206,12 @@ int Waiter::health(int64_t t, bool check_proc) {
             return CX_EXEC_ABORTED;
         }
     }
+    // A peer that closed the communicator finished every call it will make: a wait for it
+    // alone that has not ended never will (one for several peers may still end: others' work)
+    if (awaited >= 0 && (load_acq(&win->ctl[awaited]->abort_word) & CX_ABORT_CLOSED)) {
+        pending_rank = awaited;
+        return CX_EXEC_ABORTED;
+    }
     pending_rank = -1;
     if (interrupted(t)) {
         // Peers waiting on this rank give up at once (Python poisons the communicator too, but
