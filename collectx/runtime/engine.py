@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import threading
 
 from ..errors import (CollectiveMismatch, CommError, Interrupted, NativeError, PeerAborted,
@@ -151,7 +152,7 @@ class Engine:
             whole = self._cma(coll, nbytes) and fp.peer_use.everywhere()
             tile_bytes = None if whole else self.config.tile_bytes
             hit = self._plans[key] = (fp, fp.tile_count(self.win.set_bytes, itemsize, tile_bytes))
-            if self.rank == 0:
+            if self.rank == 0 and logger.isEnabledFor(logging.INFO):
                 self._log_plan(coll, nbytes, schedule, hit[1])
         return hit
 
