@@ -25,3 +25,23 @@ def rdzv_dir() -> str:
 
 def affinity() -> list:
     return sorted(os.sched_getaffinity(0))
+
+
+def init_again() -> list:
+    """Two communicators at once, then a third after closing the first: each its own."""
+    import numpy as np
+
+    import collectx
+    first, second = collectx.init(), collectx.init()
+    x = np.full(1000, first.rank + 1, np.float32)
+    y = np.full(5000, 10 * (first.rank + 1), np.float32)
+    first.allreduce(x)
+    second.allreduce(y)
+    first.close()
+    third = collectx.init()
+    z = np.full(3, third.rank, np.int64)
+    third.allreduce(z)
+    got = [float(x[0]), float(y[-1]), int(z[0])]
+    second.close()
+    third.close()
+    return got

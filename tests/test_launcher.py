@@ -36,6 +36,29 @@ def test_first_failure_is_reraised_with_rank_and_remote_traceback_and_others_are
     assert time.monotonic() - t0 < 40   # not the 60 s the other ranks would sleep
 
 
+def test_init_again_in_a_rank_makes_a_new_communicator():
+    # a second init() used to count its store keys from the first's again and map its
+    # (unlinked) segments: FileNotFoundError
+    assert collectx.launch(L.init_again, 3, timeout=120) == [[6.0, 60.0, 3]] * 3
+
+
+def test_a_second_torch_bootstrap_reuses_the_launcher_store(monkeypatch):
+    pytest.importorskip("torch.distributed")
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    for k in ("COLLECTX_RANK", "COLLECTX_RDZV_DIR", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(bootstrap, "_LAUNCHER_STORES", {})
+    first = bootstrap.bootstrap(None, None, None, 10.0)
+    again = bootstrap.bootstrap(None, None, None, 10.0)   # a second server would not bind
+    assert first[:2] == again[:2] == (0, 1) and again[2] is first[2]
+
+
 def test_launch_rejects_a_bad_process_count():
     with pytest.raises(ArgumentError):
         collectx.launch(L.whoami, 0)

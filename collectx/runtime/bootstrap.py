@@ -32,6 +32,17 @@ from .store import FileStore, HashStore, Store, TorchStore
 
 _MPI_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
+# The launcher's store, one object per rendezvous in a process. Communicators take their key
+# prefixes from a count kept per store object (store.next_key_prefix): a second init() on a
+# fresh object would count from the first communicator's keys again and map its segments.
+_LAUNCHER_STORES: dict[tuple, Store] = {}
+
+
+def _launcher_store(key: tuple, make: Callable[[], Store]) -> Store:
+    if key not in _LAUNCHER_STORES:
+        _LAUNCHER_STORES[key] = make()
+    return _LAUNCHER_STORES[key]
+
 
 def detect(env: Mapping[str, str] | None = None) -> str:
     """Name of the launcher that started this process: collectx, torch, mpi or single."""
@@ -56,7 +67,8 @@ def bootstrap(rank: int | None, world_size: int | None, store, timeout: float
     env = os.environ
     if kind == "collectx":
         return (_pick(rank, env["COLLECTX_RANK"]), _pick(world_size, env["COLLECTX_WORLD_SIZE"]),
-                FileStore(env["COLLECTX_RDZV_DIR"]), _nothing)
+                _launcher_store(("collectx", env["COLLECTX_RDZV_DIR"]),
+                                lambda: FileStore(env["COLLECTX_RDZV_DIR"])), _nothing)
     if kind == "torch":
         return _torch(rank, world_size, timeout)
     if kind == "mpi":
@@ -96,11 +108,15 @@ def _torch(rank, world_size, timeout):
     world_size = _pick(world_size, env["WORLD_SIZE"])
     # Under torchrun the agent already serves the store at MASTER_ADDR:MASTER_PORT.
     agent = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    tcp = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size,
-                        is_master=(rank == 0 and not agent), timeout=timedelta(seconds=timeout),
-                        wait_for_workers=False)
     run_id = env.get("TORCHELASTIC_RUN_ID", "default")
-    return rank, world_size, TorchStore(dist.PrefixStore(f"collectx/{run_id}", tcp)), _nothing
+
+    def make():
+        tcp = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size,
+                            is_master=(rank == 0 and not agent),
+                            timeout=timedelta(seconds=timeout), wait_for_workers=False)
+        return TorchStore(dist.PrefixStore(f"collectx/{run_id}", tcp))
+    key = ("torch", env["MASTER_ADDR"], env["MASTER_PORT"], run_id, rank, world_size)
+    return rank, world_size, _launcher_store(key, make), _nothing
 
 
 def _mpi(timeout):
