@@ -39,7 +39,7 @@ def _messages(caplog, level):
 
 
 def test_a_cut_window_and_a_refused_cma_are_warnings(records, monkeypatch):
-    monkeypatch.setattr(window_mod, "shm_free", lambda path: 2 * Layout.of(4 << 20, 2).total)
+    monkeypatch.setattr(window_mod, "shm_free", lambda path: 4 * Layout.of(4 << 20, 2).total)
     monkeypatch.setattr(Window, "_probe_cma", lambda self, *a: False)
     store = HashStore()
     windows = _threads(2, lambda r: Window(r, 2, store, "w", 64 << 20, 10.0, cma=True))

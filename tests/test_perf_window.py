@@ -30,6 +30,8 @@ def test_window_grows_only_when_shm_has_room_and_nothing_forces_a_size(monkeypat
     assert window.window_for(dict(SPEC, sizes=[8, 1024]), 2, env={}) is None
     monkeypatch.setattr(os, "statvfs", lambda path: _Fs(2 * need))   # room for one rank only
     assert window.window_for(SPEC, 2, env={}) is None
+    monkeypatch.setattr(os, "statvfs", lambda path: _Fs(6 * need))   # not in half the room
+    assert window.window_for(SPEC, 2, env={}) is None
 
     def missing(path):
         raise FileNotFoundError(path)

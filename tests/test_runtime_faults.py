@@ -148,7 +148,8 @@ def test_stale_segment_of_a_dead_process_is_swept(tmp_path):
 
 
 def test_segments_are_private_to_the_user():
-    name, mm = window._create_segment(8192)
+    name, mm, fd = window._create_segment(8192)
+    os.close(fd)
     try:
         mode = os.stat(os.path.join(window.SHM_DIR, name)).st_mode
         assert stat.S_IMODE(mode) == 0o600

@@ -20,24 +20,53 @@ MiB = 1 << 20
 
 
 @pytest.mark.parametrize("size,ranks,free", [(2, 2, 64 * MiB), (4, 4, 100 * MiB),
-                                             (8, 16, 1000 * MiB), (2, 2, 5 * MiB)])
-def test_the_fitted_window_is_the_largest_that_fits(size, ranks, free):
+                                             (8, 16, 1000 * MiB), (2, 2, 10 * MiB)])
+def test_the_fitted_window_is_the_largest_that_fits_in_half_the_room(size, ranks, free):
     got = fit_window_bytes(256 * MiB, size, ranks, free)
     assert got < 256 * MiB
-    assert ranks * Layout.of(got, size).total <= free
-    assert ranks * Layout.of(got + 8192, size).total > free   # one step more would not
+    assert ranks * Layout.of(got, size).total <= free // 2
+    assert ranks * Layout.of(got + 8192, size).total > free // 2   # one step more would not
 
 
 def test_a_window_that_fits_or_an_unknown_room_is_left_alone():
     assert fit_window_bytes(64 * MiB, 2, 2, 1 << 40) == 64 * MiB
+    enough = 2 * 2 * Layout.of(64 * MiB, 2).total
+    assert fit_window_bytes(64 * MiB, 2, 2, enough) == 64 * MiB
+    assert fit_window_bytes(64 * MiB, 2, 2, enough - 1) < 64 * MiB
     assert fit_window_bytes(64 * MiB, 2, 2, None) == 64 * MiB
 
 
 def test_no_room_for_the_smallest_window_is_an_error_naming_the_fix():
     smallest = Layout.of(0, 8).total
     with pytest.raises(CommError, match=r"8 ranks need at least .*--shm-size"):
-        fit_window_bytes(64 * MiB, 8, 8, 8 * smallest - 1)
-    assert set_bytes_for(fit_window_bytes(64 * MiB, 8, 8, 8 * smallest)) == segment.MIN_SET_BYTES
+        fit_window_bytes(64 * MiB, 8, 8, 2 * 8 * smallest - 1)
+    got = fit_window_bytes(64 * MiB, 8, 8, 2 * 8 * smallest)
+    assert set_bytes_for(got) == segment.MIN_SET_BYTES
+
+
+def test_room_promised_to_held_segments_is_not_room():
+    whole = fit_window_bytes(64 * MiB, 2, 2, 64 * MiB)
+    assert fit_window_bytes(64 * MiB, 2, 2, 64 * MiB, promised=32 * MiB) < whole
+    assert fit_window_bytes(64 * MiB, 2, 2, 64 * MiB, promised=32 * MiB) == \
+        fit_window_bytes(64 * MiB, 2, 2, 32 * MiB)
+    assert fit_window_bytes(64 * MiB, 2, 2, 1 << 40, promised=(1 << 40) - 64 * MiB) < 64 * MiB
+    with pytest.raises(CommError, match=r"has 64.0 MiB free \(63.0 MiB of it promised to "
+                                        r"windows the ranks hold\); 2 ranks need"):
+        fit_window_bytes(64 * MiB, 2, 2, 64 * MiB, promised=63 * MiB)
+
+
+def test_unbacked_bytes_counts_what_held_segments_may_still_take(tmp_path):
+    before = segment.unbacked_bytes()
+    fd = os.memfd_create("test")
+    os.ftruncate(fd, 4 * MiB)
+    segment.hold(fd)
+    try:
+        assert segment.unbacked_bytes() - before == 4 * MiB
+        os.pwrite(fd, b"x" * MiB, 0)
+        assert segment.unbacked_bytes() - before == 3 * MiB
+    finally:
+        segment.release(fd)
+    assert segment.unbacked_bytes() == before
 
 
 class _Fs:
@@ -61,7 +90,7 @@ def _make_windows(nranks, window_bytes, timeout=10.0):
 
 
 def test_windows_shrink_to_the_room_and_say_so(monkeypatch):
-    room = 2 * Layout.of(4 * MiB, 2).total
+    room = 2 * 2 * Layout.of(4 * MiB, 2).total
     monkeypatch.setattr(window_mod, "shm_free", lambda path: room)
     windows, errors = _make_windows(2, 64 * MiB)
     try:
@@ -86,3 +115,45 @@ def test_no_room_fails_every_rank_at_once(monkeypatch):
     assert time.monotonic() - start < 10   # not after the 30 s rendezvous timeout
     assert not [n for n in os.listdir(window_mod.SHM_DIR) if n.startswith(window_mod.PREFIX)
                 and n.split("-")[1] == str(os.getpid())]
+
+
+def test_a_second_communicator_is_fitted_to_the_room_the_first_left(monkeypatch):
+    """Two windows among the same ranks (two torch process groups, say). Sparse segments leave
+    the room looking free: without counting what the first may still take, the second was
+    fitted to the same room, and the two together could overrun it (SIGBUS)."""
+    room = 2 * 2 * Layout.of(4 * MiB, 2).total
+    monkeypatch.setattr(window_mod, "shm_free", lambda path: room)
+    first, errors = _make_windows(2, 64 * MiB)
+    assert errors == [None, None] and first[0].set_bytes == 2 * MiB
+    try:
+        second, errors = _make_windows(2, 64 * MiB)   # the room left: half of it
+        assert errors == [None, None]
+        assert 2 * (second[0]._maps[0].size() + first[0]._maps[0].size()) <= 3 * room // 4
+        assert second[0].set_bytes < first[0].set_bytes
+        for w in second:
+            w.close()
+    finally:
+        for w in first:
+            w.close()
+    again, errors = _make_windows(2, 64 * MiB)   # the room is back once both are closed
+    assert errors == [None, None] and again[0].set_bytes == 2 * MiB
+    for w in again:
+        w.close()
+
+
+def test_when_held_windows_leave_too_little_room_the_error_says_so(monkeypatch):
+    smallest = Layout.of(0, 2).total
+    room = 2 * 2 * Layout.of(4 * MiB, 2).total
+    monkeypatch.setattr(window_mod, "shm_free", lambda path: room)
+    first, _ = _make_windows(2, 64 * MiB)
+    promised = segment.unbacked_bytes()          # both ranks' segments: threads of this process
+    assert promised > room // 3
+    monkeypatch.setattr(window_mod, "shm_free", lambda path: promised + 4 * smallest - 8192)
+    try:
+        second, errors = _make_windows(2, 64 * MiB)
+        assert second == [None, None]
+        assert all(isinstance(e, CommError) and "promised to windows the ranks hold" in str(e)
+                   for e in errors)
+    finally:
+        for w in first:
+            w.close()

@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 
 from ..config import Config
-from ..runtime.segment import Layout, shm_free
+from ..errors import CommError
+from ..runtime.segment import fit_window_bytes, shm_free
 from . import buffers
 from .sweep import buffer_elems
 
@@ -50,7 +51,9 @@ def window_for(spec: dict, nranks: int, env=None, shm: str = "/dev/shm") -> int 
     if need <= default:
         return None
     free = shm_free(shm)
-    # Every rank fills its heap (the window's size); its staging sets are as big again
-    if free is None or nranks * Layout.of(need, nranks).total > free:
+    if free is None:   # no room said: do not grow into what may not be there
         return None
-    return need
+    try:    # the runtime would cut a window that does not fit: leave it to the configured one
+        return need if fit_window_bytes(need, nranks, nranks, free) == need else None
+    except CommError:
+        return None

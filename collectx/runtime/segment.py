@@ -7,12 +7,16 @@ maps fine and kills its rank with SIGBUS much later, on the first write past the
 usual case is a container (Docker gives /dev/shm 64 MiB unless told ``--shm-size``), where the
 default window is bigger than the whole mount. So rank 0 fits the window to the room before
 any rank creates its segment (:func:`fit_window_bytes`): every rank of the machine may fill
-its segment, and all of them still fit.
+its segment, and all of them still fit in half the room. The other half is left to whatever
+comes next: another communicator (one per torch process group, say), a DataLoader's shared
+tensors. Segments the ranks already hold count with what they may still take, not with what
+tmpfs has allocated to them so far (:func:`unbacked_bytes`); otherwise a second window would be
+fitted to room promised to the first.
 
 >>> Layout.of(1 << 20, 2).total      # 1 MiB window, 2 ranks: 8 KiB + 4 x 512 KiB + 4 KiB + 2 MiB
 4206592
 >>> fit_window_bytes(64 << 20, size=2, machine_ranks=2, free=64 << 20) / (1 << 20)
-14.9921875
+6.9921875
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..log import mib
 CTL_BYTES = 8192
 P2P_SLOT_BYTES = 1 << 20             # per peer; send/recv move pieces of half of it
 MIN_SET_BYTES = 1 << 16
+SHM_SHARE = 2                        # windows take at most 1/SHM_SHARE of the free /dev/shm
 
 
 def set_bytes_for(window_bytes: int) -> int:
@@ -66,9 +71,48 @@ def shm_free(shm_dir: str) -> int | None:
     return st.f_bavail * st.f_frsize if st.f_blocks else None
 
 
-def fit_window_bytes(window_bytes: int, size: int, machine_ranks: int, free: int | None) -> int:
+# This process's own segments, by file descriptor (kept open while the window lives: an
+# unlinked tmpfs file still says through fstat how much of it is allocated).
+_held: set[int] = set()
+
+
+def hold(fd: int) -> None:
+    """Count the segment open on ``fd`` in :func:`unbacked_bytes` until :func:`release`."""
+    _held.add(fd)
+
+
+def release(fd: int) -> None:
+    """Stop counting the segment on ``fd``, and close it."""
+    _held.discard(fd)
+    os.close(fd)
+
+
+def unbacked_bytes() -> int:
+    """Bytes this process's segments may still take from /dev/shm: their sizes less what
+    tmpfs has allocated to them (a page is allocated when first written).
+
+    >>> fd = os.memfd_create("doc"); os.ftruncate(fd, 1 << 20); hold(fd)
+    >>> before = unbacked_bytes()
+    >>> _ = os.pwrite(fd, b"x" * 4096, 0)      # tmpfs allocates the page written
+    >>> before - unbacked_bytes()
+    4096
+    >>> release(fd)
+    """
+    total = 0
+    for fd in list(_held):
+        try:
+            st = os.fstat(fd)
+        except OSError:   # released by another thread meanwhile
+            continue
+        total += max(0, st.st_size - st.st_blocks * 512)
+    return total
+
+
+def fit_window_bytes(window_bytes: int, size: int, machine_ranks: int, free: int | None,
+                     promised: int = 0) -> int:
     """The largest window up to ``window_bytes`` whose segments, one for each of the
-    ``machine_ranks`` ranks of this machine, fit in ``free`` bytes together.
+    ``machine_ranks`` ranks of this machine, fit together in 1/SHM_SHARE of the room: ``free``
+    bytes less the ``promised`` bytes that segments the ranks already hold may still take.
 
     Raises :class:`CommError` when not even the smallest window fits.
 
@@ -77,20 +121,23 @@ def fit_window_bytes(window_bytes: int, size: int, machine_ranks: int, free: int
     >>> try:
     ...     fit_window_bytes(64 << 20, size=8, machine_ranks=8, free=8 << 20)
     ... except CommError as e:
-    ...     print(str(e)[:57])
-    /dev/shm has 8.0 MiB free; 8 ranks need at least 66.1 MiB
+    ...     print(str(e)[:58])
+    /dev/shm has 8.0 MiB free; 8 ranks need at least 132.2 MiB
     """
-    if free is None or machine_ranks * Layout.of(window_bytes, size).total <= free:
+    share = max(0, free - promised) // SHM_SHARE if free is not None else None
+    if share is None or machine_ranks * Layout.of(window_bytes, size).total <= share:
         return window_bytes
     fixed = Layout.of(0, size).total - 4 * MIN_SET_BYTES   # everything but 4 sets' worth
-    room = free // machine_ranks - fixed                   # for 2 staging sets and the heap
+    room = share // machine_ranks - fixed                  # for 2 staging sets and the heap
     fitted = (room // 4 & ~4095) * 2
     smallest = Layout.of(0, size).total
     if set_bytes_for(fitted) * 4 > room:
         raise CommError(
-            f"/dev/shm has {mib(free)} free; {machine_ranks} ranks need at least "
-            f"{mib(machine_ranks * smallest)} ({machine_ranks} x {mib(smallest)}: the smallest "
-            f"window and the point-to-point area); expected room for every rank's shared "
-            f"window; give the machine more shared memory (e.g. docker run --shm-size=1g) or "
-            f"run fewer ranks")
+            f"/dev/shm has {mib(free)} free"
+            f"{f' ({mib(promised)} of it promised to windows the ranks hold)' if promised else ''}"
+            f"; {machine_ranks} ranks need at least {mib(SHM_SHARE * machine_ranks * smallest)} "
+            f"({machine_ranks} x {mib(smallest)}: the smallest window and the point-to-point "
+            f"area, in 1/{SHM_SHARE} of the room, the rest left to other users of /dev/shm); "
+            f"expected room for every rank's shared window; give the machine more shared "
+            f"memory (e.g. docker run --shm-size=1g) or run fewer ranks")
     return fitted

@@ -32,7 +32,8 @@ from ..errors import CommError
 from ..log import logger, mib
 from ._lib import native
 from .peer_reads import close_to_peers, open_to_peers
-from .segment import CTL_BYTES, P2P_SLOT_BYTES, Layout, fit_window_bytes, shm_free
+from .segment import (CTL_BYTES, P2P_SLOT_BYTES, Layout, fit_window_bytes, hold, release,
+                      shm_free, unbacked_bytes)
 from .store import Store
 
 SHM_DIR = "/dev/shm"
@@ -85,18 +86,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _create_segment(total: int) -> tuple[str, mmap.mmap]:
+def _create_segment(total: int) -> tuple[str, mmap.mmap, int]:
+    """A new segment of ``total`` bytes: its name, its mapping and its open descriptor."""
     name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(12)}"
     path = os.path.join(SHM_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, total)
-        return name, mmap.mmap(fd, total)
+        return name, mmap.mmap(fd, total), fd
     except BaseException:
+        os.close(fd)
         os.unlink(path)
         raise
-    finally:
-        os.close(fd)
 
 
 def _map_segment(name: str, total: int) -> mmap.mmap:
@@ -156,7 +157,7 @@ class Window:
         self.rank, self.size = rank, size
         self.machine_ranks = size if machine_ranks is None else machine_ranks
         self._maps: list[mmap.mmap | None] = [None] * size
-        self._name = None
+        self._name = self._fd = None
         self.cma = False
         # Before the rendezvous: a peer probes this process as soon as every rank has mapped
         self._opened = cma and size > 1 and open_to_peers()
@@ -193,8 +194,10 @@ class Window:
         # Rank 0 decides the size so every rank computes the same tile layout, and fits it to
         # the room in /dev/shm first (segment.py); where even the smallest does not fit, every
         # rank raises the same error at once instead of waiting for segments never made.
+        store.set(f"{prefix}/unbacked/{self.rank}", f"{os.getpid()} {unbacked_bytes()}")
         if self.rank == 0:
-            store.set(f"{prefix}/window_bytes", self._fitted(window_bytes))
+            store.set(f"{prefix}/window_bytes", self._fitted(store, prefix, window_bytes,
+                                                             timeout))
         agreed = store.get(f"{prefix}/window_bytes", timeout).decode()
         if not agreed.isdigit():
             raise CommError(agreed)
@@ -203,7 +206,8 @@ class Window:
         self.p2p_offset, self.heap_offset = layout.p2p_offset, layout.heap_offset
         self.fitted_to_shm = int(agreed) < window_bytes
         total = layout.total
-        self._name, self._maps[self.rank] = _create_segment(total)
+        self._name, self._maps[self.rank], self._fd = _create_segment(total)
+        hold(self._fd)
         self._init_ctl(self._maps[self.rank])
         store.set(f"{prefix}/seg/{self.rank}", self._name)
         for r in range(self.size):
@@ -215,13 +219,22 @@ class Window:
         self._unlink_own()
         self._build_views()
 
-    def _fitted(self, window_bytes: int) -> str:
+    def _fitted(self, store: Store, prefix: str, window_bytes: int, timeout: float) -> str:
         """The window size every rank uses, or the error that stops them all."""
+        free = shm_free(SHM_DIR)
         try:
-            return str(fit_window_bytes(window_bytes, self.size, self.machine_ranks,
-                                        shm_free(SHM_DIR)))
+            return str(fit_window_bytes(window_bytes, self.size, self.machine_ranks, free,
+                                        self._promised(store, prefix, timeout) if free else 0))
         except CommError as e:
             return str(e)
+
+    def _promised(self, store: Store, prefix: str, timeout: float) -> int:
+        """What the segments every rank's process already holds may still take from
+        /dev/shm (ranks that are threads of one process report the same segments once)."""
+        keys = [f"{prefix}/unbacked/{r}" for r in range(self.size)]
+        store.wait(keys, timeout)
+        by_pid = dict(store.get(k, timeout).decode().split() for k in keys)
+        return sum(int(b) for b in by_pid.values())
 
     def _init_ctl(self, mm: mmap.mmap) -> None:
         ctl = np.frombuffer(mm, dtype=np.uint64, count=CTL_BYTES // 8)
@@ -292,6 +305,9 @@ class Window:
     def close(self) -> None:
         """Unmap every segment (and unlink ours if setup never got that far). Idempotent."""
         self._unlink_own()
+        if self._fd is not None:
+            release(self._fd)
+            self._fd = None
         self._close_to_peers()
         ffi = native()[0] if hasattr(self, "_bufs") else None
         for b in getattr(self, "_bufs", ()):
