@@ -10,7 +10,7 @@ import pytest
 
 import collectx
 from collectx import log
-from collectx.runtime import window as window_mod
+from collectx.runtime import segment, window as window_mod
 from collectx.runtime.segment import Layout
 from collectx.runtime.store import HashStore
 from collectx.runtime.window import Window
@@ -40,6 +40,7 @@ def _messages(caplog, level):
 
 def test_a_cut_window_and_a_refused_cma_are_warnings(records, monkeypatch):
     monkeypatch.setattr(window_mod, "shm_free", lambda path: 4 * Layout.of(4 << 20, 2).total)
+    monkeypatch.setattr(segment, "_held", set())   # windows other tests left open
     monkeypatch.setattr(Window, "_probe_cma", lambda self, *a: False)
     store = HashStore()
     windows = _threads(2, lambda r: Window(r, 2, store, "w", 64 << 20, 10.0, cma=True))

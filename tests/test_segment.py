@@ -19,8 +19,15 @@ from _threads import on_threads
 MiB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def _no_held_segments(monkeypatch):
+    """Windows other tests of this process left open would count as promised room here."""
+    monkeypatch.setattr(segment, "_held", set())
+
+
 @pytest.mark.parametrize("size,ranks,free", [(2, 2, 64 * MiB), (4, 4, 100 * MiB),
-                                             (8, 16, 1000 * MiB), (2, 2, 10 * MiB)])
+                                             (8, 16, 1000 * MiB), (2, 2, 10 * MiB),
+                                             (8, 8, 64 * MiB)])
 def test_the_fitted_window_is_the_largest_that_fits_in_half_the_room(size, ranks, free):
     got = fit_window_bytes(256 * MiB, size, ranks, free)
     assert got < 256 * MiB
@@ -42,6 +49,38 @@ def test_no_room_for_the_smallest_window_is_an_error_naming_the_fix():
         fit_window_bytes(64 * MiB, 8, 8, 2 * 8 * smallest - 1)
     got = fit_window_bytes(64 * MiB, 8, 8, 2 * 8 * smallest)
     assert set_bytes_for(got) == segment.MIN_SET_BYTES
+
+
+def test_a_cut_window_cuts_the_point_to_point_slots_with_it():
+    # 8 ranks in a container's 64 MiB: 1 MiB slots per peer alone would take 2 x 64 MiB
+    got = fit_window_bytes(64 * MiB, 8, 8, 64 * MiB)
+    layout = Layout.of(got, 8)
+    assert layout.p2p_slot_bytes == layout.set_bytes < segment.P2P_SLOT_BYTES
+    assert Layout.of(64 * MiB, 8).p2p_slot_bytes == segment.P2P_SLOT_BYTES
+
+
+def test_collectives_and_send_recv_run_in_the_smallest_window(monkeypatch):
+    import numpy as np
+
+    import collectx
+    monkeypatch.setattr(window_mod, "shm_free", lambda path: 2 * 2 * Layout.of(0, 2).total)
+    store = HashStore()
+    n = (1 << 20) + 3                         # 16 pieces of the 64 KiB slot's halves, and a bit
+
+    def rank_fn(rank):
+        with collectx.init(rank, 2, store=store) as comm:
+            assert comm._window.set_bytes == comm._window.p2p_slot_bytes == segment.MIN_SET_BYTES
+            x = np.arange(n, dtype=np.float32) * (rank + 1)
+            comm.allreduce(x)
+            msg = np.arange(n, dtype=np.int32)
+            if rank == 0:
+                comm.send(msg, 1)
+                return bool(np.array_equal(x, np.arange(n, dtype=np.float32) * 3))
+            got = np.zeros(n, np.int32)
+            comm.recv(got, 0)
+            return bool(np.array_equal(got, msg)) and bool(x[-1] == (n - 1) * 3)
+    results, errors = on_threads(2, rank_fn)
+    assert errors == [None, None] and results == [True, True]
 
 
 def test_room_promised_to_held_segments_is_not_room():

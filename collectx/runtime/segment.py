@@ -13,8 +13,8 @@ tensors. Segments the ranks already hold count with what they may still take, no
 tmpfs has allocated to them so far (:func:`unbacked_bytes`); otherwise a second window would be
 fitted to room promised to the first.
 
->>> Layout.of(1 << 20, 2).total      # 1 MiB window, 2 ranks: 8 KiB + 4 x 512 KiB + 4 KiB + 2 MiB
-4206592
+>>> Layout.of(1 << 20, 2).total     # 1 MiB, 2 ranks: 8K + 4 x 512K + 4K + 2 x 512K
+3158016
 >>> fit_window_bytes(64 << 20, size=2, machine_ranks=2, free=64 << 20) / (1 << 20)
 6.9921875
 """
@@ -44,9 +44,18 @@ def set_bytes_for(window_bytes: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """Byte offsets in a rank's segment for a window of ``window_bytes`` among ``size`` ranks."""
+    """Byte offsets in a rank's segment for a window of ``window_bytes`` among ``size`` ranks.
+
+    A peer's point-to-point slot is P2P_SLOT_BYTES, or a staging set where that is smaller: a
+    window cut to fit /dev/shm cuts the slots with it (send/recv then move smaller pieces),
+    since with many ranks they would otherwise take most of the room.
+
+    >>> [Layout.of(w, 4).p2p_slot_bytes >> 10 for w in (64 << 20, 1 << 20, 0)]
+    [1024, 512, 64]
+    """
     set_bytes: int
     p2p_offset: int
+    p2p_slot_bytes: int
     heap_offset: int
     heap_bytes: int
     total: int
@@ -56,9 +65,10 @@ class Layout:
         set_bytes = set_bytes_for(window_bytes)
         p2p_offset = CTL_BYTES + 2 * set_bytes
         p2p_header = (size * 128 + 4095) // 4096 * 4096
-        heap_offset = p2p_offset + p2p_header + size * P2P_SLOT_BYTES
+        slot = min(P2P_SLOT_BYTES, set_bytes)
+        heap_offset = p2p_offset + p2p_header + size * slot
         heap_bytes = 2 * set_bytes
-        return cls(set_bytes, p2p_offset, heap_offset, heap_bytes, heap_offset + heap_bytes)
+        return cls(set_bytes, p2p_offset, slot, heap_offset, heap_bytes, heap_offset + heap_bytes)
 
 
 def shm_free(shm_dir: str) -> int | None:
@@ -119,19 +129,19 @@ def fit_window_bytes(window_bytes: int, size: int, machine_ranks: int, free: int
     >>> fit_window_bytes(64 << 20, size=2, machine_ranks=2, free=None) >> 20   # no limit
     64
     >>> try:
-    ...     fit_window_bytes(64 << 20, size=8, machine_ranks=8, free=8 << 20)
+    ...     fit_window_bytes(64 << 20, size=8, machine_ranks=8, free=4 << 20)
     ... except CommError as e:
-    ...     print(str(e)[:58])
-    /dev/shm has 8.0 MiB free; 8 ranks need at least 132.2 MiB
+    ...     print(str(e)[:57])
+    /dev/shm has 4.0 MiB free; 8 ranks need at least 12.2 MiB
     """
     share = max(0, free - promised) // SHM_SHARE if free is not None else None
-    if share is None or machine_ranks * Layout.of(window_bytes, size).total <= share:
+
+    def fits(window: int) -> bool:
+        return share is None or machine_ranks * Layout.of(window, size).total <= share
+    if fits(window_bytes):
         return window_bytes
-    fixed = Layout.of(0, size).total - 4 * MIN_SET_BYTES   # everything but 4 sets' worth
-    room = share // machine_ranks - fixed                  # for 2 staging sets and the heap
-    fitted = (room // 4 & ~4095) * 2
-    smallest = Layout.of(0, size).total
-    if set_bytes_for(fitted) * 4 > room:
+    if not fits(0):
+        smallest = Layout.of(0, size).total
         raise CommError(
             f"/dev/shm has {mib(free)} free"
             f"{f' ({mib(promised)} of it promised to windows the ranks hold)' if promised else ''}"
@@ -140,4 +150,8 @@ def fit_window_bytes(window_bytes: int, size: int, machine_ranks: int, free: int
             f"area, in 1/{SHM_SHARE} of the room, the rest left to other users of /dev/shm); "
             f"expected room for every rank's shared window; give the machine more shared "
             f"memory (e.g. docker run --shm-size=1g) or run fewer ranks")
-    return fitted
+    fit, unfit = MIN_SET_BYTES, set_bytes_for(window_bytes)   # staging set sizes
+    while unfit - fit > 4096:
+        mid = (fit + unfit) // 2 & ~4095
+        fit, unfit = (mid, unfit) if fits(2 * mid) else (fit, mid)
+    return 2 * fit

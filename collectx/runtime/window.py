@@ -32,7 +32,7 @@ from ..errors import CommError
 from ..log import logger, mib
 from ._lib import native
 from .peer_reads import close_to_peers, open_to_peers
-from .segment import (CTL_BYTES, P2P_SLOT_BYTES, Layout, fit_window_bytes, hold, release,
+from .segment import (CTL_BYTES, Layout, fit_window_bytes, hold, release,
                       shm_free, unbacked_bytes)
 from .store import Store
 
@@ -204,6 +204,7 @@ class Window:
         layout = Layout.of(int(agreed), self.size)
         self.set_bytes, self.heap_bytes = layout.set_bytes, layout.heap_bytes
         self.p2p_offset, self.heap_offset = layout.p2p_offset, layout.heap_offset
+        self.p2p_slot_bytes = layout.p2p_slot_bytes
         self.fitted_to_shm = int(agreed) < window_bytes
         total = layout.total
         self._name, self._maps[self.rank], self._fd = _create_segment(total)
@@ -291,7 +292,7 @@ class Window:
         self.native.spin, self.native.spin_ns = spin_polls(self.machine_ranks)
         self._p2p_ptrs = ffi.new("char*[]", [ffi.cast("char*", b) + self.p2p_offset
                                              for b in self._bufs])
-        self.native.p2p, self.native.p2p_slot_bytes = self._p2p_ptrs, P2P_SLOT_BYTES
+        self.native.p2p, self.native.p2p_slot_bytes = self._p2p_ptrs, self.p2p_slot_bytes
         self._heap_ptrs = ffi.new("char*[]", [ffi.cast("char*", b) + self.heap_offset
                                               for b in self._bufs])
         self.native.heap = self._heap_ptrs
