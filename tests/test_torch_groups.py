@@ -47,3 +47,33 @@ def test_batch_isend_irecv_both_ways_does_not_deadlock():
     numel = 1 << 20          # 4 MiB each way: more than any in-flight buffer between the pair
     results = run_ranks(_symmetric_exchange, 2, numel, timeout_s=120)
     assert results == [(2.0, 2.0), (1.0, 1.0)]
+
+
+def _rebuilt_over_one_store(rank, world, port):
+    # A store that outlives the groups, as torchrun's agent store does: the group torch builds
+    # again gets the same key prefix in it, where the last group's keys still are.
+    import datetime
+    dist.destroy_process_group()
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0,
+                          timeout=datetime.timedelta(seconds=60))
+    sums = []
+    for generation in range(3):
+        dist.init_process_group("collectx", store=store, rank=rank, world_size=world)
+        x = torch.full((1000,), float(rank + 1 + generation))
+        dist.all_reduce(x)
+        sub = dist.new_group([0, 1], backend="collectx")
+        y = torch.ones(10)
+        dist.all_reduce(y, group=sub)
+        sums.append((x[0].item(), y[0].item()))
+        dist.barrier()
+        dist.destroy_process_group()
+    return sums
+
+
+def test_a_process_group_built_again_over_the_same_store():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = run_ranks(_rebuilt_over_one_store, 2, port, timeout_s=120)
+    assert results == [[(3.0, 2.0), (5.0, 2.0), (7.0, 2.0)]] * 2

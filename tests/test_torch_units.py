@@ -94,10 +94,13 @@ def test_only_an_explicit_timeout_is_forwarded():
     assert torch_backend._explicit_timeout(datetime.timedelta(seconds=20))
 
 
-def test_group_store_drops_the_per_process_communicator_number():
-    store = torch_backend._GroupStore(dist.HashStore())
-    store.set("collectx/comm7/seg/0", b"x")
-    assert store.get("collectx/comm2/seg/0") == b"x"
+def test_a_communicator_made_again_on_a_torch_store_gets_new_keys():
+    from collectx.runtime.store import as_store, next_key_prefix
+    store = dist.HashStore()     # each group torch builds over it wraps it afresh
+    assert [next_key_prefix("comm", as_store(store), r) for r in (0, 1, 0, 1)] == \
+        ["collectx/comm0", "collectx/comm0", "collectx/comm1", "collectx/comm1"]
+    assert as_store(store).check("collectx/made/comm/0")
+    assert not as_store(store).check("collectx/made/cuda/0")
 
 
 def test_runner_runs_async_work_in_order_off_the_caller_thread():

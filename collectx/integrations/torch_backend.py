@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
-import re
 
-import torch
 import torch.distributed as dist
 
 from .. import errors
@@ -27,44 +25,12 @@ from .torch_work import SerialRunner
 BACKEND_NAME = "collectx"
 
 
-# The runtime numbers its communicators per process ("collectx/comm<N>/..."). Ranks build
-# different numbers of torch groups (only members build one), so N can differ between the members
-# of one group; the group's PrefixStore already keeps groups apart, so N is dropped from keys.
-_COMM_NUMBER = re.compile(r"^(collectx/comm)\d+/")
-
-
-class _GroupStore:
-    """A torch store seen by exactly one communicator, with its per-process number removed."""
-
-    def __init__(self, store):
-        self._store = store
-
-    @staticmethod
-    def _key(key: str) -> str:
-        return _COMM_NUMBER.sub(r"\1/", key)
-
-    def set(self, key, value):
-        self._store.set(self._key(key), value)
-
-    def get(self, key):
-        return self._store.get(self._key(key))
-
-    def wait(self, keys, *timeout):
-        self._store.wait([self._key(k) for k in keys], *timeout)
-
-    def add(self, key, amount):
-        return self._store.add(self._key(key), amount)
-
-    def delete_key(self, key):
-        return self._store.delete_key(self._key(key))
-
-
 def _make_communicator(store, rank: int, size: int, timeout: datetime.timedelta | None,
                        device: str = "cpu"):
     """A collectx Communicator for ``device`` ("cpu" or "cuda:N"), rendezvousing through
     torch's ``store``."""
     import collectx
-    kwargs = {"store": _GroupStore(store)}
+    kwargs = {"store": store}
     params = inspect.signature(collectx.init).parameters
     if _explicit_timeout(timeout) and "timeout" in params:
         kwargs["timeout"] = timeout.total_seconds()

@@ -32,9 +32,8 @@ from .store import FileStore, HashStore, Store, TorchStore
 
 _MPI_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
-# The launcher's store, one object per rendezvous in a process. Communicators take their key
-# prefixes from a count kept per store object (store.next_key_prefix): a second init() on a
-# fresh object would count from the first communicator's keys again and map its segments.
+# The launcher's store, one object per rendezvous in a process: a second init() under torchrun's
+# env:// without an agent store would otherwise bind a second TCPStore server to MASTER_PORT.
 _LAUNCHER_STORES: dict[tuple, Store] = {}
 
 

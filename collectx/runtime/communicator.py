@@ -64,8 +64,9 @@ class Communicator:
         self.timeout = float(timeout if timeout is not None else cfg.timeout_s)
         sweep_stale()
         _warm_planner()
+        store = as_store(store)
         prefix = next_key_prefix("comm", store, rank)
-        self._window = Window(rank, size, as_store(store), prefix, cfg.window_bytes, self.timeout,
+        self._window = Window(rank, size, store, prefix, cfg.window_bytes, self.timeout,
                               machine_ranks, cma=cfg.cma)
         self._engine = Engine(self._window, cfg, topology, self.timeout)
         self._heap = Heap(self._window.heap_bytes, _heap_fix(self._window))

@@ -22,7 +22,6 @@ import os
 import secrets
 import threading
 import time
-import weakref
 from datetime import timedelta
 
 from ..errors import ArgumentError, Timeout
@@ -40,6 +39,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def get(self, key: str, timeout: float | None = None) -> bytes:
         """The value of ``key``, waiting up to ``timeout`` seconds for it to appear."""
+
+    def check(self, key: str) -> bool:
+        """Whether ``key`` exists now (does not wait)."""
+        try:
+            self.get(key, 0.0)
+        except Timeout:
+            return False
+        return True
 
     def wait(self, keys: list[str], timeout: float | None = None) -> None:
         """Wait until every key exists (raises :class:`~collectx.errors.Timeout`)."""
@@ -82,6 +89,10 @@ class HashStore(Store):
             self._data[key] = _as_bytes(value)
             self._cond.notify_all()
 
+    def check(self, key: str) -> bool:
+        with self._cond:
+            return key in self._data
+
     def get(self, key: str, timeout: float | None = None) -> bytes:
         t = _timeout(timeout)
         with self._cond:
@@ -119,6 +130,9 @@ class FileStore(Store):
             f.write(_as_bytes(value))
         os.replace(tmp, final)
 
+    def check(self, key: str) -> bool:
+        return os.path.exists(self._file(key))
+
     def get(self, key: str, timeout: float | None = None) -> bytes:
         t = _timeout(timeout)
         final = self._file(key)
@@ -152,6 +166,9 @@ class TorchStore(Store):
             raise _missing(key, t, "the torch.distributed store") from e
         return bytes(self.store.get(key))
 
+    def check(self, key: str) -> bool:
+        return bool(self.store.check([key]))
+
 
 def as_store(store) -> Store:
     """A collectx :class:`Store` for ``store`` (already one, or a torch.distributed Store)."""
@@ -163,28 +180,20 @@ def as_store(store) -> Store:
                         f"torch.distributed.Store")
 
 
-_CREATED: "weakref.WeakKeyDictionary[object, dict[tuple[str, int], int]]" = weakref.WeakKeyDictionary()
-_CREATED_LOCK = threading.Lock()
-_UNTRACKED: dict[tuple[str, int], int] = {}
-
-
-def next_key_prefix(kind: str, store, rank: int) -> str:
+def next_key_prefix(kind: str, store: Store, rank: int) -> str:
     """The store key prefix of the next communicator ``rank`` creates on ``store``.
 
-    Counted per store and rank, so every rank's k-th communicator on a store gets the same
-    prefix whether ranks are processes or threads of one process sharing the store object.
-    (A process-wide counter gave threads different prefixes, and their rendezvous never met.)
+    Counted in the store itself, one counter per rank and kind, so every rank's k-th
+    communicator on a store gets the same prefix whether ranks are processes or threads sharing
+    it, and whichever object wraps it. A process group that torch builds again over the same
+    store (``destroy_process_group``, then ``init_process_group``) so gets new keys, instead of
+    reading the last group's: the names of segments unlinked long ago.
 
     >>> s = HashStore()
     >>> next_key_prefix("comm", s, 0), next_key_prefix("comm", s, 1), next_key_prefix("comm", s, 0)
     ('collectx/comm0', 'collectx/comm0', 'collectx/comm1')
     """
-    with _CREATED_LOCK:
-        try:
-            counts = _CREATED.setdefault(store, {})
-        except TypeError:  # a store that takes no weak reference: one count per process
-            counts = _UNTRACKED
-        n = counts.get((kind, rank), 0)
-        counts[(kind, rank)] = n + 1
-    return f"collectx/{kind}{n}"
-
+    key = f"collectx/made/{kind}/{rank}"
+    made = int(store.get(key)) if store.check(key) else 0
+    store.set(key, str(made + 1))
+    return f"collectx/{kind}{made}"

@@ -40,10 +40,11 @@ class CudaCommunicator:
         self.rank, self.size = rank, size
         self.device = rank % ndev if device is None else int(device)
         self.timeout = float(timeout if timeout is not None else cfg.timeout_s)
+        store = as_store(store)
         prefix = next_key_prefix("cuda", store, rank)
         _rt.set_device(self.device)
         _rt.preload_kernels()
-        self._window = CudaWindow(rank, size, as_store(store), prefix, cfg.window_bytes,
+        self._window = CudaWindow(rank, size, store, prefix, cfg.window_bytes,
                                   self.timeout, self.device)
         self._engine = CudaEngine(self._window, cfg, topology, self.timeout)
         self._stream = _rt.stream_create()
