@@ -53,10 +53,11 @@ def _rebuilt_over_one_store(rank, world, port):
     # A store that outlives the groups, as torchrun's agent store does: the group torch builds
     # again gets the same key prefix in it, where the last group's keys still are.
     import datetime
+    import time
     dist.destroy_process_group()
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0,
                           timeout=datetime.timedelta(seconds=60))
-    sums = []
+    sums, received = [], None
     for generation in range(3):
         dist.init_process_group("collectx", store=store, rank=rank, world_size=world)
         x = torch.full((1000,), float(rank + 1 + generation))
@@ -65,9 +66,16 @@ def _rebuilt_over_one_store(rank, world, port):
         y = torch.ones(10)
         dist.all_reduce(y, group=sub)
         sums.append((x[0].item(), y[0].item()))
+        if rank == 0 and generation < 2:     # generation 0's message is never received
+            time.sleep(generation)           # a recv that took the old message has by now
+            dist.send(torch.full((4,), 10.0 + generation), 1)
+        if rank == 1 and generation == 1:
+            got = torch.empty(4)
+            dist.recv(got, 0)
+            received = got[0].item()
         dist.barrier()
         dist.destroy_process_group()
-    return sums
+    return sums, received
 
 
 def test_a_process_group_built_again_over_the_same_store():
@@ -76,4 +84,5 @@ def test_a_process_group_built_again_over_the_same_store():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     results = run_ranks(_rebuilt_over_one_store, 2, port, timeout_s=120)
-    assert results == [[(3.0, 2.0), (5.0, 2.0), (7.0, 2.0)]] * 2
+    sums = [(3.0, 2.0), (5.0, 2.0), (7.0, 2.0)]
+    assert results == [(sums, None), (sums, 11.0)]   # not the message left over from before

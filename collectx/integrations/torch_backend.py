@@ -138,7 +138,10 @@ class CollectxProcessGroup(Collectives, dist.ProcessGroup):
                                        f"collectx backend; expected cpu tensors")
         if self._store_p2p is None:
             seconds = getattr(self._comm(device), "timeout", None) or 300.0
-            self._store_p2p = StoreP2P(self._store, self.group_rank, seconds)
+            # under the CPU communicator's prefix: a group torch builds again over the same
+            # store must not receive a message the last one sent and never received
+            self._store_p2p = StoreP2P(self._store, self.group_rank, seconds,
+                                       self._comms["cpu"].store_prefix)
         return self._store_p2p
 
     def _submit(self, run, outputs, opts):

@@ -26,15 +26,18 @@ class StoreP2P:
     Parameters
     ----------
     store : torch.distributed.Store
-        The group's store (keys go under ``"collectx-p2p/"``).
+        The group's store (keys go under ``prefix + "/p2p/"``).
     rank : int
         This rank.
     timeout_s : float
         How long a recv waits for its message.
+    prefix : str
+        Store key prefix that no other channel on ``store`` uses.
     """
 
-    def __init__(self, store, rank: int, timeout_s: float):
+    def __init__(self, store, rank: int, timeout_s: float, prefix: str = "collectx"):
         self._store = store
+        self._prefix = prefix
         self._rank = rank
         self._timeout = datetime.timedelta(seconds=timeout_s)
         self._sent: Counter = Counter()
@@ -59,9 +62,8 @@ class StoreP2P:
         self._store.delete_key(key)        # keep the store small over long runs
         _from_bytes(tensor, payload, src)
 
-    @staticmethod
-    def _key(src: int, dst: int, seq: int) -> str:
-        return f"collectx-p2p/{src}->{dst}/{seq}"
+    def _key(self, src: int, dst: int, seq: int) -> str:
+        return f"{self._prefix}/p2p/{src}->{dst}/{seq}"
 
 
 def _to_bytes(tensor: torch.Tensor) -> bytes:

@@ -66,6 +66,7 @@ class Communicator:
         _warm_planner()
         store = as_store(store)
         prefix = next_key_prefix("comm", store, rank)
+        self.store_prefix = prefix    # this communicator's keys in the store, unique to it
         self._window = Window(rank, size, store, prefix, cfg.window_bytes, self.timeout,
                               machine_ranks, cma=cfg.cma)
         self._engine = Engine(self._window, cfg, topology, self.timeout)
