@@ -9,6 +9,7 @@ import pytest
 import collectx
 from collectx import topology
 from collectx.planner import make_schedule
+from collectx.runtime.segment import fit_window_bytes, shm_free
 from collectx.schedule import Ref, ScheduleBuilder
 from collectx.schedule.ir import Dep
 from collectx.schedule.push import push_copies, share_copies
@@ -201,7 +202,10 @@ def test_pushed_copies_into_window_arrays_land_right(monkeypatch, nranks):
     from collectx.runtime.engine import cma_min_bytes
     from collectx.runtime.window import oversubscribed
     start = cma_min_bytes("allreduce", oversubscribed(nranks)) // 4
-    monkeypatch.setenv("COLLECTX_WINDOW_BYTES", str(2 * 4 * (5 + nranks) * (8 * start + 3)))
+    window = 2 * 4 * (5 + nranks) * (8 * start + 3)
+    if fit_window_bytes(window, nranks, nranks, shm_free("/dev/shm")) < window:
+        pytest.skip(f"/dev/shm has no room for {nranks} windows of {window >> 20} MiB")
+    monkeypatch.setenv("COLLECTX_WINDOW_BYTES", str(window))
     sizes = [start, 3 * start + 5, 8 * start + 3]
     assert collectx.launch(_pushed_sizes, nranks, args=(sizes, True),
                            timeout=240) == [[]] * nranks
