@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 
 import pytest
 
@@ -79,6 +80,15 @@ def test_a_signal_during_a_call_that_completes_soon_leaves_it_alone():
     assert results[0][2] == 1, results
 
 
+def test_a_handler_installed_just_before_a_recv_is_chained_by_the_wait():
+    # Calls re-chain at most every 100 ms (two system calls each time); the wait itself re-chains
+    # every 10 ms, so the handler installed right after init still sees the wait give up.
+    results = collectx.launch(F.signalled_while_waiting, 2, args=("record", 0.0, True),
+                              timeout=120)
+    assert results[0][0] == "Interrupted" and 0.9 < results[0][1] < 3.0, results
+    assert results[0][2] == 1 and results[1][0] == "PeerAborted", results
+
+
 def test_ctrl_c_ends_two_ranks_that_both_receive_first():
     results = collectx.launch(F.signalled_while_waiting, 2, args=("default", 0.0, True),
                               timeout=120)
@@ -91,11 +101,15 @@ def test_the_watch_chains_in_front_of_each_new_python_handler():
     from collectx.runtime._lib import native
     lib = native()[1]
     old = signal.getsignal(signal.SIGINT)
+    rewatch = 0.15                                       # calls re-chain every 100 ms at most
     try:
+        time.sleep(rewatch)
         assert lib.cx_exec_watch_signals() >= 1          # Python's SIGINT handler
         signal.signal(signal.SIGINT, lambda *a: None)    # replaces the chain
+        time.sleep(rewatch)
         assert lib.cx_exec_watch_signals() >= 1          # chained again
         signal.signal(signal.SIGINT, signal.SIG_IGN)     # nothing to chain to
+        time.sleep(rewatch)
         assert lib.cx_exec_watch_signals() == (1 if callable(signal.getsignal(signal.SIGTERM))
                                                else 0)
     finally:

@@ -325,7 +325,6 @@ class Engine:
         """Send ``arr`` to ``peer`` or receive into it (blocking; see executor_p2p.cpp)."""
         with self._lock:
             self._check_usable()
-            self._lib.cx_exec_watch_signals()
             fn = self._lib.cx_exec_send if send else self._lib.cx_exec_recv
             deadline = self._lib.cx_exec_now_ns() + int(self.timeout * 1e9)
             fn(self.win.native, peer, self._ffi.from_buffer(arr), arr.nbytes, deadline, self._res)

@@ -79,6 +79,37 @@ bool is_ours(const struct sigaction& a) {
     return (a.sa_flags & SA_SIGINFO) && a.sa_sigaction == counted;
 }
 
+// Chains `counted` in front of each watched signal's handler when that handler is a function
+// and not already ours (Python's signal.signal() replaces it: call again to re-chain).
+int watch_signals() {
+    int watched = 0;
+    for (int i = 0; i < 2; ++i) {
+        struct sigaction cur;
+        if (sigaction(kWatched[i], nullptr, &cur) != 0) continue;
+        if (is_ours(cur)) {
+            ++watched;
+            continue;
+        }
+        bool function = (cur.sa_flags & SA_SIGINFO) ||
+                        (cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN);
+        if (!function) continue;
+        struct sigaction mine = cur;  // same mask and flags (SA_ONSTACK, SA_RESTART...)
+        mine.sa_flags |= SA_SIGINFO;
+        mine.sa_sigaction = counted;
+        g_previous[i] = cur;
+        if (sigaction(kWatched[i], &mine, nullptr) == 0) ++watched;
+    }
+    return watched;
+}
+
+// Re-chaining costs two system calls, a fifth of a 2-rank send/recv round trip when every call
+// did it; calls re-chain at most every kRewatchNs, and a wait re-chains on its own every
+// 10 ms (Waiter::check). A handler installed since is so chained within 10 ms of any wait:
+// long before the second after which a wait gives up on a signal.
+constexpr int64_t kRewatchNs = 100000000;
+int64_t g_watched_at;  // when a call last re-chained (atomic operations only)
+int g_watched;         // what it found
+
 // Whether a watched signal came since this call began, and the call has waited long enough.
 bool interrupted(int64_t t) {
     return __atomic_load_n(&g_signals, __ATOMIC_RELAXED) != t_call_signals &&
@@ -183,7 +214,10 @@ void Waiter::check() {
     if (t < next_check) return;
     next_check = t + kSleepNs;
     bool proc = t >= next_proc;
-    if (proc) next_proc = t + 10 * kSleepNs;
+    if (proc) {
+        next_proc = t + 10 * kSleepNs;
+        watch_signals();
+    }
     pending = health(t, proc);
 }
 
@@ -234,26 +268,15 @@ extern "C" long long cx_exec_now_ns(void) { return cx_exec::now_ns(); }
 
 extern "C" int cx_exec_pid_alive(long long pid) { return cx_exec::pid_alive(pid) ? 1 : 0; }
 
-// Chains `counted` in front of each watched signal's handler when that handler is a function
-// and not already ours (Python's signal.signal() replaces it: call again to re-chain).
+// Chains the library's counting handler in front of SIGINT's and SIGTERM's (see watch_signals);
+// returns how many of the two it watches.
 extern "C" int cx_exec_watch_signals(void) {
     using namespace cx_exec;
-    int watched = 0;
-    for (int i = 0; i < 2; ++i) {
-        struct sigaction cur;
-        if (sigaction(kWatched[i], nullptr, &cur) != 0) continue;
-        if (is_ours(cur)) {
-            ++watched;
-            continue;
-        }
-        bool function = (cur.sa_flags & SA_SIGINFO) ||
-                        (cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN);
-        if (!function) continue;
-        struct sigaction mine = cur;  // same mask and flags (SA_ONSTACK, SA_RESTART...)
-        mine.sa_flags |= SA_SIGINFO;
-        mine.sa_sigaction = counted;
-        g_previous[i] = cur;
-        if (sigaction(kWatched[i], &mine, nullptr) == 0) ++watched;
-    }
+    int64_t t = now_ns();
+    int64_t last = __atomic_load_n(&g_watched_at, __ATOMIC_RELAXED);
+    if (last != 0 && t - last < kRewatchNs) return __atomic_load_n(&g_watched, __ATOMIC_RELAXED);
+    int watched = watch_signals();
+    __atomic_store_n(&g_watched, watched, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_watched_at, t, __ATOMIC_RELAXED);
     return watched;
 }
