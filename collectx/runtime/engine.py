@@ -119,7 +119,6 @@ class Engine:
         self._ffi = ffi
         self._null = ffi.NULL
         self._crowded = oversubscribed(window.machine_ranks)
-        self._lib.cx_exec_watch_signals()   # Ctrl-C ends a wait that went on (executor_wait.cpp)
 
     @property
     def _seq(self) -> int:
@@ -237,7 +236,6 @@ class Engine:
 
     def _prepare(self, coll, dtype, itemsize, count, op, root, in_overlaps_out):
         """The plan and a pre-filled call struct for one call signature (cached)."""
-        self._lib.cx_exec_watch_signals()   # again, in case a handler was installed since
         fp, tile = self._flat(coll, dtype, itemsize, count, root)
         c = self._ffi.new("cx_exec_call*")
         c.dtype, c.op, c.count, c.tile_count = dtype, op, count, tile

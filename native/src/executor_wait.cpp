@@ -103,12 +103,21 @@ int watch_signals() {
 }
 
 // Re-chaining costs two system calls, a fifth of a 2-rank send/recv round trip when every call
-// did it; calls re-chain at most every kRewatchNs, and a wait re-chains on its own every
-// 10 ms (Waiter::check). A handler installed since is so chained within 10 ms of any wait:
-// long before the second after which a wait gives up on a signal.
+// did it; calls re-chain at most every kRewatchNs (begin_call), and a wait re-chains on its
+// own every 10 ms (Waiter::check). A handler installed since is so chained within 10 ms of any
+// wait: long before the second after which a wait gives up on a signal.
 constexpr int64_t kRewatchNs = 100000000;
 int64_t g_watched_at;  // when a call last re-chained (atomic operations only)
 int g_watched;         // what it found
+
+int rewatch(int64_t t) {
+    int64_t last = __atomic_load_n(&g_watched_at, __ATOMIC_RELAXED);
+    if (last != 0 && t - last < kRewatchNs) return __atomic_load_n(&g_watched, __ATOMIC_RELAXED);
+    int watched = watch_signals();
+    __atomic_store_n(&g_watched, watched, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_watched_at, t, __ATOMIC_RELAXED);
+    return watched;
+}
 
 // Whether a watched signal came since this call began, and the call has waited long enough.
 bool interrupted(int64_t t) {
@@ -121,6 +130,7 @@ bool interrupted(int64_t t) {
 void begin_call(int64_t start_ns) {
     t_call_start = start_ns;
     t_call_signals = __atomic_load_n(&g_signals, __ATOMIC_RELAXED);
+    rewatch(start_ns);  // Ctrl-C ends a wait that went on, whatever handler is new since
 }
 
 int64_t now_ns() {
@@ -270,13 +280,4 @@ extern "C" int cx_exec_pid_alive(long long pid) { return cx_exec::pid_alive(pid)
 
 // Chains the library's counting handler in front of SIGINT's and SIGTERM's (see watch_signals);
 // returns how many of the two it watches.
-extern "C" int cx_exec_watch_signals(void) {
-    using namespace cx_exec;
-    int64_t t = now_ns();
-    int64_t last = __atomic_load_n(&g_watched_at, __ATOMIC_RELAXED);
-    if (last != 0 && t - last < kRewatchNs) return __atomic_load_n(&g_watched, __ATOMIC_RELAXED);
-    int watched = watch_signals();
-    __atomic_store_n(&g_watched, watched, __ATOMIC_RELAXED);
-    __atomic_store_n(&g_watched_at, t, __ATOMIC_RELAXED);
-    return watched;
-}
+extern "C" int cx_exec_watch_signals(void) { return cx_exec::rewatch(cx_exec::now_ns()); }
