@@ -17,6 +17,8 @@ import shutil
 import numpy as np
 import pytest
 
+import _needs as needs
+
 import collectx
 from collectx import _native
 from collectx.errors import ArgumentError, CollectXError, CudaError, CudaUnavailable, DTypeError
@@ -35,7 +37,7 @@ def _cuda_objects() -> bool:
 
 
 needs_objects = pytest.mark.skipif(not _cuda_objects(),
-                                   reason="libcollectx built without CUDA objects (no nvcc)")
+                                   reason=needs.reason("nvcc"))
 no_gpu = pytest.mark.skipif(_native.cuda_available(),
                             reason="a GPU is visible: the no-device paths cannot be exercised")
 
@@ -231,7 +233,7 @@ def test_host_arrays_are_refused_by_the_cuda_path():
         as_device_buffer(np.zeros(3), "x")
     with pytest.raises(ArgumentError, match="pass out="):
         empty_like(_CAI(), 3)
-    torch = pytest.importorskip("torch")
+    torch = needs.module("torch")
     with pytest.raises(ArgumentError, match="CUDA tensors"):
         as_device_buffer(torch.zeros(3), "x")
 

@@ -12,7 +12,9 @@ import threading
 import numpy as np
 import pytest
 
+import _needs as needs
 import _runtime_workers as W
+from collectx.errors import CudaUnavailable
 from collectx.planner import make_schedule
 from collectx.runtime.arrays import DTYPE_CODES, OP_CODES
 from collectx.runtime.engine import COLL_CODES
@@ -21,16 +23,18 @@ from collectx.topology import generators as G
 
 
 def _lib():
+    """The library with its CUDA objects, or None where it was built without them (no nvcc);
+    any other failure to load it fails the tests instead of skipping them."""
+    from collectx.runtime.cuda import _rt
     try:
-        from collectx.runtime.cuda import _rt
         ffi, lib = _rt.lib()
-        getattr(lib, "cx_cuda_exec_emulate")
-        return ffi, lib
-    except Exception:
+    except CudaUnavailable:
         return None
+    getattr(lib, "cx_cuda_exec_emulate")   # the emulator comes with every CUDA build
+    return ffi, lib
 
 
-pytestmark = pytest.mark.skipif(_lib() is None, reason="libcollectx without CUDA objects")
+pytestmark = pytest.mark.skipif(_lib() is None, reason=needs.reason("nvcc"))
 COLLS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall")
 
 

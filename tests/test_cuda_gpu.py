@@ -15,6 +15,8 @@ import threading
 import numpy as np
 import pytest
 
+import _needs as needs
+
 import _runtime_workers as W
 import collectx
 from collectx import _native
@@ -66,7 +68,7 @@ class CuPy:
     name = "cupy"
 
     def __init__(self):
-        self.cp = pytest.importorskip("cupy")
+        self.cp = needs.module("cupy")
         self.cp.asnumpy(self.cp.ones(4, self.cp.float32) * 2)  # load the kernel now (see Torch)
 
     def new_stream(self):
@@ -250,7 +252,7 @@ def ipc_worker(n: int) -> list[float]:
 
 
 def test_ranks_as_processes_share_one_gpu_through_ipc():
-    pytest.importorskip("cupy")
+    needs.module("cupy")
     got = collectx.launch(ipc_worker, 2, args=(1 << 20,), timeout=240)
     assert got == [[3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0]] * 2
 

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+import _needs as needs
+
 import _launcher_workers as L
 import collectx
 from collectx.errors import ArgumentError, CommError, RankFailed
@@ -43,7 +45,7 @@ def test_init_again_in_a_rank_makes_a_new_communicator():
 
 
 def test_a_second_torch_bootstrap_reuses_the_launcher_store(monkeypatch):
-    pytest.importorskip("torch.distributed")
+    needs.module("torch.distributed")
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

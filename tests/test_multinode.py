@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import _needs as needs
+
 from collectx.errors import ConfigError, EngineError
 from collectx.runtime.multinode import LoopbackEngine, hosts_from_spec, init
 from collectx.runtime.multinode.engines import _failures
@@ -35,11 +37,11 @@ def _env(**extra) -> dict:
 
 def _have_mpi() -> str | None:
     if shutil.which("mpirun") is None:
-        return "mpirun is not installed"
+        return needs.reason("mpirun")
     try:
         import mpi4py  # noqa: F401
     except ImportError:
-        return "mpi4py is not installed"
+        return needs.reason("mpi4py")
     return None
 
 
@@ -87,7 +89,7 @@ def test_engines_that_cannot_run_here_say_why():
     except ImportError:
         with pytest.raises(EngineError, match="CuPy built with NCCL"):
             NCCLEngine(LoopbackEngine())
-    dist = pytest.importorskip("torch.distributed")
+    dist = needs.module("torch.distributed")
     if not dist.is_initialized():
         with pytest.raises(EngineError, match="init_process_group"):
             TorchEngine()
@@ -122,7 +124,7 @@ def test_mpi_pseudo_hosts_every_collective(tmp_path):
 
 @pytest.mark.slow
 def test_torch_gloo_engine_every_collective():
-    pytest.importorskip("torch.distributed")
+    needs.module("torch.distributed")
     runs = _torch_ranks("check", env={r: {"CX_TEST_QUICK": 1} for r in range(4)})
     for r in runs:
         assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:]
@@ -130,7 +132,7 @@ def test_torch_gloo_engine_every_collective():
 
 @pytest.mark.slow
 def test_dead_rank_raises_on_every_survivor():
-    pytest.importorskip("torch.distributed")
+    needs.module("torch.distributed")
     runs = _torch_ranks("kill")
     assert runs[1].returncode != 0
     for rank in (0, 2, 3):
@@ -184,7 +186,7 @@ def _tx_bytes(space: str, link: str) -> int:
 
 @pytest.mark.slow
 def test_inter_host_stage_crosses_a_veth_pair(veth_hosts):
-    pytest.importorskip("torch.distributed")
+    needs.module("torch.distributed")
     ns, links = veth_hosts
     host = lambda r: r // 2                                            # noqa: E731
     before = _tx_bytes(ns[0], links[0])

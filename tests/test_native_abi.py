@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import _needs as needs
+
 import collectx
 from collectx import _native as nat
 from collectx.schedule.ir import chunk_span, range_span
@@ -58,7 +60,7 @@ def _cuda_disabled_for_loaded_library() -> bool:
     return any("COLLECTX_CUDA:BOOL=OFF" in c.read_text() for c in caches if c.is_file())
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason=needs.reason("nvcc"))
 def test_cuda_objects_are_built_when_nvcc_is_present():
     if _cuda_disabled_for_loaded_library():
         pytest.skip("the library was built with COLLECTX_CUDA=OFF")
@@ -70,7 +72,7 @@ def test_cuda_objects_are_built_when_nvcc_is_present():
 def test_dtype_code_accepts_names_numpy_and_torch_style():
     assert nat.dtype_code("bfloat16") == nat.lib.CX_BFLOAT16
     assert nat.dtype_code(float) == nat.lib.CX_FLOAT64
-    torch = pytest.importorskip("torch")
+    torch = needs.module("torch")
     assert nat.dtype_code(torch.bfloat16) == nat.lib.CX_BFLOAT16
     assert nat.dtype_code(torch.float16) == nat.lib.CX_FLOAT16
 

@@ -6,13 +6,15 @@ Needs a CUDA device and torch built with CUDA (device memory and streams); skipp
 import numpy as np
 import pytest
 
+import _needs as needs
+
 from collectx import _native as nat
 
 pytestmark = pytest.mark.gpu
 
 
 def _torch_cuda():
-    torch = pytest.importorskip("torch")
+    torch = needs.module("torch")
     if not torch.cuda.is_available() or not nat.cuda_available():
         pytest.skip("no CUDA device visible to torch and libcollectx")
     return torch

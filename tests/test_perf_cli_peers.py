@@ -5,6 +5,8 @@ import shutil
 
 import pytest
 
+import _needs as needs
+
 from collectx.perf import driver, peers
 from collectx.perf.options import parse_args
 from collectx.perf.sweep import run_sweep
@@ -41,6 +43,7 @@ def test_mpi_has_no_half_precision():
 
 
 def test_nccl_without_a_gpu_is_skipped(monkeypatch):
+    monkeypatch.setattr(peers, "_has_module", lambda name: True)   # torch or not, here
     monkeypatch.setattr(peers, "_nccl_missing", lambda n: "no CUDA GPU visible to torch")
     got = peers.run_peer("nccl", SPEC, 2)
     assert got.rows is None and "no CUDA GPU" in got.skipped and "GPU" in got.hint
@@ -78,7 +81,7 @@ def _all_right(result):
 
 @pytest.mark.mpi
 @pytest.mark.skipif(not (shutil.which("mpirun") and peers._has_module("mpi4py")),
-                    reason="needs Open MPI and mpi4py")
+                    reason=needs.reason("mpi4py"))
 def test_open_mpi_runs_the_identical_sweep_of_every_collective():
     every = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall",
              "sendrecv")
@@ -89,6 +92,6 @@ def test_open_mpi_runs_the_identical_sweep_of_every_collective():
     assert all(r[v]["wrong"] == 0 for r in result.rows for v in ("oop", "ip") if r[v])
 
 
-@pytest.mark.skipif(not peers._has_module("torch"), reason="needs torch")
+@pytest.mark.skipif(not peers._has_module("torch"), reason=needs.reason("torch"))
 def test_gloo_runs_the_identical_sweep_in_bfloat16():
     _all_right(peers.run_peer("gloo", dict(SPEC, dtype="bfloat16"), 2))

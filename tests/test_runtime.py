@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 import pytest
+
+import _needs as needs
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import _runtime_workers as W
@@ -119,7 +121,7 @@ def test_every_schedule_family_in_every_buffer_layout(monkeypatch, algo, nranks)
 
 
 def test_async_torch_bf16_and_out_buffers():
-    pytest.importorskip("torch")
+    needs.module("torch")
     assert collectx.launch(W.async_and_torch, 2, args=(1000,), timeout=240) == [[], []]
 
 

@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import _needs as needs
+
+torch = needs.module("torch")
 import torch.distributed as dist  # noqa: E402
 
 from collectx.integrations.torch_testing import run_ranks  # noqa: E402

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import _needs as needs
+
+torch = needs.module("torch")
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "ddp_train.py"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import _needs as needs
+
+torch = needs.module("torch")
 import torch.distributed as dist  # noqa: E402
 
 from collectx.integrations.torch_testing import run_ranks  # noqa: E402
