@@ -124,7 +124,16 @@ def _preamble(opts: Options, nranks: int) -> list[str]:
             f"{max(opts.sizes)}  sizes {len(opts.sizes)}  warmup iters: {opts.warmup or auto}  "
             f"iters: {opts.iters or auto}  validation: {opts.check}  device: {opts.device}  "
             f"algo: {opts.algo or 'auto'}  bind: {_binding(opts, nranks)}",
-            f"# host {machine_info()['hostname']}  cpu {machine_info()['cpu_model']}"]
+            f"# host {machine_info()['hostname']}  cpu {machine_info()['cpu_model']}"] + \
+        _one_rank_note(nranks)
+
+
+def _one_rank_note(nranks: int) -> list[str]:
+    """The line that explains a table of one rank, whose busbw measures no bus."""
+    from ..planner.api import no_communication
+    idle = no_communication(nranks, 1)
+    return [f"# {idle}: the times are local work, and busbw has no bus to measure"] \
+        if idle else []
 
 
 # What the preamble says of the memory collectx's rows ran on (collectx.perf.buffers).

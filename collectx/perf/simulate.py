@@ -75,6 +75,12 @@ def _predict(plan_fn, topo, gpu_ids, spec, collective, lay) -> dict:
     row.update(algorithm=p.algorithm, predicted=_cell(p), efficiency=p.efficiency,
                bound_busbw=getattr(bound, "bound_busbw", None),
                ceiling_busbw=getattr(bound, "ceiling_busbw", None))
+    idle = getattr(p, "no_communication", None)
+    if idle:   # no bus to measure: busbw and the ring baseline would say nothing
+        row["note"] = idle
+        if row["predicted"]:
+            row["predicted"]["busbw"] = None
+        return row
     try:
         ring = _cell(plan_fn(topo, collective, lay.nbytes, algo="ring", **kwargs))
         row["ring_busbw"] = None if ring is None else ring["busbw"]
@@ -89,7 +95,8 @@ def _num(value, width: int) -> str:
 
 def format_simulated(rows: list[dict], source: str, gpu_ids) -> str:
     """The simulated table: nccl-tests' first columns, prediction, bound, ring baseline."""
-    lines = [f"# collectx-perf --simulate {source}: {len(gpu_ids)} GPUs ({', '.join(gpu_ids)}),"
+    count = "1 GPU" if len(gpu_ids) == 1 else f"{len(gpu_ids)} GPUs"
+    lines = [f"# collectx-perf --simulate {source}: {count} ({', '.join(gpu_ids)}),"
              " predicted by the link-model simulator via collectx.planner.plan",
              "# bound: the allocation's cut bound (allreduce: reference = best of reduce-scatter+"
              "allgather at the cut bound and tree packing); ratio = predicted / ring"]
@@ -102,9 +109,10 @@ def format_simulated(rows: list[dict], source: str, gpu_ids) -> str:
                   f"#{'(B)':>11}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>7}  "
                   f"{'(GB/s)':>6}  {'(GB/s)':>6}  {'':>12}  {'(GB/s)':>7}  {'(GB/s)':>6}"]
         lines += [_sim_row(r) for r in rows if r["collective"] == collective]
-    cells = [r["predicted"]["busbw"] for r in rows if r["predicted"]]
-    avg = sum(cells) / len(cells) if cells else 0.0
-    lines += [f"# Avg bus bandwidth    : {avg:g} (predicted)", "#"]
+    cells = [r["predicted"]["busbw"] for r in rows
+             if r["predicted"] and r["predicted"]["busbw"] is not None]
+    avg = f"{sum(cells) / len(cells):g} (predicted)" if cells else "N/A (no size moves data)"
+    lines += [f"# Avg bus bandwidth    : {avg}", "#"]
     notes = sorted({r["note"] for r in rows if r.get("note")})
     lines += [f"# note: {n}" for n in notes]
     return "\n".join(lines) + "\n"

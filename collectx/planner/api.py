@@ -34,8 +34,9 @@ class Plan:
     ``ranks[i]`` is the topology node that runs schedule rank ``i``. ``predicted`` is the
     simulator's result (None when it is unavailable), ``bound`` the cut bound of the allocation
     (``bound_busbw`` is the reference for allreduce), ``efficiency`` predicted busbw / bound.
-    ``planning_time_s`` is the wall time of choosing, building, simulating and bounding the
-    plan; ``verify_time_s`` that of the symbolic verification after it (0 without one), which
+    ``no_communication`` says why nothing moves between ranks (one rank, or no bytes): such a
+    plan has no bound and no efficiency. ``planning_time_s`` is the wall time of choosing,
+    building, simulating and bounding the plan; ``verify_time_s`` that of the symbolic verification after it (0 without one), which
     grows with the instruction count: about 5 s for the 212,000 instructions of a 16-GPU
     MI250 allreduce, planned in 2 s.
     """
@@ -51,6 +52,7 @@ class Plan:
     planning_time_s: float = 0.0
     verified: bool = False
     verify_time_s: float = 0.0
+    no_communication: str | None = None
 
     def to_dict(self) -> dict:
         """The JSON fields of ``collectx plan --json`` (bandwidths in GB/s, times in us)."""
@@ -68,8 +70,9 @@ class Plan:
             "predicted_busbw_GBps": getattr(p, "busbw_GBps", None),
             "bound_busbw_GBps": getattr(b, "bound_busbw", None),
             "ceiling_busbw_GBps": getattr(b, "ceiling_busbw", None),
-            "efficiency": self.efficiency, "planning_time_s": self.planning_time_s,
-            "verified": self.verified, "verify_time_s": self.verify_time_s}
+            "efficiency": self.efficiency, "no_communication": self.no_communication,
+            "planning_time_s": self.planning_time_s, "verified": self.verified,
+            "verify_time_s": self.verify_time_s}
 
 
 @paused
@@ -145,14 +148,15 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
         schedule = registry.call(algo, view, ranks, collective, nbytes, root=root,
                                  inplace=inplace, nchunks=nchunks)
         predicted = select.predict(schedule, view, nbytes, ranks, name)
-    bound = bound_memo.get("bound") or _bound(view, collective, ranks, root)   # bound
+    idle = no_communication(len(ranks), nbytes)
+    bound = None if idle else bound_memo.get("bound") or _bound(view, collective, ranks, root)
     forget_candidates()                                        # free them now, not next plan
     planned = time.perf_counter()
     verified = _verify(schedule) if verify else False           # verify
     return Plan(collective=collective, algorithm=name, ranks=ranks, nbytes=int(nbytes),
                 schedule=schedule, predicted=predicted, bound=bound,
                 efficiency=_efficiency(predicted, bound), verified=verified,
-                planning_time_s=planned - t0,
+                no_communication=idle, planning_time_s=planned - t0,
                 verify_time_s=time.perf_counter() - planned if verify else 0.0)
 
 
@@ -276,6 +280,24 @@ def _multi_machine(view: nx.DiGraph, ranks: tuple[str, ...], collective: str) ->
     except ImportError:
         return False
     return suits(view, ranks, collective)
+
+
+def no_communication(nranks: int, nbytes: int) -> str | None:
+    """Why a collective of ``nbytes`` on ``nranks`` moves nothing between ranks, or None when
+    it does: one rank has no peer, and zero bytes have nothing to move (a schedule still
+    synchronizes the ranks). No bandwidth bound applies to such a call, and its busbw says
+    nothing.
+
+    >>> no_communication(1, 1 << 20)
+    'one rank: nothing moves between ranks'
+    >>> no_communication(4, 0), no_communication(4, 64) is None
+    ('0 bytes: nothing to move', True)
+    """
+    if nranks < 2:
+        return "one rank: nothing moves between ranks"
+    if nbytes == 0:
+        return "0 bytes: nothing to move"
+    return None
 
 
 def _check_request(collective: str, nbytes: int) -> None:
