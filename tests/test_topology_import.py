@@ -1,5 +1,6 @@
 """Importers: NCCL/RCCL topology XML and nvidia-smi topo -m matrices (real and hand-made)."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,102 @@ def test_links_to_gpus_missing_from_a_partial_dump_are_skipped():
     assert [p for p in G["GPU0"] if G.nodes[p]["kind"] != "cpu"] == ["NVS0"]
     assert G.edges["GPU0", "NVS0"]["count"] == 2  # no tclass, unknown bus id: an NVSwitch
     assert G.nodes["NIC0"]["net_gbps"] == 12.5  # unreadable speed: NCCL's 100 Gb/s default
+
+
+def _xgmi_per_gpu(G, g):
+    return sorted((d["count"], d["bw_gbps"]) for d in G[g].values() if d["type"] == "xgmi")
+
+
+def test_hgx_a100_matrix_reads_nv12_to_every_peer_as_an_nvswitch():
+    G = topo.load(REAL / "hgx_a100_8gpu_4nic_nvidia-smi-topo.txt")
+    assert topo.gpus(G) == [f"GPU{i}" for i in range(8)]
+    assert topo.nodes_of_kind(G, "nvswitch") == ["NVS0"]
+    assert not _nvlink_bundles(G.subgraph(topo.gpus(G)))  # 12 links per GPU, not 12 per pair
+    for g in topo.gpus(G):
+        assert G.edges[g, "NVS0"]["count"] == 12 and G.edges[g, "NVS0"]["bw_gbps"] == 300.0
+    assert [G.nodes[n]["name"] for n in topo.nodes_of_kind(G, "nic")] == [f"mlx5_{i}" for i in range(4)]
+    assert path_class(G, "NIC0", "NIC1") == PathClass.PIX
+    assert path_class(G, "GPU0", "GPU5") == PathClass.NVB
+
+
+def test_h100_container_matrix_with_nv18_and_eight_phb_nics():
+    G = topo.load(REAL / "h100_4gpu_8nic_vm_nvidia-smi-topo.txt")
+    assert topo.gpus(G) == ["GPU0", "GPU1", "GPU2", "GPU3"]
+    assert {G.edges[g, "NVS0"]["bw_gbps"] for g in topo.gpus(G)} == {450.0}
+    assert len(topo.nodes_of_kind(G, "nic")) == 8 and topo.nodes_of_kind(G, "cpu") == ["CPU0"]
+
+
+def test_nvlink_rows_within_a_gpu_port_count_stay_direct_links():
+    # 4x A100 SXM4 boards (no NVSwitch): NV4 to each of 3 peers is 12 of the GPU's 12 links
+    text = ("        GPU0    GPU1    GPU2    GPU3    CPU Affinity    NUMA Affinity\n"
+            "GPU0     X      NV4     NV4     NV4     0-15    0\n"
+            "GPU1    NV4      X      NV4     NV4     0-15    0\n"
+            "GPU2    NV4     NV4      X      NV4     0-15    0\n"
+            "GPU3    NV4     NV4     NV4      X      0-15    0\n")
+    G = from_nvidia_smi(text)
+    assert not topo.nodes_of_kind(G, "nvswitch")
+    assert len(_nvlink_bundles(G)) == 6 and {c for _, c in _nvlink_bundles(G)} == {4}
+
+
+def test_rtx_a6000_matrix_gives_one_bridged_pair_and_the_nics():
+    G = topo.load(REAL / "rtx_a6000_3gpu_2nic_nvidia-smi-topo.txt")
+    assert _nvlink_bundles(G) == {(frozenset(("GPU0", "GPU1")), 4)}
+    assert [G.nodes[n]["name"] for n in topo.nodes_of_kind(G, "nic")] == ["mlx5_0", "mlx5_1"]
+    assert path_class(G, "GPU0", "GPU2") == PathClass.PHB
+
+
+def test_azure_ncv4_xml_gives_two_nvlink_bridge_pairs_on_four_numa_nodes():
+    G = topo.load(REAL / "azure_ncv4_a100_pcie_4gpu_nccl_topo.xml")
+    assert topo.gpus(G) == ["GPU0", "GPU1", "GPU2", "GPU3"]
+    assert _nvlink_bundles(G) == {(frozenset(("GPU0", "GPU1")), 12), (frozenset(("GPU2", "GPU3")), 12)}
+    assert G.edges["GPU0", "GPU1"]["bw_gbps"] == 300.0
+    assert len(topo.nodes_of_kind(G, "cpu")) == 4
+    assert G.nodes["NIC0"]["name"] == "eth0" and G.has_edge("NIC0", "CPU0")  # <nic> under <cpu>
+
+
+def test_nvlink_naming_the_gpus_own_bus_id_is_skipped():
+    # later azhpc-images versions of the NCv4 file point every <nvlink> at the GPU itself
+    swap = {"0001": "0002", "0002": "0001", "0003": "0004", "0004": "0003"}
+    xml = re.sub(r'target="(\d{4}):', lambda m: f'target="{swap[m.group(1)]}:',
+                 (REAL / "azure_ncv4_a100_pcie_4gpu_nccl_topo.xml").read_text())
+    G = from_nccl_xml(xml)
+    assert topo.gpus(G) == ["GPU0", "GPU1", "GPU2", "GPU3"]
+    assert not _nvlink_bundles(G) and not any(a == b for a, b in G.edges)
+
+
+def test_a100_pcie_dump_with_a_dual_port_nic():
+    G = topo.load(REAL / "a100_pcie_2gpu_2socket_nic_nccl_topo.xml")
+    assert topo.gpus(G) == ["GPU0", "GPU1"] and not _nvlink_bundles(G)
+    assert [G.nodes[n]["name"] for n in topo.nodes_of_kind(G, "nic")] == ["mlx5_0", "mlx5_1"]
+    assert G.edges["NIC0", "CPU0"]["bw_gbps"] == pytest.approx(15.75)  # Gen4 x8
+    assert G.edges["GPU1", "CPU1"]["bw_gbps"] == pytest.approx(31.51)
+    assert path_class(G, "GPU0", "GPU1") == PathClass.SYS
+
+
+def test_mi300x_dump_gives_a_full_xgmi_mesh_at_64_gbps_and_eight_nics():
+    G = topo.load(REAL / "mi300x_8gpu_8nic_rccl_topo.xml")
+    assert topo.gpus(G) == [f"GPU{i}" for i in range(8)]
+    for g in topo.gpus(G):
+        assert _xgmi_per_gpu(G, g) == [(1, 64.0)] * 7
+    assert {G.nodes[n]["net_gbps"] for n in topo.nodes_of_kind(G, "nic")} == {50.0}
+    assert len(topo.nodes_of_kind(G, "nic")) == 8
+
+
+def test_rccl_legacy_gcn_numbers_give_each_generations_xgmi_rate():
+    mi250 = topo.load(REAL / "mi250_16gcd_8nic_rccl_topo.xml")  # gcn="910" = gfx90a
+    assert len(topo.gpus(mi250)) == 16 and len(topo.nodes_of_kind(mi250, "nic")) == 8
+    assert _xgmi_per_gpu(mi250, "GPU0") == [(1, 50.0), (2, 100.0), (4, 200.0)]
+    assert _xgmi_per_gpu(mi250, "GPU1") == [(1, 50.0), (1, 50.0), (1, 50.0), (4, 200.0)]
+    mi100 = topo.load(REAL / "mi100_4gpu_xgmi_rccl_topo.xml")  # gcn="908"
+    assert all(_xgmi_per_gpu(mi100, g) == [(1, 46.0)] * 3 for g in topo.gpus(mi100))
+    mi300a = topo.load(REAL / "mi300a_4apu_4nic_rccl_topo.xml")  # gcn="940"
+    assert all(_xgmi_per_gpu(mi300a, g) == [(1, 64.0)] * 3 for g in topo.gpus(mi300a))
+    assert len(topo.nodes_of_kind(mi300a, "cpu")) == 4 and len(topo.nodes_of_kind(mi300a, "nic")) == 4
+
+
+def test_mi50_pcie_only_dump_crosses_the_sockets_over_pcie():
+    G = topo.load(REAL / "mi50_8gpu_pcie_2socket_rccl_topo.xml")
+    assert len(topo.gpus(G)) == 8 and not any(d["type"] == "xgmi" for *_, d in G.edges(data=True))
+    assert path_class(G, "GPU0", "GPU1") == PathClass.PHB
+    assert path_class(G, "GPU0", "GPU4") == PathClass.SYS
+    assert G.edges["CPU0", "CPU1"]["bw_gbps"] == 16.0

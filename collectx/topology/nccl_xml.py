@@ -8,7 +8,9 @@ node; each ``<pci>`` bridge (class 0x0604xx, or any ``<pci>`` holding further ``
 ``<system version="2">``) are resolved at the end, once every GPU's bus id is known: a target that
 is another GPU gives a GPU-GPU link, one with tclass 0x068000 (or an unknown bus id without a
 tclass) an NVSwitch ``NVS<k>`` (numbered in bus-id order), one with tclass 0x068001 the GPU's
-CPU; a GPU-class target missing from the file (a partial dump) is skipped.
+CPU; a GPU-class target missing from the file (a partial dump), or the GPU's own bus id (a
+hand-edited ``NCCL_TOPO_FILE``), is skipped. xGMI line rates follow ``gcn`` (``gfx942`` or
+RCCL's older bare numbers such as ``910``).
 
 Tolerated quirks: ``link_width="0"`` or missing (VMs) counts as x16 and a missing speed as Gen3,
 as NCCL does; a virtual bridge reporting a narrower link than its children (VMs show 2.5 GT/s x1)
@@ -185,8 +187,8 @@ class _Builder:
         per_side: dict[tuple[str, str], list] = {}
         for gid, kind, target, tclass, count, per_link in self.pending:
             peer = self.peer_of(gid, target, tclass, switch_ids)
-            if peer is None:
-                continue  # a GPU outside this (partial) dump: nothing to link to
+            if peer is None or peer == gid:
+                continue  # a GPU outside this (partial) dump, or the GPU's own bus id
             entry = per_side.setdefault((gid, peer), [kind, 0, per_link])
             entry[1] += count  # several <nvlink> lines to one target add up
         for (a, b), (kind, count, per_link) in per_side.items():

@@ -4,7 +4,10 @@ How it works: the header row names the devices (``GPU<i>``, NICs as ``mlx5_0`` o
 then the affinity columns (``CPU Affinity``, ``NUMA Affinity``, ``GPU NUMA ID``). Every device
 row must follow, cells separated by tabs or spaces. From the cells:
 
-* ``NV#`` between two GPUs: a bundle of # NVLinks (``nvlink_bw`` GB/s each, default 25);
+* ``NV#`` between two GPUs: a bundle of # NVLinks (``nvlink_bw`` GB/s each, default 25), unless
+  GPUs all NVLinked to each other have rows adding up to more NVLinks than any GPU has (18):
+  they reach each other through NVSwitches, read as one ``NVS0`` that each GPU joins with its
+  # links (NV12 on HGX A100, NV18 on HGX H100);
 * NUMA nodes: devices related by PIX/PXB/PHB/NODE, or with the same NUMA (else CPU) affinity,
   share a ``CPU<k>`` node; CPUs are joined pairwise by ``smp`` links;
 * PCIe switches: devices related by PIX share a ``pci_switch``; groups related by PXB hang
@@ -47,6 +50,8 @@ _RELATIONS = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _GPU = re.compile(r"^GPU\d+$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+# No GPU has more NVLink ports than this (H100, B200: 18); a row adding up to more is switched.
+MAX_NVLINKS_PER_GPU = 18
 
 
 def _read_text(source) -> str:
@@ -189,11 +194,29 @@ def _device_attrs(dev: str, extras: list[str], values: list[str], nic_names: dic
 
 
 def _add_nvlinks(G, devices, ids, rel, nvlink_bw) -> None:
-    for i, a in enumerate(devices):
-        for b in devices[i + 1:]:
+    gpus = [d for d in devices if _GPU.match(d)]
+    pair = {}
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1:]:
             counts = [int(c[2:]) for c in (rel[a, b], rel[b, a]) if c.startswith("NV")]
-            if counts and _GPU.match(a) and _GPU.match(b):
-                add_link(G, ids[a], ids[b], "nvlink", max(counts) * nvlink_bw, max(counts))
+            if counts:
+                pair[a, b] = pair[b, a] = max(counts)
+    # Through NVSwitches every peer shows the GPU's whole link count (NV12 on HGX A100, NV18
+    # on H100): GPUs all NVLinked to each other with more links in a row than a GPU has ports
+    # share a switch fabric.
+    switched = [g for g in gpus
+                if sum(n for (a, _), n in pair.items() if a == g) > MAX_NVLINKS_PER_GPU]
+    if any((a, b) not in pair for a in switched for b in switched if a != b):
+        switched = []
+    if switched:
+        add_node(G, "NVS0", "nvswitch")
+        for g in switched:
+            links = max(n for (a, _), n in pair.items() if a == g)
+            add_link(G, ids[g], "NVS0", "nvlink", links * nvlink_bw, links)
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1:]:
+            if (a, b) in pair and not (a in switched and b in switched):
+                add_link(G, ids[a], ids[b], "nvlink", pair[a, b] * nvlink_bw, pair[a, b])
 
 
 def _add_pcie_tree(G, devices, ids, rel, rows, extras, pcie_bw) -> None:

@@ -23,9 +23,14 @@ NVLINK_GBPS_BY_SM = {60: 20.0, 70: 25.0, 80: 25.0, 86: 14.0625, 89: 25.0, 90: 25
 NVLINK_GBPS_BY_VERSION = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 25.0, 6: 25.0, 7: 50.0}
 DEFAULT_NVLINK_GBPS = 25.0
 
-# xGMI (Infinity Fabric) per link per direction: MI250 (gfx90a) 50 GB/s, MI300X (gfx942) 64 GB/s.
-XGMI_GBPS_BY_ARCH = {"gfx90a": 50.0, "gfx942": 64.0}
+# xGMI (Infinity Fabric) per link per direction, by gfx prefix: MI50/MI60 (gfx906) and MI100
+# (gfx908) 46 GB/s (92 GB/s per link both ways), MI250 (gfx90a) 50, MI300A/MI300X (gfx940-942) 64.
+XGMI_GBPS_BY_ARCH = {"gfx906": 46.0, "gfx908": 46.0, "gfx90a": 50.0, "gfx94": 64.0}
 DEFAULT_XGMI_GBPS = 50.0
+# RCCL dumps and model files written before gcnArchName spell the arch as a bare number
+# (RCCL's convertGcnArchToGcnArchName): 906, 908, 910 (= gfx90a), 940, 941, 942.
+_LEGACY_GCN = {"906": "gfx906", "908": "gfx908", "910": "gfx90a", "940": "gfx940", "941": "gfx941",
+               "942": "gfx942"}
 
 _GTS = re.compile(r"([0-9]+(?:\.[0-9]+)?)")
 
@@ -64,9 +69,15 @@ def nvlink_bw_for_sm(sm) -> float:
 
 
 def xgmi_bw_for_arch(arch) -> float:
-    """Per-link xGMI line rate for a gfx architecture name (default 50)."""
+    """Per-link xGMI line rate for a gfx architecture name or RCCL's legacy number (default 50).
+
+    >>> xgmi_bw_for_arch("gfx942:sramecc+:xnack-"), xgmi_bw_for_arch("910"), xgmi_bw_for_arch("908")
+    (64.0, 50.0, 46.0)
+    """
+    arch = str(arch or "").strip()
+    arch = _LEGACY_GCN.get(arch, arch)
     for prefix, bw in XGMI_GBPS_BY_ARCH.items():
-        if str(arch or "").startswith(prefix):
+        if arch.startswith(prefix):
             return bw
     return DEFAULT_XGMI_GBPS
 
