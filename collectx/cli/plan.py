@@ -2,8 +2,10 @@
 
 Prints the chosen algorithm, its rings/trees, the predicted time and bandwidths, the bound
 (for allreduce: the reference and the ceiling), the efficiency and the planning time; ``--json``
-prints :meth:`collectx.planner.Plan.to_dict` instead. ``--draw`` overlays the rings/trees and
-the predicted link utilisation on the topology drawing; ``--export-msccl`` writes MSCCL XML.
+prints :meth:`collectx.planner.Plan.to_dict` instead. ``--draw`` draws the predicted load of
+every link with the bottleneck marked, beside one small panel per distinct ring/tree; ``--html``
+writes the same as an interactive page (pick a tree to follow it); ``--export-msccl`` writes
+MSCCL XML.
 
 >>> parse_size("8K"), parse_size("1GiB"), parse_size("1536")
 (8192, 1073741824, 1536)
@@ -52,7 +54,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                                "else the cost model chooses)")
     p.add_argument("--root", type=int, default=0, help="root rank of broadcast/reduce")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--draw", metavar="OUT", help="draw the plan on the topology (.svg/.png)")
+    p.add_argument("--draw", metavar="OUT", help="draw the plan (.svg/.png): link loads with "
+                                                 "the bottleneck, one panel per distinct "
+                                                 "tree/ring (needs matplotlib)")
+    p.add_argument("--html", metavar="OUT", help="write an interactive, self-contained HTML "
+                                                 "report of the plan (no matplotlib needed)")
     p.add_argument("--export-msccl", metavar="OUT", help="write the schedule as MSCCL XML")
     return p
 
@@ -70,11 +76,16 @@ def run(args) -> int:
             f.write(to_msccl_xml(p.schedule))
     if args.draw:
         _draw(G, p, args.draw)
+    if args.html:
+        from .plan_report import write_plan_html
+        from .plan_view import plan_view
+        write_plan_html(args.html, plan_view(G, p))
     if args.json:
         print(json.dumps(p.to_dict(), indent=1))
     else:
         print(format_plan(p))
-        for what, out in (("MSCCL XML", args.export_msccl), ("Drawing", args.draw)):
+        for what, out in (("MSCCL XML", args.export_msccl), ("Drawing", args.draw),
+                          ("HTML report", args.html)):
             if out:
                 print(f"{what} written to {out}")
     return 0
@@ -152,14 +163,15 @@ def _tree_edges(tree, ranks) -> list[tuple[str, str]]:
 
 
 def _draw(G, p, path: str) -> None:
-    from ..topology import subset
-    from ..topology.draw import PALETTE, draw
-    view = subset(G, list(p.ranks))
-    highlight = [(label.split(":")[0], edges, PALETTE[k % len(PALETTE)])
-                 for k, (label, edges) in enumerate(overlays(p))]
-    util = getattr(p.predicted, "link_util", None)
-    draw(view, path, highlight=highlight, utilization=util,
-         title=f"{p.collective} {p.algorithm} on {len(p.ranks)} GPUs")
+    """Link loads with the bottleneck, and the distinct trees/rings, in one figure."""
+    from ..topology.draw import require_matplotlib
+    from ..topology.plan_figure import draw_plan
+    from .plan_view import figure_panels, plan_view
+    require_matplotlib(path)  # fail before building the view, not after
+    view = plan_view(G, p)
+    panels, heading = figure_panels(view)
+    draw_plan(view.topology, path, loads=view.loads, bottleneck=view.bottleneck, panels=panels,
+              title=view.title, caption=view.caption, panels_title=heading)
 
 
 def _bytes(n: int) -> str:

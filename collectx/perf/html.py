@@ -66,6 +66,16 @@ def _topology_html(topo, tmp: str) -> str:
     return _image(path)
 
 
+def page(title: str, body: str, css: str = "") -> str:
+    """A whole self-contained HTML page: ``title``, the shared style plus ``css``, ``body``.
+
+    >>> page("t", "<p>x</p>").startswith("<!DOCTYPE html><html><head><meta charset='utf-8'>")
+    True
+    """
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
+            f"<style>{_CSS}{css}</style></head><body>{body}</body></html>\n")
+
+
 def write_html(path: str, result: dict, table_text: str, topo=None) -> None:
     """Write the report page for ``result`` (with the text table and ``topo`` drawn) to ``path``."""
     machine = _table([{**result["machine"], **result["versions"]}])
@@ -79,11 +89,9 @@ def write_html(path: str, result: dict, table_text: str, topo=None) -> None:
     peers = "".join(f"<h3>{html.escape(name)}</h3>" + _table([flatten(r) for r in rows])
                     for name, rows in result["peers"].items())
     title = f"collectx-perf ({result.get('mode', 'measured')})"
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
-            f"<style>{_CSS}</style></head><body><h1>{title}</h1>"
-            f"<h2>Machine</h2>{machine}"
+    body = (f"<h1>{title}</h1><h2>Machine</h2>{machine}"
             + (f"<h2>Skipped peers</h2><ul>{skipped}</ul>" if skipped else "")
             + f"<h2>Bus bandwidth</h2>{plot}<h2>Table</h2><pre>{html.escape(table_text)}</pre>"
-            f"<h2>Topology</h2>{drawing}<h2>All rows</h2>{peers}</body></html>\n")
+            f"<h2>Topology</h2>{drawing}<h2>All rows</h2>{peers}")
     with open(path, "w") as f:
-        f.write(page)
+        f.write(page(title, body))

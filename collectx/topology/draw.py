@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 
 import networkx as nx
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ConfigError
 from .model import NODE_KINDS, gpus, natural_key, nodes_of_kind
 
 LINK_COLOURS = {"nvlink": "#76b900", "xgmi": "#d62728", "pcie": "#1f77b4", "smp": "#7f7f7f",
@@ -34,6 +34,20 @@ PALETTE = ("#e41a1c", "#377eb8", "#984ea3", "#ff7f00", "#a65628", "#f781bf", "#1
 _RING_RADIUS = {"pci_switch": 1.45, "nic": 1.85, "cpu": 2.2, "host": 2.5}
 
 Highlight = tuple[str, Iterable[tuple[str, str]], "str | None"]
+
+
+def require_matplotlib(path) -> None:
+    """Raise ConfigError, with the install hint, when matplotlib (extra ``plot``) is missing.
+
+    Drawing is optional: collectx itself never needs matplotlib, so its absence is reported
+    only when a drawing is asked for, as one line instead of an import traceback.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"drawing {os.fspath(path)} needs matplotlib, which is not installed: "
+                          "pip install 'collectx[plot]' (or pip install matplotlib); "
+                          "`collectx plan --html` writes a report without it") from None
 
 
 def _groups(G: nx.DiGraph) -> dict[str, list[str]]:
@@ -219,6 +233,8 @@ def draw(G: nx.DiGraph, path: str | os.PathLike, highlight: list[Highlight] | No
     ------
     ArgumentError
         A highlight that is not (label, edges, colour) or names unknown nodes.
+    ConfigError
+        When matplotlib is not installed.
 
     Examples
     --------
@@ -229,6 +245,7 @@ def draw(G: nx.DiGraph, path: str | os.PathLike, highlight: list[Highlight] | No
     >>> out.read_text().startswith("<?xml")
     True
     """
+    require_matplotlib(path)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
