@@ -8,11 +8,7 @@ from collectx.cli.main import main
 from collectx.cli.plan import overlays, parse_size
 from collectx.errors import ArgumentError
 from collectx.schedule.ir import Schedule
-
-FIELDS = {"collective", "ranks", "algorithm", "nbytes", "predicted_time_us",
-          "predicted_algbw_GBps", "predicted_busbw_GBps", "bound_busbw_GBps",
-          "ceiling_busbw_GBps", "efficiency", "planning_time_s", "verified", "verify_time_s",
-          "schedule"}
+from test_planner_api import JSON_FIELDS as FIELDS
 
 
 def test_json_fields(capsys):

@@ -94,16 +94,22 @@ def run(args) -> int:
 def format_plan(p) -> str:
     """The human-readable summary ``collectx plan`` prints."""
     d = p.summary()
-    lines = [f"collective   {p.collective} of {_bytes(p.nbytes)} on {len(p.ranks)} GPUs: "
+    gpus = "1 GPU" if len(p.ranks) == 1 else f"{len(p.ranks)} GPUs"
+    lines = [f"collective   {p.collective} of {_bytes(p.nbytes)} on {gpus}: "
              f"{', '.join(p.ranks)}",
              f"algorithm    {p.algorithm} ({p.schedule.nchunks} chunks, "
              f"{max(len(lanes) for lanes in p.schedule.lanes)} lanes, "
              f"{p.schedule.n_instructions} instructions)"]
     lines += [f"  {label}" for label, _ in overlays(p)]
-    if d["predicted_time_us"] is not None:
+    if p.no_communication:   # no bandwidth to predict or bound: say so once
+        lines.append(f"no traffic   {p.no_communication}; no bandwidth bound applies")
+        if d["predicted_time_us"] is not None:
+            lines.append(f"predicted    {d['predicted_time_us']:.1f} us (local work and "
+                         f"synchronization only)")
+    elif d["predicted_time_us"] is not None:
         lines.append(f"predicted    {d['predicted_time_us']:.1f} us, algbw "
-                     f"{d['predicted_algbw_GBps']:.2f} GB/s, busbw "
-                     f"{d['predicted_busbw_GBps']:.2f} GB/s")
+                     f"{_rate(d['predicted_algbw_GBps'])} GB/s, busbw "
+                     f"{_rate(d['predicted_busbw_GBps'])} GB/s")
     else:
         lines.append("predicted    (no simulator available)")
     flat = p.schedule.meta_dict().get("flat_ring_busbw")
@@ -116,7 +122,7 @@ def format_plan(p) -> str:
         else:
             lines.append(f"bound        busbw {d['bound_busbw_GBps']:.2f} GB/s")
     if d["efficiency"] is not None:
-        lines.append(f"efficiency   {d['efficiency']:.3f} of the bound")
+        lines.append(f"efficiency   {_fraction(d['efficiency'])} of the bound")
     checked = f"yes (in {p.verify_time_s:.3f} s)" if p.verified else "no"
     lines.append(f"verified     {checked}; planned in {p.planning_time_s:.3f} s")
     return "\n".join(lines)
@@ -172,6 +178,25 @@ def _draw(G, p, path: str) -> None:
     panels, heading = figure_panels(view)
     draw_plan(view.topology, path, loads=view.loads, bottleneck=view.bottleneck, panels=panels,
               title=view.title, caption=view.caption, panels_title=heading)
+
+
+def _fraction(x: float) -> str:
+    """Three decimals, or two significant digits below 0.001 (small messages are latency
+    bound: 0.000 would read as nothing moving).
+
+    >>> _fraction(0.9754), _fraction(0.0000123)
+    ('0.975', '1.2e-05')
+    """
+    return f"{x:.3f}" if x >= 0.001 else f"{x:.1e}"
+
+
+def _rate(gbps: float) -> str:
+    """Two decimals, or two significant digits below 0.01 GB/s (as :func:`_fraction`).
+
+    >>> _rate(81.894), _rate(0.000526)
+    ('81.89', '0.00053')
+    """
+    return f"{gbps:.2f}" if gbps >= 0.01 else f"{gbps:.2g}"
 
 
 def _bytes(n: int) -> str:
