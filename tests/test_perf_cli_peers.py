@@ -26,6 +26,7 @@ def test_mpi_is_skipped_with_the_install_hint_when_mpirun_is_missing(monkeypatch
 
 
 def test_mpi_is_skipped_when_mpi4py_is_missing(monkeypatch):
+    monkeypatch.setattr(peers.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(peers, "_has_module", lambda name: name != "mpi4py")
     got = peers.run_peer("mpi", SPEC, 2)
     assert got.skipped == "mpi4py is not installed" and "collectx[mpi]" in got.hint
@@ -37,7 +38,9 @@ def test_gloo_is_skipped_when_torch_is_missing(monkeypatch):
     assert got.skipped == "torch is not installed" and got.hint == "pip install collectx[torch]"
 
 
-def test_mpi_has_no_half_precision():
+def test_mpi_has_no_half_precision(monkeypatch):
+    monkeypatch.setattr(peers.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(peers, "_has_module", lambda name: True)
     got = peers.run_peer("mpi", dict(SPEC, dtype="bfloat16"), 2)
     assert got.rows is None and "bfloat16" in got.skipped
 
