@@ -29,3 +29,32 @@ def test_real_dump_loads_strongly_connected_with_every_gpu_reaching_every_other(
         assert set(gpus) - {a} <= reach
     for a, b, d in G.edges(data=True):
         assert a != b and d["bw_gbps"] > 0 and G.has_edge(b, a)
+
+
+def _direct_links(G):
+    """{frozenset(pair): count} of GPU-GPU NVLink/xGMI bundles, and the GPUs on NVSwitches."""
+    pairs = {frozenset((a, b)): d["count"] for a, b, d in G.edges(data=True)
+             if d["type"] in ("nvlink", "xgmi")
+             and G.nodes[a]["kind"] == G.nodes[b]["kind"] == "gpu"}
+    switched = {a for a, b in G.edges() if G.nodes[a]["kind"] == "gpu"
+                and G.nodes[b]["kind"] == "nvswitch"}
+    return pairs, switched
+
+
+@pytest.mark.parametrize("name, n_gpus, n_pairs, n_switched, n_nics", [
+    ("a800_8gpu_4nic_nvidia-smi-topo.txt", 8, 0, 8, 4),
+    ("h800_8gpu_11nic_vm_nvidia-smi-topo.txt", 8, 0, 8, 11),
+    ("rtx_a6000_8gpu_nvlink_pairs_2nic_nvidia-smi-topo.txt", 8, 4, 0, 2),
+    ("rtx4090_8gpu_5plus3_pcie_switch_nvidia-smi-topo.txt", 8, 0, 0, 2),
+    ("hgx_a100_8gpu_5nic_bond_nccl_topo.xml", 8, 0, 8, 5),
+    ("mi100_8gpu_6xgmi_2socket_rccl_topo.xml", 8, 24, 0, 1),
+    ("gfx90a_8gpu_xgmi_cube_vm_rccl_topo.xml", 8, 12, 0, 1),
+    ("mi100_16gpu_4hives_16nic_rccl_topo.xml", 16, 24, 0, 16),
+    ("mi50_8gpu_2xgmi_rings_2socket_rccl_topo.xml", 8, 8, 0, 1),
+])
+def test_real_dump_has_the_published_gpus_links_and_nics(name, n_gpus, n_pairs, n_switched, n_nics):
+    G = topo.load(REAL / name)
+    pairs, switched = _direct_links(G)
+    assert len(topo.gpus(G)) == n_gpus
+    assert (len(pairs), len(switched)) == (n_pairs, n_switched)
+    assert sum(1 for _, k in G.nodes(data="kind") if k == "nic") == n_nics
