@@ -45,7 +45,6 @@ def _direct_links(G):
     ("a800_8gpu_4nic_nvidia-smi-topo.txt", 8, 0, 8, 4),
     ("h800_8gpu_11nic_vm_nvidia-smi-topo.txt", 8, 0, 8, 11),
     ("rtx_a6000_8gpu_nvlink_pairs_2nic_nvidia-smi-topo.txt", 8, 4, 0, 2),
-    ("rtx4090_8gpu_5plus3_pcie_switch_nvidia-smi-topo.txt", 8, 0, 0, 2),
     ("hgx_a100_8gpu_5nic_bond_nccl_topo.xml", 8, 0, 8, 5),
     ("mi100_8gpu_6xgmi_2socket_rccl_topo.xml", 8, 24, 0, 1),
     ("gfx90a_8gpu_xgmi_cube_vm_rccl_topo.xml", 8, 12, 0, 1),
