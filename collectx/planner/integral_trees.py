@@ -120,7 +120,8 @@ def _shallower(trees: list, left: np.ndarray, root: int) -> list:
     """
     par = [_parents(edges, root, len(left)) for edges in trees]
     left = left.copy()
-    score = _depth_score(par, root)
+    stats = [_tree_stats(p, root) for p in par]   # (depth, sum of levels) per tree
+    score = _score(stats)
     for _ in range(SWEEPS):
         improved = False
         for v in range(len(left)):
@@ -128,14 +129,32 @@ def _shallower(trees: list, left: np.ndarray, root: int) -> list:
                 continue
             for move in _moves(par, left, v):
                 undo = _apply(par, left, v, move)
-                new = _depth_score(par, root) if undo is not None else None
-                if new is not None and new < score:
+                if undo is None:
+                    continue
+                touched = {move[1], move[2]} if move[0] == "swap" else {move[1]}
+                before = {i: stats[i] for i in touched}
+                for i in touched:
+                    stats[i] = _tree_stats(par[i], root)
+                new = _score(stats)
+                if new < score:
                     score, improved = new, True
-                elif undo is not None:
+                else:
                     _apply(par, left, v, undo)
+                    for i, kept in before.items():
+                        stats[i] = kept
         if not improved:
             break
     return [_top_down_pairs(p, root) for p in par]
+
+
+def _tree_stats(par: list, root: int) -> tuple:
+    levels = _levels_of(par, root)
+    return max(levels), sum(levels)
+
+
+def _score(stats: list) -> tuple:
+    """(deepest tree, sum of the trees' depths, sum of all levels): lower is shallower."""
+    return (max(d for d, _ in stats), sum(d for d, _ in stats), sum(s for _, s in stats))
 
 
 def _moves(par: list, left: np.ndarray, v: int):
@@ -191,12 +210,6 @@ def _levels_of(par: list, root: int) -> list:
             u, d = par[u], d + 1
         level[v] = d
     return level
-
-
-def _depth_score(par: list, root: int) -> tuple:
-    levels = [_levels_of(p, root) for p in par]
-    depths = [max(lv) for lv in levels]
-    return max(depths), sum(depths), sum(map(sum, levels))
 
 
 def _top_down_pairs(par: list, root: int) -> list:

@@ -18,7 +18,7 @@ probing this machine (:func:`probe`), and generators (:func:`ring`, :func:`switc
 from __future__ import annotations
 
 from .draw import draw, layout
-from .generators import fully_connected, host, line, multi_node, ring, switch
+from .generators import fully_connected, host, line, multi_node, pcie_tree, ring, switch
 from .jsonio import from_json, load, parse_text, preset_path, presets, to_json, write_json
 from .nccl_xml import from_nccl_xml
 from .nvsmi import from_nvidia_smi
@@ -30,7 +30,7 @@ from .model import (DEFAULT_LATENCY_US, LINK_TYPES, NODE_KINDS, SCHEMA, add_link
 __all__ = [
     "load", "from_json", "to_json", "write_json", "parse_text", "presets", "preset_path",
     "gpus", "gpu_index", "subset", "nodes_of_kind", "natural_key", "new_graph", "add_node",
-    "add_link", "ring", "line", "fully_connected", "switch", "multi_node", "host",
+    "add_link", "ring", "line", "fully_connected", "switch", "pcie_tree", "multi_node", "host",
     "from_nccl_xml", "from_nvidia_smi", "Path", "PathClass", "classify", "path_class", "paths",
     "widest_path", "draw", "layout", "probe", "probe_host", "local_topology", "SCHEMA", "NODE_KINDS", "LINK_TYPES", "DEFAULT_LATENCY_US",
 ]

@@ -83,6 +83,58 @@ def switch(n: int, bw: float = 25.0) -> nx.DiGraph:
     return G
 
 
+def pcie_tree(sockets: int = 2, switches: int = 2, per_switch: int = 2, *,
+              pcie_bw: float = 31.5, smp_bw: float = 40.0, pair_bw: float | None = None,
+              pairs_across: bool = False) -> nx.DiGraph:
+    """A PCIe server: ``sockets`` CPUs joined by one socket link, ``switches`` PCIe switches
+    under each CPU and ``per_switch`` GPUs under each switch, every PCIe link ``pcie_bw``.
+
+    With ``pair_bw`` GPUs ``2i`` and ``2i + 1`` are joined by an NVLink bridge of that
+    bandwidth: switch-mates by default, or with ``pairs_across`` GPU ``i`` with its peer under
+    the next switch (their peer copies take the bridge, their PCIe paths climb to the CPU).
+
+    >>> G = pcie_tree(2, 2, 2, pair_bw=50.0)
+    >>> len(gpus(G)), G.edges["GPU0", "GPU1"]["type"], G.edges["PLX0", "CPU0"]["bw_gbps"]
+    (8, 'nvlink', 31.5)
+    >>> pcie_tree(1, 2, 2, pair_bw=50.0, pairs_across=True).has_edge("GPU0", "GPU2")
+    True
+    """
+    for count in (sockets, switches, per_switch):
+        _check_n(count)
+    n = sockets * switches * per_switch
+    G = _gpu_graph(f"pcie_tree_{sockets}x{switches}x{per_switch}",
+                   f"{sockets} sockets, {switches} PCIe switches each, {per_switch} GPUs per "
+                   f"switch", n)
+    for c in range(sockets):
+        add_node(G, f"CPU{c}", "cpu")
+        if c:
+            add_link(G, f"CPU{c - 1}", f"CPU{c}", "smp", smp_bw)
+        for w in range(switches):
+            plx = f"PLX{c * switches + w}"
+            add_node(G, plx, "pci_switch")
+            add_link(G, plx, f"CPU{c}", "pcie", pcie_bw)
+            for k in range(per_switch):
+                add_link(G, f"GPU{(c * switches + w) * per_switch + k}", plx, "pcie", pcie_bw)
+    if pair_bw:
+        for a, b in _bridge_pairs(n, per_switch, pairs_across):
+            add_link(G, f"GPU{a}", f"GPU{b}", "nvlink", pair_bw)
+    return G
+
+
+def _bridge_pairs(n: int, per_switch: int, across: bool) -> list[tuple[int, int]]:
+    """GPU pairs joined by NVLink bridges: switch-mates, or GPU ``i`` with the GPU in the same
+    position under the next switch."""
+    if not across:
+        return [(i, i + 1) for i in range(0, n - 1, 2)]
+    out, used = [], set()
+    for i in range(n):
+        j = i + per_switch
+        if j < n and i not in used and j not in used:
+            out.append((i, j))
+            used |= {i, j}
+    return out
+
+
 def multi_node(node_topology, n_nodes: int, nic_bw: float, rails: bool = True) -> nx.DiGraph:
     """``n_nodes`` copies of a node topology joined by a network.
 

@@ -1,0 +1,171 @@
+"""How close the planner comes to the bound on machines it was never shaped on (simulated).
+
+Families (``--families``, default all), each planned for allreduce, allgather and broadcast at
+``--size`` (1 GiB) exactly as ``collectx plan`` plans them:
+
+* ``presets``: every preset, whole machine;
+* ``dgx1``: every allocation of 2..8 GPUs of dgx1v and dgx1p (247 each; ``--limit`` samples);
+* ``subsets``: random allocations of the other presets (``--samples`` each);
+* ``generated``: switches, rings, full meshes and multi-socket PCIe trees with and without
+  NVLink bridge pairs, of random sizes and bandwidths;
+* ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
+  developed against;
+* ``held-out``: 50 random allocations of each of :data:`HELD_OUT`, four real dumps kept aside:
+  never used while developing the planner, reported on their own.
+
+Prints one table: per family the plans, the worst and median efficiency (predicted busbw over
+the bound), how many fall below 0.95, how many beat the bound (allreduce: the ceiling; a
+violation means the simulator or the bound is wrong), and the slowest planning time.
+``--jsonl FILE`` writes one line per plan.
+
+Run: ``python perf/generalization.py`` (about an hour), or e.g.
+``python perf/generalization.py --families presets,generated --samples 5``.
+"""
+
+from __future__ import annotations
+
+import _checkout  # noqa: F401  (this checkout's collectx first)
+
+import argparse
+import itertools
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import collectx.topology as T
+from collectx.planner import plan
+
+COLLECTIVES = ("allreduce", "allgather", "broadcast")
+REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
+# Real dumps never used while developing the planner: their results are the test.
+HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
+            "mi100_8gpu_6xgmi_2socket_rccl_topo.xml",
+            "rtx_a6000_8gpu_nvlink_pairs_2nic_nvidia-smi-topo.txt",
+            "a800_8gpu_4nic_nvidia-smi-topo.txt")
+DGX1 = ("dgx1v", "dgx1p")
+FAMILIES = ("presets", "dgx1", "subsets", "generated", "real", "held-out")
+
+
+def presets(args, rng):
+    for name in T.presets():
+        yield "presets", name, T.load(name), None
+
+
+def dgx1(args, rng):
+    for name in DGX1:
+        G = T.load(name)
+        for k in range(2, 9):
+            combos = list(itertools.combinations(range(8), k))
+            if args.limit and len(combos) > args.limit:
+                combos = rng.sample(combos, args.limit)
+            for gpus in combos:
+                yield "dgx1", name, G, list(gpus)
+
+
+def subsets(args, rng):
+    for name in T.presets():
+        if name not in DGX1:
+            G = T.load(name)
+            yield from _random_allocations("subsets", name, G, args.samples, rng)
+
+
+def generated(args, rng):
+    for i in range(args.samples):
+        n = rng.randint(2, 16)
+        bw = rng.choice((25.0, 50.0, 64.0))
+        yield "generated", f"switch({n})", T.switch(n, bw), None
+        yield "generated", f"ring({n})", T.ring(n, bw), None
+        m = rng.randint(2, 8)
+        yield "generated", f"fully_connected({m})", T.fully_connected(m, bw), None
+        shape = (rng.randint(1, 2), rng.randint(1, 2), rng.choice((1, 2, 4)))
+        kw = dict(pcie_bw=rng.choice((15.75, 31.5, 63.0)), smp_bw=rng.choice((20.0, 40.0)))
+        bridged = rng.random() < 0.5 and shape[1] * shape[2] * shape[0] % 2 == 0
+        if bridged:
+            kw.update(pair_bw=rng.choice((25.0, 50.0, 100.0)), pairs_across=rng.random() < 0.5)
+        G = T.pcie_tree(*shape, **kw)
+        yield "generated", f"pcie_tree{shape}{' bridged' if bridged else ''}", G, None
+
+
+def real(args, rng):
+    for path in sorted(REAL.iterdir()):
+        if path.suffix in (".xml", ".txt") and path.name not in HELD_OUT:
+            yield from _random_allocations("real", path.name, T.load(path), args.samples, rng)
+
+
+def held_out(args, rng):
+    for name in HELD_OUT:
+        yield from _random_allocations("held-out", name, T.load(REAL / name), 50, rng)
+
+
+def _random_allocations(family, name, G, count, rng):
+    """``count`` random allocations of 2 GPUs or more (the whole machine among them)."""
+    n = len(T.gpus(G))
+    yield family, name, G, None
+    for _ in range(count - 1):
+        k = rng.randint(2, n)
+        yield family, name, G, sorted(rng.sample(range(n), k))
+
+
+SOURCES = {"presets": presets, "dgx1": dgx1, "subsets": subsets, "generated": generated,
+           "real": real, "held-out": held_out}
+
+
+def record(family, name, G, gpus, collective, nbytes) -> dict:
+    p = plan(G, collective, nbytes, gpus=gpus, verify=False)
+    d = p.summary()
+    d.update(family=family, topology=name, gpus=gpus or "all")
+    return d
+
+
+def over(r: dict) -> bool:
+    cap = r["ceiling_busbw_GBps"] if r["collective"] == "allreduce" else r["bound_busbw_GBps"]
+    return bool(cap) and r["predicted_busbw_GBps"] > 1.001 * cap
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'family':<10}{'collective':<11}{'plans':>6}{'worst':>8}{'median':>8}"
+             f"{'<0.95':>7}{'over':>6}{'slowest s':>11}  worst plan"]
+    for family in FAMILIES:
+        for coll in COLLECTIVES:
+            sel = [r for r in rows if r["family"] == family and r["collective"] == coll
+                   and r["efficiency"] is not None]
+            if not sel:
+                continue
+            worst = min(sel, key=lambda r: r["efficiency"])
+            eff = [r["efficiency"] for r in sel]
+            lines.append(f"{family:<10}{coll:<11}{len(sel):>6}{min(eff):>8.3f}"
+                         f"{statistics.median(eff):>8.3f}{sum(e < 0.95 for e in eff):>7}"
+                         f"{sum(map(over, sel)):>6}"
+                         f"{max(r['planning_time_s'] for r in sel):>11.2f}  "
+                         f"{worst['topology']} {worst['gpus']} ({worst['algorithm']})")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--size", type=int, default=1 << 30)
+    ap.add_argument("--samples", type=int, default=10, help="allocations per machine")
+    ap.add_argument("--limit", type=int, default=0, help="dgx1 allocations per size (0: all)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--jsonl", help="write one JSON line per plan")
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    out = open(args.jsonl, "w") if args.jsonl else None
+    rows = []
+    for family in args.families.split(","):
+        for fam, name, G, gpus in SOURCES[family](args, rng):
+            for coll in COLLECTIVES:
+                rows.append(record(fam, name, G, gpus, coll, args.size))
+                if out:
+                    out.write(json.dumps(rows[-1]) + "\n")
+                    out.flush()
+        print(f"# {family}: {sum(r['family'] == family for r in rows)} plans", file=sys.stderr)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
