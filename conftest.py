@@ -1,4 +1,5 @@
-"""Collection rules for the whole tree: the doctests of modules that need an optional package.
+"""Collection rules for the whole tree: the doctests of modules that need an optional package,
+and no plan cache on disk.
 
 ``--doctest-modules`` imports every module under ``collectx/``. A few of them (the torch
 backend) import an optional package at module level, so on a machine without it collection
@@ -8,8 +9,16 @@ command in the reason; any other import error still fails collection.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from _pytest.doctest import DoctestModule
+
+# Tests and doctests never read or write the user's plan cache (~/.cache/collectx), nor share one
+# between tests (one that swaps the planner would read another's plans). Read once, by
+# collectx.config.get_config, in this process and in the ranks it launches; tests of the cache
+# pass their own directory.
+os.environ["COLLECTX_CACHE_DIR"] = "off"
 
 # Top-level packages that collectx only needs for an optional feature, and how to get them.
 OPTIONAL_PACKAGES = {

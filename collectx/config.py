@@ -18,6 +18,7 @@ from typing import Mapping
 from .errors import ConfigError
 
 _LOG_LEVELS = ("", "WARN", "INFO", "TRACE")
+_CACHE_OFF = ("", "off", "0", "none")  # COLLECTX_CACHE_DIR values that keep no plan cache
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,6 +36,9 @@ class Config:
     native_lib: str | None = None  # COLLECTX_NATIVE_LIB: load this libcollectx instead of searching
     cma: bool = True             # COLLECTX_CMA=0: peers read large buffers from the window, never
                                  # across processes (process_vm_readv)
+    cache_dir: str | None = None  # COLLECTX_CACHE_DIR: the plan cache (runtime/plan_cache.py);
+                                  # unset: $XDG_CACHE_HOME/collectx or ~/.cache/collectx; "" or
+                                  # "off": none (a Config built in code has none)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Config":
@@ -56,6 +60,7 @@ class Config:
             hosts=get("COLLECTX_HOSTS"),
             native_lib=get("COLLECTX_NATIVE_LIB"),
             cma=_flag(get, "COLLECTX_CMA", True),
+            cache_dir=_cache_dir(env),
         )
 
 
@@ -71,6 +76,25 @@ def _positive(get, name, default, kind):
         raise ConfigError(f"{name}={raw!r}: expected a positive {kind.__name__}; unset it to use "
                           f"the default {default}")
     return value
+
+
+def _cache_dir(env: Mapping[str, str]) -> str | None:
+    """COLLECTX_CACHE_DIR, or the XDG default when it is unset; None when it turns the cache off.
+
+    >>> _cache_dir({"HOME": "/home/me"}), _cache_dir({"XDG_CACHE_HOME": "/c", "HOME": "/h"})
+    ('/home/me/.cache/collectx', '/c/collectx')
+    >>> _cache_dir({"COLLECTX_CACHE_DIR": "/tmp/plans"}), _cache_dir({"COLLECTX_CACHE_DIR": "off"})
+    ('/tmp/plans', None)
+    """
+    raw = env.get("COLLECTX_CACHE_DIR")
+    if raw is not None:
+        raw = raw.strip()
+        return None if raw.lower() in _CACHE_OFF else os.path.expanduser(raw)
+    xdg = (env.get("XDG_CACHE_HOME") or "").strip()
+    if not os.path.isabs(xdg):  # the XDG spec ignores a relative path
+        home = (env.get("HOME") or "").strip() or os.path.expanduser("~")
+        xdg = os.path.join(home, ".cache")
+    return os.path.join(xdg, "collectx")
 
 
 def _flag(get, name, default: bool) -> bool:

@@ -3,7 +3,8 @@
 * ``WARN``: choices that cost speed or room: a shared window cut to fit /dev/shm; ranks that may
   not read each other's memory, so every large buffer goes through staged copies.
 * ``INFO``: also each rank's window and transport as its communicator starts, and the schedule
-  chosen the first time a collective of a size class runs (rank 0 only: every rank plans alike).
+  chosen the first time a collective of a size class runs, planned or read from the plan cache
+  and in how long (rank 0 only: it plans, the other ranks receive its schedule).
 * ``TRACE``: also every collective call. Repeated calls otherwise take a compiled path that
   never comes back to Python; under TRACE every call takes the checked path, which is slower.
 

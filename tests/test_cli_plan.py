@@ -83,3 +83,29 @@ def test_overlays_from_tree_meta():
     p = plan(T.switch(4), "broadcast", 64, algo="tree", verify=False)
     labels = [label for label, _ in overlays(p)]
     assert labels[0].startswith("tree 0") and all(len(e) == 3 for _, e in overlays(p))
+
+
+@pytest.mark.parametrize("gpus, nranks", [("0,1,2,5", 4), (None, 8)])
+def test_device_cuda_reports_the_schedule_the_cuda_runtime_runs(gpus, nranks, capsys):
+    # No GPU needed: cuda_schedule is what CudaEngine runs, and --device cuda must say exactly that
+    from collectx.planner import allocation
+    from collectx.runtime.cuda.planning import cuda_schedule
+    from collectx.topology import load
+    argv = ["plan", "dgx1v", "-c", "allreduce", "--size", "256M", "--device", "cuda", "--json"]
+    assert main(argv + (["--gpus", gpus] if gpus else [])) == 0
+    d = json.loads(capsys.readouterr().out)
+    G = load("dgx1v")
+    want = cuda_schedule(allocation(G, [int(g) for g in gpus.split(",")] if gpus else None)[1],
+                         "allreduce", nranks, 256 << 20)
+    assert Schedule.from_dict(d["schedule"]) == want and d["algorithm"] == want.algorithm
+    assert d["verified"] is True and not want.uses_host
+
+
+def test_device_cpu_is_the_default_and_cuda_takes_gpus_in_device_order(capsys):
+    argv = ["plan", "dgx1v", "-c", "allreduce", "--gpus", "0,1,2,5", "--size", "256M", "--json"]
+    assert main(argv) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main(argv + ["--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["schedule"] == default["schedule"]
+    assert main(["plan", "dgx1v", "-c", "allreduce", "--gpus", "5,0", "--device", "cuda"]) == 2
+    assert "device order" in capsys.readouterr().err

@@ -53,6 +53,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--algo", metavar="A", help="force an algorithm (default: COLLECTX_ALGO, "
                                                "else the cost model chooses)")
     p.add_argument("--root", type=int, default=0, help="root rank of broadcast/reduce")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="the executor to plan for: cpu (default; host staging allowed) or cuda "
+                        "(exactly the schedule the CUDA runtime runs: no host staging, GPUs in "
+                        "device order)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--draw", metavar="OUT", help="draw the plan (.svg/.png): link loads with "
                                                  "the bottleneck, one panel per distinct "
@@ -69,7 +73,13 @@ def run(args) -> int:
     G = load(args.source) if args.source else local_topology()
     gpus = parse_gpu_list(args.gpus) if args.gpus else None
     algo = args.algo or get_config().algo
-    p = plan(G, args.collective, parse_size(args.size), gpus=gpus, algo=algo, root=args.root)
+    if args.device == "cuda":
+        from ..runtime.cuda.planning import cuda_plan
+        p = cuda_plan(G, args.collective, parse_size(args.size), gpus=gpus, algo=algo,
+                      root=args.root)
+    else:
+        p = plan(G, args.collective, parse_size(args.size), gpus=gpus, algo=algo,
+                 root=args.root)
     if args.export_msccl:
         from ..schedule.msccl import to_msccl_xml
         with open(args.export_msccl, "w") as f:

@@ -69,7 +69,8 @@ class Communicator:
         self.store_prefix = prefix    # this communicator's keys in the store, unique to it
         self._window = Window(rank, size, store, prefix, cfg.window_bytes, self.timeout,
                               machine_ranks, cma=cfg.cma)
-        self._engine = Engine(self._window, cfg, topology, self.timeout)
+        self._engine = Engine(self._window, cfg, topology, self.timeout, store=store,
+                              key_prefix=prefix)
         self._heap = Heap(self._window.heap_bytes, _heap_fix(self._window))
         self._worker: Worker | None = None
         self._drop_fast()

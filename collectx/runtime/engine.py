@@ -24,9 +24,10 @@ from ._lib import native
 from .arrays import DTYPE_CODES, OP_CODES
 from .executor import FlatPlan
 from .peer_use import DISJOINT, SAME, unit_of
+from .plan_share import SharedPlans
 from .small import small_schedule, use_one_step
 from .window import (ABORT_CLOSED, ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, Window,
-                     oversubscribed)
+                     _alive, oversubscribed)
 
 COLL_CODES = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3, "broadcast": 4, "reduce": 5,
               "alltoall": 6, "barrier": 7}
@@ -96,15 +97,26 @@ def trace_call(engine, coll: str, count: int, dtype: int, op: int, root: int) ->
                root, engine._seq)
 
 
-class Engine:
-    """Runs collectives for one rank of a communicator over its :class:`Window`."""
+class _RankZeroAborted(Exception):
+    """Rank 0 rejected the call whose plan this rank waits for: it will not publish it."""
 
-    def __init__(self, window: Window, config, topology, timeout: float):
+
+class Engine:
+    """Runs collectives for one rank of a communicator over its :class:`Window`.
+
+    ``store`` and ``key_prefix`` are the communicator's: rank 0 publishes the planner's
+    schedules there for the other ranks (:mod:`.plan_share`); without a store every rank plans.
+    """
+
+    def __init__(self, window: Window, config, topology, timeout: float, *, store=None,
+                 key_prefix: str = ""):
         self.win, self.rank, self.size = window, window.rank, window.size
         self.config, self.timeout = config, timeout
         self._topology = topology
         self._ctl = window.ctl[self.rank]
         self._plans: dict[tuple, tuple[FlatPlan, int]] = {}
+        self._shared = SharedPlans("cpu", self.rank, self.size, store, key_prefix, timeout,
+                                   config.cache_dir, config.algo)
         self._poisoned: str | None = None
         module = _fast_module()  # its Lock can be taken by the compiled fast calls directly
         self._lock = module.Lock() if module is not None else threading.Lock()
@@ -152,17 +164,21 @@ class Engine:
             tile_bytes = None if whole else self.config.tile_bytes
             hit = self._plans[key] = (fp, fp.tile_count(self.win.set_bytes, itemsize, tile_bytes))
             if self.rank == 0 and logger.isEnabledFor(logging.INFO):
-                self._log_plan(coll, nbytes, schedule, hit[1])
+                self._log_plan(coll, nbytes, root, schedule, hit[1])
         return hit
 
-    def _log_plan(self, coll: str, nbytes: int, schedule: Schedule, tile_count: int) -> None:
+    def _log_plan(self, coll: str, nbytes: int, root: int, schedule: Schedule,
+                  tile_count: int) -> None:
         low = 1 << (nbytes.bit_length() - 1) if nbytes else 0
         route = ("peers' buffers across processes" if self._cma(coll, nbytes)
                  else "staged in the window")
+        planned = self._shared.known(coll, nbytes, root)
+        origin = "built without the planner" if planned is None else planned.describe()
         logger.info("rank 0/%d: %s of %d-%d bytes per rank: %s schedule (%s), %d chunks, "
-                    "tiles of up to %d elements, %s", self.size, coll, low, max(2 * low - 1, 0),
-                    schedule.algorithm, schedule.meta_dict().get("pattern", "-"), schedule.nchunks,
-                    tile_count, route)
+                    "%d lanes, tiles of up to %d elements, %s; %s", self.size, coll, low,
+                    max(2 * low - 1, 0), schedule.algorithm,
+                    schedule.meta_dict().get("pattern", "-"), schedule.nchunks,
+                    max(len(lanes) for lanes in schedule.lanes), tile_count, route, origin)
 
     def _cma(self, coll: str, nbytes: int) -> bool:
         """Whether ``coll`` with ``nbytes`` per unit lets peers read user buffers across
@@ -176,9 +192,8 @@ class Engine:
         if self.config.algo is None and use_one_step(coll, self.size, nbytes, self._crowded):
             s = small_schedule(coll, self.size, root)  # one wait per call (runtime/small.py)
         else:
-            from ..planner import make_schedule
-            s = make_schedule(self.topology(), coll, self.size, nbytes, algo=self.config.algo,
-                              root=root)
+            s = self._planned(coll, nbytes, root).schedule
+            # Rewritten here, after the sharing: only the planner's output is shared and cached
             if coll in _PUSHED and self._cma(coll, nbytes):
                 s = push_copies(s)  # peers' outputs are written across processes, from cache
             elif (coll == "broadcast" and not self._crowded and self._cma(coll, nbytes)
@@ -188,6 +203,27 @@ class Engine:
             with open(self.config.plan_dump_file, "a") as f:
                 f.write(json.dumps({"nbytes": nbytes, "schedule": s.to_dict()}) + "\n")
         return s
+
+    def _planned(self, coll: str, nbytes: int, root: int):
+        """The planner's schedule: made on rank 0 (or read from the disk cache), read from
+        the store by the other ranks, once per communicator and size class."""
+        def plan(topo):
+            from ..planner import make_schedule
+            return make_schedule(topo, coll, self.size, nbytes, algo=self.config.algo,
+                                 root=root)
+        return self._shared.get(coll, nbytes, root, self.topology, plan,
+                                lambda: self._watch_rank_zero(coll))
+
+    def _watch_rank_zero(self, coll: str) -> None:
+        """Raises while this rank waits for a plan that rank 0 will not publish: it rejected
+        this call (_RankZeroAborted), failed or closed the communicator, or died."""
+        word = int(self.win.ctl[0][W_ABORT])
+        if word == self._seq + 1:
+            raise _RankZeroAborted()
+        if word & (ABORT_FATAL | ABORT_CLOSED):
+            raise self._failure(coll, self._seq, _EXEC["ABORTED"], 0, -1, -1)
+        if not _alive(self.win.pids[0]):
+            raise self._failure(coll, self._seq, _EXEC["PEER_DEAD"], 0, -1, -1)
 
     def topology(self):
         if self._topology is None:
@@ -217,7 +253,15 @@ class Engine:
             key = (coll, dtype, count, op, root, in_overlaps_out)
             prepared = self._calls.get(key)
             if prepared is None:
-                prepared = self._prepare(coll, dtype, itemsize, count, op, root, in_overlaps_out)
+                try:
+                    prepared = self._prepare(coll, dtype, itemsize, count, op, root,
+                                             in_overlaps_out)
+                except _RankZeroAborted:
+                    # Join rank 0's aborted call, as a peer that had the plan would have, so
+                    # the ranks stay in step and the communicator usable.
+                    seq = self._seq
+                    self._abort_locked()
+                    raise self._failure(coll, seq, _EXEC["ABORTED"], 0, -1, -1) from None
             fp, c, _ = prepared
             keep_in = c.user_in = self._null if src is None else self._ffi.from_buffer(src)
             keep_out = c.user_out = (keep_in if dst is src else
@@ -347,21 +391,24 @@ class Engine:
         the descriptor slot of the call before, which a slower peer may not have checked yet.
         """
         with self._lock:
-            if self._poisoned:
-                return
-            seq = self._seq
-            fp, _ = self._flat("barrier", 1, 1, 0, 0)
-            c = self._aborted_call()
-            c.seq, c.epoch = seq, self._epoch
-            self._ctl[W_ABORT] = seq + 1   # peers waiting anywhere in this call give up at once
-            res = self._res
-            self._lib.cx_exec_run(fp.native, self._wnative, c, res)
-            self._seq += 1
-            self._epoch += max(1, res.epochs_used)
-            # Peers' descriptors differ from ours by design; a dead or stuck peer (or a fatal
-            # abort) still poisons the communicator, but the caller raises its own error.
-            if res.status not in (_EXEC["OK"], _EXEC["MISMATCH"]):
-                self._failure("<aborted>", seq, res.status, res.rank, res.lane, res.index)
+            self._abort_locked()
+
+    def _abort_locked(self) -> None:
+        if self._poisoned:
+            return
+        seq = self._seq
+        fp, _ = self._flat("barrier", 1, 1, 0, 0)
+        c = self._aborted_call()
+        c.seq, c.epoch = seq, self._epoch
+        self._ctl[W_ABORT] = seq + 1   # peers waiting anywhere in this call give up at once
+        res = self._res
+        self._lib.cx_exec_run(fp.native, self._wnative, c, res)
+        self._seq += 1
+        self._epoch += max(1, res.epochs_used)
+        # Peers' descriptors differ from ours by design; a dead or stuck peer (or a fatal
+        # abort) still poisons the communicator, but the caller raises its own error.
+        if res.status not in (_EXEC["OK"], _EXEC["MISMATCH"]):
+            self._failure("<aborted>", seq, res.status, res.rank, res.lane, res.index)
 
     def _aborted_call(self):
         c = self._abort_struct

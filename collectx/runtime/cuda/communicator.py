@@ -46,7 +46,8 @@ class CudaCommunicator:
         _rt.preload_kernels()
         self._window = CudaWindow(rank, size, store, prefix, cfg.window_bytes,
                                   self.timeout, self.device)
-        self._engine = CudaEngine(self._window, cfg, topology, self.timeout)
+        self._engine = CudaEngine(self._window, cfg, topology, self.timeout, store=store,
+                                  key_prefix=prefix)
         self._stream = _rt.stream_create()
 
     # -- collectives --------------------------------------------------------------------------

@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
+import os
 import threading
 
 from ...errors import CollectiveMismatch, NativeError, PeerAborted, PeerFailure, Timeout
-from ...log import tracing
+from ...log import logger, tracing
 from ...schedule.ir import Lane, Schedule
 from ..engine import COLL_CODES, trace_call, unusable
 from ..executor import FlatPlan
+from ..plan_share import Planned, SharedPlans
+from ..window import _alive
 from . import _rt
+from .planning import cuda_schedule
 
 RING = 256             # status records in flight before the oldest call is waited for
 STATUS_BYTES = 16      # cx_cuda_exec_status
@@ -59,13 +64,20 @@ def pack_plan(flat: FlatPlan) -> list[int]:
 
 
 class CudaEngine:
-    """Queues collectives for one rank over a :class:`~.window.CudaWindow`."""
+    """Queues collectives for one rank over a :class:`~.window.CudaWindow`.
 
-    def __init__(self, window, config, topology, timeout: float):
+    ``store`` and ``key_prefix`` are the communicator's: rank 0 publishes the planner's
+    schedules there for the other ranks (:mod:`..plan_share`); without a store every rank plans.
+    """
+
+    def __init__(self, window, config, topology, timeout: float, *, store=None,
+                 key_prefix: str = ""):
         self.win, self.rank, self.size = window, window.rank, window.size
         self.config, self.timeout = config, timeout
         self._topology = topology
         self._plans: dict[tuple, tuple[GpuPlan, int]] = {}
+        self._shared = SharedPlans("cuda", self.rank, self.size, store, key_prefix, timeout,
+                                   config.cache_dir, config.algo)
         self._seq, self._epoch = 0, 1
         self._poisoned: str | None = None
         self._lock = threading.Lock()
@@ -80,23 +92,59 @@ class CudaEngine:
         key = (coll, dtype, nbytes.bit_length(), root)
         hit = self._plans.get(key)
         if hit is None:
-            flat = FlatPlan(self._schedule(coll, nbytes, root), self.rank)
+            planned = None
+            if coll == "barrier":
+                schedule = self._schedule(coll, nbytes, root)
+            else:
+                planned = self._shared.get(coll, nbytes, root, self.topology,
+                                           lambda topo: self._schedule(coll, nbytes, root),
+                                           lambda: self._watch_rank_zero(coll))
+                schedule = planned.schedule
+                self._dump(nbytes, schedule)
+            flat = FlatPlan(schedule, self.rank)
             hit = self._plans[key] = (GpuPlan(flat), flat.tile_count(self.win.set_bytes, itemsize))
+            if planned is not None and self.rank == 0 and logger.isEnabledFor(logging.INFO):
+                self._log_plan(coll, nbytes, planned, hit[1])
         return hit
 
     def _schedule(self, coll: str, nbytes: int, root: int) -> Schedule:
+        """This rank's own plan (rank 0's, which :meth:`_plan` shares with the others)."""
         if coll == "barrier":
             return Schedule("allreduce", self.size, 1, tuple((Lane(()),) for _ in range(self.size)),
                             algorithm="none")
-        from ...planner import make_schedule
-        # The CUDA executor has no host buffers: no share of a plan is staged through host memory.
-        s = make_schedule(self.topology(), coll, self.size, nbytes, algo=self.config.algo,
-                          root=root, host_relays=False)
+        return cuda_schedule(self.topology(), coll, self.size, nbytes, root=root,
+                             algo=self.config.algo)
+
+    def _dump(self, nbytes: int, schedule: Schedule) -> None:
         if self.config.plan_dump_file and self.rank == 0:
             with open(self.config.plan_dump_file, "a") as f:
                 f.write(json.dumps({"nbytes": nbytes, "device": "cuda",
-                                    "schedule": s.to_dict()}) + "\n")
-        return s
+                                    "schedule": schedule.to_dict()}) + "\n")
+
+    def _log_plan(self, coll: str, nbytes: int, planned: Planned, tile_count: int) -> None:
+        s = planned.schedule
+        low = 1 << (nbytes.bit_length() - 1) if nbytes else 0
+        logger.info("rank 0/%d (GPU %d): %s of %d-%d bytes per rank: %s schedule (%s), %d "
+                    "chunks, %d lanes, tiles of up to %d elements; %s", self.size,
+                    self.win.device, coll, low, max(2 * low - 1, 0), s.algorithm,
+                    s.meta_dict().get("pattern", "-"), s.nchunks,
+                    max(len(lanes) for lanes in s.lanes), tile_count, planned.describe())
+
+    def _watch_rank_zero(self, coll: str) -> None:
+        """Raises while this rank waits for a plan that rank 0 will not publish: it rejected
+        this call (its window says so only through a device copy, so it says so in the store)
+        or its process is gone."""
+        if self._shared.aborted(self._seq):
+            self.poison(f"rank 0 rejected call #{self._seq}")
+            raise PeerAborted(f"rank {self.rank} (GPU {self.win.device}), {coll} #{self._seq}: "
+                              f"rank 0 aborted this call (see the error raised there); expected "
+                              f"it to run the collective; fix the error there", rank=0)
+        pid = int(self.win.peers[0]["pid"])
+        if pid != os.getpid() and not _alive(pid):
+            self.poison(f"rank 0 (pid {pid}) died")
+            raise PeerFailure(f"rank {self.rank} (GPU {self.win.device}), {coll} #{self._seq}: "
+                              f"rank 0 (pid {pid}) died before it published the plan; expected "
+                              f"it alive; check its log for the crash", rank=0)
 
     def topology(self):
         """The GPU topology to plan on, or None (one-hop plan) when ranks share a GPU."""
@@ -168,6 +216,7 @@ class CudaEngine:
                 return
             self._lib.cx_cuda_exec_abort(self._ffi.cast("void*", self.win.self_base), self._seq,
                                          self._epoch, self._ffi.cast("void*", stream))
+            self._shared.mark_aborted(self._seq)   # peers may wait for this rank's plan
             self.poison(f"call #{self._seq} rejected its arguments")
 
     def poll(self, block: bool = False) -> None:
