@@ -11,7 +11,7 @@ import pytest
 import collectx.topology as topo
 from collectx.errors import ArgumentError, TopologyError
 from collectx.planner.bounds import Bounds, bounds, cut_rate
-from collectx.planner.edge_split import job_graph
+from collectx.topology.view import job_graph
 
 # From the topology README: ForestColl cut bound, allgather / reduce-scatter busbw at line rates.
 PRESET_CUT = {"dgx1p": 95.75, "dgx1v": 165.75, "dgx2": 150.0, "dgx_a100": 300.0,
@@ -238,3 +238,40 @@ def test_tree_bound_relays_through_a_split_switch_climbing_up_and_down():
     b = bounds(G, "allreduce", gpus=("GPU0", "GPU1"))
     assert b.tree_busbw == pytest.approx(25 + 15.75 / 2, rel=1e-6)
     assert bounds(G, "allreduce", gpus=("GPU1", "GPU6", "GPU7")).tree_busbw > 0
+
+
+def _two_level_pcie_on_a_switch_fabric() -> nx.DiGraph:
+    """Four GPUs on one NVSwitch (25 GB/s each), and a two-level PCIe tree: GPU0-1 under
+    PLXA, GPU2-3 under PLXB, both under PLXTOP, under the CPU."""
+    G = topo.switch(4)
+    topo.add_node(G, "CPU0", "cpu")
+    for plx in ("PLXTOP", "PLXA", "PLXB"):
+        topo.add_node(G, plx, "pci_switch")
+    topo.add_link(G, "PLXTOP", "CPU0", "pcie", 15.75)
+    for plx, below in (("PLXA", ("GPU0", "GPU1")), ("PLXB", ("GPU2", "GPU3"))):
+        topo.add_link(G, plx, "PLXTOP", "pcie", 15.75)
+        for g in below:
+            topo.add_link(G, g, plx, "pcie", 15.75)
+    return G
+
+
+def test_no_turnaround_between_gpus_of_one_nvswitch_fabric_at_any_pcie_level():
+    from collectx.planner.bounds import multicast_rate
+    from collectx.topology.view import without_turnarounds
+    G = _two_level_pcie_on_a_switch_fabric()
+    gpus = topo.gpus(G)
+    H = without_turnarounds(job_graph(G, gpus), gpus)
+    assert {n for n in H if str(n).startswith("PLX")} == {
+        f"{p}~{half}" for p in ("PLXTOP", "PLXA", "PLXB") for half in ("up", "dn")}
+    # PCIe only climbs from a GPU and only descends to one: no route turns inside a switch.
+    assert not nx.has_path(H.subgraph(n for n in H if n != "CPU0"), "PLXA~up", "GPU2")
+    b = bounds(G, "allgather")
+    assert b.bound_busbw == pytest.approx(3 * multicast_rate(H, gpus), rel=1e-9)
+    assert b.bound_busbw < 3 * cut_rate(job_graph(G, gpus), gpus)[0]
+
+
+def test_hgx_a100_dump_counts_no_pcie_turnaround_between_its_nvswitched_gpus():
+    from pathlib import Path
+    dump = Path(__file__).resolve().parent.parent / "topology" / "real" / \
+        "hgx_a100_8gpu_5nic_bond_nccl_topo.xml"
+    assert bounds(topo.load(dump), "allgather").bound_busbw == pytest.approx(315.76, abs=0.01)

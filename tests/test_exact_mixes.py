@@ -9,7 +9,7 @@ import pytest
 
 import collectx.topology as topo
 from collectx.planner import plan
-from collectx.planner.edge_split import job_graph
+from collectx.topology.view import job_graph
 from collectx.planner.exact_mixes import (_partition_labels, exact_equal_mixes, exact_rooted_mix,
                                          tree_counts)
 from collectx.planner.tree_split import partition_forests

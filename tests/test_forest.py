@@ -123,7 +123,7 @@ def test_forest_allgather_keeps_the_faster_lane_policy():
     (per root wins on mi250_16gcd: 0.797 -> 0.894 of the cut bound; with the shallowest
     optimal packing, two lanes per root and link and, past 8 ranks, twice the chunks: 0.957)."""
     from collectx.planner import forest
-    from collectx.planner.edge_split import job_graph
+    from collectx.topology.view import job_graph
 
     G = topo.load("mi250_16gcd")
     ranks = tuple(topo.gpus(G))

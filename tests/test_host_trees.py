@@ -10,7 +10,7 @@ from collectx.planner.api import allocation
 from collectx.planner import blink, forest
 from collectx.planner.blink import plan_blink
 from collectx.planner.bounds import bounds
-from collectx.planner.edge_split import LinkIndex, host_routes, job_graph, simulator_routes
+from collectx.topology.view import LinkIndex, host_routes, job_graph, simulator_routes
 from collectx.planner.forest import plan_forest
 from collectx.planner.treepack import pack_out_trees
 from collectx.schedule import simulate, verify

@@ -9,7 +9,7 @@ import collectx.topology as topo
 from collectx.planner import plan
 from collectx.planner.blink import plan_blink
 from collectx.planner.chunking import chunk_counts
-from collectx.planner.edge_split import LinkIndex, job_graph, simulator_routes
+from collectx.topology.view import LinkIndex, job_graph, simulator_routes
 from collectx.planner.treepack import Packing, Tree, pack_relay_trees
 from collectx.planner.treesched import pack_rooted
 from collectx.schedule import verify

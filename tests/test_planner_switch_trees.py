@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import collectx.topology as topo
-from collectx.planner.edge_split import LinkIndex, job_graph, simulator_routes
+from collectx.topology.view import LinkIndex, job_graph, simulator_routes
 from collectx.planner.forest import plan_forest
 from collectx.planner.switch_trees import pack_switch_trees, tree_shaped
 from collectx.planner.treepack import pack_out_trees

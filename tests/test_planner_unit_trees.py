@@ -9,7 +9,7 @@ import collectx.topology as topo
 from collectx.planner import plan
 from collectx.planner import integral_trees
 from collectx.planner.blink import plan_blink
-from collectx.planner.edge_split import LinkIndex, job_gpus, job_graph, simulator_routes
+from collectx.topology.view import LinkIndex, job_gpus, job_graph, simulator_routes
 from collectx.planner.integral_trees import (depth_balanced_counts, disjoint_arborescences,
                                              lane_counts, pack_unit_spanning_trees,
                                              pack_unit_trees, spanning_unit_trees)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collectx.topology as topo
 from collectx.planner.blink import plan_blink
-from collectx.planner.edge_split import job_gpus
+from collectx.topology.view import job_gpus
 from collectx.planner.select import upper_busbw
 from collectx.planner.treesched import Share, TreeEmitter
 from collectx.schedule import ScheduleBuilder, simulate, verify

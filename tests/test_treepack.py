@@ -14,7 +14,7 @@ from collectx.errors import NoFeasiblePlan, PlanError, TopologyError
 from collectx.planner.blink import plan_blink
 from collectx.planner.bounds import bounds, cut_rate, rooted_flow
 from collectx.planner.chunking import chunk_counts, split_chunks
-from collectx.planner.edge_split import LinkIndex, job_graph, simulator_routes
+from collectx.topology.view import LinkIndex, job_graph, simulator_routes
 from collectx.planner.treepack import (min_arborescence, min_spanning_tree,
                                        pack_out_trees, pack_undirected_trees, shallowest)
 from collectx.schedule import simulate, verify
@@ -254,7 +254,7 @@ def test_chunk_count_mip_has_no_wall_clock_limit(monkeypatch):
 
 
 def _packings(name, gpus=None):
-    from collectx.planner.edge_split import LinkIndex, job_graph, simulator_routes
+    from collectx.topology.view import LinkIndex, job_graph, simulator_routes
     from collectx.planner.treepack import pack_balanced_trees, pack_out_trees
     G0 = topo.load(name)
     ranks = tuple(gpus or topo.gpus(G0))

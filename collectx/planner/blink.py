@@ -15,7 +15,7 @@ on sparse allocations (a line of three GPUs: 133 vs 100), and needs no ring, so 
 allocations where none exists.
 
 Tree edges are priced by the route the simulator gives each GPU pair
-(:func:`~.edge_split.simulator_routes`), so the predicted rate is the packing's.
+(:func:`collectx.topology.view.simulator_routes`), so the predicted rate is the packing's.
 
 Where every direct GPU link is a whole number of lanes of one rate (xGMI, NVLink), the LP's
 unequal trees are weighed against equal unit-rate trees (:mod:`~.integral_trees`), each on
@@ -35,7 +35,7 @@ from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
 from ._build import check_args, faster, rate_kept, simulated
-from .edge_split import job_graph, require_connected
+from ..topology.view import job_graph, require_connected
 from .exact_mixes import exact_equal_mixes, exact_rooted_mix
 from .integral_trees import depth_balanced_counts, pack_unit_spanning_trees
 from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,

@@ -5,7 +5,7 @@ All numbers are bus bandwidths (nccl-tests conventions) in GB/s per direction, a
 and NICs stay as relays that forward but never reduce (a CPU's memory may hold a copy that more
 than one GPU reads). A PCIe switch whose GPUs all share direct links with each other does not
 turn traffic around between them (CUDA sends their peer traffic over the direct link; their
-PCIe route climbs to the CPU): :mod:`collectx.planner.turnaround`. With such a switch split,
+PCIe route climbs to the CPU): :mod:`collectx.topology.view`. With such a switch split,
 cuts no longer see every shared link, and the bounds below marked *split* come from the
 multicast LP (:func:`multicast_rate`) instead.
 
@@ -23,7 +23,7 @@ multicast LP (:func:`multicast_rate`) instead.
   allgather at their cut rates ``x_rs``, ``x_ag``: ``busbw = 2(N-1) / (1/x_rs + 1/x_ag)``. The tree optimum is the optimal
   fractional packing of spanning trees used both ways (reduce up, broadcast down;
   Nash-Williams–Tutte), ``busbw = 2(N-1)/N * T``, with relays handled by the relay-path LP of
-  :mod:`collectx.planner.edge_split`. *Ceiling* = ``2(N-1)/N * min over GPU pairs maxflow``:
+  :mod:`collectx.topology.view`. *Ceiling* = ``2(N-1)/N * min over GPU pairs maxflow``:
   every cut between GPUs carries all M bytes, so no algorithm without in-network reduction beats it.
 
 >>> G = nx.DiGraph()
@@ -45,8 +45,8 @@ import scipy.sparse as sp
 from scipy.optimize import linprog
 
 from ..errors import ArgumentError, PlanError
-from .edge_split import LinkIndex, job_gpus, job_graph, require_connected
-from .turnaround import without_turnarounds
+from ..topology.view import LinkIndex, job_gpus, job_graph, require_connected
+from ..topology.view import without_turnarounds
 from .treepack import pack_undirected_trees
 
 KINDS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall")
@@ -293,7 +293,7 @@ def multicast_rate(G: nx.DiGraph, gpus, roots=None) -> float:
 
     Why: the cut bound is the allgather optimum on graphs whose relays pass on what they take
     in (ForestColl's edge splitting), but not once a switch is split into an upward and a
-    downward half (:mod:`.turnaround`): two GPUs relaying to each other through the CPU share
+    downward half (:mod:`collectx.topology.view`): two GPUs relaying to each other through the CPU share
     its uplink, and two GPUs below one switch share its downlink, which no single cut sees.
     Copying at GPUs and CPUs only loosens the problem, so this is still an upper bound.
 
@@ -302,8 +302,8 @@ def multicast_rate(G: nx.DiGraph, gpus, roots=None) -> float:
     switch sends on no more of a root's data than it receives (it copies nothing).
 
     >>> from collectx.topology import load
-    >>> from collectx.planner.edge_split import job_graph
-    >>> from collectx.planner.turnaround import without_turnarounds
+    >>> from collectx.topology.view import job_graph
+    >>> from collectx.topology.view import without_turnarounds
     >>> H = without_turnarounds(job_graph(load("dgx1v"), ["GPU0", "GPU1"]), ["GPU0", "GPU1"])
     >>> round(cut_rate(H, ["GPU0", "GPU1"])[0], 3), round(multicast_rate(H, ["GPU0", "GPU1"]), 3)
     (40.75, 32.875)

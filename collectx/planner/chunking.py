@@ -198,7 +198,7 @@ def equal_units(packing, caps, k: int, loads: "_CopyLoads | None" = None,
     reaches 0.81 of the allreduce reference, five equal copies of four of them 0.94.
 
     >>> from collectx.topology import line
-    >>> from collectx.planner.edge_split import job_graph
+    >>> from collectx.topology.view import job_graph
     >>> from collectx.planner.treesched import pack_both_ways
     >>> gpus = ("GPU0", "GPU1", "GPU2")
     >>> packing, caps = pack_both_ways(job_graph(line(3, bw=100.0), gpus), gpus)
@@ -324,7 +324,7 @@ def equal_unit_mixes(packing, caps, ks, priced=(True, False)) -> list:
     (mixes of up to 28 trees, 7-rank mixes on 512 chunks).
 
     >>> from collectx.topology import line
-    >>> from collectx.planner.edge_split import job_graph
+    >>> from collectx.topology.view import job_graph
     >>> from collectx.planner.treesched import pack_both_ways
     >>> gpus = ("GPU0", "GPU1", "GPU2")
     >>> packing, caps = pack_both_ways(job_graph(line(3, bw=100.0), gpus), gpus)

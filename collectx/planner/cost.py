@@ -9,15 +9,15 @@ reports are one number.
 
 from __future__ import annotations
 
-import heapq
-
 import networkx as nx
 
+from ..errors import TopologyError
 from ..schedule._graph import depths, topo_order
 from ..schedule.ir import Schedule
 # The simulator keeps what it read of the schedules it just ran (critical path, rank pairs):
 # the cost model's usual next question is about one of them.
 from ..schedule.simulate import known_pairs, known_steps, schedule_graph
+from ..topology.paths import widest_path as widest_route
 from .cost_tables import BASE_US, LINK_ORDER, alpha_us
 
 
@@ -118,30 +118,18 @@ def transfer_us(nbytes: int, busbw_GBps: float, factor: float) -> float:
 
 def widest_path(topo: nx.DiGraph, a: str, b: str, avoid: frozenset = frozenset()
                 ) -> tuple[float, str]:
-    """Bottleneck GB/s and worst link class of the widest ``a -> b`` path avoiding ``avoid``.
-
-    Returns ``(0.0, "net")`` when no such path exists.
+    """Bottleneck GB/s and worst link class of the widest ``a -> b`` route avoiding ``avoid``
+    (:func:`collectx.topology.paths.widest_path`); ``(0.0, "net")`` when there is none.
 
     >>> from collectx.topology import line
     >>> widest_path(line(3), "GPU0", "GPU2")
     (25.0, 'nvlink')
     """
-    best: dict[str, tuple[float, int]] = {a: (float("inf"), 0)}
-    heap = [(-float("inf"), 0, a)]
-    while heap:
-        neg, cls, u = heapq.heappop(heap)
-        if u == b:
-            return -neg, LINK_ORDER[cls]
-        if (-neg, cls) != best.get(u):
-            continue
-        for v, data in topo[u].items():
-            if v in avoid and v != b:
-                continue
-            t = data.get("type")
-            c = max(cls, LINK_ORDER.index(t) if t in LINK_ORDER else len(LINK_ORDER) - 1)
-            cand = (min(-neg, data.get("bw_gbps", 0.0)), c)
-            old = best.get(v)
-            if old is None or cand[0] > old[0] or (cand[0] == old[0] and c < old[1]):
-                best[v] = cand
-                heapq.heappush(heap, (-cand[0], c, v))
-    return 0.0, "net"
+    try:
+        route = widest_route(topo, a, b, avoid=avoid - {a, b})
+    except TopologyError:
+        return 0.0, "net"
+    types = [topo.edges[u, v].get("type") for u, v in zip(route.hops, route.hops[1:])]
+    worst = max((LINK_ORDER.index(t) if t in LINK_ORDER else len(LINK_ORDER) - 1
+                 for t in types), default=0)
+    return route.bw_gbps, LINK_ORDER[worst]

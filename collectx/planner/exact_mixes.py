@@ -66,7 +66,7 @@ def exact_equal_mixes(packing: Packing, caps, gpus, at_least: float = 0.0) -> li
     :data:`KEEP` of ``packing``'s rate (module doc) and ``at_least`` GB/s, or ``[]``.
 
     >>> from collectx.topology import line
-    >>> from collectx.planner.edge_split import job_graph
+    >>> from collectx.topology.view import job_graph
     >>> from collectx.planner.treesched import pack_both_ways
     >>> gpus = ("GPU0", "GPU1", "GPU2")
     >>> packing, caps = pack_both_ways(job_graph(line(3, bw=100.0), gpus), gpus)
@@ -89,7 +89,7 @@ def exact_rooted_mix(packing: Packing, caps, gpus, root: int) -> list:
     :func:`~.integral_trees.disjoint_arborescences`.
 
     >>> from collectx.topology import line
-    >>> from collectx.planner.edge_split import job_graph
+    >>> from collectx.topology.view import job_graph
     >>> from collectx.planner.treesched import pack_rooted
     >>> gpus = ("GPU0", "GPU1", "GPU2")
     >>> packing, caps = pack_rooted(job_graph(line(3, bw=100.0), gpus), gpus, ["GPU1"], False)

@@ -41,7 +41,7 @@ from ..schedule.host import stage_through_host
 from ..schedule.ir import Schedule
 from ..topology.paths import widest_path
 from ._build import check_args
-from .turnaround import DIRECT_TYPES
+from ..topology.view import DIRECT_TYPES
 from .ring import SUPPORTED, _default_nchunks, ring_schedule
 from .ring_search import Ring
 

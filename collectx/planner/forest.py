@@ -15,7 +15,7 @@ along its in-trees, then broadcasts it along its out-trees, chunk by chunk (the 
 chunk ``j`` waits only for the reduction of chunk ``j``).
 
 Tree edges are priced by the route the simulator gives each GPU pair (one widest path, see
-:func:`~.edge_split.simulator_routes`), so the schedule's predicted rate is the packing's.
+:func:`collectx.topology.view.simulator_routes`), so the schedule's predicted rate is the packing's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import Ref, Schedule
 from ..schedule.metrics import unit_bytes
 from ._build import check_args, faster, rate_kept, simulated
-from .edge_split import job_graph, require_connected
+from ..topology.view import job_graph, require_connected
 from .switch_trees import tree_shaped
 from .chunking import (chunk_counts, equal_unit_mixes, instruction_budget, largest_remainder,
                        most_kept, runs_by_group, whole_per_tree)

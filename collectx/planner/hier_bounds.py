@@ -30,8 +30,8 @@ import re
 import networkx as nx
 
 from .bounds import _SOURCE, Bounds, _ratio, _start_ratio
-from .edge_split import job_gpus, job_graph
-from .turnaround import without_turnarounds
+from ..topology.view import job_gpus, job_graph
+from ..topology.view import without_turnarounds
 
 _PREFIX = re.compile(r"^n(\d+)/")
 

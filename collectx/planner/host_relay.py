@@ -14,7 +14,7 @@ Two kinds of plan use those PCIe paths, and the faster one (by simulation) wins:
    :func:`~.forest.plan_forest` (allgather, reduce-scatter, allreduce) and
    :func:`~.blink.plan_blink` (broadcast, reduce) are offered, for every GPU pair joined by a
    direct link, a second route: staged through the sender's host memory
-   (:func:`~.edge_split.host_routes`). The LP then mixes NVLink and PCIe freely per tree edge,
+   (:func:`collectx.topology.view.host_routes`). The LP then mixes NVLink and PCIe freely per tree edge,
    and on sampled DGX-1V allocations its rate is the bound itself. Edges that took the host
    route are staged (:meth:`~.treesched.TreeEmitter.staged`) on lanes of their own, so a
    PCIe-paced transfer never queues with NVLink ones. Where those trees stay below
@@ -70,8 +70,8 @@ from ..schedule.host import stage_through_host
 from ..schedule.ir import Schedule
 from ..schedule.metrics import unit_bytes
 from ..schedule.split import join_shares, pipeline, refine
-from .turnaround import DIRECT_TYPES, all_direct, pcie_levels
-from .edge_split import job_graph
+from ..topology.view import DIRECT_TYPES, all_direct, pcie_levels
+from ..topology.view import job_graph
 
 MIN_BYTES = 1 << 20       # below this the extra latency of a staged hop outweighs the bandwidth
 RELAY_GATE = 0.97         # a plan this close to its bound needs no relay

@@ -376,7 +376,7 @@ def pack_unit_spanning_trees(G, ranks) -> Packing | None:
     """As many unit-rate spanning trees used both ways (Blink allreduce) as
     :func:`spanning_unit_trees` finds, each grown from another GPU, priced by simulator routes;
     None when the direct links are not whole lanes or no tree fits."""
-    from .edge_split import LinkIndex, simulator_routes
+    from ..topology.view import LinkIndex, simulator_routes
     index = LinkIndex.of(G)
     routes = simulator_routes(G, index, ranks)
     gpus = tuple(ranks)

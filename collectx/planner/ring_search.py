@@ -21,7 +21,6 @@ Hamiltonian search bounded by :data:`SEARCH_BUDGET` expansions per threshold.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections import Counter
 
 import networkx as nx
@@ -202,27 +201,8 @@ def _hamiltonian(n: int, hop_bw: dict[tuple[int, int], float]) -> tuple[int, ...
 
 def _widest(topo, residual, a, b, avoid) -> tuple[float, tuple[str, ...]]:
     """Widest ``a -> b`` path in the residual graph, fewest hops among equally wide ones."""
-    best = {a: (float("inf"), 0)}
-    prev: dict[str, str] = {}
-    heap = [(-float("inf"), 0, a)]
-    while heap:
-        neg, hops, u = heapq.heappop(heap)
-        if (-neg, hops) != best.get(u):
-            continue
-        if u == b:
-            route = [b]
-            while route[-1] != a:
-                route.append(prev[route[-1]])
-            return -neg, tuple(reversed(route))
-        for v in topo[u]:
-            if v in avoid and v != b:
-                continue
-            cand = (min(-neg, residual[u, v]), hops + 1)
-            if cand[0] <= _EPS:
-                continue
-            old = best.get(v)
-            if old is None or cand[0] > old[0] + _EPS or (abs(cand[0] - old[0]) <= _EPS
-                                                          and cand[1] < old[1]):
-                best[v], prev[v] = cand, u
-                heapq.heappush(heap, (-cand[0], cand[1], v))
-    return 0.0, ()
+    try:
+        found = widest_path(topo, a, b, widths=residual, avoid=avoid - {a, b})
+    except TopologyError:
+        return 0.0, ()
+    return (found.bw_gbps, found.hops) if found.bw_gbps > _EPS else (0.0, ())

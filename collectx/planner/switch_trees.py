@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .edge_split import LinkIndex
+from ..topology.view import LinkIndex
 from .treepack import Packing, Tree, _top_down
 
 
@@ -69,12 +69,12 @@ def pack_switch_trees(index: LinkIndex, gpus, roots, routes: dict,
                    balanced=True)
 
 
-def tree_shaped(G, gpus) -> bool:   # G: a job graph (see edge_split.job_graph)
+def tree_shaped(G, gpus) -> bool:   # G: a job graph (see collectx.topology.view.job_graph)
     """Whether :func:`pack_switch_trees` applies to the job graph ``G``: every GPU on one
     relay, the relays a tree.
 
     >>> import collectx.topology as T
-    >>> from collectx.planner.edge_split import job_graph
+    >>> from collectx.topology.view import job_graph
     >>> G = T.load("pcie_gen4_8gpu")
     >>> R = T.ring(4)
     >>> tree_shaped(job_graph(G, T.gpus(G)), T.gpus(G)), tree_shaped(job_graph(R, T.gpus(R)), T.gpus(R))

@@ -4,7 +4,7 @@ How it works
 ------------
 A *column* is one GPU tree: an out-arborescence from a root GPU (broadcast, allgather forests), or
 an undirected spanning tree used both ways (Blink allreduce: reduce up, broadcast down). Each tree
-edge is a relay path (see :mod:`collectx.planner.edge_split`), so a column uses a multiset of
+edge is a relay path (see :mod:`collectx.topology.view`), so a column uses a multiset of
 directed links. Columns are grouped (one group per root for ForestColl forests); the LP is
 
     maximize x   s.t.   sum_{k in group g} lam_k = x  (every g),   sum_k lam_k * use_k(e) <= cap(e)
@@ -27,7 +27,7 @@ import scipy.sparse as sp
 from scipy.optimize import linprog
 
 from ..errors import NoFeasiblePlan, PlanError
-from .edge_split import LinkIndex, relay_paths
+from ..topology.view import LinkIndex, relay_paths
 
 _MAX_ROUNDS = 400
 VARIANTS = 3         # extra pricing passes per LP solve
@@ -213,7 +213,7 @@ def pack_out_trees(index: LinkIndex, gpus, roots, routes: dict | None = None,
 
     One root gives Blink's broadcast packing (rate = min over v of maxflow(root -> v)); all
     GPUs as roots give a ForestColl allgather forest (rate = the cut bound). ``routes`` fixes
-    the links of each GPU pair (see :func:`~.edge_split.simulator_routes`); by default each tree
+    the links of each GPU pair (see :func:`collectx.topology.view.simulator_routes`); by default each tree
     edge takes the cheapest relay path. ``alternatives`` offers second routes for some pairs
     (see :func:`_edge_costs`). ``lean``: of the optimal packings over the trees found, the one
     that loads the links least (see :func:`_lean`).
@@ -251,7 +251,7 @@ def pack_undirected_trees(index: LinkIndex, gpus, routes: dict | None = None,
     The tree of each column is rooted at its centre to keep pipelines short. Without
     ``routes`` a tree edge takes a relay path and its reverse (with ``either_way``, the
     cheapest path each way, which need not be reverses: a split PCIe switch climbs through its
-    upward half and descends through its downward one, :mod:`.turnaround`); with ``routes``
+    upward half and descends through its downward one, :mod:`collectx.topology.view`); with ``routes``
     edge ``{u, t}`` uses ``routes[u, t]`` one way and ``routes[t, u]`` the other, or each way
     the cheaper of that and its ``alternatives`` route (see :func:`_edge_costs`).
     """
@@ -310,7 +310,7 @@ def _took_alternative(edges, path: dict, alternatives: dict | None) -> tuple:
 def _edge_costs(index, gpus, y, routes, alternatives=None) -> tuple[dict, dict]:
     """Price of every tree edge under link prices ``y``, and the path it takes: its route, or
     where ``alternatives`` offers a second route for the pair (staged through host memory,
-    :func:`~.edge_split.host_routes`), the cheaper of the two. Trees record the path each
+    :func:`collectx.topology.view.host_routes`), the cheaper of the two. Trees record the path each
     edge took, so different trees may move one pair's data by different routes."""
     if routes is None:
         return relay_paths(index, gpus, y)
@@ -450,7 +450,7 @@ def shallowest(packing: Packing, caps) -> Packing:
     0.93 to 0.95 of the bound.
 
     >>> from collectx.topology import line
-    >>> from collectx.planner.edge_split import job_graph, simulator_routes
+    >>> from collectx.topology.view import job_graph, simulator_routes
     >>> gpus = ("GPU0", "GPU1", "GPU2")
     >>> G = job_graph(line(3, bw=100.0), gpus)
     >>> index = LinkIndex.of(G)

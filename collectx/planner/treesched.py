@@ -29,7 +29,7 @@ import networkx as nx
 from .._native import compiled_helper
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import MAX_LANES, Dep, Instr, Ref   # more lane keys than MAX_LANES share lanes
-from .edge_split import LinkIndex, host_routes, simulator_routes
+from ..topology.view import LinkIndex, host_routes, simulator_routes
 from .integral_trees import pack_unit_trees
 from .switch_trees import pack_switch_trees
 from .treepack import (Packing, pack_balanced_trees, pack_out_trees, pack_relay_trees,
@@ -435,7 +435,7 @@ def pack_rooted(G: nx.DiGraph, ranks, roots, reverse: bool,
     Returns the packing and the link capacities its paths index (of the reversed graph for
     in-trees, whose packing runs on the reversed graph). ``host`` also offers every GPU pair
     joined by a direct link (with ``host="any"``, every GPU pair) its route staged through
-    host memory (:func:`~.edge_split.host_routes`); the trees then mark the edges that take
+    host memory (:func:`collectx.topology.view.host_routes`); the trees then mark the edges that take
     it (``Tree.staged``), and the LP's forest is kept as it is: by default its least loaded
     optimum (``lean``, :func:`~.treepack.pack_out_trees`), else the LP's vertex. Without
     ``host``: one equal-rate tree per root where that keeps the LP's rate, else the LP's

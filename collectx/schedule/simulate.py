@@ -28,7 +28,7 @@ import numpy as np
 from .._gc import paused
 from ..errors import ArgumentError
 from ._graph import build_graph
-from ._routes import Routes, routes_for
+from ._routes import Routes, route_classes, routes_for
 from ._flat import flat_tasks, instruction_flows
 from ._taskloop import TaskGraph, native_available, run as run_tasks, run_arrays
 from .engine_steps import engine_groups, span_ratio
@@ -131,18 +131,18 @@ def _simulate(s: Schedule, nodes: list, routes, nbytes: int, dtype_size: int,
         if native is not False and native_available() else None
     if flat is not None:
         time_us, order = run_arrays(flat.arrays, flat.ntasks, flat.ntasks, routes.capacity,
-                                    routes.classes)
+                                    route_classes(routes))
         if len(order) < flat.ntasks:
             _check_all_ran(schedule_graph(s), set(order), range(flat.ntasks))
         a = flat.arrays
         class_bytes = np.bincount(a["part_class"], weights=a["part_bytes"],
-                                  minlength=len(routes.classes.links)).tolist()
+                                  minlength=len(route_classes(routes).links)).tolist()
         longest, pairs = flat.longest, flat.pairs
     else:
         time_us, class_bytes = _simulate_graph(s, nodes, hosts, routes, parts, run_bytes,
                                                native)
         longest, pairs = -1, None
-    result = _result(s, nbytes, time_us, routes, _link_bytes(class_bytes, routes.classes))
+    result = _result(s, nbytes, time_us, routes, _link_bytes(class_bytes, route_classes(routes)))
     return result, longest, pairs
 
 
@@ -160,9 +160,9 @@ def _simulate_graph(s: Schedule, nodes, hosts, routes, parts, run_bytes, native)
 
     g = schedule_graph(s)
     tg = _task_graph(g, engine_groups(s, g), parts, nodes, hosts, size)
-    time_us, order = run_tasks(tg, routes.capacity, routes.classes, native=native)
+    time_us, order = run_tasks(tg, routes.capacity, route_classes(routes), native=native)
     _check_all_ran(g, set(order), tg.node_task)
-    class_bytes = [0.0] * len(routes.classes.links)
+    class_bytes = [0.0] * len(route_classes(routes).links)
     for task_parts in tg.parts:   # task order, as np.bincount sums the flat arrays
         for nb, cls, _ in task_parts:
             class_bytes[cls] += nb
@@ -309,7 +309,7 @@ def _task_graph(g, groups, parts, nodes: list, hosts: list, size) -> TaskGraph:
 
 
 def _parts(routes: Routes, a, b) -> list[tuple[float, int, float]]:
-    of = routes.classes.class_of
+    of = route_classes(routes).class_of
     return [(share, of(route), lat) for route, lat, share in routes.spread(a, b)]
 
 

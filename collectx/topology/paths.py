@@ -82,10 +82,13 @@ class _Links:
     """The graph's out-links, prepared once per query: (next node, GB/s, link type, next kind),
     in natural order so that ties between equal routes break the same way every time."""
 
-    def __init__(self, G: nx.DiGraph) -> None:
+    def __init__(self, G: nx.DiGraph, widths: dict | None = None,
+                 avoid: frozenset = frozenset()) -> None:
         self.kind = dict(G.nodes(data="kind"))
+        self.avoid = avoid      # nodes a route may end at but not pass through
+        widths = widths or {}
         self.out = {
-            n: [(m, d["bw_gbps"], d["type"], self.kind.get(m))
+            n: [(m, widths.get((n, m), d["bw_gbps"]), d["type"], self.kind.get(m))
                 for m, d in sorted(G[n].items(), key=lambda item: natural_key(item[0]))]
             for n in G}
 
@@ -133,6 +136,8 @@ def _widest_bottlenecks(L: _Links, src: str) -> dict[str, float]:
         if bw < best_state.get((node, arrived), 0.0):
             continue
         best_node[node] = max(best_node.get(node, 0.0), bw)
+        if node in L.avoid and node != src:
+            continue
         for nxt, link_bw, link_type, nxt_kind in L.out[node]:
             tag = L.step(node, arrived, link_type, nxt_kind)
             if tag is None:
@@ -155,6 +160,8 @@ def _fewest_hops(L: _Links, src: str, targets: set[str], width: float) -> dict[s
         node, arrived = state = queue.popleft()
         if node in targets and node not in found:
             found[node] = _unwind(parent, state)
+        if node in L.avoid and node != src:
+            continue
         for nxt, link_bw, link_type, nxt_kind in L.out[node]:
             tag = L.step(node, arrived, link_type, nxt_kind) if link_bw >= width else None
             nxt_state = (nxt, tag)
@@ -215,20 +222,29 @@ def _paths_from(G: nx.DiGraph, L: _Links, src: str, targets: list[str]) -> dict[
     return out
 
 
-def widest_path(G: nx.DiGraph, a: str, b: str) -> Path:
+def widest_path(G: nx.DiGraph, a: str, b: str, *, widths: dict | None = None,
+                avoid=()) -> Path:
     """The widest route from ``a`` to ``b`` (fewest hops among equally wide ones).
+
+    ``widths`` overrides some links' bandwidth (``{(u, v): GB/s}``; a route never takes a link
+    of width 0: a planner's residual capacities), and the route passes through no node of
+    ``avoid`` (it may end at one).
 
     Raises
     ------
     TopologyError
         If a node is unknown or ``b`` cannot be reached from ``a``.
+
+    >>> from collectx.topology import ring
+    >>> widest_path(ring(4), "GPU0", "GPU2", avoid={"GPU1"}).hops
+    ('GPU0', 'GPU3', 'GPU2')
     """
     for end in (a, b):
         if end not in G:
             raise TopologyError(f"{end!r} is not a node of {G.graph.get('name', 'the topology')!r}")
     if a == b:
         return Path(PathClass.LOC, float("inf"), (a,))
-    found = _paths_from(G, _Links(G), a, [b])
+    found = _paths_from(G, _Links(G, widths, frozenset(avoid)), a, [b])
     if b not in found:
         raise TopologyError(f"no route from {a} to {b}: the topology is disconnected there")
     return found[b]

@@ -1,0 +1,269 @@
+"""Which links a transfer between two nodes crosses: the paths stage every consumer of routes
+shares (the planner prices tree edges by them, the simulator runs flows over them), computed
+once per topology content.
+
+A remote transfer uses the direct link between two nodes if there is one, else the widest route
+(fewest hops among equally wide ones; :func:`collectx.topology.paths.widest_path`, which also
+knows which GPUs may relay). A rank-local
+copy uses the node's own memory, a resource named ``("local", node)`` whose bandwidth is the
+node's ``mem_bw_gbps`` attribute, else a default by device: a GPU device-to-device copy reads
+and writes HBM, so about half of V100/A100 peak (~900-2000 GB/s) -> 1000 GB/s; one CPU core
+copying memory gets about 10 GB/s.
+
+A rank's ``host`` buffer lives on its *host node* (:meth:`Routes.host_of`): the CPU its PCIe
+path reaches, so staging a chunk there costs PCIe up to that CPU and, for a reader on the other
+socket, the inter-socket link too. A rank without a CPU in the graph (CPU ranks, toy fabrics) is
+its own host node: its host buffer is local memory.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from ..errors import TopologyError
+from .model import DEFAULT_LATENCY_US
+
+LOCAL_BW_GBPS = {"gpu": 1000.0, "cpu": 10.0}
+SWITCH_KINDS = ("nvswitch",)
+_FALLBACK_LATENCY_US = 1.0
+
+_CACHE: dict = {}
+_CACHE_LIMIT = 32
+
+
+class Routes:
+    """Resource table (directed links plus per-node local memory) and a route cache.
+
+    ``capacity[i]`` is in bytes per microsecond; ``names[i]`` is ``(u, v)`` for a link or
+    ``("local", node)`` for a node's memory.
+    """
+
+    def __init__(self, topo: nx.DiGraph, local_bw_gbps: float | None):
+        self.topo = topo
+        self.local_bw_gbps = local_bw_gbps
+        self.capacity: list[float] = []
+        self.names: list[tuple] = []
+        self._index: dict[tuple, int] = {}
+        self._routes: dict[tuple, tuple[tuple[int, ...], float]] = {}
+        self._parts: dict | None = None
+        self.attached: dict = {}   # state users keep with the routes (the simulator's shares)
+        for u, v, bw in topo.edges(data="bw_gbps"):
+            self._resource((u, v), bw)
+        for node in topo.nodes:  # every resource exists up front: the flow loop sizes on them
+            self._resource(("local", node), self._local_bw(node))
+
+    def _resource(self, key: tuple, bw_gbps: float) -> int:
+        if not isinstance(bw_gbps, (int, float)) or not bw_gbps > 0:
+            raise TopologyError(f"{key[0]}->{key[1]} has bw_gbps={bw_gbps!r}; expected a "
+                                "positive GB/s per direction on every link (and mem_bw_gbps "
+                                "on nodes, if set)")
+        if key not in self._index:
+            self._index[key] = len(self.names)
+            self.names.append(key)
+            self.capacity.append(float(bw_gbps) * 1e3)  # GB/s -> bytes per microsecond
+        return self._index[key]
+
+    def host_of(self, node):
+        """The CPU node whose memory holds ``node``'s ``host`` buffer: the CPU with the fewest
+        hops from it through PCIe switches (never through another GPU), ties by name; the
+        node itself when no CPU is reachable that way.
+
+        >>> from collectx.topology import load
+        >>> routes_for(load("dgx1v")).host_of("GPU5")
+        'CPU1'
+        """
+        key = ("host", node)
+        if key not in self._routes:
+            self._routes[key] = _nearest_cpu(self.topo, node)
+        return self._routes[key]
+
+    def route(self, a, b) -> tuple[tuple[int, ...], float]:
+        """(resource ids, summed latency in us) for a transfer from node ``a`` to node ``b``."""
+        key = (a, b)
+        if key not in self._routes:
+            self._routes[key] = self._local(a) if a == b else self._remote(a, b)
+        return self._routes[key]
+
+    def spread(self, a, b) -> tuple[tuple[tuple[int, ...], float, float], ...]:
+        """How a transfer from ``a`` to ``b`` splits over routes: (resources, latency, share).
+
+        Switch fabrics (NVSwitch planes) stripe every GPU-to-GPU transfer over all the switches
+        the two GPUs share, so such a pair gets its max-flow through the switches, not one
+        switch's bandwidth; elsewhere a transfer takes its single route (:meth:`route`).
+        """
+        key = ("spread", a, b)
+        if key not in self._routes:
+            self._routes[key] = self._striped(a, b) or ((*self.route(a, b), 1.0),)
+        return self._routes[key]
+
+    def _striped(self, a, b):
+        if a == b or self.topo.has_edge(a, b):
+            return None
+        region = self._region(a, b)
+        fabric = [n for n, k in region.nodes(data="kind") if k in SWITCH_KINDS]
+        if not fabric:
+            return None
+        sub = region.subgraph([a, b, *fabric])
+        if not (sub.has_node(a) and sub.out_degree(a) and sub.in_degree(b)):
+            return None
+        value, flow = nx.maximum_flow(sub, a, b, capacity="bw_gbps")
+        single = self.route(a, b)
+        if value <= min(self.capacity[i] for i in single[0]) / 1e3 * (1 + 1e-9):
+            return None
+        return tuple((tuple(self._index[e] for e in zip(hops, hops[1:])),
+                      sum(_latency(self.topo.edges[e]) for e in zip(hops, hops[1:])), amount / value)
+                     for hops, amount in _decompose(flow, a, b))
+
+    def _local_bw(self, node) -> float:
+        data = self.topo.nodes[node]
+        return self.local_bw_gbps or data.get("mem_bw_gbps") or LOCAL_BW_GBPS.get(
+            data.get("device", "gpu"), LOCAL_BW_GBPS["gpu"])
+
+    def _region(self, a, b) -> nx.DiGraph:
+        """The subgraph a route from ``a`` to ``b`` may take: on a multi-node cluster, the two
+        ends' machines plus the network (traffic between machines never relays through a third
+        machine's GPUs, and traffic inside a machine never leaves it, as in NCCL); else all.
+
+        Searching that region instead of the whole cluster keeps routes of a 128-GPU cluster
+        to milliseconds each.
+        """
+        if self._parts is None:
+            parts = _machine_parts(self.topo)
+            self._parts = parts if len(set(parts.values())) > 1 else {}
+        pa, pb = self._parts.get(a), self._parts.get(b)
+        if pa is None or pb is None:
+            return self.topo
+        key = ("region", *sorted((pa, pb)))
+        if key not in self._routes:
+            keep = [n for n, p in self._parts.items() if p in (pa, pb)] if pa == pb else [
+                n for n in self.topo if self._parts.get(n, pa) in (pa, pb)]
+            self._routes[key] = self.topo.subgraph(keep).copy()
+        return self._routes[key]
+
+    def _host_region(self, a, b) -> nx.DiGraph | None:
+        """For a transfer between a GPU and host memory (a CPU node): the graph without the
+        other GPUs, since staging through host memory never relays through a GPU. None for
+        transfers between two GPUs."""
+        kinds = self.topo.nodes
+        if kinds[a].get("kind") == "gpu" and kinds[b].get("kind") == "gpu":
+            return None
+        key = ("host region", a, b)
+        if key not in self._routes:
+            region = self._region(a, b)
+            self._routes[key] = region.subgraph(
+                n for n in region if n in (a, b) or region.nodes[n].get("kind") != "gpu").copy()
+        return self._routes[key]
+
+    def _local(self, node) -> tuple[tuple[int, ...], float]:
+        return (self._index[("local", node)],), 0.0
+
+    def _remote(self, a, b) -> tuple[tuple[int, ...], float]:
+        # A direct link is what a peer-to-peer copy uses, even where a wider detour exists
+        # (DGX-1: GPU0-GPU1 is one NVLink, GPU0-GPU3-GPU2-GPU1 are doubled ones).
+        hops = (a, b) if self.topo.has_edge(a, b) else self._widest_hops(self._host_region(a, b)
+                                                                         or self._region(a, b), a, b)
+        links = tuple(self._index[(u, v)] for u, v in zip(hops, hops[1:]))
+        latency = sum(_latency(self.topo.edges[u, v]) for u, v in zip(hops, hops[1:]))
+        return links, latency
+
+    def _widest_hops(self, region: nx.DiGraph, a, b) -> tuple:
+        """``widest_path(region, a, b).hops``, preparing the region's links once and the
+        bottleneck widths once per source (a 16-GPU switch machine asks 240 pairs; preparing
+        the sorted adjacency per pair was half of routing it)."""
+        from .paths import _fewest_hops, _Links, _widest_bottlenecks, widest_path
+
+        key = ("widths", id(region), a)
+        if key not in self._routes:
+            lkey = ("links", id(region))
+            if lkey not in self._routes:   # the region is kept alive by its own cache entry
+                self._routes[lkey] = (region, _Links(region))
+            links = self._routes[lkey][1]
+            self._routes[key] = (links, _widest_bottlenecks(links, a))
+        links, widths = self._routes[key]
+        if b not in widths:    # unreachable: widest_path raises the error that says so
+            return widest_path(region, a, b).hops
+        return _fewest_hops(links, a, {b}, widths[b])[b]
+
+
+def _nearest_cpu(topo: nx.DiGraph, node):
+    if topo.nodes[node].get("kind") == "cpu":
+        return node
+    seen, frontier = {node}, [node]
+    while frontier:
+        cpus = sorted((n for n in frontier if topo.nodes[n].get("kind") == "cpu"), key=str)
+        if cpus:
+            return cpus[0]
+        nxt = []
+        for u in frontier:
+            for v in topo.successors(u):
+                # GPUs do not forward PCIe traffic, and host staging never crosses NVLink.
+                if v not in seen and topo.nodes[v].get("kind") != "gpu" and \
+                        topo.edges[u, v].get("type") not in ("nvlink", "xgmi", "net"):
+                    seen.add(v)
+                    nxt.append(v)
+        frontier = nxt
+    return node
+
+
+def _decompose(flow: dict, a, b) -> list[tuple[list, float]]:
+    """Split an a->b flow (networkx ``maximum_flow`` dict) into paths with their amounts."""
+    left = {u: {v: f for v, f in out.items() if f > 1e-12} for u, out in flow.items()}
+    found = []
+    while left.get(a):
+        hops, node = [a], a
+        while node != b:
+            node = max(left[node], key=left[node].get)
+            hops.append(node)
+            if len(hops) > len(left) + 1:  # a cycle of leftover flow: nothing more to route
+                return found
+        amount = min(left[u][v] for u, v in zip(hops, hops[1:]))
+        for u, v in zip(hops, hops[1:]):
+            left[u][v] -= amount
+            if left[u][v] <= 1e-12:
+                del left[u][v]
+        found.append((hops, amount))
+    return found
+
+
+def _latency(edge: dict) -> float:
+    lat = edge.get("latency_us")
+    if lat is None:
+        lat = DEFAULT_LATENCY_US.get(edge.get("type"), _FALLBACK_LATENCY_US)
+    return float(lat)
+
+
+def _machine_parts(topo: nx.DiGraph) -> dict:
+    """Node -> machine index: the parts left once ``net`` links and net switches are removed
+    (network switches map to no machine)."""
+    local = nx.Graph()
+    local.add_nodes_from(n for n, k in topo.nodes(data="kind") if k != "net_switch")
+    local.add_edges_from((u, v) for u, v, t in topo.edges(data="type")
+                         if t != "net" and u in local and v in local)
+    return {n: i for i, part in enumerate(nx.connected_components(local)) for n in part}
+
+
+def routes_for(topo: nx.DiGraph, local_bw_gbps: float | None = None) -> Routes:
+    """The :class:`Routes` of ``topo``, shared by every graph with the same routing content.
+
+    Planning routes one allocation several times over different graph objects (the planner's
+    view, the job graph of the tree packings, ring search), and striping a transfer over switch
+    planes costs a max-flow per GPU pair: the table is keyed by what routes depend on (node
+    kinds and memories, links with their bandwidth, type and latency, in graph order), so
+    equal graphs share it and an edited graph gets a fresh one.
+    """
+    key = (local_bw_gbps, _fingerprint(topo))
+    routes = _CACHE.get(key)
+    if routes is None:
+        if len(_CACHE) >= _CACHE_LIMIT:
+            _CACHE.clear()
+        # A copy: routes are computed lazily, and the caller may edit its graph afterwards.
+        routes = _CACHE[key] = Routes(topo.copy(), local_bw_gbps)
+    return routes
+
+
+def _fingerprint(topo: nx.DiGraph) -> tuple:
+    nodes = tuple((n, d.get("kind"), d.get("device"), d.get("mem_bw_gbps"))
+                  for n, d in topo.nodes(data=True))
+    edges = tuple((u, v, d.get("bw_gbps"), d.get("type"), d.get("latency_us"))
+                  for u, v, d in topo.edges(data=True))
+    return nodes, edges

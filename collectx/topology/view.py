@@ -1,0 +1,382 @@
+"""The job's view of a machine: its GPUs, the links between them, and how transfers cross them.
+
+Like NCCL's paths stage, this is computed once per allocation and read by the planner and the
+bounds alike:
+
+* :func:`job_graph` -- the topology without the GPUs outside the job (they belong to other
+  jobs and never relay), every link with its capacity ``cap``;
+* :class:`LinkIndex` -- numbered directed links (the rows of packing LPs);
+* :func:`simulator_routes` and :func:`host_routes` -- the links a transfer between two of the
+  job's GPUs crosses, as a peer copy (exactly the simulator's routes) or staged through the
+  sender's host memory;
+* :func:`relay_paths` -- cheapest paths through relays (switches, CPUs, NICs) under link prices;
+* :func:`without_turnarounds` -- PCIe switches split where they cannot turn traffic around
+  between the job's GPUs (the rule below).
+
+Relays and edge splitting
+-------------------------
+Packings are built over the job's GPUs only. Relays forward data but never copy or reduce it,
+so a tree edge ``u -> t`` between two GPUs stands for a *path* whose inner nodes are relays.
+ForestColl removes relays by edge splitting (Lovász/Mader, Bang-Jensen–Frank–Jackson); collectx
+uses the equivalent LP formulation instead: a column of a packing LP is a GPU tree whose every
+edge carries the relay path it takes, and link capacities are the LP rows.
+
+Turnarounds
+-----------
+PCIe switches that cannot turn traffic around between their GPUs, for the bounds.
+
+Why: a PCIe switch forwards a peer-to-peer transfer from one GPU below it to another without
+involving the CPU, and the cut bounds count that route. But CUDA sends peer traffic between two
+GPUs that share an NVLink (or xGMI) link over that link, always: there is no way to ask for
+PCIe instead. So when every pair of the job's GPUs below a switch shares a direct link (each
+PCIe switch of a DGX-1 holds two GPUs joined by NVLink), their PCIe bandwidth is reachable only
+through host memory: up through the switch to the CPU and back down, and the switch's uplink
+carries such a relay in both directions. A bound that counts the turn inside the switch is
+larger than anything the hardware can run (GPUs 0 and 1 of a DGX-1V: 40.75 GB/s counted,
+25 + 15.75/2 reachable).
+
+How it works: :func:`without_turnarounds` splits each such switch into an upward half (the links
+from below, and the uplink) and a downward half (the downlink, and the links to below), so a
+route entering from a GPU can only leave upwards. A NIC hanging off such a switch with no other
+link (one machine's graph) carries nothing between GPUs and would only let a route turn through
+it, so it is left out; a switch whose NIC leads elsewhere (several machines) is not split, so
+GPUDirect routes to the network keep their turn. Switches with a GPU pair below them that shares
+no direct link keep the turn too (PCIe peer-to-peer is how those two talk). The result is still
+an upper bound on every schedule: a GPU pair that shares a direct link has no other way to use
+the switch, and the split never adds capacity on a route that existed.
+
+>>> from collectx.topology import load
+>>> G = load("dgx1v")
+>>> H = without_turnarounds(job_graph(G, ["GPU0", "GPU1"]), ["GPU0", "GPU1"])
+>>> sorted(n for n in H if str(n).startswith("PLX0"))
+['PLX0~dn', 'PLX0~up']
+>>> H.has_edge("GPU0", "PLX0~up") and H.has_edge("PLX0~dn", "GPU1")
+True
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+import networkx as nx
+
+from ..errors import ArgumentError, TopologyError
+from .model import natural_key
+from .routes import routes_for
+
+_HOP_EPS = 1e-9   # tie-break: among equal-price paths prefer fewer hops
+
+
+def job_gpus(topo: nx.DiGraph, gpus=None) -> tuple:
+    """The job's GPUs: ``gpus`` as given, or every ``kind == "gpu"`` node in natural order.
+
+    >>> G = nx.DiGraph(); G.add_nodes_from(["GPU1", "GPU0"], kind="gpu")
+    >>> job_gpus(G)
+    ('GPU0', 'GPU1')
+    """
+    if gpus is None:
+        return tuple(sorted((n for n, d in topo.nodes(data=True) if d.get("kind") == "gpu"),
+                            key=natural_key))
+    gpus = tuple(gpus)
+    for g in gpus:
+        if g not in topo or topo.nodes[g].get("kind") != "gpu":
+            raise ArgumentError(f"{g!r} is not a GPU of this topology; expected one of "
+                                f"{job_gpus(topo)}; pass GPU node ids")
+    if len(set(gpus)) != len(gpus):
+        raise ArgumentError(f"gpus {gpus} repeat a GPU; list each GPU once")
+    return gpus
+
+
+def job_graph(topo: nx.DiGraph, gpus) -> nx.DiGraph:
+    """Copy of ``topo`` without the GPUs outside ``gpus``; each edge gets ``cap`` (GB/s).
+
+    ``topo`` is not modified. Edges without ``bw_gbps`` or with a non-positive one are dropped.
+    """
+    keep = set(gpus)
+    G = nx.DiGraph(**topo.graph)
+    for n, d in topo.nodes(data=True):
+        if d.get("kind") != "gpu" or n in keep:
+            G.add_node(n, **{**d, "kind": d.get("kind", "relay")})
+    for u, v, d in topo.edges(data=True):
+        cap = float(d.get("bw_gbps", 0.0) or 0.0)
+        if cap > 0 and u in G and v in G:
+            G.add_edge(u, v, **{**d, "cap": cap})
+    return G
+
+
+@dataclass(frozen=True)
+class LinkIndex:
+    """Numbered directed links of a job graph (LP rows) and per-node adjacency."""
+
+    nodes: tuple
+    links: tuple            # (u, v) per link id
+    caps: tuple             # GB/s per link id
+    out: dict               # node -> tuple of (link id, head)
+    rev: tuple              # link id of the reverse direction, or -1
+    ids: dict               # (u, v) -> link id
+
+    @classmethod
+    def of(cls, G: nx.DiGraph) -> "LinkIndex":
+        links = tuple(G.edges())
+        ids = {e: i for i, e in enumerate(links)}
+        out: dict = {n: [] for n in G.nodes}
+        for i, (u, v) in enumerate(links):
+            out[u].append((i, v))
+        return cls(nodes=tuple(G.nodes), links=links,
+                   caps=tuple(G.edges[e]["cap"] for e in links),
+                   out={n: tuple(a) for n, a in out.items()},
+                   rev=tuple(ids.get((v, u), -1) for u, v in links), ids=ids)
+
+
+def relay_paths(index: LinkIndex, gpus, weight) -> tuple[dict, dict]:
+    """Cheapest path between every ordered GPU pair whose inner nodes are relays.
+
+    Parameters
+    ----------
+    index : LinkIndex
+    gpus : sequence of GPU node ids (the terminals; no other GPU is in the graph)
+    weight : sequence of float, the non-negative price of each link id
+
+    Returns
+    -------
+    (cost, path) : dicts keyed by ``(u, t)``; ``path`` is a tuple of ``(link id, 1.0)`` (the
+    same form as :func:`simulator_routes`), ``cost`` its price. Pairs without a path are absent.
+    """
+    terminals = set(gpus)
+    cost, path = {}, {}
+    for src in gpus:
+        dist = {src: 0.0}
+        via: dict = {}
+        heap = [(0.0, 0, src)]
+        while heap:
+            d, hops, n = heapq.heappop(heap)
+            if d > dist.get(n, float("inf")):
+                continue
+            if n != src and n in terminals:
+                continue   # a GPU ends a logical edge; it never forwards inside one
+            for link, head in index.out[n]:
+                nd = d + weight[link] + _HOP_EPS
+                if nd < dist.get(head, float("inf")):
+                    dist[head] = nd
+                    via[head] = link
+                    heapq.heappush(heap, (nd, hops + 1, head))
+        for t in gpus:
+            if t != src and t in dist:
+                cost[src, t] = dist[t]
+                path[src, t] = tuple((link, 1.0) for link in _walk_back(index, via, src, t))
+    return cost, path
+
+
+def simulator_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False) -> dict:
+    """The links each ordered GPU pair's transfer crosses, as the simulator routes it.
+
+    Returns ``{(a, b): ((link id, share), ...)}``: :func:`collectx.schedule.simulate` sends a
+    transfer over a direct link, else its widest route, striped over NVSwitch planes in
+    proportion to the pair's max-flow, so packings that must come true there price each tree
+    edge by those shares instead of choosing relay paths freely. The simulator's own route table is asked, so the two cannot drift apart.
+    With ``reverse``, ``index`` numbers the reversed graph and ``(p, c)`` maps to the reversed
+    route of ``c -> p`` (in-trees packed as out-trees of the reversed graph).
+    """
+    table = routes_for(G)
+    stripes = {(a, b): [([table.names[r] for r in res], share)
+                        for res, _, share in table.spread(a, b)]
+               for a in gpus for b in gpus if a != b}
+    # A tree edge whose route crosses another job GPU adds nothing a tree through that GPU
+    # lacks, and makes the pricing degenerate (a ring's overlay becomes a complete graph).
+    terminals = set(gpus)
+    direct = {k: h for k, h in stripes.items()
+              if not any(v in terminals for hops, _ in h for _, v in hops[:-1])}
+    overlay = nx.DiGraph(list(direct))
+    overlay.add_nodes_from(gpus)
+    if nx.is_strongly_connected(overlay):
+        stripes = direct
+    routes = {}
+    for (a, b), h in stripes.items():
+        use: dict = {}
+        for hops, share in h:
+            for u, v in hops:
+                link = index.ids[v, u] if reverse else index.ids[u, v]
+                use[link] = use.get(link, 0.0) + share
+        routes[(b, a) if reverse else (a, b)] = tuple(sorted(use.items()))
+    return routes
+
+
+def host_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False,
+                any_pair: bool = False) -> dict:
+    """The links a transfer staged through host memory crosses, for every ordered pair of
+    ``gpus`` joined by a direct GPU link (the pairs whose PCIe bandwidth CUDA never uses
+    unless a plan stages through host, :mod:`.host_relay`); with ``any_pair``, for every
+    ordered pair (GPUs without a direct link then also reach each other through host memory,
+    across the sockets' link where they sit under different CPUs).
+
+    The sender copies into its ``host`` buffer (GPU -> PCIe -> its host CPU) and the receiver
+    copies it out (that CPU -> PCIe -> GPU), each routed as the simulator routes it. Same
+    format and ``reverse`` convention as :func:`simulator_routes`; pairs whose staged route
+    would cross another GPU, or whose sender has no CPU, get none.
+    """
+    table = routes_for(G)
+    kinds = dict(G.nodes(data="kind"))
+    routes = {}
+    for a in gpus:
+        host = table.host_of(a)
+        if host == a or kinds.get(host) != "cpu":
+            continue
+        for b in gpus:
+            if b == a or not (any_pair or direct_link(G, a, b)):
+                continue
+            use: dict = {}
+            for x, y in ((a, host), (host, b)):
+                for res, _, share in table.spread(x, y):
+                    for u, v in (table.names[r] for r in res):
+                        link = index.ids[v, u] if reverse else index.ids[u, v]
+                        use[link] = use.get(link, 0.0) + share
+            if not any(kinds.get(index.links[i][0]) == "gpu" and index.links[i][0] not in (a, b)
+                       for i in use):
+                routes[(b, a) if reverse else (a, b)] = tuple(sorted(use.items()))
+    return routes
+
+
+def _walk_back(index: LinkIndex, via: dict, src, t) -> tuple:
+    links = []
+    n = t
+    while n != src:
+        link = via[n]
+        links.append(link)
+        n = index.links[link][0]
+    return tuple(reversed(links))
+
+
+def require_connected(G: nx.DiGraph, gpus) -> None:
+    """Raise :class:`TopologyError` unless every GPU reaches every other one."""
+    if len(gpus) < 2:
+        return
+    reach = nx.descendants(G, gpus[0]) | {gpus[0]}
+    back = nx.ancestors(G, gpus[0]) | {gpus[0]}
+    lost = [g for g in gpus if g not in reach or g not in back]
+    if lost:
+        raise TopologyError(f"GPUs {lost} cannot exchange data with {gpus[0]} in this topology "
+                            f"(no path both ways); check the links or choose another allocation")
+
+
+DIRECT_TYPES = ("nvlink", "xgmi")   # GPU-to-GPU links CUDA peer copies always take
+
+
+def without_turnarounds(G: nx.DiGraph, gpus) -> nx.DiGraph:
+    """``G`` (a job graph) with every switch that cannot turn traffic between its GPUs split
+    into ``<switch>~up`` and ``<switch>~dn`` halves; ``G`` itself is returned when none is."""
+    kinds = dict(G.nodes(data="kind"))
+    level = pcie_levels(G, kinds)
+    linked = peer_linked(G, gpus)
+    split = [s for s, k in kinds.items() if k == "pci_switch" and _leaves_only(G, s, kinds) and
+             _all_peers(linked, _gpus_below(G, s, kinds, level, set(gpus)))]
+    if not split:
+        return G
+    H = G.copy()
+    # Top-down: a switch is split before the switches below it, so each split still finds
+    # the switches below it under their own names.
+    for s in sorted(split, key=lambda s: (level.get(s, 0), natural_key(s))):
+        H.remove_nodes_from(_leaf_devices(H, s, kinds))
+        _split(H, s, kinds, level)
+    return H
+
+
+def peer_linked(G: nx.DiGraph, gpus) -> set:
+    """The ordered pairs of ``gpus`` whose peer copies never touch PCIe: joined by a direct GPU
+    link, or attached to one NVSwitch fabric (GPUs relay nothing, so two GPUs linked only
+    through a third talk over PCIe).
+
+    >>> from collectx.topology import load, ring
+    >>> ("GPU0", "GPU5") in peer_linked(load("dgx_a100"), ["GPU0", "GPU5"])
+    True
+    >>> ("GPU0", "GPU2") in peer_linked(ring(4), ["GPU0", "GPU1", "GPU2", "GPU3"])
+    False
+    """
+    kinds = dict(G.nodes(data="kind"))
+    switches = nx.Graph()
+    switches.add_nodes_from(n for n, k in kinds.items() if k == "nvswitch")
+    switches.add_edges_from((u, v) for u, v, t in G.edges(data="type")
+                            if t in DIRECT_TYPES and u in switches and v in switches)
+    fabric = {n: i for i, part in enumerate(nx.connected_components(switches)) for n in part}
+    on = {g: {fabric[v] for v in G.successors(g) if v in fabric and
+              G.edges[g, v].get("type") in DIRECT_TYPES} for g in gpus}
+    return {(a, b) for a, b in itertools.permutations(gpus, 2)
+            if direct_link(G, a, b) or on[a] & on[b]}
+
+
+def _all_peers(linked: set, gpus) -> bool:
+    """At least two ``gpus``, every two :func:`peer_linked`."""
+    gpus = list(gpus)
+    return len(gpus) >= 2 and all(pair in linked for pair in itertools.permutations(gpus, 2))
+
+
+def _leaf_devices(G: nx.DiGraph, s, kinds: dict) -> list:
+    """Neighbours of ``s`` that are neither GPUs, switches nor CPUs (NICs), linked to ``s`` only."""
+    return [v for v in set(G.successors(s)) | set(G.predecessors(s))
+            if kinds.get(v) not in ("gpu", "pci_switch", "cpu") and
+            set(G.successors(v)) | set(G.predecessors(v)) <= {s}]
+
+
+def _leaves_only(G: nx.DiGraph, s, kinds: dict) -> bool:
+    """Whether every device of ``s`` other than GPUs, switches and CPUs is a leaf."""
+    others = [v for v in set(G.successors(s)) | set(G.predecessors(s))
+              if kinds.get(v) not in ("gpu", "pci_switch", "cpu")]
+    return len(others) == len(_leaf_devices(G, s, kinds))
+
+
+def pcie_levels(G: nx.DiGraph, kinds: dict) -> dict:
+    """Hops from each CPU and PCIe switch to the nearest CPU through switches only (the PCIe
+    hierarchy); switches with no CPU above them are absent."""
+    relays = G.subgraph(n for n, k in kinds.items() if k in ("cpu", "pci_switch")).to_undirected()
+    cpus = [n for n, k in kinds.items() if k == "cpu"]
+    if not cpus:
+        return {}
+    return nx.multi_source_dijkstra_path_length(relays, cpus, weight=lambda *_: 1)
+
+
+def _below(G: nx.DiGraph, s, kinds: dict, level: dict):
+    """Neighbours of switch ``s`` one level further from the CPUs (GPUs, child switches)."""
+    for v in G.successors(s):
+        if kinds.get(v) == "gpu" or (kinds.get(v) == "pci_switch" and
+                                     level.get(v, -1) > level.get(s, -1)):
+            yield v
+
+
+def _gpus_below(G, s, kinds, level, job) -> list:
+    found, todo, seen = [], [s], {s}
+    while todo:
+        for v in _below(G, todo.pop(), kinds, level):
+            if v in seen:
+                continue
+            seen.add(v)
+            if kinds.get(v) == "gpu":
+                found += [v] if v in job else []
+            else:
+                todo.append(v)
+    return found
+
+
+def direct_link(G: nx.DiGraph, a, b) -> bool:
+    """``a -> b`` is a direct GPU link (:data:`DIRECT_TYPES`)."""
+    return G.get_edge_data(a, b, {}).get("type") in DIRECT_TYPES
+
+
+def all_direct(G: nx.DiGraph, gpus) -> bool:
+    """At least two ``gpus``, every two joined by a direct GPU link."""
+    gpus = list(gpus)
+    return len(gpus) >= 2 and all(direct_link(G, a, b)
+                                  for a, b in itertools.permutations(gpus, 2))
+
+
+def _split(H: nx.DiGraph, s, kinds: dict, level: dict) -> None:
+    up, dn = f"{s}~up", f"{s}~dn"
+    attrs = dict(H.nodes[s])
+    H.add_node(up, **attrs)
+    H.add_node(dn, **attrs)
+    below = set(_below(H, s, kinds, level))
+    for u, _, d in list(H.in_edges(s, data=True)):
+        H.add_edge(u, up if u in below else dn, **d)     # from above: only down
+    for _, v, d in list(H.out_edges(s, data=True)):
+        H.add_edge(dn if v in below else up, v, **d)     # to above: only up
+    H.remove_node(s)
