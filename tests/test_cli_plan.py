@@ -88,15 +88,14 @@ def test_overlays_from_tree_meta():
 @pytest.mark.parametrize("gpus, nranks", [("0,1,2,5", 4), (None, 8)])
 def test_device_cuda_reports_the_schedule_the_cuda_runtime_runs(gpus, nranks, capsys):
     # No GPU needed: cuda_schedule is what CudaEngine runs, and --device cuda must say exactly that
-    from collectx.planner import allocation
     from collectx.runtime.cuda.planning import cuda_schedule
-    from collectx.topology import load
+    from collectx.topology import load, subset
     argv = ["plan", "dgx1v", "-c", "allreduce", "--size", "256M", "--device", "cuda", "--json"]
     assert main(argv + (["--gpus", gpus] if gpus else [])) == 0
     d = json.loads(capsys.readouterr().out)
     G = load("dgx1v")
-    want = cuda_schedule(allocation(G, [int(g) for g in gpus.split(",")] if gpus else None)[1],
-                         "allreduce", nranks, 256 << 20)
+    view = subset(G, [int(g) for g in gpus.split(",")]) if gpus else G
+    want = cuda_schedule(view, "allreduce", nranks, 256 << 20)
     assert Schedule.from_dict(d["schedule"]) == want and d["algorithm"] == want.algorithm
     assert d["verified"] is True and not want.uses_host
 

@@ -182,8 +182,28 @@ def decode(blob: bytes, expected: PlanKey | dict) -> Schedule:
     Raises :class:`BadEntry` saying what is wrong: damaged, another format, version or schema,
     another key, or a schedule that does not match its key.
     """
+    return entry_schedule(parse(blob), expected)
+
+
+@paused
+def parse(blob: bytes) -> dict:
+    """An entry's JSON (:func:`encode`'s, or a published planning error's: see
+    :mod:`.plan_share`), parsed once; :class:`BadEntry` if it is damaged or not an entry."""
+    try:
+        data = json.loads(zlib.decompress(blob))
+    except (zlib.error, ValueError) as e:  # zlib's checksum, truncation, bad JSON or UTF-8
+        raise BadEntry(f"it is damaged or truncated ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise BadEntry(f"its format is {found!r}, expected {FORMAT!r}")
+    return data
+
+
+@paused
+def entry_schedule(data: dict, expected: PlanKey | dict) -> Schedule:
+    """The schedule of a :func:`parse`-d entry, checked against ``expected`` (see
+    :func:`decode`)."""
     want = expected.to_dict() if isinstance(expected, PlanKey) else expected
-    data = _envelope(blob)
     key = data.get("key")
     if not isinstance(key, dict):
         raise BadEntry("it has no key")
@@ -204,17 +224,6 @@ def decode(blob: bytes, expected: PlanKey | dict) -> Schedule:
 
 
 _MISSING = object()
-
-
-def _envelope(blob: bytes) -> dict:
-    try:
-        data = json.loads(zlib.decompress(blob))
-    except (zlib.error, ValueError) as e:  # zlib's checksum, truncation, bad JSON or UTF-8
-        raise BadEntry(f"it is damaged or truncated ({type(e).__name__}: {e})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise BadEntry(f"its format is {found!r}, expected {FORMAT!r}")
-    return data
 
 
 def _check_matches(schedule: Schedule, want: dict) -> None:

@@ -28,7 +28,8 @@ from typing import Callable
 from .. import errors
 from ..errors import PlanError, Timeout
 from ..schedule.ir import Schedule
-from .plan_cache import BadEntry, PlanCache, PlanKey, decode, encode, plan_key
+from .plan_cache import (FORMAT, BadEntry, PlanCache, PlanKey, encode, entry_schedule, parse,
+                         plan_key)
 
 FIRST_SLICE_S = 0.001   # a waiting rank's first store get; doubled up to LAST_SLICE_S
 LAST_SLICE_S = 0.05
@@ -134,16 +135,16 @@ class SharedPlans:
         """Another rank: rank 0's published schedule (or its planning error)."""
         store_key = self._store_key(key)
         blob = self._await(store_key, watch)
-        failure = _published_failure(blob)
-        if failure is not None:
-            self._failed(key)
-            raise failure
         collective, size_class, root = key
         expected = {"executor": self.executor, "collective": collective,
                     "nranks": self.nranks, "size_class": size_class, "root": root,
                     "algo": self.algo}
         try:
-            return decode(blob, expected)
+            data = parse(blob)    # once: the largest schedules are 10^5-10^6 bytes of JSON
+            if "error" in data:
+                self._failed(key)
+                raise _published_failure(data)
+            return entry_schedule(data, expected)
         except BadEntry as e:
             raise PlanError(f"rank {self.rank}: the plan rank 0 published under {store_key!r} "
                             f"is unusable: {e}; expected every rank to run the same collectx "
@@ -190,26 +191,20 @@ class SharedPlans:
 
 
 def _failure(e: Exception) -> bytes:
-    """What rank 0 publishes when it cannot plan: its error's class and message."""
-    record = {"error": type(e).__name__, "message": str(e)}
+    """What rank 0 publishes when it cannot plan: its error's class and message, in an entry
+    of the plan cache's format (so a rank parses what it reads once)."""
+    record = {"format": FORMAT, "error": type(e).__name__, "message": str(e)}
     return zlib.compress(json.dumps(record).encode(), 1)
 
 
-def _published_failure(blob: bytes) -> Exception | None:
-    """Rank 0's planning error, rebuilt as its collectx class (PlanError otherwise), or None
-    for a schedule.
+def _published_failure(record: dict) -> Exception:
+    """Rank 0's planning error, rebuilt as its collectx class (PlanError otherwise).
 
-    >>> print(_published_failure(_failure(errors.NoFeasiblePlan("GPU3 is cut off"))))
+    >>> print(_published_failure(parse(_failure(errors.NoFeasiblePlan("GPU3 is cut off")))))
     rank 0 could not plan: GPU3 is cut off
-    >>> type(_published_failure(_failure(KeyError("x")))).__name__
+    >>> type(_published_failure(parse(_failure(KeyError("x"))))).__name__
     'PlanError'
     """
-    try:
-        record = json.loads(zlib.decompress(blob))
-    except (zlib.error, ValueError):
-        return None   # decode() says what is wrong with it
-    if not isinstance(record, dict) or "error" not in record:
-        return None
     cls = getattr(errors, str(record["error"]), None)
     if not (isinstance(cls, type) and issubclass(cls, errors.CollectXError)):
         cls = PlanError

@@ -71,18 +71,19 @@ def cuda_plan(topology, collective: str, nbytes: int, *, gpus=None, algo: str | 
 
     Examples
     --------
-    >>> from collectx.topology import load
+    >>> from collectx.topology import load, subset
     >>> G = load("dgx1v")
     >>> p = cuda_plan(G, "allreduce", 1 << 20, gpus=[0, 1, 2, 5])
-    >>> from collectx.planner import allocation
-    >>> p.schedule == cuda_schedule(allocation(G, [0, 1, 2, 5])[1], "allreduce", 4, 1 << 20)
+    >>> p.schedule == cuda_schedule(subset(G, [0, 1, 2, 5]), "allreduce", 4, 1 << 20)
     True
     """
-    from ...planner import allocation, plan
-    from ...topology import gpus as all_gpus
-    ranks, view = allocation(topology, gpus)
-    in_device_order = [g for g in all_gpus(view) if g in ranks]
-    if list(ranks) != in_device_order:
+    from ...planner import plan
+    from ...topology import gpus as all_gpus, subset
+    from ...topology.model import resolve_gpus
+    ranks = resolve_gpus(topology, all_gpus(topology) if gpus is None else gpus)
+    view = subset(topology, ranks)        # the machine the engine sees: other jobs' GPUs gone
+    in_device_order = all_gpus(view)
+    if ranks != in_device_order:
         raise ArgumentError(f"GPUs {', '.join(ranks)} for the CUDA runtime: expected them in "
                             f"device order ({', '.join(in_device_order)}), since it runs rank "
                             f"r on the r-th GPU; list them in that order")
