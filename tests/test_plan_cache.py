@@ -260,6 +260,17 @@ def test_a_rank_waiting_for_rank_0_times_out_with_a_typed_error():
         shared.get("allreduce", NBYTES, 0, lambda: RING4, _plan_ring4())
 
 
+def test_a_plan_published_by_another_collectx_is_refused():
+    from collectx.errors import PlanError
+    store = HashStore()
+    foreign = dict(_key().to_dict(), version="0.0.1")
+    store.set("c/plan/cpu/allreduce/23/0/auto/0",
+              pc.encode(foreign, planner.make_schedule(RING4, "allreduce", 4, NBYTES), NBYTES))
+    with pytest.raises(PlanError, match="written for version '0.0.1'.*same collectx"):
+        SharedPlans("cpu", 1, 4, store, "c", 5.0, None).get(
+            "allreduce", NBYTES, 0, lambda: RING4, _plan_ring4())
+
+
 def test_a_call_rank_0_rejects_before_planning_gives_peer_aborted(planner_calls):
     store = HashStore()
 

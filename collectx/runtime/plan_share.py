@@ -7,7 +7,8 @@ only agree on the schedule because the planner is deterministic. Now rank 0 pays
 :mod:`.plan_cache` once per machine, and the ranks cannot disagree.
 
 Collectives are issued in the same order on every rank, so every rank reaches a new (collective,
-size class, root) at the same call; its schedule lives under one store key of the communicator.
+size class, root) at the same call; its schedule lives under one store key of the communicator
+(one per attempt: a call that failed to plan may be made again, and plan then).
 Rank 0 never waits: it publishes (one ``set``) and goes on. The others ``get`` the key, in slices
 of up to 50 ms: between slices ``watch`` (the engine's) raises when rank 0 will never publish
 (it aborted this call, failed, closed, or died), so a peer's bad argument still gives
@@ -25,9 +26,11 @@ import time
 import zlib
 from typing import Callable
 
+import collectx
+
 from .. import errors
 from ..errors import PlanError, Timeout
-from ..schedule.ir import Schedule
+from ..schedule.ir import SCHEMA, Schedule
 from .plan_cache import (FORMAT, BadEntry, PlanCache, PlanKey, encode, entry_schedule, parse,
                          plan_key)
 
@@ -138,7 +141,7 @@ class SharedPlans:
         collective, size_class, root = key
         expected = {"executor": self.executor, "collective": collective,
                     "nranks": self.nranks, "size_class": size_class, "root": root,
-                    "algo": self.algo}
+                    "algo": self.algo, "version": collectx.__version__, "schema": SCHEMA}
         try:
             data = parse(blob)    # once: the largest schedules are 10^5-10^6 bytes of JSON
             if "error" in data:
