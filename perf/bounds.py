@@ -19,9 +19,8 @@ import sys
 import time
 
 import collectx.topology as topo
-from collectx.planner.blink import SUPPORTED as BLINK, plan_blink
+from collectx.planner.trees import BLINK, FOREST, plan_blink, plan_forest
 from collectx.planner.bounds import bounds
-from collectx.planner.forest import SUPPORTED as FOREST, plan_forest
 from collectx.schedule import simulate
 
 

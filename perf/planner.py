@@ -40,7 +40,7 @@ import time
 
 import collectx.topology as T
 from collectx.planner import plan
-from collectx.planner.fallback_ring import plan_fallback_ring
+from fallback_ring import plan_fallback_ring
 from collectx.planner.ring_search import _hamiltonian
 
 ALLOC_PRESETS = ("dgx1v", "dgx1p")
@@ -113,7 +113,7 @@ def ring_only(args, rows, out):
     """Chosen busbw over two ring-only baselines on the dgx1v allocations with no NVLink ring:
     collectx's own ring packing (its hops may run over other GPUs' NVLinks), and the ring a
     ring-only library falls back to (NCCL: one ring, hops without NVLink through PCIe and host
-    memory; :mod:`collectx.planner.fallback_ring`), the baseline the 3x target is set against."""
+    memory; perf/fallback_ring.py), the baseline the 3x target is set against."""
     print("\n(b) dgx1v allocations of 3..8 GPUs with no NVLink ring: chosen / ring-only busbw")
     G = T.load("dgx1v")
     by_key = {(tuple(r["gpus"]), r["collective"]): r for r in rows if r["topology"] == "dgx1v"}

@@ -108,3 +108,34 @@ def test_device_cpu_is_the_default_and_cuda_takes_gpus_in_device_order(capsys):
     assert json.loads(capsys.readouterr().out)["schedule"] == default["schedule"]
     assert main(["plan", "dgx1v", "-c", "allreduce", "--gpus", "5,0", "--device", "cuda"]) == 2
     assert "device order" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpus, coll", [("0,5,6", "allreduce"), ("0,1,2,5", "allreduce"),
+                                        ("1,2,4,7", "allgather")])
+def test_cuda_runtime_gets_packed_trees_where_no_nvlink_ring_exists(gpus, coll, capsys):
+    # No NVLink ring: a ring falls back to PCIe, tree packings use every NVLink. The CUDA
+    # plan is judged against the bound without host staging, and beats the ring.
+    from collectx.planner import plan
+    from collectx.topology import load
+    argv = ["plan", "dgx1v", "-c", coll, "--gpus", gpus, "--size", "256M", "--device", "cuda",
+            "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["algorithm"] in ("blink", "forest") and "host" not in d["algorithm"]
+    ring = plan(load("dgx1v"), coll, 256 << 20, gpus=[int(g) for g in gpus.split(",")],
+                algo="ring", host_relays=False, verify=False)
+    assert d["bound_busbw_GBps"] == pytest.approx(ring.bound.bound_busbw)
+    assert d["predicted_busbw_GBps"] > ring.predicted.busbw_GBps
+    assert 0.9 <= d["efficiency"] <= 1.001
+
+
+def test_cuda_bound_leaves_out_host_staging(capsys):
+    # GPUs 0 and 1 of a DGX-1V share one NVLink (25 GB/s); staged through host memory,
+    # PCIe adds 7.9 GB/s that the CUDA executor, without host buffers, cannot use.
+    argv = ["plan", "dgx1v", "-c", "allgather", "--gpus", "0,1", "--size", "256M", "--json"]
+    assert main(argv) == 0
+    cpu = json.loads(capsys.readouterr().out)
+    assert main(argv + ["--device", "cuda"]) == 0
+    cuda = json.loads(capsys.readouterr().out)
+    assert cpu["bound_busbw_GBps"] == pytest.approx(32.875, abs=0.01)
+    assert cuda["bound_busbw_GBps"] == pytest.approx(25.0)

@@ -170,3 +170,29 @@ def test_a_missing_rank_is_a_timeout_not_a_hang():
     status = emu.call("allreduce", s, x, [a.copy() for a in x], [100, 100], "float32",
                       ranks=[0], timeout_s=0.3)
     assert status[0][0] == 1    # CX_EXEC_TIMEOUT
+
+
+PACKED = {"allreduce": ("blink", "forest"), "broadcast": ("blink",), "reduce": ("blink",),
+          "allgather": ("forest",), "reduce_scatter": ("forest",), "alltoall": ()}
+
+
+@pytest.mark.parametrize("coll", COLLS)
+def test_dgx1v_tree_packings_run_exactly(coll):
+    # What the CUDA engine gets on a DGX-1V allocation without an NVLink ring: packed trees
+    # over NVLink and PCIe peer routes, one lane (a block on the GPU) per tree edge, lanes
+    # waiting on other ranks' lanes. Planned at 4 MiB to keep the instruction count small;
+    # run at other counts, so chunks come out uneven and some empty.
+    from collectx.runtime.cuda.planning import cuda_schedule
+    from collectx.topology import load, subset
+    view = subset(load("dgx1v"), [0, 1, 2, 5])
+    schedules = [cuda_schedule(view, coll, 4, 4 << 20)]
+    schedules += [cuda_schedule(view, coll, 4, 4 << 20, algo=a) for a in PACKED[coll]]
+    emu = Emulator(4, set_bytes=1 << 18)
+    bad = []
+    for s in schedules:
+        assert not s.uses_host
+        for n in (7, 100_003):
+            bad += [f"{s.algorithm}: {b}" for b in
+                    run_collective(emu, coll, "float32", "sum", n, root=1, schedule=s)]
+    assert bad == []
+    assert all(max(len(lanes) for lanes in s.lanes) > 1 for s in schedules[1:])

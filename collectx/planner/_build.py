@@ -25,6 +25,22 @@ def shard(r: int, nparts: int, nchunks: int) -> tuple[int, int]:
     return lo, hi - lo
 
 
+def staggered(lo: int, k: int) -> list[tuple[int, int]]:
+    """Chunks ``lo .. lo+k`` as pieces of two chunks, but the second piece of one: ``(first
+    chunk, chunks)`` in order, for two lanes to take in turn (double buffering).
+
+    A transfer waits out its route's latency before its first byte moves. Pieces of equal
+    size sharing a link finish together and then all wait together, idling the link once a
+    piece; the short piece puts the second lane half a piece out of phase, so one lane
+    moves while the other waits.
+
+    >>> staggered(0, 8)
+    [(0, 2), (2, 1), (3, 2), (5, 2), (7, 1)]
+    """
+    cuts = [lo + c for c in (0, 2, *range(3, k, 2)) if c < k] + [lo + k]
+    return [(a, b - a) for a, b in zip(cuts, cuts[1:])]
+
+
 def weighted_shares(total: int, weights: list[float]) -> list[int]:
     """Split ``total`` chunks in proportion to ``weights`` (largest remainder, integral).
 
@@ -101,27 +117,7 @@ def _as_json(meta: dict) -> dict:
 
 
 def simulated(s: Schedule, topo, nbytes: int, ranks):
-    """The simulator's result for ``s`` on ``topo`` (``ranks``: its nodes), or None without a
-    simulator: how planners weigh candidates that no closed form ranks."""
-    try:
-        from ..schedule.simulate import simulate
-    except ImportError:
-        return None
+    """The simulator's result for ``s`` on ``topo`` (``ranks``: its nodes): how planners weigh
+    candidates that no closed form ranks."""
+    from ..schedule.simulate import simulate
     return simulate(s, topo, nbytes, ranks=list(ranks))
-
-
-def rate_kept(s: Schedule, topo, nbytes: int, ranks, busbw_gbps: float) -> float:
-    """Simulated busbw of ``s`` over ``busbw_gbps``, the busbw its packing plans (1 without a
-    simulator): how far the schedule falls short of its LP, which decides whether planners
-    try more for it."""
-    sim = simulated(s, topo, nbytes, ranks)
-    return sim.busbw_GBps / busbw_gbps if sim is not None else 1.0
-
-
-def faster(a: Schedule, b: Schedule, topo, nbytes: int, ranks) -> Schedule:
-    """The schedule the simulator finishes first (``a`` on ties or without a simulator): how
-    planners choose between layouts of one plan."""
-    ra = simulated(a, topo, nbytes, ranks)
-    if ra is None:
-        return a
-    return b if simulated(b, topo, nbytes, ranks).time_us < ra.time_us else a

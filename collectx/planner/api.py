@@ -1,8 +1,8 @@
 """The planner's front door: :func:`plan` (judged, for people and tools) and
-:func:`make_schedule` (cheap, for the runtime's per-size-class cache).
+:func:`make_schedule` (the same choice, for the runtime's per-size-class cache).
 
-Stages of :func:`plan`, one line each below: resolve the allocation -> pick or run the algorithm
--> verify -> simulate -> bound -> package a frozen :class:`Plan`.
+Stages of :func:`plan`, one line each below: resolve the allocation -> bound -> pick (plan and
+simulate every candidate) or run the algorithm -> verify -> package a frozen :class:`Plan`.
 """
 
 from __future__ import annotations
@@ -18,14 +18,6 @@ from ..errors import NoFeasiblePlan, PlanError, TopologyError
 from ..schedule.ir import COLLECTIVES, Schedule
 from . import registry, select
 from .registry import PlannerFn
-
-# Allreduce bounds this close are a tie: trees with host edges are planned both ways then (as
-# reduce-scatter + allgather forests and as reduce/broadcast trees; see host_relay.INTEGRATED),
-# up to TIE_BOTH_UP_TO ranks. Of the DGX-1 allocations, 4-GPU ones gained (DGX-1P GPUs 0, 1,
-# 4, 5: 0.934 -> 0.970); both full machines tie too, gained nothing, took 0.14-0.3 s longer.
-BOUND_TIE = 1e-6
-TIE_BOTH_UP_TO = 7
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Plan:
@@ -106,9 +98,10 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
     verify : bool
         Symbolically verify the schedule (raises if it is wrong).
     host_relays : bool
-        Let the cost-model choice stage a share of the data through host memory over PCIe
-        beside the direct links (:mod:`~.host_relay`; schedules then use ``host`` buffers).
-        Runtimes whose executor has no host buffers (CUDA) pass False. Ignored with ``algo``.
+        The executor has host buffers: packed trees may stage tree edges through host
+        memory over PCIe beside the direct links (schedules then use ``host`` buffers).
+        Runtimes whose executor has none (CUDA) pass False; the bound then leaves host
+        staging out too (:func:`~.bounds.peer_bounds`).
 
     Returns
     -------
@@ -133,23 +126,13 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
     t0 = time.perf_counter()
     _check_request(collective, nbytes)
     ranks, view = allocation(topo, gpus)                       # resolve the allocation
+    _check_root(root, len(ranks))
     if algo is None and _multi_machine(view, ranks, collective):  # clusters: phases + engine
         algo = "hierarchical"
-    bound_memo: dict = {}                                      # relays may need it first
-    if algo is None:                                           # pick (or run) the algorithm
-        name, schedule, predicted = select.choose(view, ranks, collective, nbytes, root=root,
-                                                  inplace=inplace, nchunks=nchunks)
-        if host_relays and nchunks is None:                    # PCIe beside NVLink
-            name, schedule, predicted = _with_relays(view, ranks, collective, nbytes, root,
-                                                     inplace, (name, schedule, predicted),
-                                                     bound_memo)
-    else:
-        name = registry.name_of(algo)
-        schedule = registry.call(algo, view, ranks, collective, nbytes, root=root,
-                                 inplace=inplace, nchunks=nchunks)
-        predicted = select.predict(schedule, view, nbytes, ranks, name)
     idle = no_communication(len(ranks), nbytes)
-    bound = None if idle else bound_memo.get("bound") or _bound(view, collective, ranks, root)
+    bound = None if idle else _bound(view, collective, ranks, root, host_relays)   # bound
+    name, schedule, predicted = _planned(view, ranks, collective, nbytes, algo, root, inplace,
+                                         nchunks, host_relays, bound)   # pick or run one
     forget_candidates()                                        # free them now, not next plan
     planned = time.perf_counter()
     verified = _verify(schedule) if verify else False           # verify
@@ -160,19 +143,31 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
                 verify_time_s=time.perf_counter() - planned if verify else 0.0)
 
 
+def _planned(view, ranks, collective, nbytes, algo, root, inplace, nchunks, host, bound):
+    """(name, schedule, predicted): the cost model's choice, or the algorithm asked for."""
+    if algo is None:
+        return select.choose(view, ranks, collective, nbytes, root=root, inplace=inplace,
+                             nchunks=nchunks, host=host, bound=bound)
+    name = registry.name_of(algo)
+    extra = {"host": host} if name in select.PACKED else {}
+    schedule = registry.call(algo, view, ranks, collective, nbytes, root=root,
+                             inplace=inplace, nchunks=nchunks, **extra)
+    if schedule.algorithm.startswith(name):   # blink+host: the name says what it staged
+        name = schedule.algorithm
+    return name, schedule, select.predict(schedule, view, nbytes, ranks, name)
+
+
 @paused
 def make_schedule(topo: nx.DiGraph | None, collective: str, nranks: int, nbytes: int, *,
                   algo: str | PlannerFn | None = None, root: int = 0, inplace: bool = False,
                   nchunks: int | None = None, host_relays: bool = True) -> Schedule:
-    """A schedule for the first ``nranks`` GPUs of ``topo``, without simulation or bounds.
+    """A schedule for the first ``nranks`` GPUs of ``topo``: what :func:`plan` would choose,
+    without verification.
 
-    The runtime calls this once per (collective, size class) and caches the result. With
-    ``algo=None`` the analytic cost model (no simulator) chooses. ``topo=None`` means one
-    host's shared memory (:func:`collectx.topology.host`): every rank reaches every other in
-    one hop, so the direct algorithm is chosen. ``host_relays`` as in :func:`plan`: with
-    ``algo=None``, a topology with CPUs and direct GPU links, and a large message, the chosen
-    schedule is joined with a share staged through host memory where the simulator finds that
-    faster; runtimes without host buffers (CUDA) pass False.
+    The runtime calls this once per (collective, size class) and caches the result.
+    ``topo=None`` means one host's shared memory (:func:`collectx.topology.host`): every rank
+    reaches every other in one hop. ``host_relays`` as in :func:`plan`; runtimes without host
+    buffers (CUDA) pass False.
 
     Examples
     --------
@@ -189,54 +184,24 @@ def make_schedule(topo: nx.DiGraph | None, collective: str, nranks: int, nbytes:
         raise PlanError(f"{nranks} ranks on a topology with {len(have)} GPUs: expected "
                         f"1..{len(have)}; pass a topology that has a node per rank")
     ranks, view = allocation(topo, have[:nranks])
-    if algo is None:
-        name = select.choose_analytic(view, ranks, collective, nbytes)
-        schedule = registry.call(name, view, ranks, collective, nbytes, root=root,
-                                 inplace=inplace, nchunks=nchunks)
-        if host_relays and nchunks is None and _relays_possible(view, ranks):
-            predicted = select.predict(schedule, view, nbytes, ranks, name)
-            schedule = _with_relays(view, ranks, collective, nbytes, root, inplace,
-                                    (name, schedule, predicted))[1]
-            forget_candidates()
-        return schedule
-    return registry.call(algo, view, ranks, collective, nbytes, root=root, inplace=inplace,
-                         nchunks=nchunks)
+    _check_root(root, nranks)
+    if algo is None and _multi_machine(view, ranks, collective):
+        algo = "hierarchical"
+    bound = None if algo is not None or no_communication(nranks, nbytes) else \
+        _bound(view, collective, ranks, root, host_relays)
+    schedule = _planned(view, ranks, collective, nbytes, algo, root, inplace, nchunks,
+                        host_relays, bound)[1]
+    forget_candidates()
+    return schedule
 
 
 def forget_candidates() -> None:
-    """Drop what the simulator and the pipeline cutter remember of the candidate schedules of
-    the plan just made. Their memos keep each schedule they saw alive (so that ids stay
-    unique); kept past the plan, up to 16 schedules of 10^4-10^5 instructions were freed
-    during the next plan, which also grew slower with every plan in a row from the scattered
-    memory (DGX-1P GPUs 0, 1, 3, 4, 6, 7 allreduce, eight in a row: 0.93 s up to 1.10 s; freed
-    at the end of each, 0.70-0.77 s: ``perf/planner_internals.py``)."""
+    """Drop what the simulator remembers of the candidate schedules of the plan just made.
+    Its memo keeps each schedule it saw alive (so that ids stay unique); kept past the plan,
+    schedules of 10^4-10^5 instructions were freed during the next plan, which also grew
+    slower with every plan in a row from the scattered memory."""
     from ..schedule.simulate import forget
-    from ..schedule.split import forget_passed
     forget()
-    forget_passed()
-
-
-def _relays_possible(view: nx.DiGraph, ranks: tuple[str, ...]) -> bool:
-    """Cheap test before any simulation: a CPU and a direct GPU link in the allocation."""
-    from .host_relay import relay_view
-    return relay_view(view, ranks) is not None
-
-
-def _with_relays(view, ranks, collective, nbytes, root, inplace, chosen, bound_memo=None):
-    """``chosen`` joined with a host-relayed share where that simulates faster."""
-    from .host_relay import COLLECTIVES as RELAYED, MIN_BYTES, with_host_relays
-    if collective not in RELAYED or nbytes < MIN_BYTES or chosen[2] is None or \
-            not _relays_possible(view, ranks):
-        return chosen
-    bound = _bound(view, collective, ranks, root)
-    if bound_memo is not None:   # plan() reports the same bound: compute it once
-        bound_memo["bound"] = bound
-    tree, cut = (getattr(bound, "tree_busbw", None) or 0), (getattr(bound, "cut_busbw", None) or 0)
-    tie = abs(tree - cut) <= BOUND_TIE * max(tree, cut) and len(ranks) <= TIE_BOTH_UP_TO
-    trees_lead = None if tie else tree > cut
-    return with_host_relays(view, ranks, collective, nbytes, chosen,
-                            getattr(bound, "bound_busbw", None), root=root, inplace=inplace,
-                            trees_lead=trees_lead)
 
 
 def allocation(topo: nx.DiGraph, gpus: Sequence[int | str] | None
@@ -308,19 +273,26 @@ def _check_request(collective: str, nbytes: int) -> None:
         raise PlanError(f"nbytes={nbytes!r}: expected a non-negative integer byte count")
 
 
+def _check_root(root: int, nranks: int) -> None:
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < nranks:
+        raise PlanError(f"root={root!r} with {nranks} ranks: the root must be in "
+                        f"0..{nranks - 1}")
+
+
 def _verify(schedule: Schedule) -> bool:
     from ..schedule.verify import verify
     verify(schedule)  # raises a ScheduleError subclass naming the first bad instruction
     return True
 
 
-def _bound(view: nx.DiGraph, collective: str, ranks: tuple[str, ...], root: int):
+def _bound(view: nx.DiGraph, collective: str, ranks: tuple[str, ...], root: int,
+           host: bool = True):
     try:
-        from .bounds import KINDS, Bounds, bounds
+        from .bounds import KINDS, Bounds, bounds, peer_bounds
     except ImportError:  # the cut-bound module is optional; plans stay valid without it
         return None
     if collective in KINDS:
-        return bounds(view, collective, gpus=list(ranks), root=root)
+        return (bounds if host else peer_bounds)(view, collective, gpus=list(ranks), root=root)
     if collective == "sendrecv" and len(ranks) > 1:
         # One sender, one receiver: the best possible is the max flow between them.
         peer = ranks[(root + 1) % len(ranks)]

@@ -364,3 +364,45 @@ def multicast_rate(G: nx.DiGraph, gpus, roots=None) -> float:
     if res.status != 0:
         raise PlanError(f"multicast flow LP failed: {res.message}")
     return float(res.x[-1])
+
+
+def peer_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bounds:
+    """:func:`bounds` for executors without host buffers (the CUDA executor): the optimum of
+    the packing program's LP (:func:`~.program.fractional`) over peer routes only, as the
+    hardware routes a copy from one GPU to another. No schedule of trees, rings or one-hop
+    copies over those routes moves more; alltoall, which no tree carries, keeps :func:`bounds`.
+
+    allgather / reduce_scatter: ``(N-1) x`` at the per-root rate ``x``; broadcast / reduce:
+    the rate; allreduce: the better of trees used both ways (``2(N-1)/N`` times their rate)
+    and reduce-scatter then allgather (``2(N-1) / (1/x_rs + 1/x_ag)``), as :func:`bounds`.
+
+    >>> from collectx.topology import load
+    >>> G = load("dgx1v")
+    >>> b = peer_bounds(G, "allgather", gpus=["GPU0", "GPU1"])
+    >>> round(b.bound_busbw, 2), round(bounds(G, "allgather", gpus=["GPU0", "GPU1"]).bound_busbw, 2)
+    (25.0, 32.88)
+    """
+    if collective not in KINDS:
+        raise ArgumentError(f"bounds for {collective!r}: expected one of {', '.join(KINDS)}")
+    gpus = job_gpus(topo, gpus)
+    n = len(gpus)
+    if collective == "alltoall" or n < 2:
+        return bounds(topo, collective, gpus, root)
+    if not 0 <= root < n:
+        raise ArgumentError(f"root={root} with {n} GPUs: expected 0 <= root < {n}")
+    from . import program as P
+    G = job_graph(topo, gpus)
+    require_connected(G, gpus)
+    rate = lambda coll: P.fractional(P.problem(G, tuple(gpus), coll, root=root)).rate  # noqa: E731
+    notes = "packing LP over peer routes (no host staging)"
+    if collective in ("broadcast", "reduce"):
+        x = rate(collective)
+        return Bounds(collective, x, None, x, None, notes, tuple(gpus))
+    x_ag = rate("allgather")
+    x_rs = x_ag if _symmetric(G) else rate("reduce_scatter")
+    if collective != "allreduce":
+        cut = (n - 1) * (x_ag if collective == "allgather" else x_rs)
+        return Bounds(collective, cut, None, cut, None, notes, tuple(gpus))
+    cut = 2 * (n - 1) / (1 / x_rs + 1 / x_ag)
+    tree = 2 * (n - 1) / n * rate("allreduce")
+    return Bounds(collective, max(cut, tree), None, cut, tree, notes, tuple(gpus))

@@ -31,13 +31,13 @@ BASE_US: dict[str, float] = {"gpu": 8.4, "cpu": 2.0}
 # Order of link classes from best to worst; a path's class is its worst link (NCCL's rule).
 LINK_ORDER = ("shm", "nvlink", "xgmi", "smp", "pcie", "net")
 
-# The analytic chooser (no simulator) sends messages up to this size to the latency-friendly
-# tree where no one-hop fabric exists: NCCL's tree/ring crossover on one node is ~64-256 KiB.
-TREE_MAX_BYTES = 256 << 10
-
-# A fabric counts as one-hop when every pair's best route that avoids other ranks keeps at
-# least this fraction of the best pair bandwidth (else some pairs fall back to PCIe/sockets).
-ONE_HOP_MIN_FRACTION = 0.5
+# Pipelined chunks are no smaller than this: below it a chunk's fixed costs (a flag handoff,
+# the route's latency: microseconds) outweigh what finer pipelining saves (a 64 KiB chunk
+# takes ~3 us on a 25 GB/s NVLink).
+MIN_CHUNK_BYTES = 64 << 10
+# Instructions per schedule at most: lowering and simulating cost ~10 us each, and a plan of
+# 8 GPUs must be made in about a second.
+INSTRUCTIONS = 60_000
 
 
 def alpha_us(link: str, algorithm: str) -> float:

@@ -22,10 +22,14 @@ from __future__ import annotations
 import networkx as nx
 
 from ..errors import PlanError
-from ..schedule.ir import COLLECTIVES, Ref, Schedule
-from ._build import Builder, check_args, shard
+from ..schedule.ir import COLLECTIVES, MAX_LANES, Ref, Schedule
+from ._build import Builder, check_args, shard, staggered
+from .cost_tables import INSTRUCTIONS, MIN_CHUNK_BYTES
+from .ring import MAX_PIECES
 
-MAX_COPY_LANES = 8  # copies from more peers than this share lanes (bounded thread blocks)
+# One lane per peer wherever the IR's lanes allow: two peers sharing a lane take turns, and
+# once every peer's link is shared among all its readers a rank then pulls at half its rate.
+MAX_COPY_LANES = MAX_LANES - 1
 
 SUPPORTED = COLLECTIVES
 
@@ -43,13 +47,14 @@ def plan_direct(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbyte
     collective : str
         One of allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, sendrecv.
     nbytes : int
-        Message size (unused: the schedule is the same for every size).
+        Message size: broadcast and reduce cut their shards into pieces by it.
     root : int
         Root rank of broadcast/reduce, sender of sendrecv (the receiver is ``root+1 mod n``).
     inplace : bool
         Build for aliased input/output (see :func:`collectx.schedule.alias`).
     nchunks : int, optional
-        Chunks per payload unit; default ``len(ranks)`` (one shard per rank).
+        Chunks per payload unit; default ``len(ranks)`` (one shard per rank), times the
+        chunks of :func:`_shard_chunks` for broadcast and reduce.
 
     Returns
     -------
@@ -71,14 +76,45 @@ def plan_direct(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbyte
     if inplace and collective == "alltoall":
         raise PlanError("in-place alltoall: not defined (each rank's input is still being read "
                         "while peers write its output); pass distinct input and output buffers")
-    b = Builder(collective, n, nchunks or n, root=root, inplace=inplace)
+    b = Builder(collective, n, nchunks or n * _shard_chunks(collective, n, nbytes), root=root,
+                inplace=inplace)
     scratch = _BUILDERS[collective](b)
     return b.schedule("direct", scratch_units=scratch, meta={"pattern": "one-hop", "pull": True})
 
 
+def _shard_chunks(collective: str, n: int, nbytes: int) -> int:
+    """Chunks per shard: for broadcast and reduce, two per :func:`~._build.staggered` piece; one
+    for the other collectives, whose shards move in one step each way.
+
+    The second hop of a piece starts when its first one lands, so the two hops overlap but
+    for one piece: as many pieces as allowed by :data:`~.cost_tables.MIN_CHUNK_BYTES` per
+    piece, :data:`~.ring.MAX_PIECES` per shard (a two-hop chain) and half of
+    :data:`~.cost_tables.INSTRUCTIONS` per schedule (each piece moves ``n - 1`` times, and
+    every rank's ``2 (n - 1)`` lanes run at once, which the simulator pays for per step).
+
+    >>> [_shard_chunks("broadcast", 8, s) for s in (1 << 30, 1 << 10)], _shard_chunks("allreduce", 8, 1 << 30)
+    ([1024, 2], 1)
+    """
+    if collective not in ("broadcast", "reduce") or n < 2:
+        return 1
+    relays = n - 1
+    return 2 * max(1, min(MAX_PIECES, nbytes // (relays * MIN_CHUNK_BYTES),
+                          INSTRUCTIONS // (2 * relays ** 2)))
+
+
 def _copy_lane(offset: int) -> int:
-    """Lane of the copy from the peer ``offset`` ranks ahead (offset >= 1)."""
+    """Lane of the copy from the peer ``offset`` ranks ahead (1 <= offset <= n - 1), or of
+    a rank's copy of its own data (offset n: a lane apart, so that it never holds up a
+    peer's copy)."""
     return (offset - 1) % MAX_COPY_LANES
+
+
+def _piece_lane(offset: int, turn: int, n: int) -> int:
+    """Lane of a broadcast or reduce piece from the peer ``offset`` ranks ahead: two lanes
+    per peer taking :func:`~._build.staggered` pieces in turn, where ``n`` ranks leave enough."""
+    if 2 * (n - 1) > MAX_COPY_LANES:
+        return _copy_lane(offset)
+    return 2 * (offset - 1) + turn
 
 
 def _allreduce(b: Builder):
@@ -114,7 +150,7 @@ def _allgather(b: Builder):
     for r in range(n):
         for o in range(n):
             p = (r + o) % n
-            b.add(r, _copy_lane(o) if o else 0, "copy", Ref(r, "output", p * c, c),
+            b.add(r, _copy_lane(o or n), "copy", Ref(r, "output", p * c, c),
                   [Ref(p, "input", 0, c)])
     return ()
 
@@ -124,50 +160,62 @@ def _alltoall(b: Builder):
     for r in range(n):
         for o in range(n):
             p = (r + o) % n
-            b.add(r, _copy_lane(o) if o else 0, "copy", Ref(r, "output", p * c, c),
+            b.add(r, _copy_lane(o or n), "copy", Ref(r, "output", p * c, c),
                   [Ref(p, "input", r * c, c)])
     return ()
 
 
+def _relay_shards(b: Builder) -> list[tuple[int, int, int]]:
+    """``(rank, first chunk, chunks)``: the payload cut among the ranks other than the root,
+    each the relay of its shard (the root's own share would leave it twice)."""
+    others = [r for r in range(b.nranks) if r != b.root]
+    return [(r, *shard(i, len(others), b.nchunks)) for i, r in enumerate(others)]
+
+
 def _broadcast(b: Builder):
-    """Scatter then allgather: the root sends each byte once (~M out of the root instead of
-    (n-1)M when everyone copies the root's input), and peers spread the rest. On 2 ranks the
-    peer pulls its own shard and the root's as two copies, so that an executor can hand one of
-    them to the root (collectx.schedule.push.share_copies)."""
+    """Scatter then allgather, piece by piece: the root sends each byte once, to the rank
+    that relays it, and every other rank pulls it from there as soon as it has landed. The
+    root's link carries the payload once, every other rank's its share ``n - 2`` times: the
+    broadcast optimum where every rank reaches every other in one hop.
+
+    Instructions go in step order (every shard's ``i``-th piece before any ``i+1``-th), and
+    a rank pulls from the root on the root's lanes: so where peers share a lane their pieces
+    alternate, and no shard waits for another to finish."""
     n, c, root = b.nranks, b.nchunks, b.root
     b.add(root, 0, "copy", Ref(root, "output", 0, c), [Ref(root, "input", 0, c)])
-    got = [None] * n
-    for r in range(n):
-        lo, k = shard(r, n, c)
-        if r != root and k:
-            got[r] = b.add(r, 0, "copy", Ref(r, "output", lo, k), [Ref(root, "input", lo, k)])
-    for r in range(n):
-        if r == root:
-            continue
-        for o in range(1, n):
-            p = (r + o) % n
-            lo, k = shard(p, n, c)
-            if not k:
-                continue
-            src = Ref(root, "input", lo, k) if p == root else Ref(p, "output", lo, k)
-            b.add(r, _copy_lane(o), "copy", Ref(r, "output", lo, k), [src], [got[p]])
+    for i, r, (j, k) in _steps(b):
+        got = b.add(r, _piece_lane((root - r) % n, i % 2, n), "copy", Ref(r, "output", j, k),
+                    [Ref(root, "input", j, k)])
+        for q in range(n):
+            if q not in (root, r):
+                b.add(q, _piece_lane((r - q) % n, i % 2, n), "copy", Ref(q, "output", j, k),
+                      [Ref(r, "output", j, k)], [got])
     return ()
 
 
 def _reduce(b: Builder):
-    """Each rank reduces its shard into its scratch (the root straight into its output), then
-    the root pulls the finished shards: a reduce-scatter whose gather ends at the root."""
-    n, c, root = b.nranks, b.nchunks, b.root
-    for r in range(n):
-        lo, k = shard(r, n, c)
-        if not k:
-            continue
-        dst = Ref(r, "output" if r == root else "scratch", lo, k)
-        done = b.add(r, 0, "reduce", dst, [Ref((r + o) % n, "input", lo, k) for o in range(n)])
-        if r != root:
-            o = (r - root) % n
-            b.add(root, _copy_lane(o), "copy", Ref(root, "output", lo, k), [dst], [done])
+    """Reduce-scatter onto the ranks other than the root, then the root pulls each reduced
+    piece as it is done: every link carries the payload once each way at most. Step order
+    and lanes as :func:`_broadcast`."""
+    n, root = b.nranks, b.root
+    if n == 1:
+        b.add(root, 0, "copy", Ref(root, "output", 0, b.nchunks), [Ref(root, "input", 0, b.nchunks)])
+    for i, r, (j, k) in _steps(b):
+        done = b.add(r, i % 2, "reduce", Ref(r, "scratch", j, k),
+                     [Ref((r + o) % n, "input", j, k) for o in range(n)])
+        b.add(root, _piece_lane((r - root) % n, i % 2, n), "copy", Ref(root, "output", j, k),
+              [Ref(r, "scratch", j, k)], [done])
     return tuple(0 if r == root else 1 for r in range(n))
+
+
+def _steps(b: Builder):
+    """``(i, relay, piece)``: the :func:`~._build.staggered` pieces of every relay's shard, all
+    shards' ``i``-th piece before any ``i+1``-th."""
+    pieces = [(r, staggered(lo, k)) for r, lo, k in _relay_shards(b)]
+    for i in range(max((len(ps) for _, ps in pieces), default=0)):
+        for r, ps in pieces:
+            if i < len(ps):
+                yield i, r, ps[i]
 
 
 def _sendrecv(b: Builder):

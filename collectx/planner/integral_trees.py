@@ -1,28 +1,22 @@
-"""Equal unit-rate trees over direct links counted in whole lanes: Edmonds' disjoint
-broadcast trees, and greedy spanning trees for Blink allreduce.
+"""Edmonds' disjoint arborescences, built by Lovász's construction: counted tree arcs dealt
+into ``k`` out-trees from a root.
 
 Why
 ---
-The LP of :func:`~.treepack.pack_out_trees` reaches the broadcast optimum with a few trees of
-very different rates, but a link is shared equally among the transfers crossing it, so unequal
-trees never get their planned rates. When every direct GPU link is a whole multiple of one
-unit (xGMI links of 1, 2 or 4 lanes of 50 GB/s), Edmonds' branching theorem gives ``k``
-out-trees from the root that use each link at most its multiplicity times, where ``k`` is the
-smallest max-flow from the root in units: ``k`` equal trees of one unit each reach the
-optimum, and a link crossed by ``m`` tree edges carries ``m`` equal transfers, exactly what it
-was planned for.
+The packing program (:mod:`.program`) counts how many arcs of each GPU pair ``k`` equal trees
+of one root use; Edmonds' branching theorem says the counts hold ``k`` arc-disjoint
+arborescences exactly when every GPU set without the root is entered ``k`` times. This module
+finds them.
 
 How it works
 ------------
 Lovász's constructive proof: trees are grown one edge at a time, and edge ``(u, v)`` joins the
-tree being grown only if afterwards the unused links still hold ``k - 1`` unit paths from the
-root to every GPU, and ``k`` from the tree to every GPU outside it (max-flows per GPU). The
-theorem says some edge always passes. Among passing edges the one nearest the root is taken,
-so the trees stay shallow and their pipelines fill sooner; local moves that keep every link's
-count then shorten the deepest trees (:func:`_shallower`).
-
-Allreduce trees are used both ways, so they must share each GPU pair's lanes undirected
-(Nash-Williams–Tutte); :func:`spanning_unit_trees` finds them greedily, not exactly.
+tree being grown only if afterwards the unused arcs still hold ``k - 1`` paths from the root
+to every GPU, and ``k`` from the tree to every GPU outside it (max-flows per GPU, or one test
+over every vertex set at once for small ``n``). The theorem says some edge always passes.
+Among passing edges the one nearest the root is taken, so the trees stay shallow and their
+pipelines fill sooner; local moves that keep every arc's count then shorten the deepest trees
+(:func:`_shallower`).
 """
 
 from __future__ import annotations
@@ -30,33 +24,50 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import maximum_flow
-
-from .treepack import Packing, Tree
-
-UNIT_TOL = 1e-6
 
 
-def lane_counts(index, gpus, routes: dict) -> tuple[float, np.ndarray, dict] | None:
-    """The common unit (GB/s), the ``n x n`` integer multiplicities of direct GPU links and
-    the link id of each, or None when a direct link is not a whole multiple of the unit."""
-    at = {g: i for i, g in enumerate(gpus)}
-    direct = {}
-    for (a, b), route in routes.items():
-        if a in at and b in at and len(route) == 1 and abs(route[0][1] - 1.0) < UNIT_TOL:
-            direct[at[a], at[b]] = route[0][0]
-    if not direct:
-        return None
-    caps = {e: index.caps[link] for e, link in direct.items()}
-    unit = min(caps.values())
-    mult = np.zeros((len(gpus), len(gpus)), dtype=np.int32)
-    for (a, b), cap in caps.items():
-        k = round(cap / unit)
-        if k < 1 or abs(cap - k * unit) > UNIT_TOL * cap:
-            return None
-        mult[a, b] = k
-    return unit, mult, direct
+def max_flow(cap, source: int, sink: int, enough: float = float("inf")) -> tuple[float, set]:
+    """Max-flow from ``source`` to ``sink`` over the dense capacities ``cap`` (``n x n``),
+    stopping once it reaches ``enough``; with it, the nodes the source still reaches in the
+    residual graph (the source side of a minimum cut when the flow falls short).
+
+    Shortest augmenting paths (Edmonds–Karp) on Python lists: the graphs here have at most a
+    few dozen nodes and the flows a few dozen units, where a library call costs more in
+    setting up than the search does.
+
+    >>> max_flow([[0, 2, 1], [0, 0, 1], [0, 0, 0]], 0, 2)
+    (2.0, {0, 1})
+    """
+    n = len(cap)
+    left = [list(map(float, row)) for row in cap]
+    flow = 0
+    while flow < enough:
+        back = [-1] * n
+        back[source] = source
+        frontier = [source]
+        while frontier and back[sink] < 0:
+            nxt = []
+            for u in frontier:
+                row = left[u]
+                for v in range(n):
+                    if back[v] < 0 and row[v] > 1e-12:
+                        back[v] = u
+                        nxt.append(v)
+            frontier = nxt
+        if back[sink] < 0:
+            return flow, {v for v in range(n) if back[v] >= 0}
+        push, v = float("inf"), sink
+        while v != source:
+            push = min(push, left[back[v]][v])
+            v = back[v]
+        v = sink
+        while v != source:
+            u = back[v]
+            left[u][v] -= push
+            left[v][u] += push
+            v = u
+        flow += push
+    return flow, set()
 
 
 def _paths_ok(mult: np.ndarray, root: int, k: int, inside: set) -> bool:
@@ -64,18 +75,16 @@ def _paths_ok(mult: np.ndarray, root: int, k: int, inside: set) -> bool:
     ``k - 1`` more from the links ``mult`` leaves: ``k - 1`` unit paths from the root to every
     GPU, and ``k`` from the tree (taken as one source) to every GPU outside it."""
     n = len(mult)
-    plain = csr_matrix(mult)
     big = mult.copy()
     for t in inside:
         if t != root:
             big[root, t] = n * int(mult.max() + 1) * max(k, 1)
-    merged = csr_matrix(big)
     for v in range(n):
         if v == root:
             continue
-        if v not in inside and maximum_flow(merged, root, v).flow_value < k:
+        if v not in inside and max_flow(big, root, v, k)[0] < k:
             return False
-        if k > 1 and maximum_flow(plain, root, v).flow_value < k - 1:
+        if k > 1 and max_flow(mult, root, v, k - 1)[0] < k - 1:
             return False
     return True
 
@@ -90,6 +99,9 @@ def disjoint_arborescences(mult: np.ndarray, root: int, k: int) -> list | None:
     if not _paths_ok(left, root, k, {root}):
         return None
     sets = _SetTest.of(n, root)
+    if sets is not None:
+        trees = _grown_together(left, root, k, sets)
+        return None if trees is None else _shallower(trees, left, root)
     trees = []
     for i in range(k, 0, -1):
         level = {root: 0}
@@ -106,7 +118,49 @@ def disjoint_arborescences(mult: np.ndarray, root: int, k: int) -> list | None:
     return _shallower(trees, left, root)
 
 
-SWEEPS = 30
+
+
+def _grown_together(left: np.ndarray, root: int, k: int, sets: "_SetTest") -> list:
+    """The ``k`` trees grown at once, level by level: the next arc goes to the tree whose
+    shallowest open arc is shallowest (the smallest tree on ties), so no tree is left the
+    deep leftovers of the others. ``left`` loses the arcs taken.
+
+    Edmonds' theorem with root sets says which arcs may be taken: partial trees ``T_i`` can
+    all be completed from the unused arcs exactly when every vertex set ``X`` is entered at
+    least as often as there are trees that miss it (a set holding the root misses none).
+    """
+    n = len(left)
+    inside, enters = sets.inside, sets.enters
+    entering = enters @ left.ravel()                       # per set, unused arcs entering it
+    touched = np.zeros((k, len(inside)), dtype=bool)       # tree i meets set X
+    missing = np.full(len(inside), k, dtype=np.int64)      # trees that miss set X
+    level = [{root: 0} for _ in range(k)]
+    edges: list = [[] for _ in range(k)]
+    for _ in range(k * (n - 1)):
+        open_level = [min((lv[u] for u in lv for v in range(n)
+                           if v not in lv and left[u, v] > 0), default=n) if len(lv) < n
+                      else n + 1 for lv in level]
+        i = min(range(k), key=lambda t: (open_level[t], len(level[t])))
+        lv = level[i]
+        arcs = [(u, v) for u in sorted(lv, key=lv.get)
+                for v in sorted(range(n), key=lambda v: -left[u, v])
+                if v not in lv and left[u, v] > 0]
+        ids = [u * n + v for u, v in arcs]
+        heads = [v for _, v in arcs]
+        after = entering[:, None] - enters[:, ids]
+        still = missing[:, None] - (inside[:, heads] & ~touched[i][:, None])
+        passing = np.flatnonzero((after >= still).all(axis=0))
+        if not len(passing):      # cannot happen when the theorem's condition holds
+            return None
+        u, v = arcs[passing[0]]
+        left[u, v] -= 1
+        entering -= enters[:, u * n + v]
+        fresh = inside[:, v] & ~touched[i]
+        touched[i] |= fresh
+        missing -= fresh
+        lv[v] = lv[u] + 1
+        edges[i].append((u, v))
+    return edges
 
 
 def _shallower(trees: list, left: np.ndarray, root: int) -> list:
@@ -122,7 +176,8 @@ def _shallower(trees: list, left: np.ndarray, root: int) -> list:
     left = left.copy()
     stats = [_tree_stats(p, root) for p in par]   # (depth, sum of levels) per tree
     score = _score(stats)
-    for _ in range(SWEEPS):
+    improved = True
+    while improved:   # every kept move lowers the score, so this ends
         improved = False
         for v in range(len(left)):
             if v == root:
@@ -244,7 +299,7 @@ class _SetTest:
     tree to every GPU outside it is every set that misses the tree entered ``k`` times. With
     the ``2^(n-1) - 1`` sets as rows of one matrix, every candidate arc is tested in a few
     vector operations instead of ``2 (n - 1)`` max-flows each (31 trees of 8 GPUs: a few ms
-    instead of 0.6 s). Up to :data:`MOST_SET_VERTICES` GPUs."""
+    instead of 0.6 s). Up to :data:`SET_ROWS` sets GPUs."""
 
     def __init__(self, n: int, root: int):
         self.n = n
@@ -254,9 +309,9 @@ class _SetTest:
 
     @classmethod
     def of(cls, n: int, root: int) -> "_SetTest | None":
-        """The cached test of ``n`` GPUs, or None past :data:`MOST_SET_VERTICES` (read on each
+        """The cached test of ``n`` GPUs, or None past :data:`SET_ROWS` sets (read on each
         call, not cached with the test)."""
-        return _set_test(n, root) if n <= MOST_SET_VERTICES else None
+        return _set_test(n, root) if 1 << (n - 1) <= SET_ROWS else None
 
     def passing(self, left: np.ndarray, k: int, level: dict, arcs: list) -> np.ndarray:
         """Whether each of ``arcs`` keeps the condition once taken (bool per arc)."""
@@ -271,7 +326,9 @@ class _SetTest:
         return (after >= k - 1).all(axis=0) & ((after >= k) | ~missed).all(axis=0)
 
 
-MOST_SET_VERTICES = 12   # 2047 vertex sets, a row each
+# Vertex sets are written out, a row each, while there are at most this many (2^(n-1) - 1
+# per root: 12 GPUs); past it max-flows find the sets that matter, one flow at a time.
+SET_ROWS = 2048
 
 
 @lru_cache(maxsize=None)
@@ -288,116 +345,3 @@ def sets_without(n: int, root: int) -> np.ndarray:
 @lru_cache(maxsize=None)
 def _set_test(n: int, root: int) -> _SetTest:
     return _SetTest(n, root)
-
-
-def pack_unit_trees(index, gpus, root, routes: dict, rate: float) -> Packing | None:
-    """Edge-disjoint unit-rate out-trees from ``root`` (see the module doc) when they reach
-    ``rate`` (the LP's), else None: links that are not whole multiples of one unit, GPU pairs
-    joined only through switches, or too few trees."""
-    gpus = tuple(gpus)
-    found = lane_counts(index, gpus, routes)
-    if found is None:
-        return None
-    unit, mult, direct = found
-    k = int(np.floor(rate / unit + UNIT_TOL))
-    if k < 1 or k * unit < rate * (1 - 1e-9):
-        return None
-    trees = disjoint_arborescences(mult, gpus.index(root), k)
-    if trees is None:
-        return None
-    out = []
-    for edges in trees:
-        named = tuple((gpus[p], gpus[c]) for p, c in edges)
-        paths = tuple(((direct[e], 1.0),) for e in edges)
-        out.append(Tree(root, root, named, paths, unit))
-    return Packing(rate=unit * k, trees=tuple(out), rounds=1, columns=tuple(out), balanced=True)
-
-
-def spanning_unit_trees(mult: np.ndarray, k: int, roots) -> list | None:
-    """``k`` spanning trees used both ways (reduce up, broadcast down), together crossing each
-    GPU pair ``{u, v}`` at most ``mult[u, v]`` times, tree ``i`` grown from ``roots[i]``: each a
-    list of top-down ``(parent, child)`` pairs, or None when the greedy runs out of links.
-
-    Greedy, not exact (the exact test is a matroid union): each tree grows breadth-first over
-    the pairs with the most unused lanes, so the trees stay shallow and the lanes even.
-    """
-    n = len(mult)
-    left = np.minimum(mult, mult.T).astype(np.int64)
-    trees = []
-    for i in range(k):
-        root = roots[i % len(roots)]
-        level = {root: 0}
-        edges: list = []
-        while len(level) < n:
-            best = None
-            for u in level:
-                for v in range(n):
-                    if v in level or left[u, v] <= 0:
-                        continue
-                    key = (-left[u, v], level[u], u, v)
-                    if best is None or key < best:
-                        best = key
-            if best is None:
-                return None
-            _, _, u, v = best
-            left[u, v] -= 1
-            left[v, u] -= 1
-            level[v] = level[u] + 1
-            edges.append((u, v))
-        trees.append(edges)
-    return trees
-
-
-def depth_balanced_counts(trees, nchunks: int) -> list:
-    """``[(tree, chunks)]`` for equal-rate trees so that every tree ends together.
-
-    A tree of depth ``d`` with ``m`` chunks finishes after about ``m + d - 1`` chunk times
-    (its pipeline fills one level per chunk time), so equal shares leave the deepest tree
-    last; giving each tree ``M - d`` chunks evens out the ends.
-    """
-    depth = [t.depth() for t in trees]
-    k = len(trees)
-    level = (nchunks + sum(depth)) / k
-    want = [max(1.0, level - d) for d in depth]
-    scale = nchunks / sum(want)
-    counts = [max(1, int(w * scale)) for w in want]
-    order = sorted(range(k), key=lambda i: want[i] * scale - counts[i], reverse=True)
-    i = 0
-    while sum(counts) < nchunks:          # largest remainders first
-        counts[order[i % k]] += 1
-        i += 1
-    while sum(counts) > nchunks:          # only when the floors of 1 overshoot
-        j = max(range(k), key=lambda t: counts[t])
-        counts[j] -= 1
-    return [(t, c) for t, c in zip(trees, counts)]
-
-
-def pack_unit_spanning_trees(G, ranks) -> Packing | None:
-    """As many unit-rate spanning trees used both ways (Blink allreduce) as
-    :func:`spanning_unit_trees` finds, each grown from another GPU, priced by simulator routes;
-    None when the direct links are not whole lanes or no tree fits."""
-    from ..topology.view import LinkIndex, simulator_routes
-    index = LinkIndex.of(G)
-    routes = simulator_routes(G, index, ranks)
-    gpus = tuple(ranks)
-    found = lane_counts(index, gpus, routes)
-    if found is None:
-        return None
-    unit, mult, direct = found
-    both = np.minimum(mult, mult.T)
-    if any((b, a) not in direct for a, b in direct):
-        return None
-    n = len(gpus)
-    most = int(both.sum() // 2) // max(n - 1, 1)
-    for k in range(most, 0, -1):
-        trees = spanning_unit_trees(both, k, list(range(n)))
-        if trees is not None:
-            break
-    else:
-        return None
-    out = []
-    for edges in trees:
-        named = tuple((gpus[p], gpus[c]) for p, c in edges)
-        paths = tuple(((direct[e], 1.0), (direct[e[::-1]], 1.0)) for e in edges)
-        out.append(Tree(0, named[0][0], named, paths, unit))
-    return Packing(rate=unit * k, trees=tuple(out), rounds=1, columns=tuple(out), balanced=True)

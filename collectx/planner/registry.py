@@ -2,65 +2,38 @@
 
 Every planner has the signature
 ``plan_xxx(topo, ranks, collective, nbytes, *, root=0, inplace=False, nchunks=None) -> Schedule``
-and declares the collectives it serves in a ``collectives`` attribute (or its module's
-``SUPPORTED`` tuple). Optional algorithms (blink, forest) are registered when their module exists.
+(the packed-tree planners also take ``host``) and declares the collectives it serves in a
+``collectives`` attribute (or its module's ``SUPPORTED`` tuple). ``algo=`` may also be any
+callable with that signature, such as a baseline kept for comparison in ``perf/``.
 
 >>> "direct" in ALGORITHMS and supports("direct", "alltoall")
 True
 >>> supports("tree", "alltoall"), supports(lambda *a, **k: None, "alltoall")
 (False, True)
->>> "fallback_ring" in candidates("allreduce"), supports("fallback_ring", "allreduce")
-(False, True)
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
-import warnings
 from typing import Callable
 
 import networkx as nx
 
 from ..errors import PlanError
 from ..schedule.ir import COLLECTIVES, Schedule
+from .direct import plan_direct
+from .hierarchical import plan_hierarchical
+from .ring import plan_ring
+from .tree import plan_tree
+from .trees import plan_blink, plan_forest
 
 PlannerFn = Callable[..., Schedule]
 
-_CORE = {"direct": ("direct", "plan_direct"), "ring": ("ring", "plan_ring"),
-         "tree": ("tree", "plan_tree")}
-_OPTIONAL = {"blink": ("blink", "plan_blink"), "forest": ("forest", "plan_forest"),
-             "hierarchical": ("hierarchical", "plan_hierarchical")}
-
-
-def _load(table: dict, optional: bool) -> dict[str, PlannerFn]:
-    found = {}
-    for name, (module, attr) in table.items():
-        full = f"{__package__}.{module}"
-        if optional and importlib.util.find_spec(full) is None:
-            continue
-        try:
-            fn = getattr(importlib.import_module(full), attr, None)
-        except ImportError as exc:
-            if not optional:
-                raise
-            # An optional algorithm that fails to import must not take the baseline planners
-            # down with it (the runtime plans with them); say so loudly instead.
-            warnings.warn(f"planner algorithm {name!r} is unavailable: {module}.py failed to "
-                          f"import ({exc}); planning continues without it", RuntimeWarning,
-                          stacklevel=2)
-            continue
-        if fn is not None:
-            found[name] = fn
-    return found
-
-
-ALGORITHMS: dict[str, PlannerFn] = {**_load(_CORE, False), **_load(_OPTIONAL, True)}
-# Baselines: plans other libraries would run, for comparison. ``algo=`` / ``--algo`` resolves
-# them by name, but the cost model never considers them (they are never faster).
-BASELINES: dict[str, PlannerFn] = _load({"fallback_ring": ("fallback_ring",
-                                                             "plan_fallback_ring")}, True)
+# In the order candidates are tried: cheap to plan first (packed trees only run where their
+# bound lets them beat those), and on ties the simpler schedule wins.
+ALGORITHMS: dict[str, PlannerFn] = {"direct": plan_direct, "ring": plan_ring, "tree": plan_tree,
+                                    "blink": plan_blink, "forest": plan_forest,
+                                    "hierarchical": plan_hierarchical}
 
 
 def collectives_of(algo: str | PlannerFn) -> frozenset[str]:
@@ -82,26 +55,26 @@ def resolve(algo: str | PlannerFn) -> PlannerFn:
     """The planner function for a registered name (or the callable itself)."""
     if callable(algo):
         return algo
-    fn = ALGORITHMS.get(algo) or BASELINES.get(algo)
+    fn = ALGORITHMS.get(algo)
     if fn is None:
         raise PlanError(f"unknown algorithm {algo!r}; expected one of "
-                        f"{', '.join(sorted(ALGORITHMS))} (or a baseline: "
-                        f"{', '.join(sorted(BASELINES))}) or a planner callable")
+                        f"{', '.join(sorted(ALGORITHMS))} or a planner callable")
     return fn
 
 
 def name_of(algo: str | PlannerFn) -> str:
     if isinstance(algo, str):
         return algo
-    for name, fn in (*ALGORITHMS.items(), *BASELINES.items()):
+    for name, fn in ALGORITHMS.items():
         if fn is algo:
             return name
     return getattr(algo, "__name__", "custom").removeprefix("plan_")
 
 
 def candidates(collective: str) -> list[str]:
-    """Registered algorithms that serve ``collective``, in registry order."""
-    return [name for name in ALGORITHMS if supports(name, collective)]
+    """Registered algorithms that serve ``collective``, in registry order (the hierarchical
+    planner only serves clusters, which :func:`~.api.plan` sends it)."""
+    return [name for name in ALGORITHMS if name != "hierarchical" and supports(name, collective)]
 
 
 def call(algo: str | PlannerFn, topo: nx.DiGraph, ranks: tuple[str, ...], collective: str,

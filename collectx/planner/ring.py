@@ -28,11 +28,12 @@ import networkx as nx
 from ..errors import PlanError
 from ..schedule.ir import Ref, Schedule
 from ._build import Builder, check_args, shard, weighted_shares
+from .cost_tables import MIN_CHUNK_BYTES
 from .ring_search import Ring, find_rings
 
 SUPPORTED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
-PIECE_BYTES = 64 << 10    # broadcast/reduce chain: pieces of at least this many bytes ...
-MAX_PIECES = 512          # ... and at most this many per ring
+MAX_PIECES = 512          # broadcast/reduce chain: pieces per ring, each at least
+                          # MIN_CHUNK_BYTES
 MAX_CHAIN_INSTRUCTIONS = 8192   # a chain costs n instructions per chunk: keep schedules small
 MAX_UNITS = 32            # whole shards per ring set: ring shares follow bandwidth to ~1% with few
 
@@ -46,7 +47,7 @@ def plan_ring(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes:
     ``max_channels`` caps the number of rings (default :data:`.ring_search.MAX_CHANNELS`).
     The default ``nchunks`` gives each ring ``n`` shards (several per ring when ring
     bandwidths differ, so shares follow bandwidth), and for broadcast/reduce one piece per
-    :data:`PIECE_BYTES` per ring.
+    :data:`~.cost_tables.MIN_CHUNK_BYTES` per ring.
 
     Raises
     ------
@@ -150,11 +151,11 @@ def _chain_pieces(n: int, nbytes: int, rings: list[Ring], topo, ranks) -> int:
     A chain of ``n - 1`` hops moving ``p`` pieces takes about ``(p + n - 2)`` piece times,
     plus the route latency ``L`` each piece waits on each hop, ``p * L``: with ``T`` the time
     of the ring's share at its bandwidth, ``T (n - 2) / p + p L`` is least at
-    ``p = sqrt((n - 2) T / L)``. Pieces stay at least :data:`PIECE_BYTES` and at most
+    ``p = sqrt((n - 2) T / L)``. Pieces stay at least :data:`~.cost_tables.MIN_CHUNK_BYTES` and at most
     :data:`MAX_PIECES`.
     """
     share = nbytes / max(len(rings), 1)
-    most = max(1, min(MAX_PIECES, int(share // PIECE_BYTES)))
+    most = max(1, min(MAX_PIECES, int(share // MIN_CHUNK_BYTES)))
     bw = min((r.bw_gbps for r in rings), default=0.0)
     wait = _hop_latency(topo, ranks, rings)
     if n < 3 or bw <= 0 or wait <= 0:

@@ -26,7 +26,7 @@ from collections import Counter
 import networkx as nx
 
 from ..errors import NoFeasiblePlan, TopologyError
-from ..topology.paths import widest_path
+from ..topology.paths import Router, widest_path
 
 MAX_CHANNELS = 16
 MIN_RING_FRACTION = 0.1   # rings this much thinner than the first add steps, not bandwidth
@@ -161,7 +161,7 @@ def _hop(topo, residual, a, b, avoid, cache) -> tuple[float, tuple[str, ...]]:
     route = _fixed_route(topo, a, b, cache)
     if route is not None and any(v in avoid for v in route[1:-1]):
         return min(residual[e] for e in zip(route, route[1:])), route
-    return _widest(topo, residual, a, b, avoid)
+    return _widest(topo, residual, a, b, avoid, cache)
 
 
 def _fixed_route(topo, a, b, cache: dict) -> tuple[str, ...] | None:
@@ -199,10 +199,13 @@ def _hamiltonian(n: int, hop_bw: dict[tuple[int, int], float]) -> tuple[int, ...
     return tuple(path) if extend() else None
 
 
-def _widest(topo, residual, a, b, avoid) -> tuple[float, tuple[str, ...]]:
+def _widest(topo, residual, a, b, avoid, cache) -> tuple[float, tuple[str, ...]]:
     """Widest ``a -> b`` path in the residual graph, fewest hops among equally wide ones."""
+    router = cache.get("router")
+    if router is None:
+        router = cache["router"] = Router(topo)
     try:
-        found = widest_path(topo, a, b, widths=residual, avoid=avoid - {a, b})
+        found = router.widest(a, b, widths=residual, avoid=avoid - {a, b})
     except TopologyError:
         return 0.0, ()
     return (found.bw_gbps, found.hops) if found.bw_gbps > _EPS else (0.0, ())

@@ -1,11 +1,12 @@
-"""Pick the algorithm (and chunking) per message size with the cost model.
+"""Pick the algorithm per message size: every candidate is planned and simulated, the fastest
+wins.
 
-Candidates are every registered algorithm that supports the collective (blink and forest too,
-when present). Chunking follows the message size inside each planner (one piece per shard or
-tree for small messages, where every extra step costs a latency term; deeper pipelines for large
-ones, where they hide the fill time), unless ``nchunks`` is forced. Each candidate is scored by :func:`predict` (simulated transfer time plus the cost
-table's per-step latency) and the fastest wins; ties keep registry order (direct, ring, tree,
-...), i.e. the simpler schedule.
+Candidates are the registered algorithms that serve the collective, cheapest to plan first:
+direct, ring and tree (few steps: small messages), then the packed trees (:mod:`.trees`:
+bandwidth). A candidate is scored by :func:`predict` (simulated transfer time plus the cost
+table's per-step latency); ties keep the earlier, simpler one. Packed trees are planned only
+where their bound lets them beat the best so far: no schedule is faster than its bound allows,
+so below a few hundred kilobytes, where latency decides, the packing program is not run.
 """
 
 from __future__ import annotations
@@ -16,116 +17,73 @@ import networkx as nx
 
 from ..errors import NoFeasiblePlan, PlanError
 from ..schedule.ir import Schedule
+from ..schedule.metrics import bus_factor, unit_bytes
 from . import cost, registry
 from ._build import simulated
-from .cost_tables import ONE_HOP_MIN_FRACTION, TREE_MAX_BYTES
+from .cost_tables import MIN_CHUNK_BYTES
 
-SKIP_MARGIN = 1.001   # a candidate must be able to beat the best by more than this to be tried
+PACKED = ("blink", "forest")   # planners that take host-staged routes (and cost a packing)
+# Packed trees lose at least their pipeline fill to the bound: two levels or more, at the most
+# chunks a schedule holds, about a fiftieth of the run. A plan this close to the bound wins.
+FILL = 0.02
+
 
 def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: int, *,
            root: int = 0, inplace: bool = False, nchunks: int | None = None,
+           host: bool = False, bound=None,
            algorithms: list[str] | None = None) -> tuple[str, Schedule, object]:
-    """The best (name, schedule, predicted) among the candidate algorithms.
+    """The fastest (name, schedule, predicted) among the candidate algorithms.
 
-    ``predicted`` is None when no simulator is available; the analytic rule then decides.
-    Candidates whose busbw upper bound (:func:`upper_busbw`) cannot beat the best predicted
-    so far by more than :data:`SKIP_MARGIN` are neither planned nor simulated.
+    ``host`` lets packed trees stage edges through host memory (executors with host
+    buffers); ``bound`` (:class:`~.bounds.Bounds` of the allocation) prunes packed trees that
+    cannot win. Raises NoFeasiblePlan when no candidate serves the request.
     """
     names = algorithms if algorithms is not None else registry.candidates(collective)
-    best = None
-    failures = []
-    bound = _Bounds(topo, ranks, collective, root)
+    best, failures = None, []
     for name in names:
-        if _cannot_win(best, bound.before_plan(name)):
+        if best is not None and name in PACKED and not _may_win(
+                bound, name, collective, nbytes, topo, ranks, best[0]):
             continue
         try:
-            s = registry.call(name, topo, ranks, collective, nbytes, root=root,
-                              inplace=inplace, nchunks=nchunks)
-        except (PlanError, NotImplementedError) as e:  # cannot serve this request: skip it
+            s = registry.call(name, topo, ranks, collective, nbytes, root=root, inplace=inplace,
+                              nchunks=nchunks, **({"host": host} if name in PACKED else {}))
+        except (PlanError, NotImplementedError) as e:   # cannot serve this request: skip it
             failures.append(f"{name}: {e}")
             continue
-        if _cannot_win(best, upper_busbw(s, len(ranks))):
-            continue
         pred = predict(s, topo, nbytes, ranks, name)
-        score = pred.time_us if pred is not None else None
-        if best is None or (score is not None and (best[0] is None or score < best[0])):
-            best = (score, name, s, pred)
+        if best is None or pred.time_us < best[0]:
+            best = (pred.time_us, s.algorithm, s, pred)
     if best is None:
         raise NoFeasiblePlan(f"no algorithm can plan {collective} on {len(ranks)} ranks: "
                              + "; ".join(failures or ["no candidate supports it"]))
-    if best[0] is None:  # no simulator: fall back to the analytic rule
-        name = choose_analytic(topo, ranks, collective, nbytes)
-        return name, registry.call(name, topo, ranks, collective, nbytes, root=root,
-                                   inplace=inplace, nchunks=nchunks), None
     return best[1], best[2], best[3]
 
 
-def _cannot_win(best, bound: float | None) -> bool:
-    """Whether a candidate bounded by ``bound`` GB/s busbw cannot beat ``best``."""
-    if bound is None or best is None or best[3] is None or not hasattr(best[3], "busbw_GBps"):
+def _may_win(bound, name: str, collective: str, nbytes: int, topo, ranks, best_us: float) -> bool:
+    """Whether packed trees ``name`` could beat ``best_us``. Not below one chunk per group
+    (:data:`~.cost_tables.MIN_CHUNK_BYTES`): trees only pay by pipelining many chunks, and a plan of
+    one chunk is a matter of fewest steps, which the simpler candidates win. Nor where their
+    bound says they cannot: allreduce over trees used both ways is bounded by the tree
+    packing, over per-root forests by reduce-scatter + allgather at the cut; and trees fill
+    their pipelines, which costs them :data:`FILL` of the bound at least."""
+    n = len(ranks)
+    if unit_bytes(collective, nbytes, n) < MIN_CHUNK_BYTES:
         return False
-    return bound <= best[3].busbw_GBps * SKIP_MARGIN
-
-
-def upper_busbw(schedule: Schedule, nranks: int) -> float | None:
-    """Busbw (GB/s) no simulation of a packed-tree schedule can beat, from its packing rate.
-
-    Blink's allreduce trees carry every byte up and down at the packing rate ``T``: busbw <=
-    2(N-1)/N T; its broadcast / reduce trees carry the payload at ``T``. None when the
-    schedule records no single packing rate.
-
-    >>> from collectx.topology import line
-    >>> from collectx.planner.blink import plan_blink
-    >>> round(upper_busbw(plan_blink(line(3, bw=100.0), ("GPU0", "GPU1", "GPU2"), "allreduce",
-    ...                              1 << 20, nchunks=4), 3), 2)
-    133.33
-    """
-    rate = schedule.meta_dict().get("rate_gbps") if schedule.algorithm == "blink" else None
-    if not isinstance(rate, (int, float)) or nranks < 2:
-        return None
-    return rate * (2 * (nranks - 1) / nranks if schedule.collective == "allreduce" else 1.0)
-
-
-class _Bounds:
-    """Bounds that hold before a candidate is planned, computed once and only when needed.
-
-    Allgather, reduce-scatter, broadcast and reduce have bounds no schedule beats
-    (:func:`~.bounds.bounds`). For allreduce the reduce-scatter + allgather cut bound (the
-    harmonic mean of the two phases' cut bounds: every cut carries both phases' traffic)
-    limits the algorithms built that way; trees can beat it, so they are not bounded here.
-    """
-
-    RS_AG = ("direct", "ring", "forest")
-
-    def __init__(self, topo, ranks, collective, root):
-        self.topo, self.ranks, self.collective, self.root = topo, ranks, collective, root
-        self._value: float | None = None
-
-    def before_plan(self, name: str) -> float | None:
-        if self.topo is None or len(self.ranks) < 2:
-            return None
-        if self.collective == "allreduce" and name not in self.RS_AG:
-            return None
-        if self.collective not in ("allreduce", "allgather", "reduce_scatter", "broadcast",
-                                   "reduce"):
-            return None
-        if self._value is None:
-            self._value = self._compute()
-        return self._value
-
-    def _compute(self) -> float:
-        from .bounds import bounds
-        gpus = list(self.ranks)
-        if self.collective != "allreduce":
-            return bounds(self.topo, self.collective, gpus=gpus, root=self.root).bound_busbw
-        ag = bounds(self.topo, "allgather", gpus=gpus).bound_busbw
-        rs = bounds(self.topo, "reduce_scatter", gpus=gpus).bound_busbw
-        return 2.0 / (1.0 / ag + 1.0 / rs)
+    busbw = getattr(bound, "bound_busbw", None)
+    if collective == "allreduce" and bound is not None:
+        trees, cut = bound.tree_busbw or 0.0, bound.cut_busbw or 0.0
+        if name == "forest" and cut <= trees:
+            return False   # trees used both ways pack at least what per-root forests do
+        busbw = (trees if name == "blink" else cut) or busbw
+    if not busbw:
+        return True
+    fastest = cost.base_us(topo, ranks) + nbytes * bus_factor(collective, n) / (busbw * 1e3)
+    return fastest * (1 + FILL) < best_us
 
 
 def predict(schedule: Schedule, topo: nx.DiGraph, nbytes: int, ranks: tuple[str, ...],
             algorithm: str):
-    """Simulated result with the cost table's latency terms folded in (None without simulator).
+    """Simulated result with the cost table's latency terms folded in.
 
     ``t = base + max(simulated, steps * alpha)``: the simulator models link bandwidth,
     contention and per-hop wire latency; the per-step synchronisation of real executors (flags,
@@ -136,50 +94,16 @@ def predict(schedule: Schedule, topo: nx.DiGraph, nbytes: int, ranks: tuple[str,
     total time so that all fields agree.
     """
     sim = simulated(schedule, topo, nbytes, ranks)
-    if sim is None:
-        return None
-    if sim.time_us >= cost.most_steps_us(schedule, algorithm):
+    name = algorithm.split("+")[0]
+    if sim.time_us >= cost.most_steps_us(schedule, name):
         # Large messages: no chain of steps can outlast the transfers, so the max is the
         # simulated time, and the chain and route classes need not be computed.
         t = cost.base_us(topo, ranks) + sim.time_us
     else:
-        base, alpha = cost.latency_terms(schedule, topo, ranks, algorithm)
+        base, alpha = cost.latency_terms(schedule, topo, ranks, name)
         t = base + max(sim.time_us, cost.steps(schedule) * alpha)
-    if not dataclasses.is_dataclass(sim) or t <= 0:
+    if t <= 0:
         return sim
     scale = sim.time_us / t
     return dataclasses.replace(sim, time_us=t, algbw_GBps=sim.algbw_GBps * scale,
                                busbw_GBps=sim.busbw_GBps * scale)
-
-
-def choose_analytic(topo: nx.DiGraph | None, ranks: tuple[str, ...], collective: str,
-                    nbytes: int) -> str:
-    """The cheap rule used without a simulator (the runtime's per-size-class planning).
-
-    One-hop fabrics: direct (fewest steps and every link busy). Elsewhere: the double binary
-    tree for small messages (log-depth), rings for large ones, each only if it supports the
-    collective; direct serves everything else.
-    """
-    if topo is None or len(ranks) <= 2 or is_one_hop(topo, ranks):
-        return "direct"
-    if nbytes <= TREE_MAX_BYTES and registry.supports("tree", collective) \
-            and "tree" in registry.ALGORITHMS:
-        return "tree"
-    if "ring" in registry.ALGORITHMS and registry.supports("ring", collective):
-        return "ring"
-    return "direct"
-
-
-def is_one_hop(topo: nx.DiGraph, ranks: tuple[str, ...]) -> bool:
-    """Whether every rank reaches every other without relaying through a rank, at comparable
-    bandwidth (NVSwitch, full xGMI mesh, one host's shared memory).
-
-    >>> from collectx.topology import switch, ring
-    >>> is_one_hop(switch(4), ("GPU0", "GPU1", "GPU2", "GPU3"))
-    True
-    >>> is_one_hop(ring(4), ("GPU0", "GPU1", "GPU2", "GPU3"))
-    False
-    """
-    avoid = frozenset(ranks)
-    bws = [cost.widest_path(topo, a, b, avoid)[0] for a in ranks for b in ranks if a != b]
-    return not bws or min(bws) >= ONE_HOP_MIN_FRACTION * max(bws)

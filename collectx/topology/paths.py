@@ -82,15 +82,27 @@ class _Links:
     """The graph's out-links, prepared once per query: (next node, GB/s, link type, next kind),
     in natural order so that ties between equal routes break the same way every time."""
 
-    def __init__(self, G: nx.DiGraph, widths: dict | None = None,
-                 avoid: frozenset = frozenset()) -> None:
+    def __init__(self, G: nx.DiGraph) -> None:
         self.kind = dict(G.nodes(data="kind"))
-        self.avoid = avoid      # nodes a route may end at but not pass through
-        widths = widths or {}
+        self.avoid: frozenset = frozenset()   # nodes a route may end at but not pass through
+        self.widths: dict = {}                 # {(u, v): GB/s} overriding links' bandwidth
         self.out = {
-            n: [(m, widths.get((n, m), d["bw_gbps"]), d["type"], self.kind.get(m))
+            n: [(m, d["bw_gbps"], d["type"], self.kind.get(m))
                 for m, d in sorted(G[n].items(), key=lambda item: natural_key(item[0]))]
             for n in G}
+
+    def constrained(self, widths: dict | None, avoid) -> "_Links":
+        """These links with ``widths`` and ``avoid`` (sharing the prepared adjacency)."""
+        other = object.__new__(_Links)
+        other.kind, other.out = self.kind, self.out
+        other.widths, other.avoid = widths or {}, frozenset(avoid)
+        return other
+
+    def leaving(self, node: str):
+        """``(next node, GB/s, link type, next kind)`` of the links out of ``node``."""
+        if not self.widths:
+            return self.out[node]
+        return [(m, self.widths.get((node, m), bw), t, k) for m, bw, t, k in self.out[node]]
 
     def step(self, node: str, arrived: str | None, link_type: str, nxt_kind) -> str | None:
         """The state a route enters the next node in, or None if it may not take this link.
@@ -138,7 +150,7 @@ def _widest_bottlenecks(L: _Links, src: str) -> dict[str, float]:
         best_node[node] = max(best_node.get(node, 0.0), bw)
         if node in L.avoid and node != src:
             continue
-        for nxt, link_bw, link_type, nxt_kind in L.out[node]:
+        for nxt, link_bw, link_type, nxt_kind in L.leaving(node):
             tag = L.step(node, arrived, link_type, nxt_kind)
             if tag is None:
                 continue
@@ -162,7 +174,7 @@ def _fewest_hops(L: _Links, src: str, targets: set[str], width: float) -> dict[s
             found[node] = _unwind(parent, state)
         if node in L.avoid and node != src:
             continue
-        for nxt, link_bw, link_type, nxt_kind in L.out[node]:
+        for nxt, link_bw, link_type, nxt_kind in L.leaving(node):
             tag = L.step(node, arrived, link_type, nxt_kind) if link_bw >= width else None
             nxt_state = (nxt, tag)
             if tag is None or nxt_state in parent:
@@ -228,7 +240,7 @@ def widest_path(G: nx.DiGraph, a: str, b: str, *, widths: dict | None = None,
 
     ``widths`` overrides some links' bandwidth (``{(u, v): GB/s}``; a route never takes a link
     of width 0: a planner's residual capacities), and the route passes through no node of
-    ``avoid`` (it may end at one).
+    ``avoid`` (it may end at one). :class:`Router` answers many such questions on one graph.
 
     Raises
     ------
@@ -239,15 +251,31 @@ def widest_path(G: nx.DiGraph, a: str, b: str, *, widths: dict | None = None,
     >>> widest_path(ring(4), "GPU0", "GPU2", avoid={"GPU1"}).hops
     ('GPU0', 'GPU3', 'GPU2')
     """
-    for end in (a, b):
-        if end not in G:
-            raise TopologyError(f"{end!r} is not a node of {G.graph.get('name', 'the topology')!r}")
-    if a == b:
-        return Path(PathClass.LOC, float("inf"), (a,))
-    found = _paths_from(G, _Links(G, widths, frozenset(avoid)), a, [b])
-    if b not in found:
-        raise TopologyError(f"no route from {a} to {b}: the topology is disconnected there")
-    return found[b]
+    return Router(G).widest(a, b, widths=widths, avoid=avoid)
+
+
+class Router:
+    """Widest routes on one graph, its links prepared once (searches that ask about many
+    pairs and residual widths, such as the ring search, share them)."""
+
+    def __init__(self, G: nx.DiGraph):
+        self.G, self.links = G, _Links(G)
+
+    def widest(self, a: str, b: str, *, widths: dict | None = None, avoid=()) -> Path:
+        """:func:`widest_path` from ``a`` to ``b``."""
+        G = self.G
+        for end in (a, b):
+            if end not in G:
+                raise TopologyError(f"{end!r} is not a node of "
+                                    f"{G.graph.get('name', 'the topology')!r}")
+        if a == b:
+            return Path(PathClass.LOC, float("inf"), (a,))
+        links = self.links.constrained(widths, avoid) if widths or avoid else self.links
+        found = _paths_from(G, links, a, [b])
+        if b not in found:
+            raise TopologyError(f"no route from {a} to {b}: the topology is disconnected "
+                                f"there")
+        return found[b]
 
 
 def path_class(G: nx.DiGraph, a: str, b: str) -> PathClass:

@@ -203,13 +203,10 @@ def simulator_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = Fals
     return routes
 
 
-def host_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False,
-                any_pair: bool = False) -> dict:
+def host_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False) -> dict:
     """The links a transfer staged through host memory crosses, for every ordered pair of
-    ``gpus`` joined by a direct GPU link (the pairs whose PCIe bandwidth CUDA never uses
-    unless a plan stages through host, :mod:`.host_relay`); with ``any_pair``, for every
-    ordered pair (GPUs without a direct link then also reach each other through host memory,
-    across the sockets' link where they sit under different CPUs).
+    ``gpus``: the only way to the PCIe bandwidth between GPUs whose peer copies take NVLink,
+    and across the sockets' link a second way between GPUs under different CPUs.
 
     The sender copies into its ``host`` buffer (GPU -> PCIe -> its host CPU) and the receiver
     copies it out (that CPU -> PCIe -> GPU), each routed as the simulator routes it. Same
@@ -224,7 +221,7 @@ def host_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False,
         if host == a or kinds.get(host) != "cpu":
             continue
         for b in gpus:
-            if b == a or not (any_pair or direct_link(G, a, b)):
+            if b == a:
                 continue
             use: dict = {}
             for x, y in ((a, host), (host, b)):

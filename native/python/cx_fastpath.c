@@ -11,9 +11,8 @@
  * same library, including one named by COLLECTX_NATIVE_LIB.
  *
  * The module also carries the planner's hot loops: schedule_arrays (cx_schedule_arrays.c), the
- * simulator's one-pass reader of a schedule's instructions; pipeline_lanes (cx_pipeline.c), the
- * cutting of instructions into pieces; emit_lanes (cx_emit.c), the tree emitter's dealing of
- * items onto lanes.
+ * simulator's one-pass reader of a schedule's instructions; emit_lanes (cx_emit.c), the tree
+ * emitter's dealing of items onto lanes.
  *
  * Contract of reduce() and copy(): True when the call ran; False when nothing was touched and the
  * caller must take the fully checked Python path, which raises the precise, typed error. So every
@@ -33,7 +32,6 @@
 /* Only the declarations (status codes, the executor's structs): nothing is linked. */
 #include "../include/collectx.h"
 #include "cx_emit.h"
-#include "cx_pipeline.h"
 #include "cx_schedule_arrays.h"
 
 /* Bumped when the Python-side contract changes; collectx/_native.py refuses other versions.
@@ -768,7 +766,6 @@ static PyMethodDef methods[] = {
     {"copy", (PyCFunction)(void (*)(void))fast_copy, METH_FASTCALL, copy_doc},
     {"bind", bind, METH_VARARGS, bind_doc},
     {"schedule_arrays", cx_schedule_arrays, METH_O, CX_SCHEDULE_ARRAYS_DOC},
-    {"pipeline_lanes", cx_pipeline_lanes, METH_VARARGS, CX_PIPELINE_LANES_DOC},
     {"emit_lanes", cx_emit_lanes, METH_VARARGS, CX_EMIT_LANES_DOC},
     {NULL, NULL, 0, NULL},
 };

@@ -9,9 +9,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import time
-
 from ...errors import ArgumentError
 from ...schedule.ir import Schedule
 
@@ -57,12 +54,12 @@ def cuda_schedule(topology, collective: str, nranks: int, nbytes: int, root: int
 def cuda_plan(topology, collective: str, nbytes: int, *, gpus=None, algo: str | None = None,
               root: int = 0):
     """:func:`cuda_schedule` on the allocation ``gpus`` of ``topology``, as a
-    :class:`~collectx.planner.Plan` (predicted time, bound, verification):
-    ``collectx plan --device cuda``.
+    :class:`~collectx.planner.Plan` (predicted time, bound without host staging,
+    verification): ``collectx plan --device cuda``.
 
-    The plan is made by ``plan(..., host_relays=False)`` with the algorithm fixed to the
-    schedule :func:`cuda_schedule` gives, so its schedule is exactly the one the CUDA engine
-    runs; ``planning_time_s`` counts the planning of both.
+    It is ``plan(..., host_relays=False)``: the same choice among the same candidates as the
+    engine's ``make_schedule(..., host_relays=False)``, judged against
+    :func:`~collectx.planner.bounds.peer_bounds`.
 
     Raises
     ------
@@ -81,25 +78,10 @@ def cuda_plan(topology, collective: str, nbytes: int, *, gpus=None, algo: str | 
     from ...topology import gpus as all_gpus, subset
     from ...topology.model import resolve_gpus
     ranks = resolve_gpus(topology, all_gpus(topology) if gpus is None else gpus)
-    view = subset(topology, ranks)        # the machine the engine sees: other jobs' GPUs gone
-    in_device_order = all_gpus(view)
+    in_device_order = all_gpus(subset(topology, ranks))   # the machine the engine sees
     if ranks != in_device_order:
         raise ArgumentError(f"GPUs {', '.join(ranks)} for the CUDA runtime: expected them in "
                             f"device order ({', '.join(in_device_order)}), since it runs rank "
                             f"r on the r-th GPU; list them in that order")
-    t0 = time.perf_counter()
-    schedule = cuda_schedule(view, collective, len(ranks), nbytes, root=root, algo=algo)
-    planning_s = time.perf_counter() - t0
-    p = plan(topology, collective, nbytes, gpus=list(ranks), algo=_fixed(schedule), root=root,
-             host_relays=False)
-    return dataclasses.replace(p, planning_time_s=planning_s + p.planning_time_s)
-
-
-def _fixed(schedule: Schedule):
-    """A planner callable that returns ``schedule``, named after its algorithm (plan() reports
-    and costs it under that name)."""
-    def planner(topo, ranks, collective, nbytes, **kw) -> Schedule:
-        return schedule
-    planner.__name__ = schedule.algorithm or "custom"
-    planner.collectives = (schedule.collective,)
-    return planner
+    return plan(topology, collective, nbytes, gpus=list(ranks), algo=algo, root=root,
+                host_relays=False)

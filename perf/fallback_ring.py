@@ -36,14 +36,14 @@ import itertools
 
 import networkx as nx
 
-from ..errors import NoFeasiblePlan, PlanError, TopologyError
-from ..schedule.host import stage_through_host
-from ..schedule.ir import Schedule
-from ..topology.paths import widest_path
-from ._build import check_args
-from ..topology.view import DIRECT_TYPES
-from .ring import SUPPORTED, _default_nchunks, ring_schedule
-from .ring_search import Ring
+from collectx.errors import NoFeasiblePlan, PlanError, TopologyError
+from collectx.planner._build import check_args
+from collectx.planner.ring import SUPPORTED, _default_nchunks, ring_schedule
+from collectx.planner.ring_search import Ring
+from collectx.schedule.host import stage_through_host
+from collectx.schedule.ir import Schedule
+from collectx.topology.paths import widest_path
+from collectx.topology.view import DIRECT_TYPES
 
 PIPELINE = 16          # pieces per shard: the staged copies up and down overlap piece by piece
 MAX_RANKS = 9          # orders tried: (n - 1)! / 1 ... 40320 at 9

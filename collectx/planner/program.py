@@ -1,0 +1,559 @@
+"""The packing program: equal-rate trees for every collective that moves data over trees.
+
+How it works
+------------
+A *group* is one root's data moving one way: down its out-trees (broadcast, allgather), up
+them (reduce, reduce-scatter: in-trees, the out-trees' arcs carried backwards), or both ways
+(allreduce: each chunk reduced up a tree, then broadcast down the same tree). Broadcast and
+reduce have one group, allgather and reduce-scatter one per GPU; allreduce has one group used
+both ways (a spanning tree can be rooted at any GPU, so one root serves), or one up and one
+down group per GPU (reduce-scatter, then allgather, pipelined chunk by chunk).
+
+A tree *arc* ``a -> b`` between two GPUs is carried in one of a few *ways*: as the hardware
+routes a peer copy (a direct link, the widest route, or stripes over NVSwitch planes: exactly
+the simulator's routes, :func:`~collectx.topology.view.simulator_routes`), or staged through
+the sender's host memory over PCIe where the executor has host buffers
+(:func:`~collectx.topology.view.host_routes`). A way loads a multiset of links; used both
+ways, an arc loads its down route and its up route.
+
+1. **LP** (:func:`fractional`). Column generation packs every group's arborescences into the
+   link capacities at one rate (:func:`~.treepack.column_generation`): the duals price the
+   links, the cheapest way prices each arc, and a minimum arborescence from the group's root
+   is the improving column. Its optimum ``R`` bounds what any mix of such trees can do.
+2. **Rounding** (:class:`Rounding`). An integer program counts ``K`` trees per group, arc by
+   arc and way by way, minimising the busiest link's load; Edmonds' rows (``K`` arc-disjoint
+   arborescences from ``r`` exist iff every vertex set without ``r`` is entered ``K`` times)
+   make the counts trees. The ``K`` trees of every group then run at one rate, which is what
+   a link shared fairly among its transfers gives each of them.
+3. **Split** (:meth:`Rounding.trees`). Lovász's construction deals each group's counted arcs
+   into ``K`` arborescences (:func:`~.integral_trees.disjoint_arborescences`).
+
+Which ``K``, and how the trees are lowered to chunks and lanes, is :mod:`.trees`' choice.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import csr_matrix
+
+from ..topology.routes import routes_for
+from ..topology.view import LinkIndex, host_routes, simulator_routes
+from .integral_trees import disjoint_arborescences, max_flow
+from .treepack import Packing, Tree, centre, column_generation, min_arborescence, top_down
+
+DOWN, UP, BOTH = "down", "up", "both"
+MODES = {"broadcast": DOWN, "allgather": DOWN, "reduce": UP, "reduce_scatter": UP,
+         "allreduce": BOTH}
+PER_ROOT = ("allgather", "reduce_scatter")
+
+LANES = 64           # lanes a rank runs (schedule.ir.MAX_LANES): every tree needs its own
+NODES = 100          # branch-and-bound nodes per integer program: a fixed budget, not a time
+                     # limit, so that every rank plans the same trees
+BUILT = 3            # tree counts built into trees: the depth their arcs allow misjudges some
+PROGRAM_ROWS = 256   # Edmonds rows written out up front (2^(n-1) - 1 per group): past a few
+                     # hundred, every branch-and-bound node's LP pays for them all, and
+                     # finding the few that bind (lazily, by max-flow) is faster
+
+
+@dataclass(frozen=True)
+class Way:
+    """One way to carry a tree arc: the links it loads (``(link, share)``), whether its
+    down / up transfer is staged through host memory, and the longest route latency a
+    transfer over it waits before its first byte moves (us)."""
+
+    load: tuple
+    down: bool = False
+    up: bool = False
+    wait_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What to pack: the GPUs, the groups as ``(root index, mode)``, the ways of every arc
+    ``(a, b)`` (GPU indices) per mode, and the link capacities (GB/s) the loads index."""
+
+    gpus: tuple
+    groups: tuple
+    ways: dict
+    caps: tuple
+
+    def way(self, tree: Tree, i: int) -> Way:
+        """The way edge ``i`` of ``tree`` (a tree of this problem) takes."""
+        e = tree.edges[i]
+        options = self.ways[self.groups[tree.group][1]][e]
+        return options[way_index(options, tree.paths[i], i in tree.staged, i in tree.staged_up)]
+
+
+def problem(G, gpus, collective: str, root: int = 0, host: bool = False,
+            forest: bool = False) -> Problem:
+    """The packing problem of ``collective`` on job graph ``G``: peer routes as the simulator
+    takes them, plus routes staged through the sender's host memory with ``host``. ``forest``
+    (allreduce): one up and one down group per GPU instead of one group used both ways.
+
+    >>> from collectx.topology import ring
+    >>> from collectx.topology.view import job_graph
+    >>> gpus = ("GPU0", "GPU1", "GPU2", "GPU3")
+    >>> p = problem(job_graph(ring(4), gpus), gpus, "allgather")
+    >>> p.groups[:2], sorted(p.ways["down"])[:3], p.ways["down"][0, 1][0].load
+    (((0, 'down'), (1, 'down')), [(0, 1), (0, 3), (1, 0)], ((0, 1.0),))
+    """
+    index = LinkIndex.of(G)
+    peer = simulator_routes(G, index, gpus)
+    staged = host_routes(G, index, gpus) if host else {}
+    n = len(gpus)
+    modes = (UP, DOWN) if forest else (MODES[collective],)
+    if forest or collective in PER_ROOT:
+        groups = tuple((r, m) for m in modes for r in range(n))
+    else:
+        groups = ((root, modes[0]),)
+    waits = _waits(G, gpus)
+    return Problem(tuple(gpus), groups, {m: _ways(gpus, peer, staged, waits, m) for m in modes},
+                   index.caps)
+
+
+def _waits(G, gpus) -> dict:
+    """``(a, b) -> (peer, staged)``: the longest route latency (us) of a peer copy from GPU
+    ``a`` to GPU ``b``, and of the two copies that stage it through ``a``'s host memory."""
+    table = routes_for(G)
+
+    def longest(x, y):
+        return max(lat for _, lat, _ in table.spread(x, y))
+    out = {}
+    for a, b in itertools.permutations(gpus, 2):
+        host = table.host_of(a)
+        out[a, b] = (longest(a, b), longest(a, host) + longest(host, b) if host != a else 0.0)
+    return out
+
+
+def _ways(gpus, peer: dict, staged: dict, waits: dict, mode: str) -> dict:
+    def one(a, b):   # (load, staged, wait) of each way a transfer from GPU a to GPU b takes
+        pair = (gpus[a], gpus[b])
+        return [(route[pair], s, waits[pair][s]) for route, s in ((peer, False), (staged, True))
+                if pair in route]
+
+    table = {}
+    for a, b in itertools.permutations(range(len(gpus)), 2):
+        if mode == DOWN:
+            found = [Way(load, down=s, wait_us=w) for load, s, w in one(a, b)]
+        elif mode == UP:
+            found = [Way(load, up=s, wait_us=w) for load, s, w in one(b, a)]
+        else:
+            found = [Way(_merged(ld, lu), down=sd, up=su, wait_us=max(wd, wu))
+                     for ld, sd, wd in one(a, b) for lu, su, wu in one(b, a)]
+        if found:
+            table[a, b] = tuple(found)
+    return table
+
+
+def _merged(a: tuple, b: tuple) -> tuple:
+    use: dict = {}
+    for link, w in (*a, *b):
+        use[link] = use.get(link, 0.0) + w
+    return tuple(sorted(use.items()))
+
+
+def way_index(options: tuple, load, down: bool, up: bool) -> int:
+    """Which of ``options`` loads ``load`` with these staging flags."""
+    for k, way in enumerate(options):
+        if way.load == load and way.down == down and way.up == up:
+            return k
+    raise ValueError("a tree names a way its problem does not offer")
+
+
+# -- 1. the LP ----------------------------------------------------------------------------------
+def fractional(p: Problem) -> Packing:
+    """The LP optimum over every group's arborescences (step 1); tree groups are indices into
+    ``p.groups``, ``rate`` is each group's (GB/s)."""
+    n = len(p.gpus)
+
+    def price(y, exact):
+        cols = []
+        for mode, ways in p.ways.items():
+            W = np.full((n, n), np.inf)
+            best = {}
+            for e, options in ways.items():
+                costs = [sum(y[link] * w for link, w in way.load) + 1e-9 * len(way.load)
+                         for way in options]
+                best[e] = k = int(np.argmin(costs))
+                W[e] = costs[k]
+            for g, (r, m) in enumerate(p.groups):
+                parent = min_arborescence(W, r) if m == mode else None
+                if parent is not None:
+                    edges = top_down(tuple(range(n)), parent, r)
+                    tree = tree_of(p, g, edges, [best[e] for e in edges])
+                    cols.append((g, tree, _use(tree.paths)))
+        return cols
+
+    return column_generation(p.caps, tuple(range(len(p.groups))), price)
+
+
+def tree_of(p: Problem, g: int, edges, picks, rate: float = 0.0) -> Tree:
+    """Group ``g``'s :class:`~.treepack.Tree` over GPU indices; ``picks[i]`` indexes the way
+    of ``edges[i]``."""
+    root, mode = p.groups[g]
+    ways = [p.ways[mode][e][k] for e, k in zip(edges, picks)]
+    return Tree(g, root, tuple(edges), tuple(w.load for w in ways), rate,
+                tuple(i for i, w in enumerate(ways) if w.down),
+                tuple(i for i, w in enumerate(ways) if w.up))
+
+
+def _use(paths) -> dict:
+    use: dict = {}
+    for path in paths:
+        for link, w in path:
+            use[link] = use.get(link, 0.0) + w
+    return use
+
+
+# -- 2. rounding and 3. split -------------------------------------------------------------------
+class Rounding:
+    """The integer program of step 2 over the arc ways each group's LP columns use.
+
+    Variables: a count per (group, arc, way), its uses past the first, then the busiest
+    link's load ``z`` (in link capacities, for trees of unit rate). Rows: links (load <= z),
+    each group's arc total (``K (n - 1)``), Edmonds' rows, and each count at most one more
+    than its repeats. ``level_cost`` charges every arc for how far its tail is from the
+    root, and every repeat of an arc as one level more (in the units of ``z``): among
+    roundings that keep the rate, shallow trees fill their pipelines sooner, and the same
+    arc taken by many trees chains them (on a one-hop fabric, ``n - 1`` trees over every
+    arc once are relay trees two levels deep; over one path ``n - 1`` times, chains).
+    """
+
+    def __init__(self, p: Problem, lp: Packing, level_cost: float = 0.0):
+        self.p, self.n = p, len(p.gpus)
+        used = {(t.group, t.edges[i], p.way(t, i)) for t in lp.columns for i in range(len(t.edges))}
+        self.cols = sorted({(g, e, p.ways[p.groups[g][1]][e].index(w)) for g, e, w in used})
+        links = sorted({link for g, e, k in self.cols for link, _ in self._way(g, e, k).load})
+        at = {link: i for i, link in enumerate(links)}
+        nv = len(self.cols) + 1
+        self.load = np.zeros((len(links), nv))
+        self.total = np.zeros((len(p.groups), nv))
+        self.scaled = np.zeros(nv - 1)   # the LP's count of each column per tree
+        where = {c: i for i, c in enumerate(self.cols)}
+        for c, (g, e, k) in enumerate(self.cols):
+            for link, w in self._way(g, e, k).load:
+                self.load[at[link], c] += w / p.caps[link]
+            self.total[g, c] = 1.0
+        self.load[:, -1] = -1.0
+        for t in lp.trees:
+            for i, e in enumerate(t.edges):
+                k = self.p.ways[p.groups[t.group][1]][e].index(p.way(t, i))
+                self.scaled[where[t.group, e, k]] += t.rate / lp.rate
+        C = len(self.cols)
+        self.load = np.hstack([self.load[:, :-1], np.zeros((len(links), C)), self.load[:, -1:]])
+        self.total = np.hstack([self.total[:, :-1], np.zeros((len(p.groups), C + 1))])
+        self.repeats = csr_matrix(np.hstack([np.eye(C), -np.eye(C), np.zeros((C, 1))]))
+        self.cost = np.r_[level_cost * self._levels(), np.full(C, level_cost), 1.0]
+        self.enumerated = len(p.groups) << (self.n - 1) <= PROGRAM_ROWS
+        self.sets = self._first_sets()
+        self._rows_for, self._rows = -1, None   # Edmonds' rows, built for that many sets
+
+    def _way(self, g, e, k) -> Way:
+        return self.p.ways[self.p.groups[g][1]][e][k]
+
+    def _levels(self) -> np.ndarray:
+        """Each column's arc tail's distance (in arcs) from its group's root."""
+        dist = {}
+        for g, (r, _) in enumerate(self.p.groups):
+            arcs = {e for h, e, _ in self.cols if h == g}
+            level, frontier, depth = {r: 0}, {r}, 0
+            while frontier:
+                depth += 1
+                frontier = {b for a, b in arcs if a in frontier and b not in level}
+                level.update(dict.fromkeys(frontier, depth))
+            dist[g] = level
+        return np.array([dist[g].get(a, self.n) for g, (a, _), _ in self.cols], dtype=float)
+
+    def _first_sets(self) -> list:
+        """``(group, vertex set)`` rows to start from: every set while they number at most
+        :data:`PROGRAM_ROWS`, else each GPU alone and all but the root."""
+        out = []
+        for g, (r, _) in enumerate(self.p.groups):
+            others = [v for v in range(self.n) if v != r]
+            if self.enumerated:
+                out += [(g, frozenset(s)) for k in range(1, self.n)
+                        for s in itertools.combinations(others, k)]
+            else:
+                out += [(g, frozenset([v])) for v in others] + [(g, frozenset(others))]
+        return out
+
+    def solve(self, K: int, most: float = np.inf) -> np.ndarray | None:
+        """Counts of ``K`` trees per group whose busiest link carries at most ``most``
+        capacities, the least such load within the node budget; None if there are none.
+
+        With several groups the program grows with their number: each count is then held
+        within one of the LP's own, scaled to ``K`` trees (the box around the LP's point,
+        where its roundings lie), which keeps the search small. Edmonds' rows are found first
+        for the linear relaxation (cheap to solve again), then for the integers.
+        """
+        C = len(self.cols)
+        if len(self.p.groups) > 1:
+            low, high = np.floor(self.scaled * K + 1e-9), np.ceil(self.scaled * K - 1e-9)
+        else:
+            low, high = np.zeros(C), np.full(C, K)
+        bounds = Bounds(np.r_[low, np.zeros(C), 0.0], np.r_[high, np.full(C, K), most])
+        phases = [np.r_[np.ones(C), np.zeros(C + 1)]]
+        if not self.enumerated:   # rows still to find: the relaxation finds most cheaply
+            phases.insert(0, np.zeros(2 * C + 1))
+        res = None
+        for integral in phases:
+            while True:   # every round adds a row the counts fell short of: this ends
+                rows = [LinearConstraint(self.load, -np.inf, 0.0),
+                        LinearConstraint(self.total, K * (self.n - 1), K * (self.n - 1)),
+                        LinearConstraint(self._entering(), K, np.inf),
+                        LinearConstraint(self.repeats, -np.inf, 1.0)]
+                res = milp(self.cost, constraints=rows, integrality=integral, bounds=bounds,
+                           options={"node_limit": NODES, "mip_rel_gap": 0.01, "disp": False})
+                if res.x is None:
+                    return None
+                short = [s for s in self._short_sets(res.x[:C], K) if s not in self.sets]
+                if not short:
+                    break
+                self.sets += short
+        return np.round(res.x[:C]).astype(np.int64)
+
+    def _entering(self) -> csr_matrix:
+        """Edmonds' rows: per (group, set), the columns whose arcs enter the set."""
+        if self._rows_for == len(self.sets):
+            return self._rows
+        member = np.zeros((len(self.sets), self.n), dtype=bool)
+        for i, (_, inside) in enumerate(self.sets):
+            member[i, list(inside)] = True
+        owner = np.array([g for g, _ in self.sets])
+        group, tails, heads = (np.array(v) for v in
+                               zip(*[(g, a, b) for g, (a, b), _ in self.cols]))
+        A = (owner[:, None] == group[None, :]) & member[:, heads] & ~member[:, tails]
+        self._rows_for = len(self.sets)
+        self._rows = csr_matrix(np.hstack([A, np.zeros((len(self.sets), len(self.cols) + 1),
+                                                       dtype=bool)]), dtype=float)
+        return self._rows
+
+    def _short_sets(self, x, K: int) -> list:
+        """``(group, set)`` pairs entered fewer than ``K`` times by the counts ``x``: the sink
+        sides of the minimum cuts of the max-flows that fall short."""
+        found = []
+        for g, (r, _) in enumerate(self.p.groups):
+            mult = self.multiplicity(x, g)
+            for v in range(self.n):
+                if v != r:
+                    flow, reached = max_flow(mult, r, v, K - 1e-6)
+                    if flow < K - 1e-6:
+                        found.append((g, frozenset(range(self.n)) - reached))
+        return list(dict.fromkeys(found))
+
+    def multiplicity(self, x, g: int) -> np.ndarray:
+        """Group ``g``'s arc counts as an ``n x n`` matrix."""
+        mult = np.zeros((self.n, self.n), dtype=np.asarray(x).dtype)
+        for c, (h, e, _) in enumerate(self.cols):
+            if h == g:
+                mult[e] += x[c]
+        return mult
+
+    def depth(self, x) -> int:
+        """The farthest any GPU lies from its group's root over the counted arcs (a staged
+        arc counts two, as :meth:`~.treepack.Tree.depth` counts it): the least depth of the
+        deepest tree the counts split into."""
+        deepest = 0
+        for g, (r, _) in enumerate(self.p.groups):
+            arcs = {}
+            for c, (h, (a, b), k) in enumerate(self.cols):
+                if h == g and x[c]:
+                    way = self._way(g, (a, b), k)
+                    hop = 2 if way.down or way.up else 1
+                    arcs[a, b] = min(arcs.get((a, b), hop), hop)
+            dist = {r: 0}
+            for _ in range(self.n):   # Bellman-Ford: few nodes, unit and double hops
+                for (a, b), hop in arcs.items():
+                    if a in dist and dist[a] + hop < dist.get(b, np.inf):
+                        dist[b] = dist[a] + hop
+            deepest = max(deepest, max(dist.values()))
+        return deepest
+
+    def rate(self, x, K: int) -> float:
+        """The rate per group (GB/s) of counts ``x``: ``K`` trees, their busiest link full."""
+        return K / float(np.max(self.load[:, :len(self.cols)] @ x))
+
+    def trees(self, x, K: int) -> tuple | None:
+        """Every group's ``K`` arborescences (step 3), at ``rate / K`` each; None if some
+        group's counts do not split (they always do once Edmonds' rows hold)."""
+        each = self.rate(x, K) / K
+        out = []
+        for g, (r, _) in enumerate(self.p.groups):
+            pool: dict = {}
+            for c, (h, e, k) in enumerate(self.cols):
+                if h == g:
+                    pool.setdefault(e, []).extend([k] * int(x[c]))
+            grown = disjoint_arborescences(self.multiplicity(x, g), r, K)
+            if grown is None:
+                return None
+            out += [tree_of(self.p, g, tuple(edges), [pool[e].pop() for e in edges], each)
+                    for edges in grown]
+        return tuple(out)
+
+
+def lifted(p: Problem, trees: tuple) -> tuple:
+    """``trees`` with GPUs moved closer to their roots wherever the arc that moves them fits
+    in what the busiest link leaves every link (its utilisation times the link's capacity):
+    the rate stays, the pipelines shorten.
+
+    Why: the rounding counts arcs, not levels, and where every GPU reaches every other in one
+    hop (NVSwitch, full xGMI meshes) any counts look alike to it: a chain through all 16 GPUs
+    of a DGX-2 carries a broadcast at the same rate as a tree of depth 4. A GPU's last level
+    is the one its data arrives on, so every level cut is a chunk time the pipeline no longer
+    waits. Deepest GPUs first, each to the shallowest parent that fits, until none moves.
+    """
+    caps = np.asarray(p.caps, dtype=float)
+    load = np.zeros(len(caps))
+    for t in trees:
+        for path in t.paths:
+            for link, w in path:
+                load[link] += w * t.rate
+    limit = caps * float(np.max(load / caps)) * (1 + 1e-9)
+    out = [_Growing(p, t) for t in trees]
+    moved = True
+    while moved:   # every move shortens a path to the root: this ends
+        moved = any([tree.lift(load, limit) for tree in out])
+    return tuple(tree.frozen() for tree in out)
+
+
+class _Growing:
+    """A tree being shortened: parents, the way of each GPU's arc, and its depth levels."""
+
+    def __init__(self, p: Problem, tree: Tree):
+        self.p, self.tree = p, tree
+        self.options = p.ways[p.groups[tree.group][1]]
+        self.parent = {c: a for a, c in tree.edges}
+        self.way = {c: p.way(tree, i) for i, (_, c) in enumerate(tree.edges)}
+
+    def levels(self) -> dict:
+        level = {self.tree.root: 0}
+        while len(level) < len(self.parent) + 1:
+            for c, a in self.parent.items():
+                if a in level and c not in level:
+                    level[c] = level[a] + (2 if self.way[c].down or self.way[c].up else 1)
+        return level
+
+    def below(self, v) -> set:
+        out, grew = {v}, True
+        while grew:
+            grew = False
+            for c, a in self.parent.items():
+                if a in out and c not in out:
+                    out.add(c)
+                    grew = True
+        return out
+
+    def lift(self, load, limit) -> bool:
+        """Move one GPU (the deepest that can) to a shallower parent; whether one moved."""
+        level = self.levels()
+        for v in sorted(self.parent, key=lambda c: -level[c]):
+            banned = self.below(v)
+            for u in sorted(level, key=level.get):
+                if u in banned or level[u] + 1 >= level[v]:
+                    continue
+                for way in self.options.get((u, v), ()):
+                    hop = 2 if way.down or way.up else 1
+                    if level[u] + hop < level[v] and self._fits(way, v, load, limit):
+                        self.parent[v], self.way[v] = u, way
+                        return True
+        return False
+
+    def _fits(self, way: Way, v, load, limit) -> bool:
+        """Swap ``v``'s arc for ``way`` in ``load`` if every link stays within ``limit``."""
+        rate = self.tree.rate
+        for link, w in self.way[v].load:
+            load[link] -= w * rate
+        if all(load[link] + w * rate <= limit[link] for link, w in way.load):
+            for link, w in way.load:
+                load[link] += w * rate
+            return True
+        for link, w in self.way[v].load:
+            load[link] += w * rate
+        return False
+
+    def frozen(self) -> Tree:
+        parent = [-1] * len(self.p.gpus)
+        for c, a in self.parent.items():
+            parent[c] = a
+        edges = top_down(tuple(range(len(parent))), parent, self.tree.root)
+        picks = [self.options[e].index(self.way[e[1]]) for e in edges]
+        return tree_of(self.p, self.tree.group, edges, picks, self.tree.rate)
+
+
+def most_trees(p: Problem) -> int:
+    """Trees per group the executors' lanes hold: a rank gives every tree it does not root a
+    lane (two for trees used both ways, one up and one down)."""
+    per_tree = 2 if BOTH in p.ways else 1
+    return max(1, LANES // (per_tree * len(p.groups)))
+
+
+def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0) -> Packing:
+    """Steps 2-3: ``K`` equal trees per group for the ``K`` whose predicted time is least;
+    the LP's own trees where no rounding exists.
+
+    ``cost.time(K, rate, depth)`` predicts a packing's time from its tree count, rate per
+    group and deepest tree; ``cost.least_rate(K, time)`` is the rate ``K`` trees need to beat
+    ``time`` at best, which the program then must keep (an impossible count fails fast);
+    ``cost.most_trees()`` is the most trees per group the message has chunks for.
+    How well a count rounds the LP depends on how its rates divide (on the full DGX-1V
+    allreduce 14 trees keep 0.97 of the LP, 16 keep 0.89, 18 keep 0.998), so every count the
+    lanes hold is tried; where GPUs reach each other in one hop more trees also let them be
+    shallower (``n - 1`` relay trees, root to one GPU, that GPU to all others, carry a
+    broadcast at its full rate two levels deep); fewer trees hold fewer instructions. Counts
+    are first judged by the depth their arcs allow; the :data:`BUILT` best are built into
+    trees (and shortened), and judged again by the trees' own depth.
+    """
+    rounding = Rounding(p, lp, level_cost)
+    found = []   # (estimated time, K, counts)
+    for K in range(1, min(most_trees(p), cost.most_trees()) + 1):
+        best = min((f[0] for f in found), default=None)
+        x = rounding.solve(K, K / cost.least_rate(K, best) if best else np.inf)
+        if x is not None:
+            found.append((cost.time(K, rounding.rate(x, K), rounding.depth(x)), K, x))
+    built = []
+    for _, K, x in sorted(found, key=lambda f: (f[0], f[1]))[:BUILT]:
+        trees = rounding.trees(x, K)
+        if trees is not None:
+            trees = lifted(p, trees)
+            depth = max(t.depth() for t in trees)
+            built.append((cost.time(K, rounding.rate(x, K), depth), K,
+                          Packing(rate=rounding.rate(x, K), trees=trees, rounds=lp.rounds,
+                                  columns=lp.columns, balanced=True)))
+    return min(built, key=lambda b: (b[0], b[1]))[2] if built else lp
+
+
+def centred(tree: Tree) -> Tree:
+    """A tree used both ways, rooted at its centre (the shortest pipeline): an edge that runs
+    against its arc swaps which of its transfers is staged."""
+    n = max(max(e) for e in tree.edges) + 1
+    root = centre(n, list(tree.edges))
+    parent = [-1] * n
+    adj: dict = {}
+    for a, b in tree.edges:
+        adj.setdefault(a, []).append(b)
+        adj.setdefault(b, []).append(a)
+    order, seen = [root], {root}
+    for u in order:
+        for v in adj.get(u, ()):
+            if v not in seen:
+                seen.add(v)
+                parent[v] = u
+                order.append(v)
+    edges = top_down(tuple(range(n)), parent, root)
+    where = {frozenset(e): i for i, e in enumerate(tree.edges)}
+    paths, down, up = [], [], []
+    for i, (a, b) in enumerate(edges):
+        j = where[frozenset((a, b))]
+        same = tree.edges[j] == (a, b)
+        sd, su = j in tree.staged, j in tree.staged_up
+        paths.append(tree.paths[j])
+        if sd if same else su:
+            down.append(i)
+        if su if same else sd:
+            up.append(i)
+    return replace(tree, root=root, edges=edges, paths=tuple(paths), staged=tuple(down),
+                   staged_up=tuple(up))

@@ -1,0 +1,284 @@
+"""Packed trees as schedules: the packing program's equal trees, chunked and lowered.
+
+``blink`` plans broadcast, reduce and allreduce over the trees of one group (allreduce: trees
+used both ways, as Blink does); ``forest`` plans allgather, reduce-scatter and allreduce over
+per-root groups, as ForestColl does (allreduce: reduce-scatter then allgather, chunk by chunk).
+Both take the trees of :mod:`.program`, so on every machine their rate is the best a packing of
+equal trees with the hardware's routes reaches. The name says ``+host`` when some tree stages
+an edge through host memory.
+
+How a packing becomes a schedule: every tree of a group carries the same number of chunks,
+``m``, on lanes of its own (:class:`~.treesched.TreeEmitter`), and :class:`Pipeline` picks
+``m`` and the tree count with one pipeline model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import networkx as nx
+
+from ..errors import PlanError
+from ..schedule.builder import ScheduleBuilder
+from ..schedule.ir import MAX_LANES, Ref, Schedule
+from ..schedule.metrics import unit_bytes
+from ..topology.view import job_graph, require_connected
+from . import program as P
+from ._build import check_args, simulated
+from .cost_tables import INSTRUCTIONS, MIN_CHUNK_BYTES
+from .treepack import Packing
+from .treesched import Share, TreeEmitter, chunk_refs
+
+BLINK = ("allreduce", "broadcast", "reduce")
+FOREST = ("allgather", "reduce_scatter", "allreduce")
+
+
+def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
+               inplace: bool = False, nchunks: int | None = None,
+               host: bool = False) -> Schedule:
+    """Broadcast, reduce or allreduce over equal packed trees of one group.
+
+    ``host`` lets tree edges stage through host memory over PCIe (executors with host
+    buffers); ``nchunks`` forces the chunks each tree carries.
+
+    >>> from collectx.topology import line
+    >>> from collectx.schedule import verify
+    >>> s = plan_blink(line(3, bw=100.0), ("GPU0", "GPU1", "GPU2"), "allreduce", 1 << 20)
+    >>> verify(s).instructions > 0, s.algorithm, s.meta_dict()["rate_gbps"]
+    (True, 'blink', 100.0)
+    """
+    if collective not in BLINK:
+        raise PlanError(f"blink plans {', '.join(BLINK)}, not {collective}; use forest for "
+                        f"allgather and reduce_scatter")
+    return _planned("blink", topo, ranks, collective, nbytes, root, inplace, nchunks, host)
+
+
+def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
+                root: int = 0, inplace: bool = False, nchunks: int | None = None,
+                host: bool = False) -> Schedule:
+    """Allgather, reduce-scatter or allreduce over equal packed trees of every root.
+
+    >>> from collectx.topology import ring
+    >>> from collectx.schedule import verify
+    >>> ranks = ("GPU0", "GPU1", "GPU2", "GPU3")
+    >>> s = plan_forest(ring(4), ranks, "allgather", 1 << 20)
+    >>> verify(s).instructions > 0, s.algorithm
+    (True, 'forest')
+    """
+    if collective not in FOREST:
+        raise PlanError(f"forest plans {', '.join(FOREST)}, not {collective}; use blink for "
+                        f"broadcast and reduce")
+    return _planned("forest", topo, ranks, collective, nbytes, root, inplace, nchunks, host)
+
+
+plan_blink.collectives = BLINK
+plan_forest.collectives = FOREST
+
+
+def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host) -> Schedule:
+    n = len(ranks)
+    check_args(collective, n, root, nchunks)
+    if n == 1:
+        return _single(name, collective, root, inplace)
+    G = job_graph(topo, ranks)
+    require_connected(G, ranks)
+    forest = name == "forest" and collective == "allreduce"
+    p = P.problem(G, tuple(ranks), collective, root=root, host=host, forest=forest)
+    lp = P.fractional(p)
+    pipe = Pipeline(p, unit_bytes(collective, nbytes, n) / (n if forest else 1))
+    pipe.fit(lp)
+    packing = P.equal_trees(p, lp, pipe, level_cost=pipe.level_cost(lp))
+    if P.BOTH in p.ways:
+        packing = replace(packing, trees=tuple(P.centred(t) for t in packing.trees))
+    modes = {g: m for g, (_, m) in enumerate(p.groups)}
+    label = name + ("+host" if packing.staged else "")
+    lowered = lambda per_group, buffers=1: lower(  # noqa: E731
+        packing, modes, collective, n, per_group, root=root, inplace=inplace,
+        algorithm=label, buffers=buffers)
+    if nchunks is not None:
+        if forest and nchunks % n:
+            raise PlanError(f"nchunks={nchunks}: a forest allreduce gives each of its {n} "
+                            f"roots the same chunks; expected a multiple of {n}")
+        return lowered(nchunks // n if forest else nchunks)
+    # The model's count; half of it, where the model's latency term is off; and the model's
+    # count of pieces double-buffered (two chunks a piece), where waits the model spreads over
+    # the other trees idle a link instead. The simulator decides.
+    m, k = pipe.chunks(packing), pipe.trees(packing)
+    tries = [(m, 1), (max(1, m // 2), 1)] + [(2 * m, 2)] * (most_buffers(packing, collective) > 1)
+    return min((lowered(c * k, buffers) for c, buffers in dict.fromkeys(tries)),
+               key=lambda s: simulated(s, topo, nbytes, ranks).time_us)
+
+
+class Pipeline:
+    """The pipeline model of a packing: each of its trees moves ``m`` chunks, and a chunk
+    crosses one tree level per chunk time.
+
+    A tree of depth ``d`` (a hop staged through host memory counts two; a tree used both ways
+    climbs and descends) finishes ``d - 1`` chunk times after its first level: ``(d - 1) / m``
+    of its run ``T``. Every chunk also waits out its route's latency ``w`` before it moves, one
+    after the other on the tree's lane, but while one tree waits the others move, so a link
+    that carries ``c`` transfers at once loses ``m w / c`` of the run.
+    ``m = sqrt(T (d - 1) c / w)`` balances the two, within :data:`MIN_CHUNK_BYTES` per chunk
+    and :data:`INSTRUCTIONS` per schedule.
+    """
+
+    def __init__(self, p: P.Problem, unit: float):
+        self.p, self.unit = p, unit
+        self.passes = 2 if P.BOTH in p.ways else 1
+        self.lp_wait, self.lp_crowd = 1.0, 1
+
+    def most_trees(self) -> int:
+        """Trees per group the message has chunks for: a tree without one idles."""
+        return max(1, int(self.unit // MIN_CHUNK_BYTES))
+
+    def trees(self, packing: Packing) -> int:
+        """Trees per group."""
+        return max(1, len(packing.trees) // len(self.p.groups))
+
+    def depth(self, packing: Packing) -> int:
+        return self.passes * max(t.depth() for t in packing.trees)
+
+    def chunks(self, packing: Packing) -> int:
+        """``m``: the chunks each tree carries."""
+        trees = packing.trees
+        wait = max(self.p.way(t, i).wait_us for t in trees for i in range(len(t.edges)))
+        return self._chunks(self.trees(packing), packing.rate, self.depth(packing), wait,
+                            _crowd(trees))
+
+    def _chunks(self, k: int, rate: float, depth: int, wait: float, crowd: int) -> int:
+        run_us = self.unit / (rate * 1e3)
+        best = (run_us * max(depth - 1, 1) * crowd / max(wait, 1e-3)) ** 0.5
+        edges = self.passes * (len(self.p.gpus) - 1) * len(self.p.groups) * k
+        most = min(self.unit / k / MIN_CHUNK_BYTES, INSTRUCTIONS / edges)
+        return max(1, int(min(best, most)))
+
+    def fit(self, lp: Packing) -> None:
+        """Take the route latency of ``lp``'s trees, and the groups whose trees meet on a
+        link, as the rounding's (its trees are not built until it has chosen): ``k`` trees
+        of each of those groups cross that link at once."""
+        self.lp_wait = max(self.p.way(t, i).wait_us for t in lp.trees
+                           for i in range(len(t.edges)))
+        meet: dict = {}
+        for t in lp.trees:
+            for path in t.paths:
+                for link, _ in path:
+                    meet.setdefault(link, set()).add(t.group)
+        self.lp_crowd = max((len(g) for g in meet.values()), default=1)
+        self.lp_rate = lp.rate
+
+    def time(self, k: int, rate: float, depth: int) -> float:
+        """The predicted run time, up to a constant factor, of ``k`` trees per group at
+        ``rate`` per group whose deepest is ``depth`` deep (the rounding's cost)."""
+        depth *= self.passes
+        crowd = k * self.lp_crowd
+        m = self._chunks(k, rate, depth, self.lp_wait, crowd)
+        run_us = self.unit / (rate * 1e3)
+        return (1 + (depth - 1) / m + m * self.lp_wait / (crowd * run_us)) / rate
+
+    def least_rate(self, k: int, time: float) -> float:
+        """The rate per group ``k`` trees need to finish within ``time`` (the units of
+        :meth:`time`) at best: one level deep, their chunks' waits hidden."""
+        return (1 + (self.passes - 1) / self._chunks(k, self.lp_rate, self.passes,
+                                                     self.lp_wait, k * self.lp_crowd)) / time
+
+    def level_cost(self, lp: Packing) -> float:
+        """What one level of one arc's distance from the root costs the rounding, in the
+        program's load units: every level a tree has adds a chunk time, ``1 / m`` of a run,
+        spread over the arcs of every group's trees."""
+        m = self._chunks(1, lp.rate, self.depth(lp), self.lp_wait, self.lp_crowd)
+        return 1.0 / (lp.rate * m * len(self.p.groups))
+
+
+def _crowd(trees) -> int:
+    """The most tree edges that cross one link: the transfers a link carries at once."""
+    count: dict = {}
+    for t in trees:
+        for path in t.paths:
+            for link, _ in path:
+                count[link] = count.get(link, 0) + 1
+    return max(count.values(), default=1)
+
+
+def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group: int, *,
+          root: int = 0, inplace: bool = False, algorithm: str = "blink",
+          buffers: int = 1) -> Schedule:
+    """``collective`` over ``packing``'s trees (GPU indices; ``modes[group]`` says which way
+    a group's data moves), ``per_group`` chunks dealt evenly over each group's trees, on
+    ``buffers`` lanes per tree edge (at most :func:`most_buffers`)."""
+    by_group: dict = {}
+    for t in packing.trees:
+        by_group.setdefault(t.group, []).append(t)
+    forest = collective == "allreduce" and len(by_group) > 1
+    b = ScheduleBuilder(collective, nranks, per_group * (nranks if forest else 1), root=root,
+                        inplace=inplace, algorithm=algorithm)
+    shares: dict = {"up": [], "down": []}
+    for g, ts in sorted(by_group.items()):
+        first = ts[0].root * per_group if forest else 0
+        for i, t in enumerate(ts):
+            chunks = tuple(range(first + i * per_group // len(ts),
+                                 first + (i + 1) * per_group // len(ts)))
+            if not chunks:
+                continue   # fewer chunks than trees: some carry none
+            shares["up" if modes[g] == P.UP else "down"].append(
+                Share(t.root, tuple(t.edges), chunks, frozenset(t.edges[j] for j in t.staged),
+                      frozenset(t.edges[j] for j in t.staged_up)))
+    em = TreeEmitter(b, buffers=min(buffers, most_buffers(packing, collective)))
+    _EMIT[collective](b, em, shares)
+    em.flush()
+    b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks),
+                      *s.host_record()] for s in shares["up"] + shares["down"]])
+    b.meta("rate_gbps", packing.rate)
+    return b.build()
+
+
+def most_buffers(packing: Packing, collective: str) -> int:
+    """2 (double buffering) where every rank's lanes stay within :data:`MAX_LANES` with two
+    per tree edge, else 1: a rank pulls over one edge of each tree it is in, once per pass
+    (an allreduce over trees used both ways passes each twice)."""
+    both = collective == "allreduce" and len({t.group for t in packing.trees}) == 1
+    pulls: dict = {}
+    for t in packing.trees:
+        for _, c in t.edges:
+            pulls[c] = pulls.get(c, 0) + (2 if both else 1)
+    return 2 if 2 * max(pulls.values(), default=0) <= MAX_LANES else 1
+
+
+def _broadcast(b, em, shares):
+    if not b.inplace:
+        em.self_copy(b.root, Ref(b.root, "output", 0, b.nchunks),
+                     Ref(b.root, "input", 0, b.nchunks))
+    em.broadcast(shares["down"], src=chunk_refs("input"), dst=chunk_refs("output"))
+
+
+def _reduce(b, em, shares):
+    em.reduce(shares["up"], contrib=chunk_refs("input"), result=chunk_refs("output"))
+
+
+def _allgather(b, em, shares):
+    c = b.nchunks
+    if not b.inplace:
+        for r in range(b.nranks):
+            em.self_copy(r, Ref(r, "output", r * c, c), Ref(r, "input", 0, c))
+    em.broadcast(shares["down"], src=chunk_refs("input"), dst=chunk_refs("output", c))
+
+
+def _reduce_scatter(b, em, shares):
+    em.reduce(shares["up"], contrib=chunk_refs("input", b.nchunks), result=chunk_refs("output"))
+
+
+def _allreduce(b, em, shares):
+    here = chunk_refs("output")
+    ups = shares["up"] or shares["down"]          # trees used both ways: the same shares
+    done = em.reduce(ups, contrib=chunk_refs("input"), result=here)
+    em.broadcast(shares["down"], src=here, dst=here, after=done)
+
+
+_EMIT = {"broadcast": _broadcast, "reduce": _reduce, "allgather": _allgather,
+         "reduce_scatter": _reduce_scatter, "allreduce": _allreduce}
+
+
+def _single(name: str, collective: str, root: int, inplace: bool) -> Schedule:
+    b = ScheduleBuilder(collective, 1, 1, root=root, inplace=inplace, algorithm=name)
+    if not inplace:
+        b.copy(0, 0, Ref(0, "output", 0), Ref(0, "input", 0))
+    return b.build()

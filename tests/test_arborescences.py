@@ -1,0 +1,94 @@
+"""Edmonds' disjoint arborescences by Lovász's construction (the packing program's split)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collectx.planner import integral_trees
+from collectx.planner.integral_trees import disjoint_arborescences
+
+
+def _check_trees(mult, root, trees):
+    n = len(mult)
+    used = np.zeros_like(mult)
+    for edges in trees:
+        reached = {root}
+        for p, c in edges:
+            assert p in reached and c not in reached
+            reached.add(c)
+            used[p, c] += 1
+        assert reached == set(range(n))
+    assert (used <= mult).all()
+
+
+def test_disjoint_arborescences_small_multigraph():
+    # a triangle with doubled arcs out of the root: two unit trees from 0
+    mult = np.array([[0, 2, 1], [1, 0, 1], [1, 1, 0]], dtype=np.int32)
+    trees = disjoint_arborescences(mult, 0, 2)
+    assert trees is not None and len(trees) == 2
+    _check_trees(mult, 0, trees)
+    assert disjoint_arborescences(mult, 0, 3) is None
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_both_constructions_find_trees_exactly_when_edmonds_condition_holds(seed, monkeypatch):
+    # Small fabrics grow every tree at once, tested over every vertex set; larger ones grow
+    # one tree after another by max-flows. Both must find k trees within the counts exactly
+    # when the counts hold them.
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(3, 9)), int(rng.integers(1, 6))
+    mult = rng.integers(0, 4, size=(n, n)).astype(np.int32)
+    np.fill_diagonal(mult, 0)
+    root = int(rng.integers(0, n))
+    together = disjoint_arborescences(mult, root, k)
+    monkeypatch.setattr(integral_trees, "SET_ROWS", 0)
+    one_by_one = disjoint_arborescences(mult, root, k)
+    assert (together is None) == (one_by_one is None) == (not _edmonds(mult, root, k))
+    for trees in (together, one_by_one):
+        if trees is not None:
+            assert len(trees) == k
+            _check_trees(mult, root, trees)
+
+
+def test_trees_grown_together_are_relay_trees_on_a_one_hop_fabric():
+    # root 0 reaches each GPU once, every other pair once: the only packing of n-1 trees two
+    # levels deep is one relay per tree, which growing the trees together finds
+    n = 6
+    mult = np.ones((n, n), dtype=np.int32)
+    np.fill_diagonal(mult, 0)
+    mult[1:, 0] = 0
+    trees = disjoint_arborescences(mult, 0, n - 1)
+    _check_trees(mult, 0, trees)
+    assert max(max(_levels(t).values()) for t in trees) == 2
+
+
+def _edmonds(mult, root, k) -> bool:
+    """Every vertex set without the root entered k times (by brute force)."""
+    n = len(mult)
+    for mask in range(1, 1 << n):
+        inside = [v for v in range(n) if mask >> v & 1]
+        if root in inside:
+            continue
+        entering = sum(mult[u, v] for v in inside for u in range(n) if u not in inside)
+        if entering < k:
+            return False
+    return True
+
+
+def test_local_moves_keep_every_arc_count_and_never_deepen_the_trees():
+    rng = np.random.default_rng(7)
+    n, k = 7, 4
+    mult = rng.integers(1, 3, size=(n, n)).astype(np.int32) * 2
+    np.fill_diagonal(mult, 0)
+    trees = disjoint_arborescences(mult, 0, k)
+    _check_trees(mult, 0, trees)
+    deepest = max(max(_levels(t).values()) for t in trees)
+    assert deepest <= n - 1 and len(trees) == k
+
+
+def _levels(edges):
+    level = {edges[0][0]: 0}
+    for p, c in edges:
+        level[c] = level[p] + 1
+    return level

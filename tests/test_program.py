@@ -1,0 +1,161 @@
+"""The packing program: its LP reaches the bounds, its rounding gives equal arborescences that
+fit the links, and its trees lower to schedules that verify on any machine."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import networkx as nx
+import numpy as np
+import pytest
+
+import collectx.topology as T
+from collectx.planner import plan, program as P
+from collectx.planner.api import allocation
+from collectx.planner.bounds import bounds
+from collectx.planner.trees import Pipeline, lower, plan_blink, plan_forest
+from collectx.schedule import simulate, verify
+from collectx.topology.view import job_graph
+
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce")
+
+
+def packed(topo, collective, gpus=None, host=False):
+    ranks, view = allocation(topo, gpus)
+    p = P.problem(job_graph(view, ranks), ranks, collective, host=host)
+    return p, P.fractional(p), view, ranks
+
+
+def busbw(collective, n, rate):
+    """The busbw a packing's per-group rate gives (trees used both ways carry every byte)."""
+    return {"allgather": n - 1, "reduce_scatter": n - 1, "broadcast": 1, "reduce": 1,
+            "allreduce": 2 * (n - 1) / n}[collective] * rate
+
+
+@pytest.mark.parametrize("name", ["dgx1v", "pcie_gen4_8gpu", "dgx_a100", "mi300x"])
+def test_allgather_lp_reaches_the_bound_with_the_hardware_routes(name):
+    G = T.load(name)
+    p, lp, _, _ = packed(G, "allgather", host=True)
+    assert busbw("allgather", 8, lp.rate) == pytest.approx(bounds(G, "allgather").bound_busbw,
+                                                           rel=1e-6)
+
+
+def test_broadcast_lp_reaches_the_roots_links_and_with_host_ways_the_bound():
+    G = T.load("dgx1v")
+    _, nvlink, _, _ = packed(G, "broadcast")
+    _, staged, _, _ = packed(G, "broadcast", host=True)
+    assert nvlink.rate == pytest.approx(150.0)          # GPU0's six NVLinks, all busy
+    assert staged.rate == pytest.approx(bounds(G, "broadcast").bound_busbw)
+
+
+def test_a_line_of_three_packs_trees_both_ways_at_its_link_rate():
+    p, lp, _, _ = packed(T.line(3, bw=100.0), "allreduce")
+    assert lp.rate == pytest.approx(100.0)   # busbw 133: beyond reduce-scatter + allgather
+
+
+@pytest.mark.parametrize("name, gpus, collective", [
+    ("dgx1v", [0, 1, 2, 5], "allreduce"), ("dgx1v", [0, 1, 2, 5], "allgather"),
+    ("dgx1p", None, "broadcast"), ("mi250_16gcd", [0, 1, 4, 5, 8, 9], "reduce_scatter")])
+def test_rounding_gives_k_equal_arborescences_per_group_within_the_links(name, gpus,
+                                                                           collective):
+    p, lp, _, _ = packed(T.load(name), collective, gpus, host=True)
+    rounding = P.Rounding(p, lp)
+    K = 2
+    x = rounding.solve(K)
+    trees = rounding.trees(x, K)
+    n = len(p.gpus)
+    assert {g: sum(t.group == g for t in trees) for g in range(len(p.groups))} == \
+        dict.fromkeys(range(len(p.groups)), K)
+    load = np.zeros(len(p.caps))
+    for t in trees:
+        assert t.rate == pytest.approx(rounding.rate(x, K) / K)
+        assert len(t.edges) == n - 1 and t.edges[0][0] == t.root
+        assert {c for _, c in t.edges} == set(range(n)) - {t.root}      # spans, one parent
+        for path in t.paths:
+            for link, w in path:
+                load[link] += w * t.rate
+    assert np.all(load <= np.asarray(p.caps) * (1 + 1e-9))
+    assert rounding.rate(x, K) <= lp.rate * (1 + 1e-9)
+
+
+def test_rounding_refuses_a_load_it_cannot_keep():
+    p, lp, _, _ = packed(T.load("dgx1v"), "broadcast", [0, 1, 2, 5])
+    rounding = P.Rounding(p, lp)
+    assert rounding.solve(1, most=0.5 / lp.rate) is None   # twice the LP's rate: impossible
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_counts_hold_edmonds_rows_on_random_fabrics(seed):
+    rng = random.Random(seed)
+    n = rng.randint(3, 6)
+    G = T.ring(n, bw=25.0)
+    for a, b in itertools.combinations(range(n), 2):
+        if rng.random() < 0.4:
+            T.add_link(G, f"GPU{a}", f"GPU{b}", "nvlink", rng.choice((25.0, 50.0)))
+    p, lp, _, _ = packed(G, "broadcast")
+    rounding = P.Rounding(p, lp)
+    x = rounding.solve(3)
+    mult = rounding.multiplicity(x, 0)
+    for v in range(1, n):
+        flow = nx.maximum_flow_value(nx.DiGraph([(a, b, {"capacity": int(mult[a, b])})
+                                                 for a in range(n) for b in range(n)
+                                                 if mult[a, b]]), 0, v)
+        assert flow >= 3
+
+
+def test_centred_trees_keep_their_edges_and_staging():
+    p, lp, _, _ = packed(T.load("dgx1v"), "allreduce", [0, 1, 2, 5], host=True)
+    rounding = P.Rounding(p, lp)
+    x = rounding.solve(4)
+    for t in rounding.trees(x, 4):
+        c = P.centred(t)
+        same = {frozenset(e): (i in t.staged, i in t.staged_up) for i, e in enumerate(t.edges)}
+        for i, (a, b) in enumerate(c.edges):
+            down, up = i in c.staged, i in c.staged_up
+            was = same[frozenset((a, b))]
+            flipped = (a, b) not in t.edges
+            assert (down, up) == (was[::-1] if flipped else was)
+
+
+@pytest.mark.parametrize("gen", ["ring", "fully_connected", "switch", "line"])
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_packed_trees_verify_on_toy_topologies(gen, n, collective):
+    G = getattr(T, gen)(n)
+    ranks = tuple(T.gpus(G))
+    planner = plan_forest if collective in ("allgather", "reduce_scatter") else plan_blink
+    for inplace in (False, True):
+        s = planner(G, ranks, collective, 1 << 20, root=n - 1, inplace=inplace)
+        assert verify(s).instructions == s.n_instructions
+
+
+@pytest.mark.parametrize("name", ["dgx1v", "dgx1p", "dgx2", "dgx_a100", "mi250_16gcd",
+                                  "pcie_gen4_8gpu"])
+def test_forest_allreduce_verifies_and_stays_under_the_ceiling(name):
+    G = T.load(name)
+    ranks, view = allocation(G, [0, 1, 4, 5, 8, 9] if name == "mi250_16gcd" else list(range(6)))
+    s = plan_forest(view, ranks, "allreduce", 1 << 26, host=True)
+    assert verify(s).instructions == s.n_instructions
+    b = bounds(view, "allreduce", gpus=list(ranks))
+    assert simulate(s, view, 1 << 26, ranks=list(ranks)).busbw_GBps <= 1.001 * b.ceiling_busbw
+
+
+def test_forced_chunks_are_the_schedules_chunks():
+    ranks, view = allocation(T.load("dgx1v"), [0, 1, 2, 5])
+    assert plan_blink(view, ranks, "broadcast", 1 << 24, nchunks=7).nchunks == 7
+    assert plan_forest(view, ranks, "allgather", 1 << 24, nchunks=9).nchunks == 9
+    assert plan_forest(view, ranks, "allreduce", 1 << 24, nchunks=8).nchunks == 8
+
+
+def test_pipelines_deepen_with_the_message_and_stop_at_the_chunk_size():
+    p, lp, _, _ = packed(T.load("dgx1v"), "broadcast", [0, 1, 2, 5])
+    big, small = Pipeline(p, 1 << 30), Pipeline(p, 1 << 20)
+    assert big.chunks(lp) > small.chunks(lp) >= 1
+    assert small.chunks(lp) * len(lp.trees) <= (1 << 20) // (64 << 10)
+
+
+def test_packed_trees_are_the_plan_on_an_allocation_without_an_nvlink_ring():
+    # DGX-1V GPUs 0, 1, 2, 5: no NVLink ring exists; rings fall back to PCIe there.
+    p = plan(T.load("dgx1v"), "allreduce", 1 << 30, gpus=[0, 1, 2, 5], verify=False)
+    assert p.algorithm.startswith("blink") and p.efficiency >= 0.95
