@@ -51,8 +51,9 @@ MODES = {"broadcast": DOWN, "allgather": DOWN, "reduce": UP, "reduce_scatter": U
 PER_ROOT = ("allgather", "reduce_scatter")
 
 LANES = 64           # lanes a rank runs (schedule.ir.MAX_LANES): every tree needs its own
-NODES = 100          # branch-and-bound nodes per integer program: a fixed budget, not a time
-                     # limit, so that every rank plans the same trees
+NODES = 20           # branch-and-bound nodes per integer program (one per tree count tried):
+                     # a fixed budget, not a time limit, so that every rank plans the same
+                     # trees; 100 found no better roundings on the presets, at twice the time
 BUILT = 3            # tree counts built into trees: the depth their arcs allow misjudges some
 PROGRAM_ROWS = 256   # Edmonds rows written out up front (2^(n-1) - 1 per group): past a few
                      # hundred, every branch-and-bound node's LP pays for them all, and
