@@ -41,7 +41,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_matrix
 
 from ..topology.routes import routes_for
-from ..topology.view import LinkIndex, host_routes, simulator_routes
+from ..topology.view import LinkIndex, host_routes, host_uploads, simulator_routes
 from .integral_trees import disjoint_arborescences, max_flow
 from .treepack import Packing, Tree, centre, column_generation, min_arborescence, top_down
 
@@ -81,6 +81,7 @@ class Problem:
     groups: tuple
     ways: dict
     caps: tuple
+    uploads: dict = None   # GPU index -> load of its copy into its host memory (staging)
 
     def way(self, tree: Tree, i: int) -> Way:
         """The way edge ``i`` of ``tree`` (a tree of this problem) takes."""
@@ -112,8 +113,9 @@ def problem(G, gpus, collective: str, root: int = 0, host: bool = False,
     else:
         groups = ((root, modes[0]),)
     waits = _waits(G, gpus)
+    uploads = host_uploads(G, index, gpus) if host else {}
     return Problem(tuple(gpus), groups, {m: _ways(gpus, peer, staged, waits, m) for m in modes},
-                   index.caps)
+                   index.caps, {i: uploads[g] for i, g in enumerate(gpus) if g in uploads})
 
 
 def _waits(G, gpus) -> dict:
@@ -186,7 +188,9 @@ def fractional(p: Problem) -> Packing:
                 if parent is not None:
                     edges = top_down(tuple(range(n)), parent, r)
                     tree = tree_of(p, g, edges, [best[e] for e in edges])
-                    cols.append((g, tree, _use(tree.paths)))
+                    cols.append((g, tree, use_of(p, tree)))
+                if m == mode == DOWN:
+                    cols += [(g, t, use_of(p, t)) for t in host_stars(p, g, best)]
         return cols
 
     return column_generation(p.caps, tuple(range(len(p.groups))), price)
@@ -202,53 +206,125 @@ def tree_of(p: Problem, g: int, edges, picks, rate: float = 0.0) -> Tree:
                 tuple(i for i, w in enumerate(ways) if w.up))
 
 
-def _use(paths) -> dict:
+def use_of(p: Problem, tree: Tree) -> dict:
+    """``{link: load}`` of ``tree`` at unit rate: its edges' ways, but a GPU that stages the
+    same chunk for several children copies it into its host memory once (the emitter shares
+    that copy), so its upload counts once."""
     use: dict = {}
-    for path in paths:
+    for path in tree.paths:
         for link, w in path:
             use[link] = use.get(link, 0.0) + w
+    for parent, extra in _staged_children(p, tree).items():
+        for link, w in p.uploads.get(parent, ()):
+            use[link] -= (extra - 1) * w
     return use
+
+
+def shares_uploads(p: Problem, tree: Tree) -> bool:
+    """Whether some GPU of ``tree`` stages one chunk for several of its children."""
+    return any(k > 1 for k in _staged_children(p, tree).values())
+
+
+def _staged_children(p: Problem, tree: Tree) -> dict:
+    """``parent -> children staged down from it``, counted where one group moves data down
+    alone (broadcast): a reduction's children stage different partial results, and with a
+    group per root the rounding's box around the LP's point (:meth:`Rounding.solve`) cuts
+    the shared copies' weight into fractions of trees that round to none, and then misses
+    the roundings without them."""
+    if not _shared_copies(p, tree.group):
+        return {}
+    count: dict = {}
+    for i in tree.staged:
+        count[tree.edges[i][0]] = count.get(tree.edges[i][0], 0) + 1
+    return count
+
+
+def _shared_copies(p: Problem, g: int) -> bool:
+    return len(p.groups) == 1 and p.groups[g][1] == DOWN and bool(p.uploads)
+
+
+def host_stars(p: Problem, g: int, best: dict) -> list:
+    """Group ``g``'s trees that fan out through host memory: for each GPU ``v``, the root
+    feeds ``v`` (its cheapest way, ``best``) and ``v`` stages every chunk once for all the
+    others (``v`` the root itself: the root stages for all). The arc-by-arc pricing never
+    proposes them, as it charges a shared upload once per child. Only where such copies
+    count (:func:`_staged_children`)."""
+    root, mode = p.groups[g]
+    n = len(p.gpus)
+    stars = []
+    if not _shared_copies(p, g):
+        return stars
+    for v in range(n):
+        if v != root and (root, v) not in best:
+            continue
+        edges, picks = ([], []) if v == root else ([(root, v)], [best[root, v]])
+        for w in range(n):
+            if w in (root, v):
+                continue
+            staged = [k for k, way in enumerate(p.ways[mode].get((v, w), ())) if way.down]
+            if not staged:
+                break
+            edges.append((v, w))
+            picks.append(staged[0])
+        else:
+            stars.append(tree_of(p, g, tuple(edges), picks))
+    return stars
 
 
 # -- 2. rounding and 3. split -------------------------------------------------------------------
 class Rounding:
     """The integer program of step 2 over the arc ways each group's LP columns use.
 
-    Variables: a count per (group, arc, way), its uses past the first, then the busiest
-    link's load ``z`` (in link capacities, for trees of unit rate). Rows: links (load <= z),
-    each group's arc total (``K (n - 1)``), Edmonds' rows, and each count at most one more
-    than its repeats. ``level_cost`` charges every arc for how far its tail is from the
-    root, and every repeat of an arc as one level more (in the units of ``z``): among
-    roundings that keep the rate, shallow trees fill their pipelines sooner, and the same
-    arc taken by many trees chains them (on a one-hop fabric, ``n - 1`` trees over every
-    arc once are relay trees two levels deep; over one path ``n - 1`` times, chains).
+    Variables: a count per (group, arc, way); its uses past the first; a count per *whole*
+    LP column (a tree whose GPU stages one chunk into its host memory for several children:
+    that copy is shared, which arc counts cannot express); then the busiest link's load
+    ``z`` (in link capacities, for trees of unit rate). Rows: links (load <= z), each
+    group's arc total (``K (n - 1)``, a whole tree counting its ``n - 1``), Edmonds' rows
+    (a whole tree enters every set once), and each count at most one more than its
+    repeats. ``level_cost`` charges every arc for how far its tail is from the root, and
+    every repeat of an arc as one level more (in the units of ``z``): among roundings that
+    keep the rate, shallow trees fill their pipelines sooner, and the same arc taken by many
+    trees chains them (on a one-hop fabric, ``n - 1`` trees over every arc once are relay
+    trees two levels deep; over one path ``n - 1`` times, chains).
     """
 
     def __init__(self, p: Problem, lp: Packing, level_cost: float = 0.0):
         self.p, self.n = p, len(p.gpus)
         used = {(t.group, t.edges[i], p.way(t, i)) for t in lp.columns for i in range(len(t.edges))}
         self.cols = sorted({(g, e, p.ways[p.groups[g][1]][e].index(w)) for g, e, w in used})
-        links = sorted({link for g, e, k in self.cols for link, _ in self._way(g, e, k).load})
+        self.wholes = [t for t in lp.columns if shares_uploads(p, t)]
+        C, H = len(self.cols), len(self.wholes)
+        uses = [dict(self._way(g, e, k).load) for g, e, k in self.cols]
+        uses += [use_of(p, t) for t in self.wholes]
+        links = sorted({link for use in uses for link in use})
         at = {link: i for i, link in enumerate(links)}
-        nv = len(self.cols) + 1
-        self.load = np.zeros((len(links), nv))
-        self.total = np.zeros((len(p.groups), nv))
-        self.scaled = np.zeros(nv - 1)   # the LP's count of each column per tree
-        where = {c: i for i, c in enumerate(self.cols)}
-        for c, (g, e, k) in enumerate(self.cols):
-            for link, w in self._way(g, e, k).load:
-                self.load[at[link], c] += w / p.caps[link]
+        arcs = np.zeros((len(links), C + H))
+        for c, use in enumerate(uses):
+            for link, w in use.items():
+                arcs[at[link], c] += w / p.caps[link]
+        # column blocks: arc counts x (C), repeats y (C), whole trees h (H), z (1)
+        self.load = np.hstack([arcs[:, :C], np.zeros((len(links), C)), arcs[:, C:],
+                               -np.ones((len(links), 1))])
+        self.total = np.zeros((len(p.groups), 2 * C + H + 1))
+        for c, (g, _, _) in enumerate(self.cols):
             self.total[g, c] = 1.0
-        self.load[:, -1] = -1.0
+        for i, t in enumerate(self.wholes):
+            self.total[t.group, 2 * C + i] = self.n - 1
+        self.repeats = csr_matrix(np.hstack([np.eye(C), -np.eye(C), np.zeros((C, H + 1))]))
+        self.scaled = np.zeros(C + H)   # the LP's count of each arc / whole column per tree
+        where = {c: i for i, c in enumerate(self.cols)}
+        whole = {id(t): i for i, t in enumerate(self.wholes)}
         for t in lp.trees:
+            base = next((w for w in self.wholes if _same(w, t)), None)
+            if base is not None:
+                self.scaled[C + whole[id(base)]] += t.rate / lp.rate
+                continue
             for i, e in enumerate(t.edges):
                 k = self.p.ways[p.groups[t.group][1]][e].index(p.way(t, i))
                 self.scaled[where[t.group, e, k]] += t.rate / lp.rate
-        C = len(self.cols)
-        self.load = np.hstack([self.load[:, :-1], np.zeros((len(links), C)), self.load[:, -1:]])
-        self.total = np.hstack([self.total[:, :-1], np.zeros((len(p.groups), C + 1))])
-        self.repeats = csr_matrix(np.hstack([np.eye(C), -np.eye(C), np.zeros((C, 1))]))
-        self.cost = np.r_[level_cost * self._levels(), np.full(C, level_cost), 1.0]
+        tree_levels = [sum(_levels_of_tree(t)[a] for a, _ in t.edges) for t in self.wholes]
+        self.cost = np.r_[level_cost * self._levels(), np.full(C, level_cost),
+                          level_cost * np.array(tree_levels, dtype=float), 1.0]
         self.enumerated = len(p.groups) << (self.n - 1) <= PROGRAM_ROWS
         self.sets = self._first_sets()
         self._rows_for, self._rows = -1, None   # Edmonds' rows, built for that many sets
@@ -283,23 +359,25 @@ class Rounding:
         return out
 
     def solve(self, K: int, most: float = np.inf) -> np.ndarray | None:
-        """Counts of ``K`` trees per group whose busiest link carries at most ``most``
-        capacities, the least such load within the node budget; None if there are none.
+        """Counts of ``K`` trees per group (arc counts, then whole trees) whose busiest link
+        carries at most ``most`` capacities, the least such load within the node budget;
+        None if there are none.
 
         With several groups the program grows with their number: each count is then held
         within one of the LP's own, scaled to ``K`` trees (the box around the LP's point,
         where its roundings lie), which keeps the search small. Edmonds' rows are found first
         for the linear relaxation (cheap to solve again), then for the integers.
         """
-        C = len(self.cols)
+        C, H = len(self.cols), len(self.wholes)
         if len(self.p.groups) > 1:
             low, high = np.floor(self.scaled * K + 1e-9), np.ceil(self.scaled * K - 1e-9)
         else:
-            low, high = np.zeros(C), np.full(C, K)
-        bounds = Bounds(np.r_[low, np.zeros(C), 0.0], np.r_[high, np.full(C, K), most])
-        phases = [np.r_[np.ones(C), np.zeros(C + 1)]]
+            low, high = np.zeros(C + H), np.full(C + H, K)
+        bounds = Bounds(np.r_[low[:C], np.zeros(C), low[C:], 0.0],
+                        np.r_[high[:C], np.full(C, K), high[C:], most])
+        phases = [np.r_[np.ones(C), np.zeros(C), np.ones(H), 0.0]]
         if not self.enumerated:   # rows still to find: the relaxation finds most cheaply
-            phases.insert(0, np.zeros(2 * C + 1))
+            phases.insert(0, np.zeros(2 * C + H + 1))
         res = None
         for integral in phases:
             while True:   # every round adds a row the counts fell short of: this ends
@@ -311,16 +389,19 @@ class Rounding:
                            options={"node_limit": NODES, "mip_rel_gap": 0.01, "disp": False})
                 if res.x is None:
                     return None
-                short = [s for s in self._short_sets(res.x[:C], K) if s not in self.sets]
+                x = np.r_[res.x[:C], res.x[2 * C:2 * C + H]]
+                short = [s for s in self._short_sets(x, K) if s not in self.sets]
                 if not short:
                     break
                 self.sets += short
-        return np.round(res.x[:C]).astype(np.int64)
+        return np.round(x).astype(np.int64)
 
     def _entering(self) -> csr_matrix:
-        """Edmonds' rows: per (group, set), the columns whose arcs enter the set."""
+        """Edmonds' rows: per (group, set), the columns whose arcs enter the set (a whole
+        tree, once)."""
         if self._rows_for == len(self.sets):
             return self._rows
+        C, H = len(self.cols), len(self.wholes)
         member = np.zeros((len(self.sets), self.n), dtype=bool)
         for i, (_, inside) in enumerate(self.sets):
             member[i, list(inside)] = True
@@ -328,9 +409,12 @@ class Rounding:
         group, tails, heads = (np.array(v) for v in
                                zip(*[(g, a, b) for g, (a, b), _ in self.cols]))
         A = (owner[:, None] == group[None, :]) & member[:, heads] & ~member[:, tails]
+        W = owner[:, None] == np.array([t.group for t in self.wholes], dtype=int)[None, :]
         self._rows_for = len(self.sets)
-        self._rows = csr_matrix(np.hstack([A, np.zeros((len(self.sets), len(self.cols) + 1),
-                                                       dtype=bool)]), dtype=float)
+        self._rows = csr_matrix(np.hstack([A, np.zeros((len(self.sets), C), dtype=bool),
+                                           W.reshape(len(self.sets), H),
+                                           np.zeros((len(self.sets), 1), dtype=bool)]),
+                                dtype=float)
         return self._rows
 
     def _short_sets(self, x, K: int) -> list:
@@ -339,15 +423,21 @@ class Rounding:
         found = []
         for g, (r, _) in enumerate(self.p.groups):
             mult = self.multiplicity(x, g)
+            need = K - self.whole_count(x, g) - 1e-6
             for v in range(self.n):
-                if v != r:
-                    flow, reached = max_flow(mult, r, v, K - 1e-6)
-                    if flow < K - 1e-6:
+                if v != r and need > 0:
+                    flow, reached = max_flow(mult, r, v, need)
+                    if flow < need:
                         found.append((g, frozenset(range(self.n)) - reached))
         return list(dict.fromkeys(found))
 
+    def whole_count(self, x, g: int) -> int:
+        """Group ``g``'s whole trees in the counts ``x``."""
+        C = len(self.cols)
+        return sum(int(round(x[C + i])) for i, t in enumerate(self.wholes) if t.group == g)
+
     def multiplicity(self, x, g: int) -> np.ndarray:
-        """Group ``g``'s arc counts as an ``n x n`` matrix."""
+        """Group ``g``'s arc counts as an ``n x n`` matrix (whole trees apart)."""
         mult = np.zeros((self.n, self.n), dtype=np.asarray(x).dtype)
         for c, (h, e, _) in enumerate(self.cols):
             if h == g:
@@ -357,8 +447,9 @@ class Rounding:
     def depth(self, x) -> int:
         """The farthest any GPU lies from its group's root over the counted arcs (a staged
         arc counts two, as :meth:`~.treepack.Tree.depth` counts it): the least depth of the
-        deepest tree the counts split into."""
-        deepest = 0
+        deepest tree the counts split into, or of the whole trees counted."""
+        C = len(self.cols)
+        deepest = max((t.depth() for i, t in enumerate(self.wholes) if x[C + i]), default=0)
         for g, (r, _) in enumerate(self.p.groups):
             arcs = {}
             for c, (h, (a, b), k) in enumerate(self.cols):
@@ -371,29 +462,50 @@ class Rounding:
                 for (a, b), hop in arcs.items():
                     if a in dist and dist[a] + hop < dist.get(b, np.inf):
                         dist[b] = dist[a] + hop
-            deepest = max(deepest, max(dist.values()))
+            if arcs:
+                deepest = max(deepest, max(dist.values()))
         return deepest
 
     def rate(self, x, K: int) -> float:
         """The rate per group (GB/s) of counts ``x``: ``K`` trees, their busiest link full."""
-        return K / float(np.max(self.load[:, :len(self.cols)] @ x))
+        C, H = len(self.cols), len(self.wholes)
+        load = self.load[:, :C] @ x[:C] + self.load[:, 2 * C:2 * C + H] @ x[C:]
+        return K / float(np.max(load))
 
     def trees(self, x, K: int) -> tuple | None:
-        """Every group's ``K`` arborescences (step 3), at ``rate / K`` each; None if some
-        group's counts do not split (they always do once Edmonds' rows hold)."""
+        """Every group's ``K`` arborescences (step 3), at ``rate / K`` each: its whole trees,
+        and its arc counts split into the rest; None if some group's counts do not split
+        (they always do once Edmonds' rows hold)."""
         each = self.rate(x, K) / K
+        C = len(self.cols)
         out = []
         for g, (r, _) in enumerate(self.p.groups):
+            out += [replace(t, rate=each) for i, t in enumerate(self.wholes)
+                    if t.group == g for _ in range(int(x[C + i]))]
+            rest = K - self.whole_count(x, g)
+            if not rest:
+                continue
             pool: dict = {}
             for c, (h, e, k) in enumerate(self.cols):
                 if h == g:
                     pool.setdefault(e, []).extend([k] * int(x[c]))
-            grown = disjoint_arborescences(self.multiplicity(x, g), r, K)
+            grown = disjoint_arborescences(self.multiplicity(x, g), r, rest)
             if grown is None:
                 return None
             out += [tree_of(self.p, g, tuple(edges), [pool[e].pop() for e in edges], each)
                     for edges in grown]
         return tuple(out)
+
+
+def _same(a: Tree, b: Tree) -> bool:
+    return a.group == b.group and a.edges == b.edges and a.paths == b.paths
+
+
+def _levels_of_tree(t: Tree) -> dict:
+    level = {t.root: 0}
+    for a, b in t.edges:
+        level[b] = level[a] + 1
+    return level
 
 
 def lifted(p: Problem, trees: tuple) -> tuple:
@@ -406,19 +518,21 @@ def lifted(p: Problem, trees: tuple) -> tuple:
     of a DGX-2 carries a broadcast at the same rate as a tree of depth 4. A GPU's last level
     is the one its data arrives on, so every level cut is a chunk time the pipeline no longer
     waits. Deepest GPUs first, each to the shallowest parent that fits, until none moves.
+    Trees that share a staged copy among children (:func:`use_of`) stay as they are: moving
+    one of those children frees nothing.
     """
     caps = np.asarray(p.caps, dtype=float)
     load = np.zeros(len(caps))
     for t in trees:
-        for path in t.paths:
-            for link, w in path:
-                load[link] += w * t.rate
+        for link, w in use_of(p, t).items():
+            load[link] += w * t.rate
     limit = caps * float(np.max(load / caps)) * (1 + 1e-9)
-    out = [_Growing(p, t) for t in trees]
+    out = [t if shares_uploads(p, t) else _Growing(p, t) for t in trees]
+    growing = [t for t in out if isinstance(t, _Growing)]
     moved = True
     while moved:   # every move shortens a path to the root: this ends
-        moved = any([tree.lift(load, limit) for tree in out])
-    return tuple(tree.frozen() for tree in out)
+        moved = any([tree.lift(load, limit) for tree in growing])
+    return tuple(t.frozen() if isinstance(t, _Growing) else t for t in out)
 
 
 class _Growing:
@@ -492,9 +606,10 @@ def most_trees(p: Problem) -> int:
     return max(1, LANES // (per_tree * len(p.groups)))
 
 
-def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0) -> Packing:
-    """Steps 2-3: ``K`` equal trees per group for the ``K`` whose predicted time is least;
-    the LP's own trees where no rounding exists.
+def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
+                keep: int = 1) -> list:
+    """Steps 2-3: ``K`` equal trees per group for the ``keep`` counts ``K`` whose predicted
+    times are least, best first; the LP's own trees where no rounding exists.
 
     ``cost.time(K, rate, depth)`` predicts a packing's time from its tree count, rate per
     group and deepest tree; ``cost.least_rate(K, time)`` is the rate ``K`` trees need to beat
@@ -524,7 +639,7 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0) -> Packi
             built.append((cost.time(K, rounding.rate(x, K), depth), K,
                           Packing(rate=rounding.rate(x, K), trees=trees, rounds=lp.rounds,
                                   columns=lp.columns, balanced=True)))
-    return min(built, key=lambda b: (b[0], b[1]))[2] if built else lp
+    return [b[2] for b in sorted(built, key=lambda b: (b[0], b[1]))[:keep]] or [lp]
 
 
 def centred(tree: Tree) -> Tree:

@@ -30,6 +30,8 @@ from .treepack import Packing
 from .treesched import Share, TreeEmitter, chunk_refs
 
 BLINK = ("allreduce", "broadcast", "reduce")
+SIMULATED = 2   # packings (tree counts) lowered and simulated: the pipeline model ranks them
+                # but misjudges latency hiding (lockstep trees, double buffering)
 FOREST = ("allgather", "reduce_scatter", "allreduce")
 
 
@@ -87,7 +89,22 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
     lp = P.fractional(p)
     pipe = Pipeline(p, unit_bytes(collective, nbytes, n) / (n if forest else 1))
     pipe.fit(lp)
-    packing = P.equal_trees(p, lp, pipe, level_cost=pipe.level_cost(lp))
+    packings = P.equal_trees(p, lp, pipe, level_cost=pipe.level_cost(lp),
+                             keep=1 if nchunks is not None else SIMULATED)
+    lowered = [_lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks)
+               for packing in packings]
+    if nchunks is not None:
+        return lowered[0][0]
+    return min((s for tries in lowered for s in tries),
+               key=lambda s: simulated(s, topo, nbytes, ranks).time_us)
+
+
+def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> list:
+    """``packing``'s schedules worth simulating: with ``nchunks`` the one it asks for; else
+    the model's chunk count; half of it, where the model's latency term is off; and the
+    model's count of pieces double-buffered (two chunks a piece), where waits the model
+    spreads over the other trees idle a link instead."""
+    forest = len(p.groups) > 1 and collective == "allreduce"
     if P.BOTH in p.ways:
         packing = replace(packing, trees=tuple(P.centred(t) for t in packing.trees))
     modes = {g: m for g, (_, m) in enumerate(p.groups)}
@@ -99,14 +116,10 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
         if forest and nchunks % n:
             raise PlanError(f"nchunks={nchunks}: a forest allreduce gives each of its {n} "
                             f"roots the same chunks; expected a multiple of {n}")
-        return lowered(nchunks // n if forest else nchunks)
-    # The model's count; half of it, where the model's latency term is off; and the model's
-    # count of pieces double-buffered (two chunks a piece), where waits the model spreads over
-    # the other trees idle a link instead. The simulator decides.
+        return [lowered(nchunks // n if forest else nchunks)]
     m, k = pipe.chunks(packing), pipe.trees(packing)
     tries = [(m, 1), (max(1, m // 2), 1)] + [(2 * m, 2)] * (most_buffers(packing, collective) > 1)
-    return min((lowered(c * k, buffers) for c, buffers in dict.fromkeys(tries)),
-               key=lambda s: simulated(s, topo, nbytes, ranks).time_us)
+    return [lowered(c * k, buffers) for c, buffers in dict.fromkeys(tries)]
 
 
 class Pipeline:

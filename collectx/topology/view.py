@@ -6,9 +6,9 @@ bounds alike:
 * :func:`job_graph` -- the topology without the GPUs outside the job (they belong to other
   jobs and never relay), every link with its capacity ``cap``;
 * :class:`LinkIndex` -- numbered directed links (the rows of packing LPs);
-* :func:`simulator_routes` and :func:`host_routes` -- the links a transfer between two of the
-  job's GPUs crosses, as a peer copy (exactly the simulator's routes) or staged through the
-  sender's host memory;
+* :func:`simulator_routes`, :func:`host_routes` and :func:`host_uploads` -- the links a
+  transfer between two of the job's GPUs crosses, as a peer copy (exactly the simulator's
+  routes) or staged through the sender's host memory, and the sender's copy into it;
 * :func:`relay_paths` -- cheapest paths through relays (switches, CPUs, NICs) under link prices;
 * :func:`without_turnarounds` -- PCIe switches split where they cannot turn traffic around
   between the job's GPUs (the rule below).
@@ -220,19 +220,37 @@ def host_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False) ->
         host = table.host_of(a)
         if host == a or kinds.get(host) != "cpu":
             continue
+        up = _leg(table, index, a, host, reverse)
         for b in gpus:
             if b == a:
                 continue
-            use: dict = {}
-            for x, y in ((a, host), (host, b)):
-                for res, _, share in table.spread(x, y):
-                    for u, v in (table.names[r] for r in res):
-                        link = index.ids[v, u] if reverse else index.ids[u, v]
-                        use[link] = use.get(link, 0.0) + share
+            use = dict(up)
+            for link, share in _leg(table, index, host, b, reverse):
+                use[link] = use.get(link, 0.0) + share
             if not any(kinds.get(index.links[i][0]) == "gpu" and index.links[i][0] not in (a, b)
                        for i in use):
                 routes[(b, a) if reverse else (a, b)] = tuple(sorted(use.items()))
     return routes
+
+
+def host_uploads(G: nx.DiGraph, index: LinkIndex, gpus) -> dict:
+    """``gpu -> ((link id, share), ...)``: the links a GPU's copy into its own ``host`` buffer
+    crosses, the first half of every route :func:`host_routes` stages from it. One such copy
+    serves every GPU that reads the same data from there."""
+    table = routes_for(G)
+    kinds = dict(G.nodes(data="kind"))
+    return {a: tuple(sorted(_leg(table, index, a, table.host_of(a), False)))
+            for a in gpus if kinds.get(table.host_of(a)) == "cpu"}
+
+
+def _leg(table, index: LinkIndex, x, y, reverse: bool) -> list:
+    """``[(link id, share), ...]`` of the simulator's route(s) from ``x`` to ``y``."""
+    out: dict = {}
+    for res, _, share in table.spread(x, y):
+        for u, v in (table.names[r] for r in res):
+            link = index.ids[v, u] if reverse else index.ids[u, v]
+            out[link] = out.get(link, 0.0) + share
+    return list(out.items())
 
 
 def _walk_back(index: LinkIndex, via: dict, src, t) -> tuple:
