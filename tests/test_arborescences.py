@@ -92,3 +92,15 @@ def _levels(edges):
     for p, c in edges:
         level[c] = level[p] + 1
     return level
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_compiled_max_flow_is_the_python_one(seed, monkeypatch):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 20))
+    cap = rng.integers(0, 4, size=(n, n)).astype(float) * rng.choice([0.5, 1.0], size=(n, n))
+    s, t = (int(v) for v in rng.choice(n, 2, replace=False))
+    enough = float(rng.choice([np.inf, 1.0, 3.0]))
+    got = integral_trees.max_flow(cap, s, t, enough)
+    monkeypatch.setattr(integral_trees, "compiled_helper", lambda name: None)
+    assert integral_trees.max_flow(cap, s, t, enough) == got

@@ -12,7 +12,8 @@
  *
  * The module also carries the planner's hot loops: schedule_arrays (cx_schedule_arrays.c), the
  * simulator's one-pass reader of a schedule's instructions; emit_lanes (cx_emit.c), the tree
- * emitter's dealing of items onto lanes.
+ * emitter's dealing of items onto lanes; max_flow (cx_maxflow.c), Lovász's construction's
+ * max-flows.
  *
  * Contract of reduce() and copy(): True when the call ran; False when nothing was touched and the
  * caller must take the fully checked Python path, which raises the precise, typed error. So every
@@ -33,6 +34,7 @@
 #include "../include/collectx.h"
 #include "cx_emit.h"
 #include "cx_schedule_arrays.h"
+#include "cx_maxflow.h"
 
 /* Bumped when the Python-side contract changes; collectx/_native.py refuses other versions.
  * (FastCall is an addition the runtime looks up by name; reduce/copy are unchanged.) */
@@ -767,6 +769,7 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, bind_doc},
     {"schedule_arrays", cx_schedule_arrays, METH_O, CX_SCHEDULE_ARRAYS_DOC},
     {"emit_lanes", cx_emit_lanes, METH_VARARGS, CX_EMIT_LANES_DOC},
+    {"max_flow", (PyCFunction)(void (*)(void))cx_max_flow, METH_FASTCALL, CX_MAX_FLOW_DOC},
     {NULL, NULL, 0, NULL},
 };
 

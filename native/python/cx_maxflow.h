@@ -1,0 +1,17 @@
+/* collectx._fastpath.max_flow (cx_maxflow.c): Edmonds-Karp over a small dense capacity matrix,
+ * for collectx.planner.integral_trees.max_flow (Lovász's construction asks thousands of them
+ * per 16-GPU plan). */
+#ifndef CX_MAXFLOW_H
+#define CX_MAXFLOW_H
+
+#include <Python.h>
+
+PyObject* cx_max_flow(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
+#define CX_MAX_FLOW_DOC                                                                        \
+  "max_flow(cap, source, sink, enough)\n\n"                                                    \
+  "Max-flow from source to sink over cap (a C-contiguous float64 n x n array), stopping\n"     \
+  "once it reaches enough: (flow, reached), reached a bytes object of n flags, 1 for the\n"    \
+  "nodes the source still reaches in the residual graph. See native/python/cx_maxflow.c."
+
+#endif
