@@ -185,8 +185,8 @@ def test_dgx1v_tree_packings_run_exactly(coll):
     from collectx.runtime.cuda.planning import cuda_schedule
     from collectx.topology import load, subset
     view = subset(load("dgx1v"), [0, 1, 2, 5])
-    schedules = [cuda_schedule(view, coll, 4, 4 << 20)]
-    schedules += [cuda_schedule(view, coll, 4, 4 << 20, algo=a) for a in PACKED[coll]]
+    schedules = [cuda_schedule(view, coll, 4, 4 << 20, root=1)]
+    schedules += [cuda_schedule(view, coll, 4, 4 << 20, root=1, algo=a) for a in PACKED[coll]]
     emu = Emulator(4, set_bytes=1 << 18)
     bad = []
     for s in schedules:

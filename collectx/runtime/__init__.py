@@ -64,7 +64,7 @@ def init(rank: int | None = None, world_size: int | None = None, *, store=None, 
             return hier
     from .bootstrap import bootstrap
     t = float(timeout if timeout is not None else get_config().timeout_s)
-    rank, world_size, store, done = bootstrap(rank, world_size, store, t)
-    comm = Communicator(rank, world_size, store, topology=topology, timeout=t)
-    done()
+    rank, world_size, store, ready, release = bootstrap(rank, world_size, store, t)
+    comm = Communicator(rank, world_size, store, topology=topology, timeout=t, on_close=release)
+    ready()
     return comm

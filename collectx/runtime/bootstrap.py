@@ -56,18 +56,20 @@ def detect(env: Mapping[str, str] | None = None) -> str:
 
 
 def bootstrap(rank: int | None, world_size: int | None, store, timeout: float
-              ) -> tuple[int, int, Store, Callable[[], None]]:
-    """``(rank, world_size, store, done)``; call ``done()`` once the windows are mapped."""
+              ) -> tuple[int, int, Store, Callable[[], None], Callable[[], None]]:
+    """``(rank, world_size, store, ready, release)``: call ``ready()`` once the windows are
+    mapped, and ``release()`` when the communicator closes (the store serves its plan sharing
+    until then, so a rendezvous directory made here lives as long as the communicator)."""
     if store is not None:
         rank = _int(rank, "RANK", "rank")
         world_size = _int(world_size, "WORLD_SIZE", "world_size")
-        return rank, world_size, store, _nothing
+        return rank, world_size, store, _nothing, _nothing
     kind = detect()
     env = os.environ
     if kind == "collectx":
         return (_pick(rank, env["COLLECTX_RANK"]), _pick(world_size, env["COLLECTX_WORLD_SIZE"]),
                 _launcher_store(("collectx", env["COLLECTX_RDZV_DIR"]),
-                                lambda: FileStore(env["COLLECTX_RDZV_DIR"])), _nothing)
+                                lambda: FileStore(env["COLLECTX_RDZV_DIR"])), _nothing, _nothing)
     if kind == "torch":
         return _torch(rank, world_size, timeout)
     if kind == "mpi":
@@ -76,7 +78,7 @@ def bootstrap(rank: int | None, world_size: int | None, store, timeout: float
         raise ArgumentError(f"world_size={world_size} with no store and no launcher variables; "
                             f"expected a store=..., or start the ranks with collectx.launch, "
                             f"python -m collectx.run, torchrun or mpirun")
-    return rank or 0, 1, HashStore(), _nothing
+    return rank or 0, 1, HashStore(), _nothing, _nothing
 
 
 def _nothing() -> None:
@@ -115,7 +117,7 @@ def _torch(rank, world_size, timeout):
                             timeout=timedelta(seconds=timeout), wait_for_workers=False)
         return TorchStore(dist.PrefixStore(f"collectx/{run_id}", tcp))
     key = ("torch", env["MASTER_ADDR"], env["MASTER_PORT"], run_id, rank, world_size)
-    return rank, world_size, _launcher_store(key, make), _nothing
+    return rank, world_size, _launcher_store(key, make), _nothing, _nothing
 
 
 def _mpi(timeout):
@@ -128,8 +130,10 @@ def _mpi(timeout):
     path = tempfile.mkdtemp(prefix="collectx-rdzv-") if world.rank == 0 else None
     path = world.bcast(path, root=0)
 
-    def done():
-        world.Barrier()  # every rank has finished reading the store
+    def ready():
+        world.Barrier()  # every rank has read the keys of the rendezvous
+
+    def release():
         if world.rank == 0:
             shutil.rmtree(path, ignore_errors=True)
-    return world.rank, world.size, FileStore(path), done
+    return world.rank, world.size, FileStore(path), ready, release

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import weakref
+from typing import Callable
 
 import numpy as np
 
@@ -55,7 +56,8 @@ class Communicator:
     """
 
     def __init__(self, rank: int, size: int, store: Store, *, topology=None,
-                 timeout: float | None = None, config=None, machine_ranks: int | None = None):
+                 timeout: float | None = None, config=None, machine_ranks: int | None = None,
+                 on_close: Callable[[], None] | None = None):
         cfg = config or get_config()
         if not (isinstance(size, int) and size >= 1 and isinstance(rank, int)
                 and 0 <= rank < size):
@@ -74,7 +76,7 @@ class Communicator:
         self._heap = Heap(self._window.heap_bytes, _heap_fix(self._window))
         self._worker: Worker | None = None
         self._drop_fast()
-        self._finalizer = weakref.finalize(self, _release, self._window)
+        self._finalizer = weakref.finalize(self, _release, self._window, on_close)
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, x, out=None, op: str = "sum", async_op: bool = False):
@@ -387,8 +389,10 @@ def _warm_planner() -> None:
     importlib.import_module("collectx.planner")
 
 
-def _release(window: Window) -> None:
+def _release(window: Window, on_close: Callable[[], None] | None) -> None:
     window.close()
+    if on_close is not None:    # the rendezvous's cleanup: its store shared plans until now
+        on_close()
 
 
 def single_process_store() -> Store:

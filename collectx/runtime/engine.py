@@ -15,6 +15,8 @@ import json
 import logging
 import threading
 
+import numpy as np
+
 from ..errors import (CollectiveMismatch, CommError, Interrupted, NativeError, PeerAborted,
                       PeerFailure, Timeout)
 from ..log import TRACE, logger, tracing
@@ -26,13 +28,14 @@ from .executor import FlatPlan
 from .peer_use import DISJOINT, SAME, unit_of
 from .plan_share import SharedPlans
 from .small import small_schedule, use_one_step
-from .window import (ABORT_CLOSED, ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC, Window,
-                     _alive, oversubscribed)
+from .window import (ABORT_CLOSED, ABORT_FATAL, ABORTED_CALL, DESC_WORDS, W_ABORT, W_DESC,
+                     W_READY, Window, _alive, oversubscribed)
 
 COLL_CODES = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3, "broadcast": 4, "reduce": 5,
               "alltoall": 6, "barrier": 7}
 _COLL_NAMES = {v: k for k, v in COLL_CODES.items()} | {ABORTED_CALL: "<aborted>"}
 _DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
+_ITEMSIZE = {c: 2 if n == "bfloat16" else np.dtype(n).itemsize for n, c in DTYPE_CODES.items()}
 _OP_NAMES = {v: k for k, v in OP_CODES.items()}
 _AVG = OP_CODES["avg"]
 _EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "CMA": 7,
@@ -99,6 +102,10 @@ def trace_call(engine, coll: str, count: int, dtype: int, op: int, root: int) ->
 
 class _RankZeroAborted(Exception):
     """Rank 0 rejected the call whose plan this rank waits for: it will not publish it."""
+
+
+class _RankZeroElsewhere(Exception):
+    """Rank 0 runs another call in this one's place: it will not publish this one's plan."""
 
 
 class Engine:
@@ -212,11 +219,12 @@ class Engine:
             return make_schedule(topo, coll, self.size, nbytes, algo=self.config.algo,
                                  root=root)
         return self._shared.get(coll, nbytes, root, self.topology, plan,
-                                lambda: self._watch_rank_zero(coll))
+                                lambda: self._watch_rank_zero(coll, nbytes, root))
 
-    def _watch_rank_zero(self, coll: str) -> None:
+    def _watch_rank_zero(self, coll: str, nbytes: int, root: int) -> None:
         """Raises while this rank waits for a plan that rank 0 will not publish: it rejected
-        this call (_RankZeroAborted), failed or closed the communicator, or died."""
+        this call (_RankZeroAborted), makes another one (_RankZeroElsewhere), failed or closed
+        the communicator, or died."""
         word = int(self.win.ctl[0][W_ABORT])
         if word == self._seq + 1:
             raise _RankZeroAborted()
@@ -224,6 +232,22 @@ class Engine:
             raise self._failure(coll, self._seq, _EXEC["ABORTED"], 0, -1, -1)
         if not _alive(self.win.pids[0]):
             raise self._failure(coll, self._seq, _EXEC["PEER_DEAD"], 0, -1, -1)
+        theirs = self._rank_zero_call()
+        if theirs is not None and theirs != (coll, nbytes, root):
+            raise _RankZeroElsewhere()
+
+    def _rank_zero_call(self) -> tuple[str, int, int] | None:
+        """(collective, bytes, root) of the call rank 0 makes in this one's place, once its
+        descriptor is complete (its ready word has reached this call's epoch); else None.
+        Rank 0 publishes a call's plan before it posts the descriptor."""
+        ctl = self.win.ctl[0]
+        if int(ctl[W_READY]) < self._epoch:
+            return None
+        base = W_DESC + DESC_WORDS * (self._seq & 1)
+        seq, coll, dtype, _, count, root = (int(v) for v in ctl[base:base + 6])
+        if seq != self._seq or coll not in _COLL_NAMES or coll == ABORTED_CALL:
+            return None
+        return _COLL_NAMES[coll], count * _ITEMSIZE.get(dtype, 0), root
 
     def topology(self):
         if self._topology is None:
@@ -262,6 +286,13 @@ class Engine:
                     seq = self._seq
                     self._abort_locked()
                     raise self._failure(coll, seq, _EXEC["ABORTED"], 0, -1, -1) from None
+                except _RankZeroElsewhere:
+                    # Post this call's descriptor against rank 0's: every rank then finds
+                    # the mismatch, as if this rank had had a plan.
+                    seq = self._seq
+                    res = self._mismatch_locked(coll, dtype, count, op, root)
+                    raise self._failure(coll, seq, res.status or _EXEC["MISMATCH"], res.rank,
+                                        res.lane, res.index) from None
             fp, c, _ = prepared
             keep_in = c.user_in = self._null if src is None else self._ffi.from_buffer(src)
             keep_out = c.user_out = (keep_in if dst is src else
@@ -409,6 +440,23 @@ class Engine:
         # abort) still poisons the communicator, but the caller raises its own error.
         if res.status not in (_EXEC["OK"], _EXEC["MISMATCH"]):
             self._failure("<aborted>", seq, res.status, res.rank, res.lane, res.index)
+
+    def _mismatch_locked(self, coll: str, dtype: int, count: int, op: int, root: int):
+        """Runs nothing but the descriptor check of this call (the barrier's plan behind it):
+        its peers' differ, so it ends there on every rank."""
+        fp, _ = self._flat("barrier", 1, 1, 0, 0)
+        c = self._ffi.new("cx_exec_call*")
+        c.coll, c.dtype, c.op, c.count, c.root = COLL_CODES[coll], dtype, op, count, root
+        c.tile_count = max(1, count)
+        c.in_private = c.out_private = 1
+        c.scale, c.in_heap, c.out_heap = 1.0, -1, -1
+        c.timeout_ns = int(self.timeout * 1e9)
+        c.seq, c.epoch = self._seq, self._epoch
+        res = self._res
+        self._lib.cx_exec_run(fp.native, self._wnative, c, res)
+        self._seq += 1
+        self._epoch += max(1, res.epochs_used)
+        return res
 
     def _aborted_call(self):
         c = self._abort_struct

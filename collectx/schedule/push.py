@@ -41,14 +41,14 @@ def push_copies(schedule: Schedule) -> Schedule:
     to the root), the producer writes the destination itself and the copy goes away.
 
     >>> from collectx.planner import make_schedule
-    >>> s = make_schedule(None, "reduce", 2, 1 << 20, root=0)
+    >>> s = make_schedule(None, "reduce", 2, 1 << 10, root=0, algo="direct")
     >>> [[(ins.op, ins.dst.rank, ins.dst.buf) for ins in lane.instrs] for lanes in s.lanes
-    ...  for lane in lanes]
-    [[('reduce', 0, 'output'), ('copy', 0, 'output')], [('reduce', 1, 'scratch')]]
+    ...  for lane in lanes]        # rank 1 reduces three pieces, rank 0 pulls each
+    [[('copy', 0, 'output'), ('copy', 0, 'output')], [('copy', 0, 'output')], [('reduce', 1, 'scratch'), ('reduce', 1, 'scratch')], [('reduce', 1, 'scratch')]]
     >>> p = push_copies(s)
     >>> [[(ins.op, ins.dst.rank, ins.dst.buf) for ins in lane.instrs] for lanes in p.lanes
     ...  for lane in lanes], p.scratch_units
-    ([[('reduce', 0, 'output')], [('reduce', 0, 'output')]], (0, 0))
+    ([[], [], [('reduce', 0, 'output'), ('reduce', 0, 'output')], [('reduce', 0, 'output')]], (0, 0))
     """
     if schedule.inplace:
         return schedule
@@ -72,20 +72,22 @@ def share_copies(schedule: Schedule) -> Schedule:
     A broadcast plan has the root's peers pull everything while the root moves nothing; on CPU
     ranks with a core each the root's core then idles, and half the work moved onto it made a
     2-rank broadcast of 4-64 MiB about 2x as fast on a buffer reused unread, 1.1-1.6x where
-    the receiver reads or rewrites it around each call. Only a copy nothing waits for moves:
-    no dependencies, no dependents, into output chunks of its own rank that no other
-    instruction uses, so the rest of its old lane need not wait for it either (its rank waits
-    for every writer of its output before it returns).
+    the receiver reads or rewrites it around each call. Only a copy with no dependencies moves,
+    into output chunks of its own rank that no other instruction writes and that every other
+    reader waits for by name (a one-hop broadcast's relays, whose peers pull each piece once it
+    has landed): so the rest of its old lane need not wait for it (its rank waits for every
+    writer of its output before it returns). Candidates go in lane order across ranks, so the
+    owner relieves every peer alike.
 
     >>> from collectx.planner import make_schedule
-    >>> s = make_schedule(None, "broadcast", 2, 1 << 20)
+    >>> s = make_schedule(None, "broadcast", 2, 1 << 10, algo="direct")
     >>> [[(ins.dst.rank, ins.srcs[0].rank) for ins in lane.instrs] for lanes in s.lanes
     ...  for lane in lanes]
-    [[(0, 0)], [(1, 0), (1, 0)]]
+    [[(0, 0)], [(1, 0), (1, 0)], [(1, 0)]]
     >>> p = share_copies(s)
     >>> [[(ins.dst.rank, ins.srcs[0].rank) for ins in lane.instrs] for lanes in p.lanes
     ...  for lane in lanes]
-    [[(1, 0), (0, 0)], [(1, 0)]]
+    [[(1, 0), (0, 0)], [(1, 0)], [(1, 0)]]
     """
     if schedule.inplace:
         return schedule
@@ -172,24 +174,44 @@ def _pushable(schedule: Schedule) -> dict[Dep, Dep]:
 
 def _shareable(schedule: Schedule) -> dict[Dep, int]:
     """copy id -> rank whose input it reads, for the copies :func:`share_copies` moves."""
-    users = _users(schedule, "output")
-    awaited = {dep for _, ins in schedule.instructions() for dep in ins.deps}
+    uses = _accesses(schedule)
     load = [0] * schedule.nranks    # chunks each rank moves across ranks
     for d, ins in schedule.instructions():
         load[d.rank] += sum(ref.count for ref in (ins.dst, *ins.srcs) if ref.rank != d.rank)
     shares = {}
-    for d, ins in schedule.instructions():
-        if ins.op != "copy" or len(ins.srcs) != 1 or ins.deps or d in awaited:
+    # Lane position first: a one-hop broadcast's pieces in step order, each peer's in turn, so
+    # the owner takes some of every peer's pieces, in the order peers relay them.
+    for d, ins in sorted(schedule.instructions(), key=lambda t: (t[0].index, t[0].rank)):
+        if ins.op != "copy" or len(ins.srcs) != 1 or ins.deps:
             continue
         (src,), dst = ins.srcs, ins.dst
         owner, w = src.rank, dst.count
         if (owner == d.rank or src.buf != "input" or dst.rank != d.rank or dst.buf != "output"
-                or not _used_by(users, dst, 1) or load[owner] + w > load[d.rank] - w):
+                or not _read_after(schedule, uses, d) or load[owner] + w > load[d.rank] - w):
             continue
         load[owner] += w
         load[d.rank] -= w
         shares[d] = owner
     return shares
+
+
+def _accesses(schedule: Schedule) -> dict[tuple[int, int], list[tuple[Dep, bool]]]:
+    """(rank, output chunk) -> (instruction, writes it) for every instruction using it."""
+    uses: dict[tuple[int, int], list[tuple[Dep, bool]]] = {}
+    for d, ins in schedule.instructions():
+        for ref, writes in ((ins.dst, True), *((src, False) for src in ins.srcs)):
+            if ref.buf == "output":
+                for j in ref.chunks():
+                    uses.setdefault((ref.rank, j), []).append((d, writes))
+    return uses
+
+
+def _read_after(schedule: Schedule, uses, copy: Dep) -> bool:
+    """True when ``copy`` is the only instruction writing its output chunks and every other
+    one reading them waits for it by name (so the copy may run in any lane)."""
+    dst = schedule.instr(copy).dst
+    return all(d == copy or (not writes and copy in schedule.instr(d).deps)
+               for j in dst.chunks() for d, writes in uses[dst.rank, j])
 
 
 def _users(schedule: Schedule, buf: str) -> dict[tuple[int, int], int]:

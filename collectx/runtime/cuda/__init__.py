@@ -25,7 +25,8 @@ def init(rank: int | None = None, world_size: int | None = None, *, store=None, 
     from ..bootstrap import bootstrap
     require_gpu()
     t = float(timeout if timeout is not None else get_config().timeout_s)
-    rank, world_size, store, done = bootstrap(rank, world_size, store, t)
-    comm = CudaCommunicator(rank, world_size, store, device=device, topology=topology, timeout=t)
-    done()
+    rank, world_size, store, ready, release = bootstrap(rank, world_size, store, t)
+    comm = CudaCommunicator(rank, world_size, store, device=device, topology=topology, timeout=t,
+                            on_close=release)
+    ready()
     return comm

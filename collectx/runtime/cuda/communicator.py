@@ -11,6 +11,8 @@ mismatch, an aborted peer) are raised by the next call, ``Work.wait`` / ``synchr
 
 from __future__ import annotations
 
+import weakref
+from typing import Callable
 
 from ...config import get_config
 from ...errors import ArgumentError, DTypeError
@@ -32,7 +34,8 @@ class CudaCommunicator:
     """
 
     def __init__(self, rank: int, size: int, store, *, device: int | None = None, topology=None,
-                 timeout: float | None = None, config=None):
+                 timeout: float | None = None, config=None,
+                 on_close: Callable[[], None] | None = None):
         cfg = config or get_config()
         if not (isinstance(size, int) and size >= 1 and isinstance(rank, int) and 0 <= rank < size):
             raise ArgumentError(f"rank={rank!r}, size={size!r}: expected 0 <= rank < size")
@@ -49,6 +52,8 @@ class CudaCommunicator:
         self._engine = CudaEngine(self._window, cfg, topology, self.timeout, store=store,
                                   key_prefix=prefix)
         self._stream = _rt.stream_create()
+        # the rendezvous's cleanup, once closed or collected: its store shares plans until then
+        self._on_close = weakref.finalize(self, on_close or _nothing)
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, x, out=None, op: str = "sum", async_op: bool = False):
@@ -199,6 +204,7 @@ class CudaCommunicator:
             _rt.stream_destroy(self._stream)
             self._stream = 0
             self._window.close()
+            self._on_close()
 
     def __enter__(self) -> "CudaCommunicator":
         return self
@@ -208,6 +214,10 @@ class CudaCommunicator:
 
     def __repr__(self) -> str:
         return f"CudaCommunicator(rank={self.rank}, size={self.size}, device={self.device})"
+
+
+def _nothing() -> None:
+    pass
 
 
 def require_gpu() -> int:

@@ -273,11 +273,15 @@ def _host_communicator(engine: InterEngine, layout: HostLayout, timeout, cfg) ->
     # Pseudo-hosts (COLLECTX_HOSTS) may share one machine: its CPUs serve all of their ranks.
     machine = names.count(names[engine.rank])
     mine = paths[layout.hosts[layout.host][0]]
+    # The directory outlives the rendezvous: the host's first rank shares plans through it.
+    release = (lambda: shutil.rmtree(path, ignore_errors=True)) if path is not None else None
     try:
         comm = Communicator(layout.local_rank, layout.local_size, FileStore(mine),
-                            timeout=timeout, config=cfg, machine_ranks=machine)
+                            timeout=timeout, config=cfg, machine_ranks=machine,
+                            on_close=release)
         engine.barrier()          # every rank of every host has mapped its host's windows
-    finally:
-        if path is not None:
-            shutil.rmtree(path, ignore_errors=True)
+    except BaseException:
+        if release is not None:
+            release()
+        raise
     return comm
