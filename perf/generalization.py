@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 import collectx.topology as T
+from collectx.errors import NoFeasiblePlan
 from collectx.planner import plan
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
@@ -156,13 +157,19 @@ def main(argv=None) -> int:
     out = open(args.jsonl, "w") if args.jsonl else None
     rows = []
     for family in args.families.split(","):
+        apart = 0   # allocations whose GPUs reach each other only through GPUs left out
         for fam, name, G, gpus in SOURCES[family](args, rng):
-            for coll in COLLECTIVES:
-                rows.append(record(fam, name, G, gpus, coll, args.size))
-                if out:
-                    out.write(json.dumps(rows[-1]) + "\n")
-                    out.flush()
-        print(f"# {family}: {sum(r['family'] == family for r in rows)} plans", file=sys.stderr)
+            try:
+                planned = [record(fam, name, G, gpus, coll, args.size) for coll in COLLECTIVES]
+            except NoFeasiblePlan:
+                apart += 1
+                continue
+            rows += planned
+            if out:
+                out.writelines(json.dumps(r) + "\n" for r in planned)
+                out.flush()
+        print(f"# {family}: {sum(r['family'] == family for r in rows)} plans; {apart} "
+              f"allocations not connected on their own, skipped", file=sys.stderr)
     print(table(rows))
     return 0
 

@@ -40,6 +40,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_matrix
 
+from ..schedule.ir import MAX_LANES
 from ..topology.routes import routes_for
 from ..topology.view import LinkIndex, host_routes, host_uploads, simulator_routes
 from .integral_trees import disjoint_arborescences, max_flow
@@ -50,7 +51,6 @@ MODES = {"broadcast": DOWN, "allgather": DOWN, "reduce": UP, "reduce_scatter": U
          "allreduce": BOTH}
 PER_ROOT = ("allgather", "reduce_scatter")
 
-LANES = 64           # lanes a rank runs (schedule.ir.MAX_LANES): every tree needs its own
 NODES = 20           # branch-and-bound nodes per integer program (one per tree count tried):
                      # a fixed budget, not a time limit, so that every rank plans the same
                      # trees; 100 found no better roundings on the presets, at twice the time
@@ -603,7 +603,7 @@ def most_trees(p: Problem) -> int:
     """Trees per group the executors' lanes hold: a rank gives every tree it does not root a
     lane (two for trees used both ways, one up and one down)."""
     per_tree = 2 if BOTH in p.ways else 1
-    return max(1, LANES // (per_tree * len(p.groups)))
+    return max(1, MAX_LANES // (per_tree * len(p.groups)))
 
 
 def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
