@@ -10,8 +10,8 @@ Families (``--families``, default all), each planned for allreduce, allgather an
   NVLink bridge pairs, of random sizes and bandwidths;
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
-* ``held-out``: 50 random allocations of each of :data:`HELD_OUT`, four real dumps kept aside:
-  never used while developing the planner, reported on their own.
+* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, four real
+  dumps kept aside: never used while developing the planner, reported on their own.
 
 Prints one table: per family the plans, the worst and median efficiency (predicted busbw over
 the bound), how many fall below 0.95, how many beat the bound (allreduce: the ceiling; a
@@ -97,7 +97,8 @@ def real(args, rng):
 
 def held_out(args, rng):
     for name in HELD_OUT:
-        yield from _random_allocations("held-out", name, T.load(REAL / name), 50, rng)
+        yield from _random_allocations("held-out", name, T.load(REAL / name), args.held_out,
+                                       rng)
 
 
 def _random_allocations(family, name, G, count, rng):
@@ -150,6 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int, default=1 << 30)
     ap.add_argument("--samples", type=int, default=10, help="allocations per machine")
     ap.add_argument("--limit", type=int, default=0, help="dgx1 allocations per size (0: all)")
+    ap.add_argument("--held-out", type=int, default=50, help="allocations per held-out dump")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jsonl", help="write one JSON line per plan")
     args = ap.parse_args(argv)

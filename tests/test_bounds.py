@@ -275,3 +275,44 @@ def test_hgx_a100_dump_counts_no_pcie_turnaround_between_its_nvswitched_gpus():
     dump = Path(__file__).resolve().parent.parent / "topology" / "real" / \
         "hgx_a100_8gpu_5nic_bond_nccl_topo.xml"
     assert bounds(topo.load(dump), "allgather").bound_busbw == pytest.approx(315.76, abs=0.01)
+
+
+def _sockets(smp: dict) -> nx.DiGraph:
+    """GPU0 under CPU0, GPU1 under CPU1 (PCIe 32 GB/s), a NIC under CPU2, and socket links
+    ``smp`` {(a, b): GB/s} both ways."""
+    G = nx.DiGraph()
+    for g, c in (("GPU0", "CPU0"), ("GPU1", "CPU1"), ("NIC0", "CPU2")):
+        G.add_node(g, kind="nic" if g.startswith("NIC") else "gpu")
+        G.add_node(c, kind="cpu")
+        G.add_edge(g, c, type="pcie", bw_gbps=32.0)
+        G.add_edge(c, g, type="pcie", bw_gbps=32.0)
+    for (a, b), bw in smp.items():
+        G.add_edge(a, b, type="smp", bw_gbps=bw)
+        G.add_edge(b, a, type="smp", bw_gbps=bw)
+    return G
+
+
+def test_traffic_between_two_sockets_crosses_their_own_link_only():
+    # Every socket pair linked, no detour wider: memory traffic takes the direct link, so a
+    # third socket adds nothing (it used to count a second route through CPU2: 20 GB/s).
+    full = _sockets({("CPU0", "CPU1"): 10.0, ("CPU0", "CPU2"): 10.0, ("CPU1", "CPU2"): 10.0})
+    for coll in ("allgather", "broadcast", "allreduce"):
+        assert bounds(full, coll).bound_busbw == pytest.approx(10.0), coll
+    # A pair without a link of its own goes through a third socket, which then forwards.
+    chain = _sockets({("CPU0", "CPU2"): 10.0, ("CPU1", "CPU2"): 10.0})
+    assert bounds(chain, "allgather").bound_busbw == pytest.approx(10.0)
+    # A detour wider than the direct link is a route the hardware (and the simulator) takes.
+    wide = _sockets({("CPU0", "CPU1"): 10.0, ("CPU0", "CPU2"): 20.0, ("CPU1", "CPU2"): 20.0})
+    assert bounds(wide, "allgather").bound_busbw == pytest.approx(30.0)
+
+
+def test_socket_links_of_real_dumps_carry_no_detours():
+    from pathlib import Path
+    real = Path(__file__).resolve().parent.parent / "topology" / "real"
+    l40s = topo.load(real / "l40s_8gpu_2socket_nvidia-smi-topo.txt")   # two sockets, a NIC node
+    assert bounds(l40s, "allgather", ["GPU0", "GPU7"]).bound_busbw == pytest.approx(10.0)
+    assert bounds(l40s, "broadcast").bound_busbw == pytest.approx(10.0)
+    mi100 = topo.load(real / "mi100_8gpu_2hives_4numa_4nic_rccl_topo.xml")   # four NUMA nodes
+    # GPU6 reaches GPUs 2 and 3 over one 16 GB/s NUMA link; a NIC switch under a third node
+    # no longer turns a second route around
+    assert bounds(mi100, "allgather", ["GPU2", "GPU3", "GPU6"]).bound_busbw <= 2 * 16.0 + 1e-6

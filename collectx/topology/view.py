@@ -11,7 +11,8 @@ bounds alike:
   routes) or staged through the sender's host memory, and the sender's copy into it;
 * :func:`relay_paths` -- cheapest paths through relays (switches, CPUs, NICs) under link prices;
 * :func:`without_turnarounds` -- PCIe switches split where they cannot turn traffic around
-  between the job's GPUs (the rule below).
+  between the job's GPUs (the rule below), and CPUs where they forward no other socket's
+  traffic (:func:`direct_sockets`).
 
 Relays and edge splitting
 -------------------------
@@ -280,13 +281,23 @@ DIRECT_TYPES = ("nvlink", "xgmi")   # GPU-to-GPU links CUDA peer copies always t
 
 def without_turnarounds(G: nx.DiGraph, gpus) -> nx.DiGraph:
     """``G`` (a job graph) with every switch that cannot turn traffic between its GPUs split
-    into ``<switch>~up`` and ``<switch>~dn`` halves; ``G`` itself is returned when none is."""
+    into ``<switch>~up`` and ``<switch>~dn`` halves, and every CPU that forwards no other
+    socket's traffic (:func:`direct_sockets`) into itself and ``<cpu>~far`` (its socket links
+    in) and ``<cpu>~dn`` (its other links out); ``G`` itself is returned when nothing is split.
+
+    >>> from collectx.topology import load
+    >>> G = load("topology/real/l40s_8gpu_2socket_nvidia-smi-topo.txt")
+    >>> H = without_turnarounds(job_graph(G, ["GPU0", "GPU7"]), ["GPU0", "GPU7"])
+    >>> sorted(H.successors("CPU0")), sorted(H.successors("CPU1~far")), "CPU2" in H
+    (['CPU0~dn', 'CPU1~far'], ['CPU1~dn'], False)
+    """
     kinds = dict(G.nodes(data="kind"))
     level = pcie_levels(G, kinds)
     linked = peer_linked(G, gpus)
     split = [s for s, k in kinds.items() if k == "pci_switch" and _leaves_only(G, s, kinds) and
              _all_peers(linked, _gpus_below(G, s, kinds, level, set(gpus)))]
-    if not split:
+    sockets = direct_sockets(G)
+    if not split and not sockets:
         return G
     H = G.copy()
     # Top-down: a switch is split before the switches below it, so each split still finds
@@ -294,7 +305,71 @@ def without_turnarounds(G: nx.DiGraph, gpus) -> nx.DiGraph:
     for s in sorted(split, key=lambda s: (level.get(s, 0), natural_key(s))):
         H.remove_nodes_from(_leaf_devices(H, s, kinds))
         _split(H, s, kinds, level)
+    for c in sockets:
+        H.remove_nodes_from(_dead_ends(H, c))
+        _split_socket(H, c)
     return H
+
+
+def _dead_ends(H: nx.DiGraph, c) -> set:
+    """Devices under CPU ``c`` that lead to no GPU and no other CPU except through ``c`` (a
+    NIC and its switches, on one machine): a route into them only turns back, so they carry
+    nothing between GPUs; left in, they would let a route turn around under ``c``."""
+    kinds = dict(H.nodes(data="kind"))
+    rest = H.to_undirected(as_view=True).subgraph(n for n in H if n != c)
+    dead: set = set()
+    for v in set(H.successors(c)) - {c}:
+        if v in dead or kinds.get(v) in ("gpu", "cpu"):
+            continue
+        part = nx.node_connected_component(rest, v)
+        if not any(kinds.get(n) in ("gpu", "cpu") for n in part):
+            dead |= part
+    return dead
+
+
+def direct_sockets(G: nx.DiGraph) -> list:
+    """The CPUs of ``G`` when its CPUs are joined pairwise by socket links (``smp``), each at
+    least as wide as any route through a third CPU; else none.
+
+    Why: memory traffic between two sockets then takes their own link (the widest route,
+    which is also the simulator's), never a detour through a third socket. A bound that lets
+    a transfer cross two socket links, or spread over several, counts bandwidth no copy gets
+    (two sockets of 10 GB/s each beside a NIC's CPU node: 20 GB/s counted, 10 reachable).
+    Where some pair has no link of its own, or a detour is wider, traffic does cross a third
+    socket, and no CPU is split.
+    """
+    cpus = [n for n, k in G.nodes(data="kind") if k == "cpu"]
+    cap = {(u, v): c for u, v, c in G.edges(data="cap")
+           if u in cpus and v in cpus and G.edges[u, v].get("type") == "smp"}
+    if len(cpus) < 3 or len(cap) != len(cpus) * (len(cpus) - 1):
+        return []
+    if any(cap[a, b] < min(cap[a, c], cap[c, b])
+           for a, b, c in itertools.permutations(cpus, 3)):
+        return []
+    return sorted(cpus, key=natural_key)
+
+
+def _split_socket(H: nx.DiGraph, c) -> None:
+    """``c`` keeps its links in from its own devices and its socket links out; what arrives
+    over a socket link enters ``c~far``, which leads only to ``c~dn``: ``c``'s links to its
+    devices, reached from ``c`` too. So a route crosses at most one socket link."""
+    down = [(v, d) for _, v, d in H.out_edges(c, data=True) if d.get("type") != "smp"]
+    if not down:    # no devices of its own: it would only forward, which it does not
+        H.remove_node(c)
+        return
+    far, dn = f"{c}~far", f"{c}~dn"
+    H.add_node(far, kind="relay")
+    H.add_node(dn, kind="relay")
+    for u, _, d in list(H.in_edges(c, data=True)):
+        if d.get("type") == "smp":
+            H.remove_edge(u, c)
+            H.add_edge(u, far, **d)
+    for v, d in down:
+        H.remove_edge(c, v)
+        H.add_edge(dn, v, **d)
+    width = sum(d["cap"] for _, d in down)   # never the narrower: it only joins c's links
+    H.add_edge(c, dn, type="internal", cap=width)
+    H.add_edge(far, dn, type="internal", cap=width)
 
 
 def peer_linked(G: nx.DiGraph, gpus) -> set:
