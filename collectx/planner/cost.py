@@ -17,7 +17,7 @@ from ..schedule.ir import Schedule
 # The simulator keeps what it read of the schedules it just ran (critical path, rank pairs):
 # the cost model's usual next question is about one of them.
 from ..schedule.simulate import known_pairs, known_steps, schedule_graph
-from ..topology.paths import widest_path as widest_route
+from ..topology.paths import Router
 from .cost_tables import BASE_US, LINK_ORDER, alpha_us
 
 
@@ -51,8 +51,9 @@ def link_class(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ..
         pairs = {(other, rank) for rank, rank_lanes in enumerate(schedule.lanes)
                  for other in _ranks_named(rank_lanes) if other != rank}
     worst = 0
+    router = Router(topo)     # prepared once: a plan's pairs all ask the same graph
     for a, b in pairs:
-        _, cls = widest_path(topo, ranks[a], ranks[b])
+        _, cls = widest_path(topo, ranks[a], ranks[b], router=router)
         worst = max(worst, LINK_ORDER.index(cls) if cls in LINK_ORDER else len(LINK_ORDER) - 1)
     return LINK_ORDER[worst] if pairs else "shm"
 
@@ -116,17 +117,18 @@ def transfer_us(nbytes: int, busbw_GBps: float, factor: float) -> float:
     return nbytes * factor / (busbw_GBps * 1e3)
 
 
-def widest_path(topo: nx.DiGraph, a: str, b: str, avoid: frozenset = frozenset()
-                ) -> tuple[float, str]:
+def widest_path(topo: nx.DiGraph, a: str, b: str, avoid: frozenset = frozenset(),
+                router: Router | None = None) -> tuple[float, str]:
     """Bottleneck GB/s and worst link class of the widest ``a -> b`` route avoiding ``avoid``
-    (:func:`collectx.topology.paths.widest_path`); ``(0.0, "net")`` when there is none.
+    (:func:`collectx.topology.paths.widest_path`; ``router``: one prepared on ``topo``, to
+    share among many questions); ``(0.0, "net")`` when there is none.
 
     >>> from collectx.topology import line
     >>> widest_path(line(3), "GPU0", "GPU2")
     (25.0, 'nvlink')
     """
     try:
-        route = widest_route(topo, a, b, avoid=avoid - {a, b})
+        route = (router or Router(topo)).widest(a, b, avoid=avoid - {a, b})
     except TopologyError:
         return 0.0, "net"
     types = [topo.edges[u, v].get("type") for u, v in zip(route.hops, route.hops[1:])]

@@ -26,7 +26,7 @@ from collections import Counter
 import networkx as nx
 
 from ..errors import NoFeasiblePlan, TopologyError
-from ..topology.paths import Router, widest_path
+from ..topology.paths import Router
 
 MAX_CHANNELS = 16
 MIN_RING_FRACTION = 0.1   # rings this much thinner than the first add steps, not bandwidth
@@ -167,10 +167,18 @@ def _hop(topo, residual, a, b, avoid, cache) -> tuple[float, tuple[str, ...]]:
 def _fixed_route(topo, a, b, cache: dict) -> tuple[str, ...] | None:
     if (a, b) not in cache:
         try:
-            cache[a, b] = tuple(widest_path(topo, a, b).hops)
+            cache[a, b] = tuple(_router(topo, cache).widest(a, b).hops)
         except TopologyError:
             cache[a, b] = None
     return cache[a, b]
+
+
+def _router(topo, cache: dict) -> Router:
+    """One :class:`Router` per search: preparing a graph's links costs more than a route."""
+    router = cache.get("router")
+    if router is None:
+        router = cache["router"] = Router(topo)
+    return router
 
 
 def _hamiltonian(n: int, hop_bw: dict[tuple[int, int], float]) -> tuple[int, ...] | None:
@@ -201,11 +209,8 @@ def _hamiltonian(n: int, hop_bw: dict[tuple[int, int], float]) -> tuple[int, ...
 
 def _widest(topo, residual, a, b, avoid, cache) -> tuple[float, tuple[str, ...]]:
     """Widest ``a -> b`` path in the residual graph, fewest hops among equally wide ones."""
-    router = cache.get("router")
-    if router is None:
-        router = cache["router"] = Router(topo)
     try:
-        found = router.widest(a, b, widths=residual, avoid=avoid - {a, b})
+        found = _router(topo, cache).widest(a, b, widths=residual, avoid=avoid - {a, b})
     except TopologyError:
         return 0.0, ()
     return (found.bw_gbps, found.hops) if found.bw_gbps > _EPS else (0.0, ())
