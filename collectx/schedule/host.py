@@ -77,7 +77,7 @@ def stage_through_host(s: Schedule, pairs=None) -> Schedule:
 
     ``pairs(a, b)``, if given, says which transfers from rank ``a`` to rank ``b`` to stage; the
     others stay direct (a ring-only library's fallback: NVLink where two GPUs share one, host
-    memory where they do not, :mod:`collectx.planner.fallback_ring`).
+    memory where they do not: ``perf/fallback_ring.py``).
 
     How it works: instructions are re-emitted in one topological order of ``s``. A source on
     another rank ``a`` is first copied by ``a`` into a fresh chunk of ``a``'s ``host`` buffer
@@ -91,9 +91,8 @@ def stage_through_host(s: Schedule, pairs=None) -> Schedule:
     of one chunk overlaps the copy down of the one before); rank-local ones are kept as they
     are.
 
-    Used for the share of a collective relayed over PCIe (:mod:`collectx.planner.host_relay`):
-    planned on a view of the machine without direct GPU links, then staged so that no copy
-    between GPUs runs over a direct link.
+    Used by the ring-only baseline (``perf/fallback_ring.py``): a ring planned on the machine,
+    then staged wherever two neighbours share no direct link, as such a library runs it.
 
     >>> from collectx.schedule import ScheduleBuilder, verify
     >>> b = ScheduleBuilder("broadcast", 2, nchunks=1, root=0)
