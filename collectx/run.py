@@ -16,10 +16,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 from .runtime.affinity import BIND_POLICIES, bind_process
+from .runtime.bootstrap import rendezvous_dir
 from .runtime.launcher import DEFAULT_GRACE_S, rank_env
 from .runtime.window import sweep_stale
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_group(cmd: list[str], nproc: int, grace: float, bind: str = "none") -> int:
     """Run ``cmd`` as ``nproc`` ranks; the first failing rank's exit status, or 0."""
-    rdzv = tempfile.mkdtemp(prefix="collectx-rdzv-")
+    rdzv = rendezvous_dir()
     procs: list[subprocess.Popen] = []
     old = {}
 

@@ -155,3 +155,17 @@ def test_run_cli_forwards_sigterm_to_the_ranks(tmp_path):
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=30)
     assert p.returncode != 0
+
+
+def test_rendezvous_directories_of_dead_processes_are_swept(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    left = tmp_path / f"collectx-host-{dead}-abc"       # its creator died before closing
+    mine = tmp_path / f"collectx-rdzv-{os.getpid()}-abc"
+    other = tmp_path / "collectx-host-notapid"
+    for d in (left, mine, other):
+        d.mkdir()
+        (d / "key").write_text("x")
+    assert bootstrap.sweep_rendezvous(str(tmp_path)) == [str(left)]
+    assert not left.exists() and mine.exists() and other.exists()
+

@@ -23,6 +23,7 @@ none                      --                                         a world of 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from typing import Callable, Mapping
@@ -35,6 +36,33 @@ _MPI_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 # The launcher's store, one object per rendezvous in a process: a second init() under torchrun's
 # env:// without an agent store would otherwise bind a second TCPStore server to MASTER_PORT.
 _LAUNCHER_STORES: dict[tuple, Store] = {}
+
+
+_RDZV_DIR = re.compile(r"^collectx-(?:rdzv|host)-(\d+)-")
+
+
+def rendezvous_dir(kind: str = "rdzv") -> str:
+    """A new rendezvous directory in the temporary directory, named after this process so that
+    one left behind by a process that died (SIGKILL, ``os._exit``) is removed later by
+    :func:`sweep_rendezvous`."""
+    return tempfile.mkdtemp(prefix=f"collectx-{kind}-{os.getpid()}-")
+
+
+def sweep_rendezvous(root: str | None = None) -> list[str]:
+    """Remove the rendezvous directories whose creator process is gone; returns their paths.
+
+    >>> sweep_rendezvous(tempfile.mkdtemp())
+    []
+    """
+    from .window import _alive
+    root = root or tempfile.gettempdir()
+    removed = []
+    for name in os.listdir(root):
+        m = _RDZV_DIR.match(name)
+        if m and not _alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(os.path.join(root, name))
+    return removed
 
 
 def _launcher_store(key: tuple, make: Callable[[], Store]) -> Store:
@@ -127,7 +155,7 @@ def _mpi(timeout):
         raise ConfigError("MPI launcher variables are set but mpi4py is not importable; install "
                           "mpi4py or launch with python -m collectx.run") from e
     world = MPI.COMM_WORLD
-    path = tempfile.mkdtemp(prefix="collectx-rdzv-") if world.rank == 0 else None
+    path = rendezvous_dir() if world.rank == 0 else None
     path = world.bcast(path, root=0)
 
     def ready():

@@ -19,6 +19,7 @@ from ..config import get_config
 from ..errors import ArgumentError, DTypeError
 from .arrays import as_array, check_root, empty_like_shape, op_code
 from .arrays import DTYPE_CODES, OP_CODES
+from .bootstrap import sweep_rendezvous
 from .engine import Engine
 from .heap import Heap
 from .peer_use import DISJOINT, IN_AT_UNIT, OUT_AT_UNIT, OVERLAP, SAME
@@ -65,6 +66,7 @@ class Communicator:
         self.rank, self.size = rank, size
         self.timeout = float(timeout if timeout is not None else cfg.timeout_s)
         sweep_stale()
+        sweep_rendezvous()   # directories of rendezvous whose creator died before closing
         _warm_planner()
         store = as_store(store)
         prefix = next_key_prefix("comm", store, rank)

@@ -17,13 +17,13 @@ import os
 import pickle
 import shutil
 import signal
-import tempfile
 import time
 import traceback
 from multiprocessing.connection import wait as mp_wait
 
 from ..errors import ArgumentError, RankFailed
 from .affinity import bind_process, check_policy
+from .bootstrap import rendezvous_dir
 from .window import sweep_stale
 
 DEFAULT_GRACE_S = 3.0
@@ -74,7 +74,7 @@ def launch(fn, nprocs: int, args: tuple = (), *, grace: float = DEFAULT_GRACE_S,
         raise ArgumentError(f"nprocs={nprocs!r}: expected a positive int")
     check_policy(bind)
     ctx = mp.get_context("spawn")
-    rdzv = tempfile.mkdtemp(prefix="collectx-rdzv-")
+    rdzv = rendezvous_dir()
     procs, conns = [], []
     try:
         for r in range(nprocs):

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import shutil
 import socket
-import tempfile
 
 import numpy as np
 
 from ...config import get_config
 from ...errors import ArgumentError, DTypeError
 from ..arrays import DTYPE_CODES, as_array, check_root, empty_like_shape, op_code
+from ..bootstrap import rendezvous_dir
 from ..communicator import Communicator
 from ..store import FileStore
 from ..work import Worker
@@ -268,7 +268,7 @@ class HierarchicalCommunicator:
 def _host_communicator(engine: InterEngine, layout: HostLayout, timeout, cfg) -> Communicator:
     """The host's CPU communicator; its rendezvous directory is made by the host's first rank
     and announced over the engine, so no other rendezvous service is needed."""
-    path = tempfile.mkdtemp(prefix="collectx-host-") if layout.local_rank == 0 else None
+    path = rendezvous_dir("host") if layout.local_rank == 0 else None
     paths, names = zip(*engine.exchange((path, socket.gethostname())))
     # Pseudo-hosts (COLLECTX_HOSTS) may share one machine: its CPUs serve all of their ranks.
     machine = names.count(names[engine.rank])
