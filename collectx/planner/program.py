@@ -44,7 +44,8 @@ from ..schedule.ir import MAX_LANES
 from ..topology.routes import routes_for
 from ..topology.view import LinkIndex, host_routes, host_uploads, simulator_routes
 from .integral_trees import disjoint_arborescences, max_flow
-from .treepack import Packing, Tree, centre, column_generation, min_arborescence, top_down
+from .treepack import (Packing, Tree, centre, column_generation, min_arborescence, orient,
+                       top_down)
 
 DOWN, UP, BOTH = "down", "up", "both"
 MODES = {"broadcast": DOWN, "allgather": DOWN, "reduce": UP, "reduce_scatter": UP,
@@ -647,19 +648,7 @@ def centred(tree: Tree) -> Tree:
     against its arc swaps which of its transfers is staged."""
     n = max(max(e) for e in tree.edges) + 1
     root = centre(n, list(tree.edges))
-    parent = [-1] * n
-    adj: dict = {}
-    for a, b in tree.edges:
-        adj.setdefault(a, []).append(b)
-        adj.setdefault(b, []).append(a)
-    order, seen = [root], {root}
-    for u in order:
-        for v in adj.get(u, ()):
-            if v not in seen:
-                seen.add(v)
-                parent[v] = u
-                order.append(v)
-    edges = top_down(tuple(range(n)), parent, root)
+    edges = orient(tuple(range(n)), tree.edges, root)
     where = {frozenset(e): i for i, e in enumerate(tree.edges)}
     paths, down, up = [], [], []
     for i, (a, b) in enumerate(edges):

@@ -233,7 +233,7 @@ def pack_undirected_trees(index: LinkIndex, gpus, either_way: bool = False) -> P
             raise NoFeasiblePlan(f"GPUs {gpus} are not connected both ways; no spanning tree")
         directed = [(u, v) if W[u, v] <= W[v, u] else (v, u) for u, v in und]
         root = centre(len(gpus), directed)
-        edges = _orient(gpus, directed, root)
+        edges = orient(gpus, directed, root)
         paths = tuple(path[e] if e in path else path[e[1], e[0]] for e in edges)
         return [(0, Tree(0, gpus[root], edges, paths, 0.0), _usage(paths))]
 
@@ -271,7 +271,9 @@ def centre(n, edges) -> int:
     return min(range(n), key=lambda s: (ecc(s), s))
 
 
-def _orient(gpus, und, root) -> tuple:
+def orient(gpus, und, root) -> tuple:
+    """The undirected tree ``und`` (edges between ``gpus``' indices) as arcs away from
+    ``root``, top-down (:func:`top_down`)."""
     parent = [-1] * len(gpus)
     adj: dict = {}
     for u, v in und:
