@@ -118,6 +118,14 @@ def test_tree_depth_is_logarithmic():
 
 
 def test_tree_pieces_grow_with_size():
+    from collectx.planner.cost_tables import MAX_PIECES
+    from collectx.topology import gpus, switch
     names = tuple(map(str, range(8)))
     assert plan_tree(None, names, "allreduce", 8 << 10).nchunks == 2
-    assert plan_tree(None, names, "allreduce", 1 << 30).nchunks == 64
+    # Without a topology to pace them, as many pieces as the smallest piece allows.
+    assert plan_tree(None, names, "allreduce", 1 << 30).nchunks == 2 * MAX_PIECES
+    # With one, the pipeline's latency makes a few large pieces better than many small ones.
+    G = switch(8, bw=100.0)
+    ids = tuple(gpus(G))
+    counts = [plan_tree(G, ids, "allreduce", n).nchunks for n in (1 << 20, 64 << 20, 1 << 30)]
+    assert counts == sorted(counts) and counts[0] < counts[-1] < 2 * MAX_PIECES

@@ -13,6 +13,8 @@ measurements: they only have to rank candidates the way real machines do.
 
 from __future__ import annotations
 
+import math
+
 # Per dependent step, microseconds: LAT_US[link class][algorithm]; "default" covers
 # algorithms that are not listed.
 LAT_US: dict[str, dict[str, float]] = {
@@ -38,6 +40,47 @@ MIN_CHUNK_BYTES = 64 << 10
 # Instructions per schedule at most: lowering and simulating cost ~10 us each, and a plan of
 # 8 GPUs must be made in about a second.
 INSTRUCTIONS = 60_000
+# Pieces a pipeline cuts one stream into, at most: ``p`` pieces fill a pipeline in ``1/p`` of
+# its run, so past a few hundred the fill is below the simulator's own noise and more pieces
+# only add steps.
+MAX_PIECES = 512
+
+
+def pipeline_pieces(share: float, hops: int, bw_gbps: float = 0.0, wait_us: float = 0.0) -> int:
+    """Pieces that carry ``share`` bytes down a pipeline of ``hops`` hops fastest.
+
+    The pieces take ``(p + hops - 1)`` piece times to drain, and each waits out the route
+    latency ``L`` once per hop, ``p L`` in all: with ``T`` the share's time at the pipeline's
+    bandwidth, ``T (hops - 1) / p + p L`` is least at ``p = sqrt((hops - 1) T / L)``. Pieces
+    stay at least :data:`MIN_CHUNK_BYTES` and at most :data:`MAX_PIECES`; without a bandwidth
+    or latency (no topology to read them from) they are as many as those allow.
+
+    >>> pipeline_pieces(1 << 30, 7), pipeline_pieces(1 << 30, 7, bw_gbps=25.0, wait_us=5.0)
+    (512, 227)
+    >>> pipeline_pieces(100 << 10, 7, bw_gbps=25.0, wait_us=5.0)
+    1
+    """
+    most = max(1, min(MAX_PIECES, int(share // MIN_CHUNK_BYTES)))
+    if hops < 2 or bw_gbps <= 0 or wait_us <= 0:
+        return most
+    best = math.sqrt((hops - 1) * share / (bw_gbps * 1e3) / wait_us)
+    return max(1, min(most, int(round(best))))
+
+
+def route_terms(topo, ranks, pairs) -> tuple[float, float]:
+    """``(bandwidth GB/s, latency us)`` of the narrowest and slowest of the rank ``pairs``
+    ``(a, b)`` as the simulator routes them (a striped pair sums its routes); ``(0, 0)``
+    without a topology."""
+    if topo is None or not ranks or not pairs:
+        return 0.0, 0.0
+    from ..topology.routes import routes_for
+    table = routes_for(topo)
+    bws, waits = [], []
+    for a, b in pairs:
+        spread = table.spread(ranks[a], ranks[b])
+        bws.append(sum(min(table.capacity[r] for r in res) for res, _, _ in spread if res) / 1e3)
+        waits += [lat for _, lat, _ in spread]
+    return min(bws), max(waits, default=0.0)
 
 
 def alpha_us(link: str, algorithm: str) -> float:

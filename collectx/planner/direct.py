@@ -24,8 +24,7 @@ import networkx as nx
 from ..errors import PlanError
 from ..schedule.ir import COLLECTIVES, MAX_LANES, Ref, Schedule
 from ._build import Builder, check_args, shard, staggered
-from .cost_tables import INSTRUCTIONS, MIN_CHUNK_BYTES
-from .ring import MAX_PIECES
+from .cost_tables import INSTRUCTIONS, MAX_PIECES, MIN_CHUNK_BYTES
 
 # One lane per peer wherever the IR's lanes allow: two peers sharing a lane take turns, and
 # once every peer's link is shared among all its readers a rank then pulls at half its rate.
@@ -88,7 +87,7 @@ def _shard_chunks(collective: str, n: int, nbytes: int) -> int:
 
     The second hop of a piece starts when its first one lands, so the two hops overlap but
     for one piece: as many pieces as allowed by :data:`~.cost_tables.MIN_CHUNK_BYTES` per
-    piece, :data:`~.ring.MAX_PIECES` per shard (a two-hop chain) and half of
+    piece, :data:`~.cost_tables.MAX_PIECES` per shard (a two-hop chain) and half of
     :data:`~.cost_tables.INSTRUCTIONS` per schedule (each piece moves ``n - 1`` times, and
     every rank's ``2 (n - 1)`` lanes run at once, which the simulator pays for per step).
 

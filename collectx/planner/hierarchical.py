@@ -35,11 +35,10 @@ from ..errors import PlanError
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import Ref, Schedule
 from ._build import check_args
+from .cost_tables import alpha_us, pipeline_pieces, route_terms
 from .hier_embed import Writers, embed
 
 SUPPORTED = ("allreduce", "allgather", "reduce_scatter", "broadcast")
-PIECE_BYTES = 10 << 20  # a pipeline piece per this many bytes of a shard ...
-MAX_PIECES = 16         # ... up to this many (fill ~1/pieces of the time; more = more steps)
 _PREFIX = re.compile(r"^n\d+/")
 
 
@@ -64,7 +63,8 @@ def plan_hierarchical(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str,
         Must be False: the phases stage data in scratch, and the intra-node sub-plans are
         planned out of place.
     nchunks : int, optional
-        Pipeline pieces per shard (default: one per 10 MiB of a shard, at most 16).
+        Pipeline pieces per shard (default: :func:`~.cost_tables.pipeline_pieces` over the
+        three phases, at the network route's bandwidth and latency).
 
     Returns
     -------
@@ -97,8 +97,7 @@ def plan_hierarchical(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str,
         raise PlanError("hierarchical plans are out of place (phases stage data in scratch); "
                         "plan with inplace=False")
     nodes = node_groups(topo, ranks)
-    g = len(nodes[0])
-    pieces = nchunks or _default_pieces(nbytes, g)
+    pieces = nchunks or _default_pieces(topo, ranks, nodes, nbytes)
     builder, intra = _BUILD[collective](topo, ranks, nodes, pieces, nbytes, root)
     builder.meta("nodes", [list(n) for n in nodes])
     builder.meta("intra", intra)
@@ -203,8 +202,13 @@ def _node_of(topo: nx.DiGraph) -> dict:
     return {n: k for k, comp in enumerate(nx.connected_components(local)) for n in comp}
 
 
-def _default_pieces(nbytes: int, g: int) -> int:
-    return max(1, min(MAX_PIECES, nbytes // max(1, g * PIECE_BYTES)))
+def _default_pieces(topo, ranks, nodes, nbytes: int) -> int:
+    """Pieces per shard: a piece passes three phases (within the node, across the network,
+    within the node again), paced by the network route between the nodes' first ranks; each
+    network step waits out an engine call (the cost table's network step), not only the
+    wire's latency."""
+    bw, wait = route_terms(topo, ranks, [(nodes[0][0], nodes[1][0])])
+    return pipeline_pieces(nbytes / len(nodes[0]), 3, bw, max(wait, alpha_us("net", "ring")))
 
 
 # -- intra-node sub-plans ------------------------------------------------------------------------

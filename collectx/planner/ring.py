@@ -21,20 +21,16 @@ sum of the rings' bandwidths; latency grows with ``n`` (use trees for small mess
 
 from __future__ import annotations
 
-import math
 
 import networkx as nx
 
 from ..errors import PlanError
 from ..schedule.ir import Ref, Schedule
 from ._build import Builder, check_args, shard, weighted_shares
-from .cost_tables import MIN_CHUNK_BYTES
+from .cost_tables import INSTRUCTIONS, pipeline_pieces, route_terms
 from .ring_search import Ring, find_rings
 
 SUPPORTED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
-MAX_PIECES = 512          # broadcast/reduce chain: pieces per ring, each at least
-                          # MIN_CHUNK_BYTES
-MAX_CHAIN_INSTRUCTIONS = 8192   # a chain costs n instructions per chunk: keep schedules small
 MAX_UNITS = 32            # whole shards per ring set: ring shares follow bandwidth to ~1% with few
 
 
@@ -140,39 +136,18 @@ def _default_nchunks(collective: str, n: int, nbytes: int, rings: list[Ring], to
     per_ring = 1 if equal else 4  # unequal rings: finer shares follow bandwidth better
     if collective in ("broadcast", "reduce"):
         pieces = _chain_pieces(n, nbytes, rings, topo, ranks)
-        pieces = max(1, min(pieces, MAX_CHAIN_INSTRUCTIONS // (n * len(rings) * per_ring)))
+        pieces = max(1, min(pieces, INSTRUCTIONS // (n * len(rings) * per_ring)))
         return pieces * len(rings) * per_ring
     return n * len(rings) * per_ring
 
 
 def _chain_pieces(n: int, nbytes: int, rings: list[Ring], topo, ranks) -> int:
-    """Pieces per ring of a broadcast / reduce chain.
-
-    A chain of ``n - 1`` hops moving ``p`` pieces takes about ``(p + n - 2)`` piece times,
-    plus the route latency ``L`` each piece waits on each hop, ``p * L``: with ``T`` the time
-    of the ring's share at its bandwidth, ``T (n - 2) / p + p L`` is least at
-    ``p = sqrt((n - 2) T / L)``. Pieces stay at least :data:`~.cost_tables.MIN_CHUNK_BYTES` and at most
-    :data:`MAX_PIECES`.
-    """
-    share = nbytes / max(len(rings), 1)
-    most = max(1, min(MAX_PIECES, int(share // MIN_CHUNK_BYTES)))
+    """Pieces per ring of a broadcast / reduce chain of ``n - 1`` hops
+    (:func:`~.cost_tables.pipeline_pieces`), each ring moving its share of ``nbytes``."""
+    pairs = [(a, b) for r in rings for a, b in zip(r.order, r.order[1:] + r.order[:1])]
+    _, wait = route_terms(topo, ranks, pairs)
     bw = min((r.bw_gbps for r in rings), default=0.0)
-    wait = _hop_latency(topo, ranks, rings)
-    if n < 3 or bw <= 0 or wait <= 0:
-        return most
-    best = math.sqrt((n - 2) * share / (bw * 1e3) / wait)
-    return max(1, min(most, int(round(best))))
-
-
-def _hop_latency(topo, ranks, rings) -> float:
-    """The largest route latency (us) between ring neighbours, as the simulator routes them."""
-    if topo is None or not ranks:
-        return 0.0
-    from ..schedule._routes import routes_for
-    table = routes_for(topo)
-    waits = [lat for r in rings for a, b in zip(r.order, r.order[1:] + r.order[:1])
-             for _, lat, _ in table.spread(ranks[a], ranks[b])]
-    return max(waits, default=0.0)
+    return pipeline_pieces(nbytes / max(len(rings), 1), n - 1, bw, wait)
 
 
 def _scratch(b: Builder) -> tuple[int, ...]:

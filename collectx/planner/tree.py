@@ -25,10 +25,9 @@ import networkx as nx
 from ..errors import PlanError
 from ..schedule.ir import Ref, Schedule
 from ._build import Builder, check_args
+from .cost_tables import pipeline_pieces, route_terms
 
 SUPPORTED = ("allreduce", "broadcast", "reduce")
-PIECE_BYTES = 256 << 10   # one pipeline piece per this many bytes per tree ...
-MAX_PIECES = 32           # ... up to this many per tree
 
 
 def tree_neighbors(rank: int, nranks: int) -> tuple[int, tuple[int, ...]]:
@@ -113,8 +112,10 @@ def plan_tree(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes:
     """Plan allreduce, broadcast or reduce over NCCL's double binary tree.
 
     Parameters are those of every planner (see :func:`collectx.planner.plan`). The default
-    ``nchunks`` is two pieces (one per tree) per :data:`PIECE_BYTES` of the message, at most
-    ``2 * MAX_PIECES``. The topology is not consulted: trees follow rank order, as NCCL's do.
+    ``nchunks`` gives each of the two trees the pieces that pipeline its half of the message
+    fastest (:func:`~.cost_tables.pipeline_pieces` over the tree's depth, at the bandwidth and
+    latency of its narrowest and slowest edge). Trees follow rank order, as NCCL's do: the
+    topology only sets the piece count.
 
     Examples
     --------
@@ -126,8 +127,9 @@ def plan_tree(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes:
     check_args(collective, n, root, nchunks)
     if collective not in SUPPORTED:
         raise PlanError(f"tree does not support {collective}; it supports {', '.join(SUPPORTED)}")
-    c = nchunks or (1 if n == 1 else 2 * max(1, min(MAX_PIECES, nbytes // (2 * PIECE_BYTES))))
     trees = double_tree(n) if collective == "allreduce" else rooted_trees(n, root)
+    c = nchunks or (1 if n == 1 else len(trees) * _pieces(topo, ranks, collective, trees,
+                                                          nbytes / len(trees)))
     if n == 1 or c == 1:
         trees = trees[:1]
     b = Builder(collective, n, c, root=root, inplace=inplace)
@@ -145,6 +147,20 @@ def plan_tree(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes:
 
 
 plan_tree.collectives = SUPPORTED
+
+
+def _pieces(topo, ranks, collective: str, trees, share: float) -> int:
+    """Pieces per tree: a piece climbs the tree (reduce), descends it (broadcast), or both."""
+    pairs = [(p, r) for parent in trees for r, p in enumerate(parent) if p >= 0]
+    bw, wait = route_terms(topo, ranks, pairs)
+    hops = max(_depth(parent) for parent in trees) * (2 if collective == "allreduce" else 1)
+    return pipeline_pieces(share, hops, bw, wait)
+
+
+def _depth(parent) -> int:
+    def level(r):
+        return 0 if parent[r] < 0 else 1 + level(parent[r])
+    return max(level(r) for r in range(len(parent)))
 
 
 def _up(b: Builder, lane: int, parent, children, j: int, buf_of) -> dict:
