@@ -19,7 +19,9 @@ violation means the simulator or the bound is wrong), and the slowest planning t
 ``--jsonl FILE`` writes one line per plan.
 
 Run: ``python perf/generalization.py`` (about an hour), or e.g.
-``python perf/generalization.py --families presets,generated --samples 5``.
+``python perf/generalization.py --families presets,generated --samples 5``; on two cores,
+``--shard 0/2 --jsonl a.jsonl`` and ``--shard 1/2 --jsonl b.jsonl`` side by side, then
+``--merge a.jsonl b.jsonl`` for the table.
 """
 
 from __future__ import annotations
@@ -154,13 +156,24 @@ def main(argv=None) -> int:
     ap.add_argument("--held-out", type=int, default=50, help="allocations per held-out dump")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jsonl", help="write one JSON line per plan")
+    ap.add_argument("--shard", default="0/1", help="I/N: plan only allocations I, I+N, I+2N, "
+                    "... of each family (run N processes, then --merge their --jsonl files)")
+    ap.add_argument("--merge", nargs="+", metavar="JSONL",
+                    help="print the table of earlier --jsonl files instead of planning")
     args = ap.parse_args(argv)
+    if args.merge:
+        rows = [json.loads(line) for f in args.merge for line in open(f) if line.strip()]
+        print(table(rows))
+        return 0
+    shard, shards = map(int, args.shard.split("/"))
     rng = random.Random(args.seed)
     out = open(args.jsonl, "w") if args.jsonl else None
     rows = []
     for family in args.families.split(","):
         apart = 0   # allocations whose GPUs reach each other only through GPUs left out
-        for fam, name, G, gpus in SOURCES[family](args, rng):
+        for i, (fam, name, G, gpus) in enumerate(SOURCES[family](args, rng)):
+            if i % shards != shard:
+                continue
             try:
                 planned = [record(fam, name, G, gpus, coll, args.size) for coll in COLLECTIVES]
             except NoFeasiblePlan:
