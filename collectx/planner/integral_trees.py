@@ -21,6 +21,7 @@ pipelines fill sooner; local moves that keep every arc's count then shorten the 
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import lru_cache
 
 import numpy as np
@@ -150,10 +151,17 @@ def _grown_together(left: np.ndarray, root: int, k: int, sets: "_SetTest") -> li
     missing = np.full(len(inside), k, dtype=np.int64)      # trees that miss set X
     level = [{root: 0} for _ in range(k)]
     edges: list = [[] for _ in range(k)]
+
+    def shallowest_open(lv: dict) -> int:
+        if len(lv) == n:
+            return n + 1
+        return min((lv[u] for u in lv for v in range(n) if v not in lv and left[u, v] > 0),
+                   default=n)
+
+    # A tree's shallowest open arc changes when the tree grows, or when the last unused copy
+    # of an arc leaving it is taken: kept per tree, updated only then.
+    open_level = [shallowest_open(lv) for lv in level]
     for _ in range(k * (n - 1)):
-        open_level = [min((lv[u] for u in lv for v in range(n)
-                           if v not in lv and left[u, v] > 0), default=n) if len(lv) < n
-                      else n + 1 for lv in level]
         i = min(range(k), key=lambda t: (open_level[t], len(level[t])))
         lv = level[i]
         arcs = [(u, v) for u in sorted(lv, key=lv.get)
@@ -174,6 +182,11 @@ def _grown_together(left: np.ndarray, root: int, k: int, sets: "_SetTest") -> li
         missing -= fresh
         lv[v] = lv[u] + 1
         edges[i].append((u, v))
+        open_level[i] = shallowest_open(lv)
+        if not left[u, v]:
+            for t, other in enumerate(level):
+                if u in other and v not in other:
+                    open_level[t] = shallowest_open(other)
     return edges
 
 
@@ -188,8 +201,8 @@ def _shallower(trees: list, left: np.ndarray, root: int) -> list:
     """
     par = [_parents(edges, root, len(left)) for edges in trees]
     left = left.copy()
-    stats = [_tree_stats(p, root) for p in par]   # (depth, sum of levels) per tree
-    score = _score(stats)
+    stats = _Shape([_tree_stats(p, root) for p in par])
+    score = stats.score()
     improved = True
     while improved:   # every kept move lowers the score, so this ends
         improved = False
@@ -204,7 +217,7 @@ def _shallower(trees: list, left: np.ndarray, root: int) -> list:
                 before = {i: stats[i] for i in touched}
                 for i in touched:
                     stats[i] = _tree_stats(par[i], root)
-                new = _score(stats)
+                new = stats.score()
                 if new < score:
                     score, improved = new, True
                 else:
@@ -221,9 +234,36 @@ def _tree_stats(par: list, root: int) -> tuple:
     return max(levels), sum(levels)
 
 
-def _score(stats: list) -> tuple:
-    """(deepest tree, sum of the trees' depths, sum of all levels): lower is shallower."""
-    return (max(d for d, _ in stats), sum(d for d, _ in stats), sum(s for _, s in stats))
+class _Shape:
+    """Every tree's (depth, sum of levels), and their score kept as trees change: a move
+    changes one or two trees of up to :data:`~.schedule.ir.MAX_LANES`, so the score is kept
+    from tallies rather than summed over all trees again.
+
+    >>> s = _Shape([(2, 5), (3, 6)]); s.score()
+    (3, 5, 11)
+    >>> s[1] = (2, 4); s.score()
+    (2, 4, 9)
+    """
+
+    def __init__(self, stats: list):
+        self._stats = list(stats)
+        self._depths = Counter(d for d, _ in stats)
+        self._sums = [sum(d for d, _ in stats), sum(s for _, s in stats)]
+
+    def __getitem__(self, i: int) -> tuple:
+        return self._stats[i]
+
+    def __setitem__(self, i: int, new: tuple) -> None:
+        old = self._stats[i]
+        self._depths[old[0]] -= 1
+        self._depths[new[0]] += 1
+        self._sums[0] += new[0] - old[0]
+        self._sums[1] += new[1] - old[1]
+        self._stats[i] = new
+
+    def score(self) -> tuple:
+        """(deepest tree, sum of the trees' depths, sum of all levels): lower is shallower."""
+        return (max(d for d, c in self._depths.items() if c), *self._sums)
 
 
 def _moves(par: list, left: np.ndarray, v: int):
