@@ -11,7 +11,7 @@ executor plans without host staging), the collectx version, the schedule schema 
 the planner's own code (:func:`code_fingerprint`, so an edited planner never serves its old
 plans). The file name is the key's digest; the file is zlib-compressed JSON (zlib's checksum
 catches a damaged or truncated file) holding the key again, the versions and
-``Schedule.to_dict()``. A file that does not check out is reported with a
+``Schedule.to_packed()``. A file that does not check out is reported with a
 :class:`PlanCacheWarning` naming it and what was wrong, and is planned again and replaced: a
 cache entry can cost a plan, never a wrong collective.
 
@@ -41,7 +41,7 @@ import zlib
 from .._gc import paused
 from ..schedule.ir import SCHEMA, Schedule
 
-FORMAT = "collectx.plan_cache/1"
+FORMAT = "collectx.plan_cache/2"   # /2: the schedule packed (Schedule.to_packed)
 _SUFFIX = ".plan"
 # Graph attributes that only describe a topology: renaming a preset must not cost its plans.
 _DESCRIPTIVE = frozenset(("name", "description"))
@@ -170,11 +170,11 @@ def encode(key: PlanKey | dict, schedule: Schedule, nbytes: int) -> bytes:
     ``nbytes``: the message size the schedule was planned for (a fact for readers)."""
     key = key.to_dict() if isinstance(key, PlanKey) else key
     data = {"format": FORMAT, "version": key["version"], "schema": key["schema"], "key": key,
-            "planned_nbytes": int(nbytes), "schedule": schedule.to_dict()}
+            "planned_nbytes": int(nbytes), "schedule": schedule.to_packed()}
     return zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 1)
 
 
-@paused  # from_dict builds one tuple per instruction and ref: 10^4-10^5 of them
+@paused  # from_packed builds one tuple per instruction and ref: 10^4-10^5 of them
 def decode(blob: bytes, expected: PlanKey | dict) -> Schedule:
     """The schedule of an entry whose key has every field of ``expected`` (a whole
     :class:`PlanKey`, or the fields a rank without the topology knows).
@@ -216,8 +216,8 @@ def entry_schedule(data: dict, expected: PlanKey | dict) -> Schedule:
             raise BadEntry(f"it holds another plan: {field} {key.get(field)!r}, expected "
                            f"{value!r}")
     try:
-        schedule = Schedule.from_dict(data["schedule"])
-    except Exception as e:  # whatever a damaged schedule makes from_dict raise
+        schedule = Schedule.from_packed(data["schedule"])
+    except Exception as e:  # whatever a damaged schedule makes from_packed raise
         raise BadEntry(f"its schedule does not load ({type(e).__name__}: {e})") from None
     _check_matches(schedule, want)
     return schedule

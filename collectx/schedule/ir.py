@@ -250,12 +250,74 @@ class Schedule:
                    algorithm=d.get("algorithm", ""), meta=_freeze(d.get("meta", {})),
                    host_units=tuple(int(u) for u in d.get("host_units", ())))
 
+    def to_packed(self) -> dict:
+        """:meth:`to_dict` with every instruction as a row of numbers, for machines rather than
+        people: ``[op, dst, srcs]`` plus ``deps`` where it waits, plus ``engine_op`` and
+        ``group`` for engine calls; ops and buffers by their index in :data:`OPS` and
+        :data:`BUFFERS`, a ref as ``[rank, buffer, chunk, count]``. About a third of the JSON,
+        and read back three times as fast (plan caches and plan sharing read whole schedules
+        of 10^4-10^5 instructions).
+
+        >>> s = Schedule("broadcast", 2, 1, ((Lane(()),), (Lane((Instr("copy",
+        ...     Ref(1, "output", 0), (Ref(0, "input", 0),)),)),)))
+        >>> s.to_packed()["code"]
+        [[[]], [[[0, [1, 1, 0, 1], [[0, 0, 0, 1]]]]]]
+        >>> Schedule.from_packed(s.to_packed()) == s
+        True
+        """
+        d = self.to_dict()
+        del d["lanes"]
+        d["code"] = [[[_packed(ins) for ins in lane.instrs] for lane in lanes]
+                     for lanes in self.lanes]
+        return d
+
+    @classmethod
+    def from_packed(cls, d: dict) -> "Schedule":
+        """The schedule of :meth:`to_packed`'s data."""
+        lanes = tuple(tuple(Lane(tuple(map(_unpacked, lane))) for lane in rl)
+                      for rl in d["code"])
+        return cls.from_dict(dict(d, lanes=[[] for _ in lanes])).with_lanes(lanes)
+
+    def with_lanes(self, lanes: tuple) -> "Schedule":
+        """This schedule with ``lanes`` instead of its own (checked as a new schedule is)."""
+        return dataclasses.replace(self, lanes=lanes)
+
     def to_json(self, **kw) -> str:
         return json.dumps(self.to_dict(), **kw)
 
     @classmethod
     def from_json(cls, text: str) -> "Schedule":
         return cls.from_dict(json.loads(text))
+
+
+_BUFFER = {b: i for i, b in enumerate(BUFFERS)}
+_OP = {o: i for i, o in enumerate(OPS)}
+_BUFFER_AT = dict(enumerate(BUFFERS))   # KeyError, not a wrap-around, for a bad index
+_OP_AT = dict(enumerate(OPS))
+
+
+def _packed(ins: Instr) -> list:
+    row = [_OP[ins.op], [ins.dst.rank, _BUFFER[ins.dst.buf], ins.dst.chunk, ins.dst.count],
+           [[r.rank, _BUFFER[r.buf], r.chunk, r.count] for r in ins.srcs]]
+    if ins.deps or ins.engine_op is not None:
+        row.append([list(x) for x in ins.deps])
+    if ins.engine_op is not None:
+        row += [ins.engine_op, list(ins.group)]
+    return row
+
+
+def _unpacked(row: list) -> Instr:
+    """An instruction from its :func:`_packed` row (tuples made directly: a plan holds up to
+    10^5 of them, and the named tuples' constructors cost twice as much)."""
+    ref, new = _unpack_ref, tuple.__new__
+    deps = tuple(new(Dep, (int(x[0]), int(x[1]), int(x[2]))) for x in row[3]) \
+        if len(row) > 3 else ()
+    engine = (str(row[4]), tuple(int(g) for g in row[5])) if len(row) > 4 else (None, ())
+    return new(Instr, (_OP_AT[row[0]], ref(row[1]), tuple(ref(v) for v in row[2]), deps, *engine))
+
+
+def _unpack_ref(v) -> Ref:
+    return tuple.__new__(Ref, (int(v[0]), _BUFFER_AT[v[1]], int(v[2]), int(v[3])))
 
 
 def alias(s: Schedule, ref: Ref) -> Ref:
