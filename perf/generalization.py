@@ -156,6 +156,8 @@ def main(argv=None) -> int:
     ap.add_argument("--held-out", type=int, default=50, help="allocations per held-out dump")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jsonl", help="write one JSON line per plan")
+    ap.add_argument("--collectives", default=",".join(COLLECTIVES),
+                    help="comma-separated, of " + ", ".join(COLLECTIVES))
     ap.add_argument("--shard", default="0/1", help="I/N: plan only allocations I, I+N, I+2N, "
                     "... of each family (run N processes, then --merge their --jsonl files)")
     ap.add_argument("--merge", nargs="+", metavar="JSONL",
@@ -175,7 +177,8 @@ def main(argv=None) -> int:
             if i % shards != shard:
                 continue
             try:
-                planned = [record(fam, name, G, gpus, coll, args.size) for coll in COLLECTIVES]
+                planned = [record(fam, name, G, gpus, coll, args.size)
+                           for coll in args.collectives.split(",")]
             except NoFeasiblePlan:
                 apart += 1
                 continue

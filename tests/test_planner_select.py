@@ -102,3 +102,18 @@ def test_steps_is_the_longest_dependency_chain():
         last = b.copy(0, 0, Ref(0, "output", 0), Ref(0, "input", 0))
     b.copy(1, 0, Ref(1, "output", 0), Ref(0, "output", 0), deps=[last])
     assert steps(b.build()) == 4
+
+
+def test_forest_allreduce_is_not_pruned_by_the_phases_cut():
+    """Per-root forests overlap their reduce-scatter and allgather chunk by chunk, so the two
+    phases' cut rates do not bound them: on DGX-1V GPUs 0, 1, 4, 6 the forest packing reaches
+    the tree packing's rate, well above that cut, and the chooser must try it."""
+    from collectx.planner.bounds import bounds
+    from collectx.planner.select import _forest_busbw
+    G = T.load("dgx1v")
+    ranks = tuple(T.gpus(G)[i] for i in (0, 1, 4, 6))
+    b = bounds(G, "allreduce", ranks)
+    forest = _forest_busbw(G, ranks, host=True)
+    assert forest > 1.2 * b.cut_busbw and forest == pytest.approx(b.tree_busbw, rel=1e-3)
+    p = plan(G, "allreduce", 1 << 30, gpus=[0, 1, 4, 6], verify=False)
+    assert p.efficiency >= 0.95, (p.algorithm, p.efficiency)
