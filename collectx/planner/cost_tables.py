@@ -51,19 +51,20 @@ def pipeline_pieces(share: float, hops: int, bw_gbps: float = 0.0, wait_us: floa
 
     The pieces take ``(p + hops - 1)`` piece times to drain, and each waits out the route
     latency ``L`` once per hop, ``p L`` in all: with ``T`` the share's time at the pipeline's
-    bandwidth, ``T (hops - 1) / p + p L`` is least at ``p = sqrt((hops - 1) T / L)``. Pieces
-    stay at least :data:`MIN_CHUNK_BYTES` and at most :data:`MAX_PIECES`; without a bandwidth
-    or latency (no topology to read them from) they are as many as those allow.
+    bandwidth, ``T (hops - 1) / p + p L`` is least at ``p = sqrt((hops - 1) T / L)`` (one hop
+    has nothing to overlap: one piece). Pieces stay at least :data:`MIN_CHUNK_BYTES` and at
+    most :data:`MAX_PIECES`; without a bandwidth or latency (no topology to read them from)
+    they are as many as those allow.
 
     >>> pipeline_pieces(1 << 30, 7), pipeline_pieces(1 << 30, 7, bw_gbps=25.0, wait_us=5.0)
     (512, 227)
-    >>> pipeline_pieces(100 << 10, 7, bw_gbps=25.0, wait_us=5.0)
-    1
+    >>> pipeline_pieces(100 << 10, 7, 25.0, 5.0), pipeline_pieces(1 << 30, 1, 25.0, 5.0)
+    (1, 1)
     """
     most = max(1, min(MAX_PIECES, int(share // MIN_CHUNK_BYTES)))
-    if hops < 2 or bw_gbps <= 0 or wait_us <= 0:
+    if bw_gbps <= 0 or wait_us <= 0:
         return most
-    best = math.sqrt((hops - 1) * share / (bw_gbps * 1e3) / wait_us)
+    best = math.sqrt(max(hops - 1, 0) * share / (bw_gbps * 1e3) / wait_us)
     return max(1, min(most, int(round(best))))
 
 

@@ -23,8 +23,8 @@ import networkx as nx
 
 from ..errors import PlanError
 from ..schedule.ir import COLLECTIVES, MAX_LANES, Ref, Schedule
-from ._build import Builder, check_args, shard, staggered
-from .cost_tables import INSTRUCTIONS, MAX_PIECES, MIN_CHUNK_BYTES
+from ._build import Builder, check_args, shard, simulated, staggered
+from .cost_tables import INSTRUCTIONS, MAX_PIECES, MIN_CHUNK_BYTES, pipeline_pieces, route_terms
 
 # One lane per peer wherever the IR's lanes allow: two peers sharing a lane take turns, and
 # once every peer's link is shared among all its readers a rank then pulls at half its rate.
@@ -52,8 +52,9 @@ def plan_direct(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbyte
     inplace : bool
         Build for aliased input/output (see :func:`collectx.schedule.alias`).
     nchunks : int, optional
-        Chunks per payload unit; default ``len(ranks)`` (one shard per rank), times the
-        chunks of :func:`_shard_chunks` for broadcast and reduce.
+        Chunks per payload unit; default ``len(ranks)`` (one shard per rank), times, for
+        broadcast and reduce, the chunks of :func:`_shard_chunks` or :func:`_paced_chunks`,
+        whichever simulates faster on ``topo`` (without a topology, the former).
 
     Returns
     -------
@@ -75,10 +76,37 @@ def plan_direct(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbyte
     if inplace and collective == "alltoall":
         raise PlanError("in-place alltoall: not defined (each rank's input is still being read "
                         "while peers write its output); pass distinct input and output buffers")
-    b = Builder(collective, n, nchunks or n * _shard_chunks(collective, n, nbytes), root=root,
-                inplace=inplace)
+    if nchunks is None and collective in ("broadcast", "reduce") and n > 1 and topo is not None:
+        # Staggered pieces hide each one's wait behind the next, as far as the links let
+        # them: the model (_paced_chunks) and the most pieces (_shard_chunks) bracket the
+        # best count, and the simulator picks between them, as it does for packed trees.
+        tries = dict.fromkeys((_shard_chunks(collective, n, nbytes),
+                               _paced_chunks(topo, ranks, collective, nbytes, root)))
+        built = [_built(collective, n, n * c, root, inplace) for c in tries]
+        return min(built, key=lambda s: simulated(s, topo, nbytes, ranks).time_us)
+    return _built(collective, n, nchunks or n * _shard_chunks(collective, n, nbytes), root,
+                  inplace)
+
+
+def _built(collective: str, n: int, nchunks: int, root: int, inplace: bool) -> Schedule:
+    b = Builder(collective, n, nchunks, root=root, inplace=inplace)
     scratch = _BUILDERS[collective](b)
     return b.schedule("direct", scratch_units=scratch, meta={"pattern": "one-hop", "pull": True})
+
+
+def _paced_chunks(topo, ranks, collective: str, nbytes: int, root: int) -> int:
+    """Chunks per shard by the pipeline model (:func:`~.cost_tables.pipeline_pieces`): each of
+    the ``n - 1`` relays' shards crosses two hops (root to relay, relay to the others; a
+    reduce's relay hands its result back), one where a broadcast has no other rank to relay
+    to; the root's links carry every relay's stream at once."""
+    n = len(ranks)
+    relays = n - 1
+    hops = 1 if collective == "broadcast" and n == 2 else 2
+    pairs = [(root, r) if collective == "broadcast" else (r, root)
+             for r in range(n) if r != root]
+    bw, wait = route_terms(topo, ranks, pairs)
+    pieces = pipeline_pieces(nbytes / relays, hops, bw / relays, wait)
+    return 2 * max(1, min(pieces, INSTRUCTIONS // (2 * relays ** 2)))
 
 
 def _shard_chunks(collective: str, n: int, nbytes: int) -> int:
