@@ -226,23 +226,30 @@ class Schedule:
 
     def to_dict(self) -> dict:
         """Plain JSON data; schema /1 (readable by older versions) unless host buffers exist."""
+        return dict(self._head(), lanes=[[[ins.to_dict() for ins in lane.instrs]
+                                          for lane in lanes] for lanes in self.lanes])
+
+    def _head(self) -> dict:
+        """Every field but the lanes, as :meth:`to_dict` and :meth:`to_packed` write them."""
         d = {"schema": SCHEMA if self.uses_host else SCHEMA_V1, "collective": self.collective,
              "nranks": self.nranks, "nchunks": self.nchunks, "root": self.root,
              "inplace": self.inplace, "scratch_units": list(self.scratch_units),
-             "algorithm": self.algorithm, "meta": _jsonable(dict(self.meta)),
-             "lanes": [[[ins.to_dict() for ins in lane.instrs] for lane in lanes]
-                       for lanes in self.lanes]}
+             "algorithm": self.algorithm, "meta": _jsonable(dict(self.meta))}
         if self.uses_host:
             d["host_units"] = list(self.host_units)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Schedule":
+        return cls._from_head(d, tuple(tuple(Lane(tuple(Instr.from_dict(i) for i in lane))
+                                             for lane in rl) for rl in d["lanes"]))
+
+    @classmethod
+    def _from_head(cls, d: dict, lanes: tuple) -> "Schedule":
+        """The schedule of :meth:`_head`'s fields in ``d`` with ``lanes``."""
         if d.get("schema") not in READABLE_SCHEMAS:
             raise ScheduleError(f"schedule schema {d.get('schema')!r}: expected one of "
                                 f"{', '.join(READABLE_SCHEMAS)} (a newer collectx wrote it?)")
-        lanes = tuple(tuple(Lane(tuple(Instr.from_dict(i) for i in lane)) for lane in rl)
-                      for rl in d["lanes"])
         return cls(collective=d["collective"], nranks=int(d["nranks"]),
                    nchunks=int(d["nchunks"]), lanes=lanes, root=int(d.get("root", 0)),
                    inplace=bool(d.get("inplace", False)),
@@ -265,22 +272,14 @@ class Schedule:
         >>> Schedule.from_packed(s.to_packed()) == s
         True
         """
-        d = self.to_dict()
-        del d["lanes"]
-        d["code"] = [[[_packed(ins) for ins in lane.instrs] for lane in lanes]
-                     for lanes in self.lanes]
-        return d
+        return dict(self._head(), code=[[[_packed(ins) for ins in lane.instrs]
+                                         for lane in lanes] for lanes in self.lanes])
 
     @classmethod
     def from_packed(cls, d: dict) -> "Schedule":
         """The schedule of :meth:`to_packed`'s data."""
-        lanes = tuple(tuple(Lane(tuple(map(_unpacked, lane))) for lane in rl)
-                      for rl in d["code"])
-        return cls.from_dict(dict(d, lanes=[[] for _ in lanes])).with_lanes(lanes)
-
-    def with_lanes(self, lanes: tuple) -> "Schedule":
-        """This schedule with ``lanes`` instead of its own (checked as a new schedule is)."""
-        return dataclasses.replace(self, lanes=lanes)
+        return cls._from_head(d, tuple(tuple(Lane(tuple(map(_unpacked, lane))) for lane in rl)
+                                       for rl in d["code"]))
 
     def to_json(self, **kw) -> str:
         return json.dumps(self.to_dict(), **kw)
