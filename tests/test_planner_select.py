@@ -108,12 +108,40 @@ def test_forest_allreduce_is_not_pruned_by_the_phases_cut():
     """Per-root forests overlap their reduce-scatter and allgather chunk by chunk, so the two
     phases' cut rates do not bound them: on DGX-1V GPUs 0, 1, 4, 6 the forest packing reaches
     the tree packing's rate, well above that cut, and the chooser must try it."""
+    from collectx.planner import program
     from collectx.planner.bounds import bounds
-    from collectx.planner.select import _forest_busbw
+    from collectx.topology.view import job_graph
     G = T.load("dgx1v")
     ranks = tuple(T.gpus(G)[i] for i in (0, 1, 4, 6))
     b = bounds(G, "allreduce", ranks)
-    forest = _forest_busbw(G, ranks, host=True)
+    lp = program.fractional(program.problem(job_graph(G, ranks), ranks, "allreduce", host=True,
+                                            forest=True))
+    forest = 2 * (len(ranks) - 1) * lp.rate   # the forest allreduce's busbw at its LP's rate
     assert forest > 1.2 * b.cut_busbw and forest == pytest.approx(b.tree_busbw, rel=1e-3)
     p = plan(G, "allreduce", 1 << 30, gpus=[0, 1, 4, 6], verify=False)
     assert p.efficiency >= 0.95, (p.algorithm, p.efficiency)
+
+
+@pytest.mark.parametrize("algo,coll", [("blink", "broadcast"), ("forest", "allgather"),
+                                       ("forest", "allreduce")])
+def test_packed_trees_given_a_time_to_beat_fail_fast_or_plan_as_before(algo, coll,
+                                                                        monkeypatch):
+    """The chooser hands packed trees the time the best plan so far takes: a packing whose LP
+    cannot move the message in that time is refused before any rounding, and a time any
+    packing beats changes nothing."""
+    from collectx.errors import PlanError
+    from collectx.planner import program, registry
+    from collectx.planner.api import allocation
+    from collectx.schedule.metrics import unit_bytes
+    from collectx.topology.view import job_graph
+    ranks, view = allocation(T.load("dgx1v"), [0, 1, 2, 5])
+    nbytes, n = 1 << 28, len(ranks)
+    s = registry.call(algo, view, ranks, coll, nbytes, host=True)
+    assert registry.call(algo, view, ranks, coll, nbytes, host=True, beat_us=1e9) == s
+    forest = algo == "forest" and coll == "allreduce"
+    lp = program.fractional(program.problem(job_graph(view, ranks), ranks, coll, host=True,
+                                            forest=forest))
+    lp_us = unit_bytes(coll, nbytes, n) / (n if forest else 1) / (lp.rate * 1e3)
+    monkeypatch.setattr(program, "equal_trees", None)   # refused by its LP, never rounded
+    with pytest.raises(PlanError, match="cannot move the message"):
+        registry.call(algo, view, ranks, coll, nbytes, host=True, beat_us=0.99 * lp_us)

@@ -608,7 +608,7 @@ def most_trees(p: Problem) -> int:
 
 
 def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
-                keep: int = 1) -> list:
+                keep: int = 1, beat: float | None = None) -> list:
     """Steps 2-3: ``K`` equal trees per group for the ``keep`` counts ``K`` whose predicted
     times are least, best first; the LP's own trees where no rounding exists.
 
@@ -623,11 +623,16 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
     broadcast at its full rate two levels deep); fewer trees hold fewer instructions. Counts
     are first judged by the depth their arcs allow; the :data:`BUILT` best are built into
     trees (and shortened), and judged again by the trees' own depth.
+
+    ``beat`` (in ``cost.time``'s units): a time some other plan already reaches; counts that
+    cannot beat it are not rounded, and with none left the list is empty.
     """
     rounding = Rounding(p, lp, level_cost)
     found = []   # (estimated time, K, counts)
     for K in range(1, min(most_trees(p), cost.most_trees()) + 1):
-        best = min((f[0] for f in found), default=None)
+        if beat is not None and cost.least_rate(K, beat) > lp.rate:
+            continue
+        best = min([f[0] for f in found] + ([beat] if beat is not None else []), default=None)
         x = rounding.solve(K, K / cost.least_rate(K, best) if best else np.inf)
         if x is not None:
             found.append((cost.time(K, rounding.rate(x, K), rounding.depth(x)), K, x))
@@ -640,7 +645,8 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
             built.append((cost.time(K, rounding.rate(x, K), depth), K,
                           Packing(rate=rounding.rate(x, K), trees=trees, rounds=lp.rounds,
                                   columns=lp.columns, balanced=True)))
-    return [b[2] for b in sorted(built, key=lambda b: (b[0], b[1]))[:keep]] or [lp]
+    kept = [b[2] for b in sorted(built, key=lambda b: (b[0], b[1]))[:keep]]
+    return kept or ([lp] if beat is None else [])
 
 
 def centred(tree: Tree) -> Tree:

@@ -18,8 +18,7 @@ import networkx as nx
 from ..errors import NoFeasiblePlan, PlanError
 from ..schedule.ir import Schedule
 from ..schedule.metrics import bus_factor, unit_bytes
-from ..topology.view import job_graph
-from . import cost, program, registry
+from . import cost, registry
 from ._build import simulated
 from .cost_tables import MIN_CHUNK_BYTES
 
@@ -43,11 +42,12 @@ def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: in
     best, failures = None, []
     for name in names:
         if best is not None and name in PACKED and not _may_win(
-                bound, name, collective, nbytes, topo, ranks, best[0], host):
+                bound, name, collective, nbytes, topo, ranks, best[0]):
             continue
+        packed = {} if name not in PACKED else {"host": host, "beat_us": _to_beat(best, topo, ranks)}
         try:
             s = registry.call(name, topo, ranks, collective, nbytes, root=root, inplace=inplace,
-                              nchunks=nchunks, **({"host": host} if name in PACKED else {}))
+                              nchunks=nchunks, **packed)
         except (PlanError, NotImplementedError) as e:   # cannot serve this request: skip it
             failures.append(f"{name}: {e}")
             continue
@@ -60,17 +60,17 @@ def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: in
     return best[1], best[2], best[3]
 
 
-def _may_win(bound, name: str, collective: str, nbytes: int, topo, ranks, best_us: float,
-             host: bool = False) -> bool:
+def _may_win(bound, name: str, collective: str, nbytes: int, topo, ranks,
+             best_us: float) -> bool:
     """Whether packed trees ``name`` could beat ``best_us``. Not below one chunk per group
     (:data:`~.cost_tables.MIN_CHUNK_BYTES`): trees only pay by pipelining many chunks, and a plan of
     one chunk is a matter of fewest steps, which the simpler candidates win. Nor where their
     bound says they cannot: allreduce over trees used both ways is bounded by the tree
     packing; over per-root forests, whose reduce-scatter and allgather overlap chunk by chunk
     (so the two phases' cut rates do not add up: on DGX-1V GPUs 0, 1, 4, 6 forests reach the
-    tree packing's rate, a third above the phases' cut), by the ceiling, then by the forest
-    packing's own LP; and trees fill their pipelines, which costs them :data:`FILL` of the
-    bound at least."""
+    tree packing's rate, a third above the phases' cut), by the ceiling (the planner then
+    judges its own LP against the time to beat); and trees fill their pipelines, which costs
+    them :data:`FILL` of the bound at least."""
     n = len(ranks)
     if unit_bytes(collective, nbytes, n) < MIN_CHUNK_BYTES:
         return False
@@ -80,10 +80,13 @@ def _may_win(bound, name: str, collective: str, nbytes: int, topo, ranks, best_u
             busbw = bound.tree_busbw or busbw
         else:
             busbw = bound.ceiling_busbw or busbw
-            if busbw and not _faster(busbw, collective, nbytes, topo, ranks, best_us):
-                return False
-            busbw = _forest_busbw(topo, ranks, host)
     return not busbw or _faster(busbw, collective, nbytes, topo, ranks, best_us)
+
+
+def _to_beat(best, topo, ranks) -> float | None:
+    """The transfer time packed trees must beat to win over ``best`` (None: nothing yet),
+    their fill and the fixed per-call latency taken off (as :func:`_faster` judges)."""
+    return None if best is None else best[0] / (1 + FILL) - cost.base_us(topo, ranks)
 
 
 def _faster(busbw: float, collective: str, nbytes: int, topo, ranks, best_us: float) -> bool:
@@ -91,15 +94,6 @@ def _faster(busbw: float, collective: str, nbytes: int, topo, ranks, best_us: fl
     fastest = cost.base_us(topo, ranks) + nbytes * bus_factor(collective, len(ranks)) / (
         busbw * 1e3)
     return fastest * (1 + FILL) < best_us
-
-
-def _forest_busbw(topo, ranks, host: bool) -> float:
-    """The allreduce busbw of the fractional per-root forest packing (its LP's rate)."""
-    n = len(ranks)
-    G = job_graph(topo, ranks)
-    lp = program.fractional(program.problem(G, tuple(ranks), "allreduce", host=host,
-                                            forest=True))
-    return 2 * (n - 1) * lp.rate
 
 
 def predict(schedule: Schedule, topo: nx.DiGraph, nbytes: int, ranks: tuple[str, ...],

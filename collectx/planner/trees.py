@@ -36,12 +36,14 @@ FOREST = ("allgather", "reduce_scatter", "allreduce")
 
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
-               inplace: bool = False, nchunks: int | None = None,
-               host: bool = False) -> Schedule:
+               inplace: bool = False, nchunks: int | None = None, host: bool = False,
+               beat_us: float | None = None) -> Schedule:
     """Broadcast, reduce or allreduce over equal packed trees of one group.
 
     ``host`` lets tree edges stage through host memory over PCIe (executors with host
-    buffers); ``nchunks`` forces the chunks each tree carries.
+    buffers); ``nchunks`` forces the chunks each tree carries. ``beat_us``: a transfer time
+    (microseconds, the fixed per-call latency left out) the plan is wanted only if it beats;
+    packings too slow to are not built, and PlanError says when none is fast enough.
 
     >>> from collectx.topology import line
     >>> from collectx.schedule import verify
@@ -52,13 +54,15 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
     if collective not in BLINK:
         raise PlanError(f"blink plans {', '.join(BLINK)}, not {collective}; use forest for "
                         f"allgather and reduce_scatter")
-    return _planned("blink", topo, ranks, collective, nbytes, root, inplace, nchunks, host)
+    return _planned("blink", topo, ranks, collective, nbytes, root, inplace, nchunks, host,
+                    beat_us)
 
 
 def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
                 root: int = 0, inplace: bool = False, nchunks: int | None = None,
-                host: bool = False) -> Schedule:
-    """Allgather, reduce-scatter or allreduce over equal packed trees of every root.
+                host: bool = False, beat_us: float | None = None) -> Schedule:
+    """Allgather, reduce-scatter or allreduce over equal packed trees of every root
+    (``host``, ``nchunks`` and ``beat_us`` as for :func:`plan_blink`).
 
     >>> from collectx.topology import ring
     >>> from collectx.schedule import verify
@@ -70,14 +74,16 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
     if collective not in FOREST:
         raise PlanError(f"forest plans {', '.join(FOREST)}, not {collective}; use blink for "
                         f"broadcast and reduce")
-    return _planned("forest", topo, ranks, collective, nbytes, root, inplace, nchunks, host)
+    return _planned("forest", topo, ranks, collective, nbytes, root, inplace, nchunks, host,
+                    beat_us)
 
 
 plan_blink.collectives = BLINK
 plan_forest.collectives = FOREST
 
 
-def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host) -> Schedule:
+def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host,
+             beat_us) -> Schedule:
     n = len(ranks)
     check_args(collective, n, root, nchunks)
     if n == 1:
@@ -89,8 +95,14 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
     lp = P.fractional(p)
     pipe = Pipeline(p, unit_bytes(collective, nbytes, n) / (n if forest else 1))
     pipe.fit(lp)
+    beat = pipe.to_beat(beat_us)
+    if beat is not None and 1 / lp.rate >= beat:
+        raise PlanError(f"{name}: its fractional packing ({lp.rate:.1f} GB/s per group) "
+                        f"cannot move the message within the {beat_us:.0f} us to beat")
     packings = P.equal_trees(p, lp, pipe, level_cost=pipe.level_cost(lp),
-                             keep=1 if nchunks is not None else SIMULATED)
+                             keep=1 if nchunks is not None else SIMULATED, beat=beat)
+    if not packings:
+        raise PlanError(f"{name}: no packing of equal trees beats {beat_us:.0f} us")
     lowered = [_lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks)
                for packing in packings]
     if nchunks is not None:
@@ -187,6 +199,11 @@ class Pipeline:
         m = self._chunks(k, rate, depth, self.lp_wait, crowd)
         run_us = self.unit / (rate * 1e3)
         return (1 + (depth - 1) / m + m * self.lp_wait / (crowd * run_us)) / rate
+
+    def to_beat(self, beat_us: float | None) -> float | None:
+        """A transfer time in microseconds in :meth:`time`'s units (None stays None). A
+        packing at ``rate`` takes ``unit / rate`` at least: its busiest link is full."""
+        return None if beat_us is None else max(beat_us, 0.0) * 1e3 / self.unit
 
     def least_rate(self, k: int, time: float) -> float:
         """The rate per group ``k`` trees need to finish within ``time`` (the units of
