@@ -14,7 +14,11 @@
 // always alone, so its flows share its bottleneck: its rate is updated on the spot whenever its
 // flow count changes. The other classes are rated together by progressive filling, and only
 // after an event that changed one of them (activated, left, or its count moved), since their
-// rates depend on nothing else. On tree plans most events touch alone classes only.
+// rates depend on nothing else. On tree plans most events touch alone classes only. Which
+// active classes cross each resource, their flows per resource and how many of a class's
+// resources it shares are kept up to date as classes come and go (most events only move a
+// count), so a filling starts from them instead of rebuilding them: on switched machines with
+// host staging nearly every event refills a few hundred classes.
 //
 // The floating-point operations and their order per quantity match the Python code (the
 // filling is order-independent: every per-resource and per-class quantity is updated on its
@@ -48,7 +52,9 @@ class Sim {
       : g_(g), cls_(g->nclasses), users_(g->nres, 0), left_(g->nres, 0.0),
         crossing_(g->nres), flows_left_(g->ntasks, 0), started_(g->ntasks, 0),
         waiting_(g->npreds, g->npreds + g->nnodes), rate_(g->nclasses, 0.0),
-        rated_(g->nclasses, 0), alone_(g->nclasses, 0), bottleneck_(g->nclasses, 0.0) {
+        rated_(g->nclasses, 0), alone_(g->nclasses, 0), bottleneck_(g->nclasses, 0.0),
+        total_(g->nres, 0), busy_at_(g->nres, -1), shared_at_(g->nclasses, -1),
+        crowded_(g->nclasses, 0) {
     find_alone_classes();
   }
 
@@ -127,10 +133,10 @@ class Sim {
         s.served = 0.0;
         s.count = 0;
         active_.push_back(c);
+        if (!alone_[c]) join(c);
       }
       s.ends.push({s.served + size_[f], f});
-      s.count += 1;
-      count_changed(c);
+      count_changed(c, s.count + 1);
     }
   }
 
@@ -149,15 +155,16 @@ class Sim {
       }
       if (s.ends.empty()) {  // the class leaves the active set, keeping the others' order
         s.active = false;
+        if (!alone_[c]) {
+          move_users(c, -s.count);
+          leave(c);
+          shared_dirty_ = true;
+        }
         s.count = 0;
-        if (!alone_[c]) shared_dirty_ = true;
         active_.erase(active_.begin() + static_cast<long>(i));
       } else {
         int count = static_cast<int>(s.ends.size());
-        if (count != s.count) {
-          s.count = count;
-          count_changed(c);
-        }
+        if (count != s.count) count_changed(c, count);
         ++i;
       }
     }
@@ -185,46 +192,80 @@ class Sim {
     }
   }
 
-  // Class c's flow count moved (it may have just become active).
-  void count_changed(int c) {
-    if (alone_[c])
-      rate_[c] = bottleneck_[c] / cls_[c].count;
-    else
-      shared_dirty_ = true;
+  // Class c's flow count moves to `count` (it may have just become active).
+  void count_changed(int c, int count) {
+    if (alone_[c]) {
+      cls_[c].count = count;
+      rate_[c] = bottleneck_[c] / count;
+      return;
+    }
+    move_users(c, count - cls_[c].count);
+    cls_[c].count = count;
+    shared_dirty_ = true;
+  }
+
+  void move_users(int c, int delta) {
+    for (const int* r = route_begin(c); r != route_end(c); ++r) total_[*r] += delta;
+  }
+
+  // A shared class becomes active: it joins the crossing list of each resource on its route
+  // (once per time the route lists it, as the Python filling counts it).
+  void join(int c) {
+    shared_at_[c] = static_cast<int>(shared_.size());
+    shared_.push_back(c);
+    crowded_[c] = 0;
+    for (const int* r = route_begin(c); r != route_end(c); ++r) {
+      std::vector<int>& on = crossing_[*r];
+      if (on.empty()) {
+        busy_at_[*r] = static_cast<int>(busy_.size());
+        busy_.push_back(*r);
+      } else if (on.size() == 1) {
+        ++crowded_[on[0]];  // its only user so far no longer has it alone
+      }
+      on.push_back(c);
+      if (on.size() > 1) ++crowded_[c];
+    }
+  }
+
+  // A shared class leaves the active set (its users already taken off the totals).
+  void leave(int c) {
+    for (const int* r = route_begin(c); r != route_end(c); ++r) {
+      std::vector<int>& on = crossing_[*r];
+      auto it = std::find(on.begin(), on.end(), c);
+      *it = on.back();
+      on.pop_back();
+      if (on.size() == 1) {
+        --crowded_[on[0]];
+      } else if (on.empty()) {
+        int at = busy_at_[*r];
+        busy_at_[busy_.back()] = at;
+        busy_[at] = busy_.back();
+        busy_.pop_back();
+        busy_at_[*r] = -1;
+      }
+    }
+    int at = shared_at_[c];
+    shared_at_[shared_.back()] = at;
+    shared_[at] = shared_.back();
+    shared_.pop_back();
+    shared_at_[c] = -1;
   }
 
   const int* route_begin(int c) const { return g_->class_res + g_->class_off[c]; }
   const int* route_end(int c) const { return g_->class_res + g_->class_off[c + 1]; }
 
-  // progressive_fill of _fairshare.py over the active classes weighted by their flow counts
-  // (the classes that are always alone keep the rates count_changed gave them).
+  // progressive_fill of _fairshare.py over the active shared classes weighted by their flow
+  // counts (the classes that are always alone keep the rates count_changed gave them).
   void fill() {
     shared_dirty_ = false;
-    busy_.clear();
-    shared_.clear();
-    for (int c : active_)
-      if (!alone_[c]) shared_.push_back(c);
+    for (int r : busy_) users_[r] = total_[r];
     for (int c : shared_) {
       rated_[c] = 0;
-      for (const int* r = route_begin(c); r != route_end(c); ++r) {
-        if (crossing_[*r].empty()) busy_.push_back(*r);
-        users_[*r] += cls_[c].count;
-        crossing_[*r].push_back(c);
-      }
-    }
-    for (int c : shared_) {
+      if (crowded_[c] > 0) continue;
       // A class alone on every resource it crosses gets its bottleneck's capacity.
-      const int* b = route_begin(c);
-      const int* e = route_end(c);
-      if (b == e) continue;
-      bool lone = true;
-      for (const int* r = b; r != e && lone; ++r) lone = crossing_[*r].size() == 1;
-      if (!lone) continue;
-      double cap = g_->capacity[*b];
-      for (const int* r = b + 1; r != e; ++r) cap = std::min(cap, g_->capacity[*r]);
-      rate_[c] = cap / cls_[c].count;
+      rate_[c] = bottleneck_[c] / cls_[c].count;
       rated_[c] = 1;
-      for (const int* r = b; r != e; ++r) users_[*r] = 0;
+      for (const int* r = route_begin(c); r != route_end(c); ++r) users_[*r] = 0;
     }
     live_.clear();
     for (int r : busy_) {
@@ -259,10 +300,6 @@ class Sim {
         if (users_[r] > 0) live_[k++] = r;
       live_.resize(k);
     }
-    for (int r : busy_) {
-      crossing_[r].clear();
-      users_[r] = 0;
-    }
   }
 
   const cx_sim_graph* g_;
@@ -270,8 +307,9 @@ class Sim {
   std::vector<int> active_;  // active classes in activation order
   std::vector<int> users_;
   std::vector<double> left_;
-  std::vector<std::vector<int>> crossing_;
-  std::vector<int> busy_, live_, full_, done_, shared_;
+  std::vector<std::vector<int>> crossing_;  // active shared classes per resource
+  std::vector<int> busy_, live_, full_, done_;
+  std::vector<int> shared_;          // active classes that are not always alone
   std::vector<double> size_;
   std::vector<int> fcls_, ftask_;
   std::vector<int> flows_left_;
@@ -281,6 +319,10 @@ class Sim {
   std::vector<char> rated_;
   std::vector<char> alone_;          // class never shares a resource with another class
   std::vector<double> bottleneck_;   // least capacity on the class's route
+  std::vector<int> total_;           // flows of active shared classes per resource
+  std::vector<int> busy_at_;         // index of a resource in busy_, or -1
+  std::vector<int> shared_at_;       // index of a class in shared_, or -1
+  std::vector<int> crowded_;         // resources of an active shared class others cross too
   bool shared_dirty_ = true;         // a class that shares resources changed since fill()
   MinHeap pending_;
   double now_ = 0.0;
