@@ -113,11 +113,11 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
 
 def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> list:
     """``packing``'s schedules worth simulating: with ``nchunks`` the one it asks for; else
-    the model's chunk count; half of it, where the model's latency term is off; and, where
-    the lanes hold two per tree edge, the model's count of pieces and twice it
-    double-buffered (two chunks a piece): waits the model spreads over the other trees idle
-    a link instead, and two lanes hide them behind the next piece, so smaller pieces pay
-    (0.91 -> 0.94 of the bound on an MI300X dump's broadcast)."""
+    the model's chunk count, and where the lanes hold two per tree edge, the model's count of
+    pieces and twice it double-buffered (two chunks a piece), else half the model's count.
+    Waits the model spreads over the other trees idle a link instead (equal trees wait
+    together): two lanes hide them behind the next piece, and then smaller pieces pay (0.91
+    -> 0.94 of the bound on an MI300X dump's broadcast); one lane waits less with fewer."""
     forest = len(p.groups) > 1 and collective == "allreduce"
     if P.BOTH in p.ways:
         packing = replace(packing, trees=tuple(P.centred(t) for t in packing.trees))
@@ -132,9 +132,10 @@ def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> l
                             f"roots the same chunks; expected a multiple of {n}")
         return [lowered(nchunks // n if forest else nchunks)]
     m, k = pipe.chunks(packing), pipe.trees(packing)
-    tries = [(m, 1), (max(1, m // 2), 1)]
     if most_buffers(packing, collective) > 1:
-        tries += [(2 * m, 2), (4 * m, 2)]
+        tries = [(m, 1), (2 * m, 2), (4 * m, 2)]
+    else:
+        tries = [(m, 1), (max(1, m // 2), 1)]
     return [lowered(c * k, buffers) for c, buffers in dict.fromkeys(tries)]
 
 
