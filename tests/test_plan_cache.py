@@ -362,3 +362,26 @@ def test_a_cuda_call_rank_0_rejects_stops_the_waiting_ranks(monkeypatch):
     with pytest.raises(PeerAborted, match="rank 0 aborted this call"):
         engines[1]._plan("allreduce", 6, 4, 1 << 20, 0)
     assert engines[1]._poisoned
+
+
+@pytest.mark.parametrize("reader", ["compiled", "python"])
+def test_packed_schedules_read_back_equal_and_malformed_code_is_refused(monkeypatch, reader):
+    """Schedule.from_packed gives the same schedule through collectx._fastpath.unpack_code and
+    through Python (copies with dependencies, engine calls with groups), and both refuse rows
+    that are not what to_packed writes."""
+    from collectx import _native
+    if reader == "compiled" and _native.compiled_helper("unpack_code") is None:
+        pytest.skip("collectx._fastpath without unpack_code")
+    if reader == "python":
+        monkeypatch.setattr(_native, "compiled_helper", lambda name: None)
+    for topo, n in ((load("dgx1v"), 8), (load("multi:dgx_a100:2:25"), 16)):
+        s = planner.make_schedule(topo, "allreduce", n, 64 << 20)
+        packed = json.loads(json.dumps(s.to_packed()))
+        assert Schedule.from_packed(packed) == s
+    row = packed["code"][0][0][0]
+    for bad in ([9] + row[1:], [row[0], [0, 7, 0, 1]] + row[2:], [row[0], [0, 0, "x", 1]] + row[2:],
+                row[:2], row[:3] + [[[0, 0]]]):
+        broken = json.loads(json.dumps(packed))
+        broken["code"][0][0][0] = bad
+        with pytest.raises((ValueError, TypeError, IndexError, KeyError)):
+            Schedule.from_packed(broken)
