@@ -6,7 +6,8 @@ direct, ring and tree (few steps: small messages), then the packed trees (:mod:`
 bandwidth). A candidate is scored by :func:`predict` (simulated transfer time plus the cost
 table's per-step latency); ties keep the earlier, simpler one. Packed trees are planned only
 where their bound lets them beat the best so far: no schedule is faster than its bound allows,
-so below a few hundred kilobytes, where latency decides, the packing program is not run.
+so below a few hundred kilobytes, where latency decides, the packing program is not run. Where
+they are planned they are handed the time to beat, and round only packings that could.
 """
 
 from __future__ import annotations
