@@ -612,8 +612,8 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
     """Steps 2-3: ``K`` equal trees per group for the ``keep`` counts ``K`` whose predicted
     times are least, best first; the LP's own trees where no rounding exists.
 
-    ``cost.time(K, rate, depth)`` predicts a packing's time from its tree count, rate per
-    group and deepest tree; ``cost.least_rate(K, time)`` is the rate ``K`` trees need to beat
+    ``cost.time(K, rate, depth, lockstep=False)`` predicts a packing's time from its tree
+    count, rate per group and deepest tree, its waits hidden by other transfers or not; ``cost.least_rate(K, time)`` is the rate ``K`` trees need to beat
     ``time`` at best, which the program then must keep (an impossible count fails fast);
     ``cost.most_trees()`` is the most trees per group the message has chunks for.
     How well a count rounds the LP depends on how its rates divide (on the full DGX-1V
@@ -628,28 +628,47 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
     cannot beat it are not rounded, and with none left the list is empty.
     """
     rounding = Rounding(p, lp, level_cost)
-    found = []   # (estimated time, K, counts)
+    found = []   # (estimated time, K, counts, lockstep time)
     for K in range(1, min(most_trees(p), cost.most_trees()) + 1):
         if beat is not None and cost.least_rate(K, beat) > lp.rate:
             continue
         best = min([f[0] for f in found] + ([beat] if beat is not None else []), default=None)
         x = rounding.solve(K, K / cost.least_rate(K, best) if best else np.inf)
         if x is not None:
-            found.append((cost.time(K, rounding.rate(x, K), rounding.depth(x)), K, x))
+            found.append((cost.time(K, rounding.rate(x, K), rounding.depth(x)), K, x,
+                          cost.time(K, rounding.rate(x, K), rounding.depth(x), lockstep=True)))
     ranked = sorted(found, key=lambda f: (f[0], f[1]))
     picks = ranked[:BUILT] + _buffered(p, ranked[:BUILT], ranked, keep)
+    picks += _lockstep(picks, ranked, keep)
     built = []
-    for _, K, x in picks:
+    for _, K, x, _ in picks:
         trees = rounding.trees(x, K)
         if trees is not None:
             trees = lifted(p, trees)
-            depth = max(t.depth() for t in trees)
-            built.append((cost.time(K, rounding.rate(x, K), depth), K,
-                          Packing(rate=rounding.rate(x, K), trees=trees, rounds=lp.rounds,
-                                  columns=lp.columns, balanced=True)))
+            depth, rate = max(t.depth() for t in trees), rounding.rate(x, K)
+            built.append((cost.time(K, rate, depth), K,
+                          Packing(rate=rate, trees=trees, rounds=lp.rounds,
+                                  columns=lp.columns, balanced=True),
+                          cost.time(K, rate, depth, lockstep=True)))
     built.sort(key=lambda b: (b[0], b[1]))
     kept = built[:keep] + _buffered(p, built[:keep], built[keep:], keep)
+    kept += _lockstep(kept, built, keep)
     return [b[2] for b in kept] or ([lp] if beat is None else [])
+
+
+def _lockstep(chosen: list, rest: list, keep: int) -> list:
+    """The best of ``rest`` (``(time, K, ..., lockstep time)``) by its lockstep time, where
+    none of ``chosen`` is it and more than one plan is kept.
+
+    Why: the pipeline model ranks packings with every wait hidden by the other transfers on
+    its links, and more trees make more of them; but on one lane per edge equal trees wait
+    together, and then fewer, shallower trees win. The truth lies between (it is the
+    simulator's), so the best packing at either end is built and simulated.
+    """
+    if keep < 2 or not rest:
+        return []
+    best = min(rest, key=lambda r: (r[-1], r[1]))
+    return [] if any(c[1] == best[1] for c in chosen) else [best]
 
 
 def _buffered(p: Problem, chosen: list, rest: list, keep: int) -> list:
