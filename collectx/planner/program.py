@@ -613,8 +613,9 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
     times are least, best first; the LP's own trees where no rounding exists.
 
     ``cost.time(K, rate, depth, lockstep=False)`` predicts a packing's time from its tree
-    count, rate per group and deepest tree, its waits hidden by other transfers or not; ``cost.least_rate(K, time)`` is the rate ``K`` trees need to beat
-    ``time`` at best, which the program then must keep (an impossible count fails fast);
+    count, rate per group and deepest tree, its waits hidden by other transfers or not;
+    ``cost.least_rate(K, time)`` is the rate ``K`` trees need to beat ``time`` at best,
+    which the program then must keep (an impossible count fails fast);
     ``cost.most_trees()`` is the most trees per group the message has chunks for.
     How well a count rounds the LP depends on how its rates divide (on the full DGX-1V
     allreduce 14 trees keep 0.97 of the LP, 16 keep 0.89, 18 keep 0.998), so every count the
@@ -635,8 +636,9 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
         best = min([f[0] for f in found] + ([beat] if beat is not None else []), default=None)
         x = rounding.solve(K, K / cost.least_rate(K, best) if best else np.inf)
         if x is not None:
-            found.append((cost.time(K, rounding.rate(x, K), rounding.depth(x)), K, x,
-                          cost.time(K, rounding.rate(x, K), rounding.depth(x), lockstep=True)))
+            rate, depth = rounding.rate(x, K), rounding.depth(x)
+            found.append((cost.time(K, rate, depth), K, x,
+                          cost.time(K, rate, depth, lockstep=True)))
     ranked = sorted(found, key=lambda f: (f[0], f[1]))
     picks = ranked[:BUILT] + _buffered(p, ranked[:BUILT], ranked, keep)
     picks += _lockstep(picks, ranked, keep)

@@ -116,11 +116,10 @@ def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> l
     on one lane per tree edge, the two ends of the pipeline model's range (waits all paid in
     lockstep, :meth:`Pipeline.chunks`; waits hidden by the other transfers on the links,
     :meth:`Pipeline.hidden_chunks`) and their geometric mean, and where the lanes hold two
-    per tree edge,
-    double-buffered at twice and four times the hidden count (pieces of two chunks). 17
-    trees of an HGX H100 dump's 4-GPU broadcast: 0.92 of the bound on one lane, 0.97
-    double-buffered; 36 trees of the MI300X dump's GPUs 1-4, 6, 7 allgather: 0.91 at the
-    hidden count, 0.93 at the lockstep one."""
+    per tree edge, double-buffered at twice and four times the hidden count (pieces of two
+    chunks). 17 trees of an HGX H100 dump's 4-GPU broadcast: 0.92 of the bound on one lane,
+    0.97 double-buffered; 36 trees of the MI300X dump's GPUs 1-4, 6, 7 allgather: 0.91 at
+    the hidden count, 0.93 at the lockstep one."""
     forest = len(p.groups) > 1 and collective == "allreduce"
     if P.BOTH in p.ways:
         packing = replace(packing, trees=tuple(P.centred(t) for t in packing.trees))
@@ -148,9 +147,11 @@ class Pipeline:
     A tree of depth ``d`` (a hop staged through host memory counts two; a tree used both ways
     climbs and descends) finishes ``d - 1`` chunk times after its first level: ``(d - 1) / m``
     of its run ``T``. Every chunk also waits out its route's latency ``w`` before it moves,
-    one after the other on the tree's lane. Equal trees carrying equal chunks move in
-    lockstep, so they wait together and no other tree's transfer hides a wait: a link loses
-    ``m w`` of the run. ``m = sqrt(T (d - 1) / w)`` balances the two, within
+    one after the other on the tree's lane. How much of that wait idles a link, the model
+    can only bracket: equal trees carrying equal chunks move in lockstep and wait together,
+    so a link loses ``m w`` of the run (:meth:`chunks`); where the other transfers on a link
+    move while a tree waits, only ``m w / c`` with ``c`` of them (:meth:`hidden_chunks`,
+    the rounding's ranking). ``m = sqrt(T (d - 1) c / w)`` balances fill and waits, within
     :data:`MIN_CHUNK_BYTES` per chunk and :data:`INSTRUCTIONS` per schedule.
     """
 
