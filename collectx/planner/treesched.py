@@ -68,6 +68,8 @@ class TreeEmitter:
     reduction starts one hop after it. Every dependency goes from an earlier to a later time,
     so sorting by time gives a topological order in which each lane's items also follow the
     pipeline (emitting tree by tree instead ties lanes into cross-waits that serialize them).
+    With the compiled ``collectx._fastpath`` and :class:`ChunkRefs` RefFns, the items are
+    built in C, one share at a time (:meth:`_broadcast_share`, :meth:`_reduce_share`).
 
     A staged edge (``Share.staged`` / ``staged_up``) moves each chunk in two copies: the sender
     copies it into a fresh chunk of its ``host`` buffer (PCIe up), then the receiver copies or
@@ -97,30 +99,37 @@ class TreeEmitter:
         root's piece ``j`` (as :meth:`reduce` returns them).
         """
         after = after or {}
-        items = self._items
+        emit = _native_or(self._broadcast_share, "tree_broadcast", src, dst)
         for number, share in enumerate(shares):
             pieces = self.pieces(share)
-            m = len(pieces)
-            if not m:
+            if not pieces:
                 continue
-            step = 1.0 / m
             keyed = [[(p, c, ("down", p, number, turn), (p, c) in share.staged)
                       for p, c in share.edges] for turn in range(self.buffers)]
-            for i, (j, k) in enumerate(pieces):
-                # node -> (token, time, Ref) of the item that brought it piece j
-                start = after.get((share.root, j), (None, (i + 0.5) / m))
-                ready = {share.root: (*start, src(share.root, j, k, share))}
-                for p, c, key, via_host in keyed[i % self.buffers]:
-                    token, tp, source = ready[p]
-                    t = tp + step
-                    ref = dst(c, j, k, share)
-                    if via_host:
-                        seq = self._hop(t, m, (number, i % self.buffers), p, c, key, ref,
-                                        source, token)
-                    else:   # most hops: a direct copy
-                        seq = len(items)
-                        items.append((t, seq, c, key, "copy", ref, (source,), (token,)))
-                    ready[c] = (seq, t, ref)
+            emit(self._items, self._hop, number, share, pieces, keyed, src, dst, after)
+
+    def _broadcast_share(self, items: list, hop, number: int, share: Share, pieces: list,
+                         keyed: list, src: RefFn, dst: RefFn, after: dict) -> None:
+        """:meth:`broadcast`'s items for share ``number``: its piece ``i`` moves down the edges
+        ``keyed[i % buffers]``, ``(parent, child, lane key, staged)``, in order; ``hop`` is
+        :meth:`_hop`. ``collectx._fastpath.tree_broadcast`` mirrors this loop in C (the same
+        arguments, the same items in the same order): this is its reference."""
+        m, root = len(pieces), share.root
+        step = 1.0 / m
+        for i, (j, k) in enumerate(pieces):
+            # node -> (token, time, Ref) of the item that brought it piece j
+            start = after.get((root, j), (None, (i + 0.5) / m))
+            ready = {root: (*start, src(root, j, k, share))}
+            for p, c, key, via_host in keyed[i % len(keyed)]:
+                token, tp, source = ready[p]
+                t = tp + step
+                ref = dst(c, j, k, share)
+                if via_host:
+                    seq = hop(t, m, (number, i % len(keyed)), p, c, key, ref, source, token)
+                else:   # most hops: a direct copy
+                    seq = len(items)
+                    items.append((t, seq, c, key, "copy", ref, (source,), (token,)))
+                ready[c] = (seq, t, ref)
 
     def reduce(self, shares, contrib: RefFn, result: RefFn) -> dict:
         """Reduce piece ``j`` (``k`` chunks) of ``contrib(v, j, k, share)`` over every tree
@@ -128,31 +137,43 @@ class TreeEmitter:
 
         Returns ``{(root, j): (token, time)}`` of the item completing piece ``j`` at its root.
         """
-        done = {}
-        items, fresh = self._items, self.b.fresh
+        done: dict = {}
+        emit = _native_or(self._reduce_share, "tree_reduce", contrib, result)
         for number, share in enumerate(shares):
-            pieces, root = self.pieces(share), share.root
-            m = len(pieces)
+            pieces = self.pieces(share)
+            if not pieces:
+                continue
             shapes = [_ReduceShape.of(share, (number, turn)) for turn in range(self.buffers)]
-            for i, (j, k) in enumerate(pieces):
-                shape = shapes[i % self.buffers]
-                partial = {u: (contrib(u, j, k, share), None) for u in shape.leaves}
-                for u, kids, height, key, staged in shape.inner:   # children first
-                    own = contrib(u, j, k, share)
-                    dst = fresh("scratch", u, own) if u != root else result(u, j, k, share)
-                    t = (i + 0.5 + height) / m
-                    srcs, tokens = [own], []
-                    for c in kids:
-                        ref, token = self._through_host(t, m, (number, i % self.buffers), c,
-                                                        u, *partial[c]) \
-                            if c in staged else partial[c]
-                        srcs.append(ref)
-                        tokens.append(token)
-                    seq = len(items)
-                    items.append((t, seq, u, key, "reduce", dst, tuple(srcs), tuple(tokens)))
-                    partial[u] = (dst, seq)
-                done[root, j] = (partial[root][1], (i + 0.5 + shape.top) / m)
+            emit(self._items, self.b.fresh, self._through_host, number, share, pieces, shapes,
+                 contrib, result, done)
         return done
+
+    def _reduce_share(self, items: list, fresh, through_host, number: int, share: Share,
+                      pieces: list, shapes: list, contrib: RefFn, result: RefFn,
+                      done: dict) -> None:
+        """:meth:`reduce`'s items for share ``number``: its piece ``i`` climbs the tree as
+        ``shapes[i % buffers]`` says, and ``done`` gets its root's token and time; ``fresh``
+        is the builder's, ``through_host`` :meth:`_through_host`.
+        ``collectx._fastpath.tree_reduce`` mirrors this loop in C (the same arguments, the
+        same items in the same order): this is its reference."""
+        m, root = len(pieces), share.root
+        for i, (j, k) in enumerate(pieces):
+            shape = shapes[i % len(shapes)]
+            partial = {u: (contrib(u, j, k, share), None) for u in shape.leaves}
+            for u, kids, height, key, staged in shape.inner:   # children first
+                own = contrib(u, j, k, share)
+                dst = fresh("scratch", u, own) if u != root else result(u, j, k, share)
+                t = (i + 0.5 + height) / m
+                srcs, tokens = [own], []
+                for c in kids:
+                    ref, token = through_host(t, m, (number, i % len(shapes)), c, u,
+                                              *partial[c]) if c in staged else partial[c]
+                    srcs.append(ref)
+                    tokens.append(token)
+                seq = len(items)
+                items.append((t, seq, u, key, "reduce", dst, tuple(srcs), tuple(tokens)))
+                partial[u] = (dst, seq)
+            done[root, j] = (partial[root][1], (i + 0.5 + shape.top) / m)
 
     def pieces(self, share: Share) -> list:
         """``(first chunk, chunks)`` of each piece of ``share`` (whose chunks are one range):
@@ -247,14 +268,39 @@ class _ReduceShape:
 _REF = tuple.__new__
 
 
-def chunk_refs(buf: str, per_root: int = 0) -> RefFn:
-    """The :data:`RefFn` ``(v, j, k, share) -> Ref(v, buf, share.root * per_root + j, k)``,
-    building the Ref without the named tuple's Python ``__new__``: emitters call it for
-    every piece at every node, 10^5 times a plan.
+class ChunkRefs:
+    """The :data:`RefFn` ``(v, j, k, share) -> Ref(v, buf, share.root * per_root + j, k)``, as
+    data the compiled emitters read (``buf``, ``per_root``) to build the same Refs themselves;
+    any other RefFn keeps the emitters in Python. Called from Python, it builds the Ref without
+    the named tuple's Python ``__new__``: emitters call it for every piece at every node,
+    10^5 times a plan.
 
     >>> chunk_refs("output", 4)(1, 2, 2, Share(3, (), (2, 3)))
     Ref(rank=1, buf='output', chunk=14, count=2)
     """
-    if per_root:
-        return lambda v, j, k, s: _REF(Ref, (v, buf, s.root * per_root + j, k))
-    return lambda v, j, k, s: _REF(Ref, (v, buf, j, k))
+
+    __slots__ = ("buf", "per_root")
+
+    def __init__(self, buf: str, per_root: int = 0):
+        self.buf, self.per_root = buf, per_root
+
+    def __call__(self, v: int, j: int, k: int, share: Share) -> Ref:
+        return _REF(Ref, (v, self.buf, share.root * self.per_root + j, k))
+
+    def __repr__(self) -> str:
+        return f"chunk_refs({self.buf!r}, {self.per_root})"
+
+
+def chunk_refs(buf: str, per_root: int = 0) -> ChunkRefs:
+    """Chunk ``share.root * per_root + j`` of ``buf`` for piece ``j`` (:class:`ChunkRefs`)."""
+    return ChunkRefs(buf, per_root)
+
+
+def _native_or(python, name: str, *refs):
+    """``collectx._fastpath.<name>``, the compiled mirror of the emitter loop ``python``, when
+    it is built and every RefFn in ``refs`` is a :class:`ChunkRefs` it can read; else
+    ``python``."""
+    native = compiled_helper(name)
+    if native is None or not all(type(r) is ChunkRefs for r in refs):
+        return python
+    return native

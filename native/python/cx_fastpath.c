@@ -12,8 +12,9 @@
  *
  * The module also carries the planner's hot loops: schedule_arrays (cx_schedule_arrays.c), the
  * simulator's one-pass reader of a schedule's instructions; emit_lanes (cx_emit.c), the tree
- * emitter's dealing of items onto lanes; max_flow (cx_maxflow.c), Lovász's construction's
- * max-flows; unpack_code (cx_unpack.c), the rebuilding of a packed schedule's instructions.
+ * emitter's dealing of items onto lanes; tree_broadcast and tree_reduce (cx_trees.c), its
+ * building of those items; max_flow (cx_maxflow.c), Lovász's construction's max-flows;
+ * unpack_code (cx_unpack.c), the rebuilding of a packed schedule's instructions.
  *
  * Contract of reduce() and copy(): True when the call ran; False when nothing was touched and the
  * caller must take the fully checked Python path, which raises the precise, typed error. So every
@@ -35,6 +36,7 @@
 #include "cx_emit.h"
 #include "cx_schedule_arrays.h"
 #include "cx_maxflow.h"
+#include "cx_trees.h"
 #include "cx_unpack.h"
 
 /* Bumped when the Python-side contract changes; collectx/_native.py refuses other versions.
@@ -770,6 +772,10 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, bind_doc},
     {"schedule_arrays", cx_schedule_arrays, METH_O, CX_SCHEDULE_ARRAYS_DOC},
     {"emit_lanes", cx_emit_lanes, METH_VARARGS, CX_EMIT_LANES_DOC},
+    {"tree_broadcast", (PyCFunction)(void (*)(void))cx_tree_broadcast, METH_FASTCALL,
+     CX_TREE_BROADCAST_DOC},
+    {"tree_reduce", (PyCFunction)(void (*)(void))cx_tree_reduce, METH_FASTCALL,
+     CX_TREE_REDUCE_DOC},
     {"max_flow", (PyCFunction)(void (*)(void))cx_max_flow, METH_FASTCALL, CX_MAX_FLOW_DOC},
     {"unpack_code", cx_unpack_code, METH_VARARGS, CX_UNPACK_CODE_DOC},
     {NULL, NULL, 0, NULL},
