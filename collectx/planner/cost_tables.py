@@ -40,6 +40,9 @@ MIN_CHUNK_BYTES = 64 << 10
 # Instructions per schedule at most: lowering and simulating cost ~10 us each, and a plan of
 # 8 GPUs must be made in about a second.
 INSTRUCTIONS = 60_000
+# Packed trees lose at least their pipeline fill to the bound: two levels or more, at the most
+# chunks a schedule holds, about a fiftieth of the run. A plan this close to the bound wins.
+FILL = 0.02
 # Pieces a pipeline cuts one stream into, at most: ``p`` pieces fill a pipeline in ``1/p`` of
 # its run, so past a few hundred the fill is below the simulator's own noise and more pieces
 # only add steps.

@@ -21,12 +21,9 @@ from ..schedule.ir import Schedule
 from ..schedule.metrics import bus_factor, unit_bytes
 from . import cost, registry
 from ._build import simulated
-from .cost_tables import MIN_CHUNK_BYTES
+from .cost_tables import FILL, MIN_CHUNK_BYTES
 
 PACKED = ("blink", "forest")   # planners that take host-staged routes (and cost a packing)
-# Packed trees lose at least their pipeline fill to the bound: two levels or more, at the most
-# chunks a schedule holds, about a fiftieth of the run. A plan this close to the bound wins.
-FILL = 0.02
 
 
 def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: int, *,
@@ -71,7 +68,7 @@ def _may_win(bound, name: str, collective: str, nbytes: int, topo, ranks,
     (so the two phases' cut rates do not add up: on DGX-1V GPUs 0, 1, 4, 6 forests reach the
     tree packing's rate, a third above the phases' cut), by the ceiling (the planner then
     judges its own LP against the time to beat); and trees fill their pipelines, which costs
-    them :data:`FILL` of the bound at least."""
+    them :data:`~.cost_tables.FILL` of the bound at least."""
     n = len(ranks)
     if unit_bytes(collective, nbytes, n) < MIN_CHUNK_BYTES:
         return False

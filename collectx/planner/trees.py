@@ -25,7 +25,7 @@ from ..schedule.metrics import unit_bytes
 from ..topology.view import job_graph, require_connected
 from . import program as P
 from ._build import check_args, simulated
-from .cost_tables import INSTRUCTIONS, MIN_CHUNK_BYTES
+from .cost_tables import FILL, INSTRUCTIONS, MIN_CHUNK_BYTES
 from .treepack import Packing
 from .treesched import Share, TreeEmitter, chunk_refs
 
@@ -96,19 +96,24 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
     pipe = Pipeline(p, unit_bytes(collective, nbytes, n) / (n if forest else 1))
     pipe.fit(lp)
     beat = pipe.to_beat(beat_us)
-    if beat is not None and 1 / lp.rate >= beat:
+    if beat is not None and 1 / lp.rate >= beat * (1 + FILL):   # not even without the margin
         raise PlanError(f"{name}: its fractional packing ({lp.rate:.1f} GB/s per group) "
                         f"cannot move the message within the {beat_us:.0f} us to beat")
     packings = P.equal_trees(p, lp, pipe, level_cost=pipe.level_cost(lp),
                              keep=1 if nchunks is not None else SIMULATED, beat=beat)
     if not packings:
         raise PlanError(f"{name}: no packing of equal trees beats {beat_us:.0f} us")
-    lowered = [_lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks)
-               for packing in packings]
     if nchunks is not None:
-        return lowered[0][0]
-    return min((s for tries in lowered for s in tries),
-               key=lambda s: simulated(s, topo, nbytes, ranks).time_us)
+        return _lowered(name, packings[0], p, pipe, collective, n, root, inplace, nchunks)[0]
+    best, best_us = None, float("inf")
+    for packing in sorted(packings, key=lambda k: -k.rate):
+        if pipe.least_us(packing) >= best_us:
+            continue   # its busiest link alone takes longer than a schedule already simulated
+        for s in _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks):
+            us = simulated(s, topo, nbytes, ranks).time_us
+            if us < best_us:
+                best, best_us = s, us
+    return best
 
 
 def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> list:
@@ -220,6 +225,11 @@ class Pipeline:
         m = self._chunks(k, rate, depth, self.lp_wait, crowd)
         run_us = self.unit / (rate * 1e3)
         return (1 + (depth - 1) / m + m * self.lp_wait / (crowd * run_us)) / rate
+
+    def least_us(self, packing: Packing) -> float:
+        """No schedule of ``packing`` moves the message faster (microseconds): its busiest
+        link carries ``unit / rate`` bytes per group at its capacity."""
+        return self.unit / (packing.rate * 1e3)
 
     def to_beat(self, beat_us: float | None) -> float | None:
         """A transfer time in microseconds in :meth:`time`'s units (None stays None). A
