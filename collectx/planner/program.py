@@ -468,6 +468,13 @@ class Rounding:
                 deepest = max(deepest, max(dist.values()))
         return deepest
 
+    def least_depth(self) -> int:
+        """The least :meth:`depth` any counts have: every arc counted, and the shallowest
+        whole tree where that is shallower."""
+        C, H = len(self.cols), len(self.wholes)
+        arcs = self.depth(np.r_[np.ones(C), np.zeros(H)]) if C else np.inf
+        return min([arcs] + [t.depth() for t in self.wholes])
+
     def rate(self, x, K: int) -> float:
         """The rate per group (GB/s) of counts ``x``: ``K`` trees, their busiest link full."""
         C, H = len(self.cols), len(self.wholes)
@@ -646,9 +653,13 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
     roundings that beat it by the pipeline model's time, fill and waits included, at the
     better of its two ends."""
     found = []   # (estimated time, K, counts, lockstep time)
+    shallowest = rounding.least_depth() if modelled else 0
     for K in range(1, min(most_trees(p), cost.most_trees()) + 1):
         if beat is not None and cost.least_rate(K, beat) > lp.rate:
             continue
+        if modelled and min(cost.time(K, lp.rate, shallowest),
+                            cost.time(K, lp.rate, shallowest, lockstep=True)) >= beat:
+            continue   # not even the LP's rate in the shallowest trees wins by the model
         best = min([f[0] for f in found] + ([beat] if beat is not None else []), default=None)
         x = rounding.solve(K, K / cost.least_rate(K, best) if best else np.inf)
         if x is not None:
