@@ -636,9 +636,9 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
     ``beat`` (in ``cost.time``'s units): a time some other plan already reaches, less the
     :data:`~.cost_tables.FILL` that pipelines lose at least. Counts that cannot beat it are
     not rounded. Where none can, those that beat the plan's time itself are: the margin is a
-    rule of thumb, and trees one or two hops deep fill less (the held-out A800's 2-GPU
-    allreduces staged through host memory: a forest at 0.996 of the bound, refused by the
-    margin, where blink gets 0.978). With none left the list is empty.
+    rule of thumb, and trees one or two hops deep fill less (2-GPU allreduces staged through
+    host memory, the HGX A100 dump's GPUs 0 and 2: a forest at 0.992 of the bound, refused by
+    the margin, where blink gets 0.978). With none left the list is empty.
     """
     rounding = Rounding(p, lp, level_cost)
     if beat is None:
