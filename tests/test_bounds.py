@@ -316,3 +316,59 @@ def test_socket_links_of_real_dumps_carry_no_detours():
     # GPU6 reaches GPUs 2 and 3 over one 16 GB/s NUMA link; a NIC switch under a third node
     # no longer turns a second route around
     assert bounds(mi100, "allgather", ["GPU2", "GPU3", "GPU6"]).bound_busbw <= 2 * 16.0 + 1e-6
+
+
+def _real(name: str) -> nx.DiGraph:
+    from pathlib import Path
+    return topo.load(Path(__file__).resolve().parent.parent / "topology" / "real" / name)
+
+
+def test_gpus_joined_by_xgmi_hops_through_a_third_gpu_do_not_turn_at_their_pcie_switch():
+    # MI250 dump: GCDs 8 and 11 share no xGMI link, but their copies go over xGMI through
+    # GCD10, so none of the three talks over PSW14, and PSW14 is split like a switch whose
+    # GPUs all share direct links.
+    from collectx.topology.view import peer_linked, without_turnarounds
+    G = _real("mi250_16gcd_8nic_rccl_topo.xml")
+    gpus = ("GPU8", "GPU10", "GPU11")
+    J = job_graph(G, gpus)
+    assert ("GPU8", "GPU11") in peer_linked(J, gpus)
+    H = without_turnarounds(J, gpus)
+    assert "PSW14" not in H and {"PSW14~up", "PSW14~dn"} <= set(H)
+    # Without GCD10 in the job, 8 and 11 talk over PCIe again, and PSW14 keeps its turn.
+    pair = ("GPU8", "GPU11")
+    assert pair not in peer_linked(job_graph(G, pair), pair)
+    assert "PSW14" in without_turnarounds(job_graph(G, pair), pair)
+
+
+def test_tree_bound_is_the_packing_lp_where_pcie_turns_were_its_only_extra_freedom():
+    # Nine GCDs of the MI250 dump: the tree bound once let GCD pairs that talk over xGMI turn
+    # at PCIe switches (175.35 GB/s). Without those turns it is exactly the packing program's
+    # LP over the simulator's peer and host-staged routes.
+    import collectx.planner.program as P
+    G = _real("mi250_16gcd_8nic_rccl_topo.xml")
+    gpus = tuple(f"GPU{i}" for i in (5, 6, 7, 8, 10, 11, 12, 13, 14))
+    b = bounds(G, "allreduce", gpus=gpus)
+    lp = P.fractional(P.problem(job_graph(G, gpus), gpus, "allreduce", host=True))
+    assert b.tree_busbw == pytest.approx(2 * 8 / 9 * lp.rate, rel=1e-6)
+    assert b.tree_busbw < 160
+
+
+def test_the_turn_rule_applies_pair_by_pair_at_a_switch_both_kinds_of_pair_use():
+    # 16-GPU MI100 dump, GPUs 0-2: 1 and 2 share a hive (xGMI), 0 reaches both over PCIe, all
+    # three below PSW1. With xGMI priced out, 0 -> 1 still turns inside the switches, while
+    # 1 -> 2 has to climb to the CPU (host memory) and come back down.
+    from collectx.topology.view import LinkIndex, relay_paths, turn_rule, without_turnarounds
+    G = _real("mi100_16gpu_4hives_16nic_rccl_topo.xml")
+    gpus = ("GPU0", "GPU1", "GPU2")
+    J = job_graph(G, gpus)
+    H = without_turnarounds(J, gpus)
+    turns = turn_rule(J, H, gpus)
+    assert "PSW1" in turns.below
+    index = LinkIndex.of(H)
+    price = [1e6 if H.edges[e].get("type") == "xgmi" else 1.0 for e in index.links]
+    _, path = relay_paths(index, gpus, price, turns)
+    kinds = dict(H.nodes(data="kind"))
+    through = {pair: {kinds[index.links[link][1]] for link, _ in path[pair]} for pair in path}
+    assert "cpu" in through["GPU1", "GPU2"] and "cpu" not in through["GPU0", "GPU1"]
+    _, free = relay_paths(index, gpus, price)
+    assert "cpu" not in {kinds[index.links[link][1]] for link, _ in free["GPU1", "GPU2"]}

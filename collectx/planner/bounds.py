@@ -3,9 +3,10 @@
 All numbers are bus bandwidths (nccl-tests conventions) in GB/s per direction, at the topology's
 ``bw_gbps`` (line rates for the presets). GPUs outside the allocation are removed; switches, CPUs
 and NICs stay as relays that forward but never reduce (a CPU's memory may hold a copy that more
-than one GPU reads). A PCIe switch whose GPUs all share direct links with each other does not
-turn traffic around between them (CUDA sends their peer traffic over the direct link; their
-PCIe route climbs to the CPU): :mod:`collectx.topology.view`. With such a switch split,
+than one GPU reads). A PCIe switch does not turn traffic around between GPUs whose peer copies
+take NVLink or xGMI, directly or through another GPU (their PCIe route climbs to the CPU):
+:mod:`collectx.topology.view` splits switches where every pair below talks that way, and the
+tree bound applies the rule pair by pair where only some do. With such a switch split,
 cuts no longer see every shared link, and the bounds below marked *split* come from the
 multicast LP (:func:`multicast_rate`) instead.
 
@@ -46,7 +47,7 @@ from scipy.optimize import linprog
 
 from ..errors import ArgumentError, PlanError
 from ..topology.view import LinkIndex, job_gpus, job_graph, require_connected
-from ..topology.view import without_turnarounds
+from ..topology.view import turn_rule, without_turnarounds
 from .treepack import pack_undirected_trees
 
 KINDS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall")
@@ -154,8 +155,9 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
                       "max concurrent multicommodity flow (N-1)*rate per pair", gpus)
     factor = 2 * (n - 1) / n
     cut = 2 * (n - 1) / (1 / x_rs + 1 / x_ag)   # reduce-scatter then allgather, times add up
-    tree = factor * _memo("trees", G, gpus, lambda: pack_undirected_trees(
-        LinkIndex.of(G), gpus, either_way=G is not J).rate)
+    turns = turn_rule(J, G, gpus)
+    tree = factor * _memo(f"trees{turns}", G, gpus, lambda: pack_undirected_trees(
+        LinkIndex.of(G), gpus, either_way=G is not J, turns=turns).rate)
     ceiling = factor * _memo("pair_flow", G, gpus, lambda: min_pair_flow(G, gpus))
     ref = max(cut, tree)
     which = "trees" if tree > cut else "reduce-scatter + allgather"

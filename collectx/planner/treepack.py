@@ -205,23 +205,26 @@ def min_spanning_tree(C: np.ndarray) -> list[tuple[int, int]] | None:
     return edges
 
 
-def pack_undirected_trees(index: LinkIndex, gpus, either_way: bool = False) -> Packing:
+def pack_undirected_trees(index: LinkIndex, gpus, either_way: bool = False,
+                          turns=None) -> Packing:
     """Pack spanning trees each used in both directions (reduce up, broadcast down), every
     tree edge over its cheapest relay path and the path's reverse (with ``either_way``, the
     cheapest path each way, which need not be reverses: a split PCIe switch climbs through its
     upward half and descends through its downward one, :mod:`collectx.topology.view`). The
     tree optimum of the allreduce bound (:mod:`.bounds`); each tree is rooted at its centre.
+    ``turns`` (:func:`~collectx.topology.view.turn_rule`) keeps linked GPU pairs from turning
+    at the switches it names.
     """
     gpus = tuple(gpus)
 
     def price(y, exact):
         if either_way:
-            one, way = relay_paths(index, gpus, y)
+            one, way = relay_paths(index, gpus, y, turns)
             path = {(u, t): p + way[t, u] for (u, t), p in way.items() if (t, u) in way}
             cost = {e: one[e] + one[e[1], e[0]] for e in path}
         else:
             y2 = [y[e] + y[r] if r >= 0 else _INF for e, r in enumerate(index.rev)]
-            cost, path = relay_paths(index, gpus, y2)
+            cost, path = relay_paths(index, gpus, y2, turns)
             path = {e: p + tuple((index.rev[x], w) for x, w in reversed(p))
                     for e, p in path.items()}
         W = np.full((len(gpus), len(gpus)), _INF)

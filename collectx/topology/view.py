@@ -12,7 +12,8 @@ bounds alike:
 * :func:`relay_paths` -- cheapest paths through relays (switches, CPUs, NICs) under link prices;
 * :func:`without_turnarounds` -- PCIe switches split where they cannot turn traffic around
   between the job's GPUs (the rule below), and CPUs where they forward no other socket's
-  traffic (:func:`direct_sockets`).
+  traffic (:func:`direct_sockets`); :func:`turn_rule` -- the same rule, pair by pair, for the
+  switches left whole.
 
 Relays and edge splitting
 -------------------------
@@ -29,22 +30,25 @@ PCIe switches that cannot turn traffic around between their GPUs, for the bounds
 Why: a PCIe switch forwards a peer-to-peer transfer from one GPU below it to another without
 involving the CPU, and the cut bounds count that route. But CUDA sends peer traffic between two
 GPUs that share an NVLink (or xGMI) link over that link, always: there is no way to ask for
-PCIe instead. So when every pair of the job's GPUs below a switch shares a direct link (each
-PCIe switch of a DGX-1 holds two GPUs joined by NVLink), their PCIe bandwidth is reachable only
-through host memory: up through the switch to the CPU and back down, and the switch's uplink
-carries such a relay in both directions. A bound that counts the turn inside the switch is
-larger than anything the hardware can run (GPUs 0 and 1 of a DGX-1V: 40.75 GB/s counted,
-25 + 15.75/2 reachable).
+PCIe instead. The same holds for two GPUs whose copies take NVLink or xGMI hops through a
+third GPU of the job (NCCL's NVB paths; :func:`peer_linked` asks the simulator's route). So
+when every pair of the job's GPUs below a switch talks that way (each PCIe switch of a DGX-1
+holds two GPUs joined by NVLink), their PCIe bandwidth is reachable only through host memory:
+up through the switch to the CPU and back down, and the switch's uplink carries such a relay
+in both directions. A bound that counts the turn inside the switch is larger than anything the
+hardware can run (GPUs 0 and 1 of a DGX-1V: 40.75 GB/s counted, 25 + 15.75/2 reachable; nine
+GCDs of the 16-GCD MI250 dump: 175.3 GB/s allreduce counted, 154.3 reachable).
 
 How it works: :func:`without_turnarounds` splits each such switch into an upward half (the links
 from below, and the uplink) and a downward half (the downlink, and the links to below), so a
 route entering from a GPU can only leave upwards. A NIC hanging off such a switch with no other
 link (one machine's graph) carries nothing between GPUs and would only let a route turn through
 it, so it is left out; a switch whose NIC leads elsewhere (several machines) is not split, so
-GPUDirect routes to the network keep their turn. Switches with a GPU pair below them that shares
-no direct link keep the turn too (PCIe peer-to-peer is how those two talk). The result is still
-an upper bound on every schedule: a GPU pair that shares a direct link has no other way to use
-the switch, and the split never adds capacity on a route that existed.
+GPUDirect routes to the network keep their turn. A switch with a GPU pair below it that talks
+over PCIe keeps the turn for that pair; :func:`turn_rule` names the pairs that still may not
+turn there, and the tree bound's path search (:func:`relay_paths`) obeys it pair by pair. The
+result is still an upper bound on every schedule: a pair that talks over NVLink or xGMI has no
+other way to use the switch, and the split never adds capacity on a route that existed.
 
 >>> from collectx.topology import load
 >>> G = load("dgx1v")
@@ -131,7 +135,7 @@ class LinkIndex:
                    rev=tuple(ids.get((v, u), -1) for u, v in links), ids=ids)
 
 
-def relay_paths(index: LinkIndex, gpus, weight) -> tuple[dict, dict]:
+def relay_paths(index: LinkIndex, gpus, weight, turns: "Turns | None" = None) -> tuple[dict, dict]:
     """Cheapest path between every ordered GPU pair whose inner nodes are relays.
 
     Parameters
@@ -139,6 +143,9 @@ def relay_paths(index: LinkIndex, gpus, weight) -> tuple[dict, dict]:
     index : LinkIndex
     gpus : sequence of GPU node ids (the terminals; no other GPU is in the graph)
     weight : sequence of float, the non-negative price of each link id
+    turns : Turns, optional
+        Switches that turn only some pairs' traffic around (:func:`turn_rule`): a pair it
+        names as linked never turns at them.
 
     Returns
     -------
@@ -148,26 +155,42 @@ def relay_paths(index: LinkIndex, gpus, weight) -> tuple[dict, dict]:
     terminals = set(gpus)
     cost, path = {}, {}
     for src in gpus:
-        dist = {src: 0.0}
-        via: dict = {}
-        heap = [(0.0, 0, src)]
-        while heap:
-            d, hops, n = heapq.heappop(heap)
-            if d > dist.get(n, float("inf")):
-                continue
-            if n != src and n in terminals:
-                continue   # a GPU ends a logical edge; it never forwards inside one
-            for link, head in index.out[n]:
-                nd = d + weight[link] + _HOP_EPS
-                if nd < dist.get(head, float("inf")):
-                    dist[head] = nd
-                    via[head] = link
-                    heapq.heappush(heap, (nd, hops + 1, head))
+        free = _cheapest(index, src, terminals, weight, {})
+        linked = turns is not None and any((src, t) in turns.linked for t in gpus)
+        kept = _cheapest(index, src, terminals, weight, turns.below) if linked else free
         for t in gpus:
-            if t != src and t in dist:
-                cost[src, t] = dist[t]
+            dist, via = kept if linked and (src, t) in turns.linked else free
+            if t != src and (t, False) in dist:
+                cost[src, t] = dist[t, False]
                 path[src, t] = tuple((link, 1.0) for link in _walk_back(index, via, src, t))
     return cost, path
+
+
+def _cheapest(index: LinkIndex, src, terminals: set, weight, below: dict) -> tuple:
+    """Dijkstra from ``src`` over states ``(node, climbed)``: ``climbed`` when the path entered
+    a switch of ``below`` from under it, and may then not leave downwards (no turnaround).
+    Returns ``(dist, via)`` keyed by state; a GPU is only ever reached as ``(gpu, False)``."""
+    start = (src, False)
+    dist = {start: 0.0}
+    via: dict = {}
+    heap = [(0.0, 0, src, False)]
+    while heap:
+        d, hops, n, climbed = heapq.heappop(heap)
+        if d > dist.get((n, climbed), float("inf")):
+            continue
+        if n != src and n in terminals:
+            continue   # a GPU ends a logical edge; it never forwards inside one
+        under = below.get(n, ())
+        for link, head in index.out[n]:
+            if climbed and head in under:
+                continue
+            state = (head, n in below.get(head, ()))
+            nd = d + weight[link] + _HOP_EPS
+            if nd < dist.get(state, float("inf")):
+                dist[state] = nd
+                via[state] = (link, climbed)
+                heapq.heappush(heap, (nd, hops + 1, *state))
+    return dist, via
 
 
 def simulator_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False) -> dict:
@@ -256,11 +279,11 @@ def _leg(table, index: LinkIndex, x, y, reverse: bool) -> list:
 
 def _walk_back(index: LinkIndex, via: dict, src, t) -> tuple:
     links = []
-    n = t
-    while n != src:
-        link = via[n]
+    state = (t, False)
+    while state[0] != src:
+        link, climbed = via[state]
         links.append(link)
-        n = index.links[link][0]
+        state = (index.links[link][0], climbed)
     return tuple(reversed(links))
 
 
@@ -309,6 +332,49 @@ def without_turnarounds(G: nx.DiGraph, gpus) -> nx.DiGraph:
         H.remove_nodes_from(_dead_ends(H, c))
         _split_socket(H, c)
     return H
+
+
+@dataclass(frozen=True)
+class Turns:
+    """Where a job graph's switches turn traffic around for some of the job's GPU pairs only.
+
+    ``linked``: the ordered GPU pairs whose peer copies never touch PCIe (:func:`peer_linked`);
+    ``below``: switch -> the nodes one level under it, for every switch left whole that has
+    such a pair below it. A route between a linked pair never enters one of these switches
+    from below and leaves it downwards (:func:`relay_paths`)."""
+
+    linked: frozenset
+    below: dict
+
+
+def turn_rule(J: nx.DiGraph, H: nx.DiGraph, gpus) -> Turns | None:
+    """The per-pair turnaround rule of the switches :func:`without_turnarounds` left whole in
+    ``H`` (made from the job graph ``J``), or None where none has a linked pair below it.
+
+    Why: a switch keeps its turn when two of its GPUs talk over PCIe, but only those two
+    use it; a pair whose copies take xGMI or NVLink still never turns there. Splitting the
+    switch would take the turn from the pair that does use it, and a graph cannot say "this
+    turn for these sources only", so the path searches apply it pair by pair. On the
+    16-GPU MI100 dump, GPUs 1 and 2 share a hive while GPU0 talks to both over PCIe:
+
+    >>> from collectx.topology import load
+    >>> G = load("topology/real/mi100_16gpu_4hives_16nic_rccl_topo.xml")
+    >>> gpus = ["GPU0", "GPU1", "GPU2"]
+    >>> J = job_graph(G, gpus)
+    >>> t = turn_rule(J, without_turnarounds(J, gpus), gpus)
+    >>> sorted(t.below), ("GPU1", "GPU2") in t.linked, ("GPU0", "GPU1") in t.linked
+    (['PSW0', 'PSW1'], True, False)
+    """
+    kinds = dict(J.nodes(data="kind"))
+    level = pcie_levels(J, kinds)
+    linked = peer_linked(J, gpus)
+    below = {}
+    for s in sorted((s for s, k in kinds.items() if k == "pci_switch" and s in H), key=natural_key):
+        job = _gpus_below(J, s, kinds, level, set(gpus))
+        if any(pair in linked for pair in itertools.permutations(job, 2)):
+            under = {f"{c}{half}" for c in _below(J, s, kinds, level) for half in ("", "~up", "~dn")}
+            below[s] = frozenset(n for n in under if n in H)
+    return Turns(frozenset(linked), below) if below else None
 
 
 def _dead_ends(H: nx.DiGraph, c) -> set:
@@ -373,26 +439,30 @@ def _split_socket(H: nx.DiGraph, c) -> None:
 
 
 def peer_linked(G: nx.DiGraph, gpus) -> set:
-    """The ordered pairs of ``gpus`` whose peer copies never touch PCIe: joined by a direct GPU
-    link, or attached to one NVSwitch fabric (GPUs relay nothing, so two GPUs linked only
-    through a third talk over PCIe).
+    """The ordered pairs of ``gpus`` whose peer copies never cross a PCIe switch: the route
+    the simulator gives them (:func:`~collectx.topology.routes.routes_for`) is a direct
+    link, one NVSwitch fabric, or NVLink/xGMI hops through other GPUs of ``G`` (NCCL's NVB
+    paths). Only these pairs are the turnaround rule's concern.
 
     >>> from collectx.topology import load, ring
     >>> ("GPU0", "GPU5") in peer_linked(load("dgx_a100"), ["GPU0", "GPU5"])
     True
     >>> ("GPU0", "GPU2") in peer_linked(ring(4), ["GPU0", "GPU1", "GPU2", "GPU3"])
+    True
+    >>> G = load("dgx1v")
+    >>> ("GPU0", "GPU5") in peer_linked(job_graph(G, ["GPU0", "GPU5"]), ["GPU0", "GPU5"])
     False
     """
     kinds = dict(G.nodes(data="kind"))
-    switches = nx.Graph()
-    switches.add_nodes_from(n for n, k in kinds.items() if k == "nvswitch")
-    switches.add_edges_from((u, v) for u, v, t in G.edges(data="type")
-                            if t in DIRECT_TYPES and u in switches and v in switches)
-    fabric = {n: i for i, part in enumerate(nx.connected_components(switches)) for n in part}
-    on = {g: {fabric[v] for v in G.successors(g) if v in fabric and
-              G.edges[g, v].get("type") in DIRECT_TYPES} for g in gpus}
-    return {(a, b) for a, b in itertools.permutations(gpus, 2)
-            if direct_link(G, a, b) or on[a] & on[b]}
+    pairs = set(itertools.permutations(gpus, 2))
+    if "pci_switch" not in kinds.values():
+        return pairs
+    table = routes_for(G)
+
+    def switch_free(a, b):
+        return not any(kinds.get(table.names[r][1]) == "pci_switch"
+                       for res, _, _ in table.spread(a, b) for r in res)
+    return {(a, b) for a, b in pairs if direct_link(G, a, b) or switch_free(a, b)}
 
 
 def _all_peers(linked: set, gpus) -> bool:
