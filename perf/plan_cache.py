@@ -20,8 +20,15 @@ paid that, in parallel where it had a core of its own); ``receive`` what a rank 
 then spends on it, alone on a core (parse the published JSON and ``Schedule.from_packed``);
 ``cold`` and ``warm`` are rank 0's time and the slowest rank's. Each is the median of
 ``--repeat`` runs. Targets: cold <= 1 s, warm <= 50 ms. With fewer cores than ranks the other
-ranks queue for them: the slowest rank's warm time is then about rank 0's plus ``receive``
-times the ranks per core. Prints a table, and with ``--json`` one JSON line per row.
+ranks queue for them: as processes the slowest rank's warm time is about rank 0's plus
+``receive`` times the ranks per core; as threads the ranks decode the published bytes once
+between them (``plan_cache.DECODED``), and on a warm start not at all (rank 0's disk read
+filled the memo). Prints a table, and with ``--json`` one JSON line per row.
+
+On a 2-core VM, ``python perf/plan_cache.py --executor cuda --collectives broadcast --sizes 64M
+--repeat 5 --threads`` (median of three such runs, interleaved): warm 24.5 ms on rank 0 and
+121.8 ms for the slowest rank at d2319c4, each thread decoding the 6,007-instruction schedule
+in turn under the GIL; 21.8 / 23.5 ms with the shared decode (docs/cuda.md has the table).
 
 Run: ``python perf/plan_cache.py`` or e.g.
 ``python perf/plan_cache.py --collectives allreduce --sizes 64M --repeat 5 --threads``.

@@ -385,3 +385,106 @@ def test_packed_schedules_read_back_equal_and_malformed_code_is_refused(monkeypa
         broken["code"][0][0][0] = bad
         with pytest.raises((ValueError, TypeError, IndexError, KeyError)):
             Schedule.from_packed(broken)
+
+
+# -- received bytes decoded once per process --------------------------------------------------------
+@pytest.fixture
+def unpacks(monkeypatch):
+    """Counts Schedule.from_packed calls, with an empty decode memo (earlier tests fill it)."""
+    calls = []
+    real = Schedule.from_packed.__func__
+
+    def counting(cls, d):
+        calls.append(1)
+        return real(cls, d)
+    monkeypatch.setattr(Schedule, "from_packed", classmethod(counting))
+    pc.DECODED.clear()
+    yield calls
+    pc.DECODED.clear()
+
+
+def _publish(store, blob, executor="cpu", prefix="m"):
+    store.set(f"{prefix}/plan/{executor}/allreduce/23/0/auto/0", blob)
+
+
+def _follow(store, rank, executor="cpu", prefix="m"):
+    return SharedPlans(executor, rank, 4, store, prefix, 5.0, None).get(
+        "allreduce", NBYTES, 0, lambda: RING4, _plan_ring4())
+
+
+def test_thread_ranks_receiving_the_same_bytes_decode_them_once(unpacks):
+    s = planner.make_schedule(RING4, "allreduce", 4, NBYTES)
+    store = HashStore()
+    _publish(store, pc.encode(_key(), s, NBYTES))
+    got = _threads(3, lambda r: _follow(store, r + 1))
+    assert all(p.source == "rank 0" and p.schedule == s for p in got)
+    assert got[0].schedule is got[1].schedule is got[2].schedule   # one immutable schedule
+    assert len(unpacks) == 1
+
+
+def test_rank_0s_disk_read_is_its_thread_peers_decode(tmp_path, unpacks):
+    _lead(tmp_path, [])                      # plans and writes the file
+    pc.DECODED.clear()
+    unpacks.clear()
+    store = HashStore()
+
+    def rank_fn(rank):
+        shared = SharedPlans("cpu", rank, 4, store, "d", 5.0, str(tmp_path))
+        return shared.get("allreduce", NBYTES, 0, lambda: RING4, _plan_ring4())
+    got = _threads(4, rank_fn)
+    assert [p.source for p in got] == ["disk cache", "rank 0", "rank 0", "rank 0"]
+    assert all(p.schedule is got[0].schedule for p in got)
+    assert len(unpacks) == 1
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "not json", "empty", "unloadable",
+                                    "wrong root"])
+def test_damaged_bytes_are_refused_on_every_rank(unpacks, damage):
+    from collectx.errors import PlanError
+    s = planner.make_schedule(RING4, "allreduce", 4, NBYTES)
+    blob = _damaged(pc.encode(_key(), s, NBYTES))[damage]
+    errors = [None] * 4
+
+    def read(rank):
+        try:
+            pc.decode(blob, _key())
+        except pc.BadEntry as e:
+            errors[rank] = e
+    _threads(4, read)
+    assert all(isinstance(e, pc.BadEntry) for e in errors)
+    store = HashStore()
+    _publish(store, blob)
+    _, raised = on_threads(3, lambda r: _follow(store, r + 1))
+    assert all(isinstance(e, PlanError) and "is unusable: it" in str(e) for e in raised)
+    assert len(pc.DECODED) == 0              # a failure is never remembered
+
+
+def test_a_decoded_entry_is_still_refused_to_a_rank_whose_key_differs(unpacks):
+    from collectx.errors import PlanError
+    s = planner.make_schedule(RING4, "allreduce", 4, NBYTES)
+    blob = pc.encode(_key(), s, NBYTES)
+    assert pc.decode(blob, _key()) == s
+    for field, value in (("root", 3), ("executor", "cuda"), ("version", "0.0.1")):
+        with pytest.raises(pc.BadEntry, match=f"{field} "):
+            pc.decode(blob, dict(_key().to_dict(), **{field: value}))
+    store = HashStore()
+    _publish(store, blob, "cpu")
+    _publish(store, blob, "cuda")           # the same bytes where a CUDA rank looks
+    assert _follow(store, 1, "cpu").schedule == s
+    with pytest.raises(PlanError, match="another plan: executor 'cpu', expected 'cuda'"):
+        _follow(store, 2, "cuda")
+    assert len(unpacks) == 1                 # refused by its key, not by decoding again
+
+
+def test_the_decode_memo_is_bounded_and_shared_by_equal_bytes():
+    memo, calls = pc.DecodeMemo(capacity=2), []
+
+    def decode(b):
+        calls.append(b)
+        return [b]
+    first = memo.get(b"a", decode)
+    assert memo.get(bytearray(b"a"), decode) is first and calls == [b"a"]
+    for b in (b"b", b"c"):
+        memo.get(b, decode)
+    assert len(memo) == 2
+    assert memo.get(b"a", decode) is not first and calls == [b"a", b"b", b"c", b"a"]

@@ -13,7 +13,9 @@ plans). The file name is the key's digest; the file is zlib-compressed JSON (zli
 catches a damaged or truncated file) holding the key again, the versions and
 ``Schedule.to_packed()``. A file that does not check out is reported with a
 :class:`PlanCacheWarning` naming it and what was wrong, and is planned again and replaced: a
-cache entry can cost a plan, never a wrong collective.
+cache entry can cost a plan, never a wrong collective. Entry bytes decoded lately in this
+process are not decoded again (:class:`DecodeMemo`: thread ranks share rank 0's read), but
+their key is checked for every reader.
 
 >>> import tempfile
 >>> from collectx.planner import make_schedule
@@ -28,6 +30,7 @@ True
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -35,8 +38,11 @@ import json
 import os
 import pathlib
 import tempfile
+import threading
+import types
 import warnings
 import zlib
+from typing import Callable, TypeVar
 
 from .._gc import paused
 from ..schedule.ir import SCHEMA, Schedule
@@ -174,15 +180,18 @@ def encode(key: PlanKey | dict, schedule: Schedule, nbytes: int) -> bytes:
     return zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 1)
 
 
-@paused  # from_packed builds one tuple per instruction and ref: 10^4-10^5 of them
 def decode(blob: bytes, expected: PlanKey | dict) -> Schedule:
     """The schedule of an entry whose key has every field of ``expected`` (a whole
     :class:`PlanKey`, or the fields a rank without the topology knows).
 
     Raises :class:`BadEntry` saying what is wrong: damaged, another format, version or schema,
-    another key, or a schedule that does not match its key.
+    another key, or a schedule that does not match its key. Bytes this process decoded lately
+    are not decoded again (:data:`DECODED`); their key is still checked against ``expected``.
     """
-    return entry_schedule(parse(blob), expected)
+    entry = DECODED.get(blob, lambda b: load_entry(parse(b), expected))
+    if not isinstance(entry, Entry):   # a published planning error (see .plan_share)
+        raise BadEntry("it holds no schedule but a planning error")
+    return entry.schedule_for(expected)
 
 
 @paused
@@ -199,14 +208,54 @@ def parse(blob: bytes) -> dict:
     return data
 
 
-@paused
-def entry_schedule(data: dict, expected: PlanKey | dict) -> Schedule:
-    """The schedule of a :func:`parse`-d entry, checked against ``expected`` (see
-    :func:`decode`)."""
-    want = expected.to_dict() if isinstance(expected, PlanKey) else expected
+@paused  # from_packed builds one tuple per instruction and ref: 10^4-10^5 of them
+def load_entry(data: dict, expected: PlanKey | dict) -> "Entry":
+    """The key and schedule of a :func:`parse`-d entry, checked against ``expected`` (see
+    :func:`decode`); the key is checked before the schedule is built, so a foreign entry
+    costs no unpacking."""
+    want = _wanted(expected)
     key = data.get("key")
     if not isinstance(key, dict):
         raise BadEntry("it has no key")
+    _check_key(key, want)
+    try:
+        schedule = Schedule.from_packed(data["schedule"])
+    except Exception as e:  # whatever a damaged schedule makes from_packed raise
+        raise BadEntry(f"its schedule does not load ({type(e).__name__}: {e})") from None
+    _check_matches(schedule, want)
+    return Entry(types.MappingProxyType(key), schedule)
+
+
+def entry_schedule(data: dict, expected: PlanKey | dict) -> Schedule:
+    """The schedule of a :func:`parse`-d entry, checked against ``expected`` (see
+    :func:`decode`)."""
+    return load_entry(data, expected).schedule
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class Entry:
+    """A decoded entry: its key as written (read-only) and its schedule. Both are immutable,
+    so the ranks of one process that receive the same bytes can share one."""
+
+    key: types.MappingProxyType
+    schedule: Schedule
+
+    def schedule_for(self, expected: PlanKey | dict) -> Schedule:
+        """The schedule, if the entry serves ``expected``; :class:`BadEntry` otherwise. Run
+        by every reader, also on an entry another reader decoded: each checks its own key."""
+        want = _wanted(expected)
+        _check_key(self.key, want)
+        _check_matches(self.schedule, want)
+        return self.schedule
+
+
+def _wanted(expected: PlanKey | dict) -> dict:
+    return expected.to_dict() if isinstance(expected, PlanKey) else expected
+
+
+def _check_key(key, want: dict) -> None:
+    """The entry's key has every field of ``want`` (version and schema said first: the
+    likeliest reason for a mismatch, and the one whose fix differs)."""
     for field in ("version", "schema"):
         if field in want and key.get(field) != want[field]:
             raise BadEntry(f"it was written for {field} {key.get(field)!r}, this is "
@@ -215,12 +264,6 @@ def entry_schedule(data: dict, expected: PlanKey | dict) -> Schedule:
         if key.get(field, _MISSING) != (list(value) if isinstance(value, tuple) else value):
             raise BadEntry(f"it holds another plan: {field} {key.get(field)!r}, expected "
                            f"{value!r}")
-    try:
-        schedule = Schedule.from_packed(data["schedule"])
-    except Exception as e:  # whatever a damaged schedule makes from_packed raise
-        raise BadEntry(f"its schedule does not load ({type(e).__name__}: {e})") from None
-    _check_matches(schedule, want)
-    return schedule
 
 
 _MISSING = object()
@@ -234,6 +277,88 @@ def _check_matches(schedule: Schedule, want: dict) -> None:
     for field, value in seen.items():
         if field in want and want[field] != value:
             raise BadEntry(f"its schedule has {field} {value!r}, expected {want[field]!r}")
+
+
+T = TypeVar("T")
+_EMPTY = object()
+
+
+class _Slot:
+    """One memo entry: its value once decoded; ``lock`` is held by the reader decoding it."""
+
+    __slots__ = ("lock", "value")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.value = _EMPTY
+
+
+class DecodeMemo:
+    """What the last ``capacity`` entries' bytes decoded to in this process, by the bytes.
+
+    Why: ranks that are threads of one process receive rank 0's entry as the same bytes, and
+    decoding it (zlib, JSON, the schedule's tuples: about 10 ms for 6,000 instructions) under
+    one GIL ran once per rank, one after another: the slowest rank waited for seven decodes.
+    Now the first reader decodes and the others wait for it (on a lock, without the GIL) and
+    share the result, which is immutable. Keyed by the bytes themselves, not a digest: equal
+    keys are equal entries, never a collision. Only successes are kept: a reader whose decode
+    raises leaves the slot empty, so every reader of damaged or foreign bytes decodes and
+    raises itself. The memo holds no key check: callers check each reader's own key on the
+    value (:meth:`Entry.schedule_for`).
+
+    >>> memo, calls = DecodeMemo(2), []
+    >>> [memo.get(b, lambda b: calls.append(b) or len(b)) for b in (b"ab", b"ab", b"abc")]
+    [2, 2, 3]
+    >>> calls
+    [b'ab', b'abc']
+    """
+
+    def __init__(self, capacity: int = 8):
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._slots: collections.OrderedDict[bytes, _Slot] = collections.OrderedDict()
+
+    def get(self, blob: bytes, decode: Callable[[bytes], T]) -> T:
+        """``decode(blob)``, or what it gave for equal bytes lately."""
+        blob = bytes(blob)
+        slot = self._slot(blob)
+        with slot.lock:   # one reader decodes; readers of the same bytes wait here for it
+            if slot.value is _EMPTY:
+                try:
+                    slot.value = decode(blob)
+                except BaseException:
+                    self._drop(blob, slot)
+                    raise
+            return slot.value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._slots.clear()
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def _slot(self, blob: bytes) -> _Slot:
+        with self._lock:
+            slot = self._slots.get(blob)
+            if slot is None:
+                slot = self._slots[blob] = _Slot()
+                while len(self._slots) > self.capacity:   # the least recently used goes
+                    self._slots.popitem(last=False)
+            else:
+                self._slots.move_to_end(blob)
+            return slot
+
+    def _drop(self, blob: bytes, slot: _Slot) -> None:
+        with self._lock:
+            if self._slots.get(blob) is slot:
+                del self._slots[blob]
+
+
+# One per process, for the disk cache's reads and the store's (rank 0's file read is then its
+# thread peers' too). Small: ranks meet a new size class at the same call, so only the last
+# few entries are still to be received, and a large schedule is tens of MB of tuples.
+DECODED = DecodeMemo(capacity=4)
 
 
 class PlanCache:

@@ -15,7 +15,9 @@ of up to 50 ms: between slices ``watch`` (the engine's) raises when rank 0 will 
 ``PeerAborted`` at once rather than a timeout. A first call so costs rank 0 one store round
 trip, and another rank one ``get`` if rank 0 was done first, one more per slice it waited;
 later calls of the size class never touch the store (:class:`SharedPlans` remembers every
-schedule). A failed plan is published too, and raised on every rank.
+schedule). Ranks that are threads of one process decode the published bytes once between them
+(:data:`.plan_cache.DECODED`), each checking the key against its own. A failed plan is
+published too, and raised on every rank.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ import collectx
 from .. import errors
 from ..errors import PlanError, Timeout
 from ..schedule.ir import SCHEMA, Schedule
-from .plan_cache import (FORMAT, BadEntry, PlanCache, PlanKey, encode, entry_schedule, parse,
-                         plan_key)
+from .plan_cache import (DECODED, FORMAT, BadEntry, Entry, PlanCache, PlanKey, encode,
+                         load_entry, parse, plan_key)
 
 FIRST_SLICE_S = 0.001   # a waiting rank's first store get; doubled up to LAST_SLICE_S
 LAST_SLICE_S = 0.05
@@ -143,11 +145,12 @@ class SharedPlans:
                     "nranks": self.nranks, "size_class": size_class, "root": root,
                     "algo": self.algo, "version": collectx.__version__, "schema": SCHEMA}
         try:
-            data = parse(blob)    # once: the largest schedules are 10^5-10^6 bytes of JSON
-            if "error" in data:
+            # decoded once per process: thread ranks share the schedule (see DecodeMemo)
+            got = DECODED.get(blob, lambda b: _received(b, expected))
+            if not isinstance(got, Entry):
                 self._failed(key)
-                raise _published_failure(data)
-            return entry_schedule(data, expected)
+                raise _published_failure(got)
+            return got.schedule_for(expected)    # this rank's key, even if another decoded
         except BadEntry as e:
             raise PlanError(f"rank {self.rank}: the plan rank 0 published under {store_key!r} "
                             f"is unusable: {e}; expected every rank to run the same collectx "
@@ -191,6 +194,13 @@ class SharedPlans:
 
     def aborted(self, seq: int) -> bool:
         return self.store is not None and self.store.check(f"{self.prefix}/plan/aborted/{seq}")
+
+
+def _received(blob: bytes, expected: dict) -> Entry | dict:
+    """What rank 0 published: its entry, checked against ``expected``, or its planning error's
+    record. Parsed once: the largest schedules are 10^5-10^6 bytes of JSON."""
+    data = parse(blob)
+    return data if "error" in data else load_entry(data, expected)
 
 
 def _failure(e: Exception) -> bytes:
