@@ -86,3 +86,15 @@ def test_double_buffered_trees_also_try_the_most_chunks_the_budget_allows():
     p = plan(T.load(dump), "broadcast", 1 << 30, verify=False)
     assert p.algorithm == "blink+host"
     assert p.efficiency > 0.95
+
+
+def test_double_buffered_trees_also_try_the_hidden_count_itself():
+    # HGX H100 dump, GPUs 0, 2, 4-7 allgather: 30 trees per root, 5 deep. Double-buffered at
+    # twice the hidden count it simulates at 0.938 of the bound; at the hidden count itself
+    # (half as many pieces, each twice as large) at 0.944.
+    from pathlib import Path
+    from collectx.planner.api import plan
+    dump = Path(__file__).resolve().parent.parent / "topology" / "real" / "hgx_h100_nccl_topo.xml"
+    p = plan(T.load(dump), "allgather", 1 << 30, gpus=[0, 2, 4, 5, 6, 7], verify=False)
+    assert p.algorithm == "forest+host"
+    assert p.efficiency > 0.94
