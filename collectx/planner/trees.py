@@ -144,7 +144,7 @@ def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> l
     m, hidden, k = pipe.chunks(packing), pipe.hidden_chunks(packing), pipe.trees(packing)
     tries = [(m, 1), (round((m * hidden) ** 0.5), 1), (hidden, 1)]
     if most_buffers(packing, collective) > 1:
-        most = int(pipe._most(k))
+        most = int(pipe.most_chunks(k))
         tries += [(c * hidden, 2) for c in (1, 2, 4)] + [(most, 2)] * (most > 4 * hidden)
     return [lowered(c * k, buffers) for c, buffers in dict.fromkeys(tries)]
 
@@ -199,9 +199,9 @@ class Pipeline:
     def _chunks(self, k: int, rate: float, depth: int, wait: float, crowd: int = 1) -> int:
         run_us = self.unit / (rate * 1e3)
         best = (run_us * max(depth - 1, 1) * crowd / max(wait, 1e-3)) ** 0.5
-        return max(1, int(min(best, self._most(k))))
+        return max(1, int(min(best, self.most_chunks(k))))
 
-    def _most(self, k: int) -> float:
+    def most_chunks(self, k: int) -> float:
         """The most chunks each of ``k`` trees per group may carry."""
         edges = self.passes * (len(self.p.gpus) - 1) * len(self.p.groups) * k
         return min(self.unit / k / MIN_CHUNK_BYTES, INSTRUCTIONS / edges)

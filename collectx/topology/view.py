@@ -160,36 +160,38 @@ def relay_paths(index: LinkIndex, gpus, weight, turns: "Turns | None" = None) ->
         kept = _cheapest(index, src, terminals, weight, turns.below) if linked else free
         for t in gpus:
             dist, via = kept if linked and (src, t) in turns.linked else free
-            if t != src and (t, False) in dist:
-                cost[src, t] = dist[t, False]
+            if t != src and t in dist:
+                cost[src, t] = dist[t]
                 path[src, t] = tuple((link, 1.0) for link in _walk_back(index, via, src, t))
     return cost, path
 
 
 def _cheapest(index: LinkIndex, src, terminals: set, weight, below: dict) -> tuple:
-    """Dijkstra from ``src`` over states ``(node, climbed)``: ``climbed`` when the path entered
-    a switch of ``below`` from under it, and may then not leave downwards (no turnaround).
-    Returns ``(dist, via)`` keyed by state; a GPU is only ever reached as ``(gpu, False)``."""
-    start = (src, False)
-    dist = {start: 0.0}
+    """Dijkstra from ``src``. A path that enters a switch of ``below`` from under it has
+    *climbed* and may not leave it downwards (no turnaround); such a state is keyed
+    ``(node, True)``, every other one by its node, so that without ``below`` this is the plain
+    search. Returns ``(dist, via)``, ``via[key] = (link, climbed before it)``."""
+    dist = {src: 0.0}
     via: dict = {}
     heap = [(0.0, 0, src, False)]
+    turning = bool(below)
     while heap:
         d, hops, n, climbed = heapq.heappop(heap)
-        if d > dist.get((n, climbed), float("inf")):
+        if d > dist.get((n, True) if climbed else n, float("inf")):
             continue
         if n != src and n in terminals:
             continue   # a GPU ends a logical edge; it never forwards inside one
-        under = below.get(n, ())
+        under = below.get(n, ()) if climbed else ()
         for link, head in index.out[n]:
-            if climbed and head in under:
+            if head in under:
                 continue
-            state = (head, n in below.get(head, ()))
+            up = turning and n in below.get(head, ())
+            key = (head, True) if up else head
             nd = d + weight[link] + _HOP_EPS
-            if nd < dist.get(state, float("inf")):
-                dist[state] = nd
-                via[state] = (link, climbed)
-                heapq.heappush(heap, (nd, hops + 1, *state))
+            if nd < dist.get(key, float("inf")):
+                dist[key] = nd
+                via[key] = (link, climbed)
+                heapq.heappush(heap, (nd, hops + 1, head, up))
     return dist, via
 
 
@@ -279,11 +281,12 @@ def _leg(table, index: LinkIndex, x, y, reverse: bool) -> list:
 
 def _walk_back(index: LinkIndex, via: dict, src, t) -> tuple:
     links = []
-    state = (t, False)
-    while state[0] != src:
-        link, climbed = via[state]
+    key = t
+    while key != src:
+        link, climbed = via[key]
         links.append(link)
-        state = (index.links[link][0], climbed)
+        tail = index.links[link][0]
+        key = (tail, True) if climbed else tail
     return tuple(reversed(links))
 
 
