@@ -93,7 +93,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(p.to_dict(), indent=1))
     else:
-        print(format_plan(p))
+        print(format_plan(p, flat_ring_busbw(G, p)))
         for what, out in (("MSCCL XML", args.export_msccl), ("Drawing", args.draw),
                           ("HTML report", args.html)):
             if out:
@@ -101,7 +101,38 @@ def run(args) -> int:
     return 0
 
 
-def format_plan(p) -> str:
+def flat_ring_busbw(topo, p) -> float | None:
+    """Predicted busbw (GB/s) of flat rings over all ranks of the hierarchical plan ``p``,
+    for comparison: the ring plan over its first two machines, predicted as every plan is.
+
+    Every machine boundary of a flat ring looks alike, so two machines show its rate (planning
+    or simulating rings over 128 GPUs takes minutes); more machines only add hops, so the
+    figure is, if anything, the flat ring's best case. It is simulated rather than summed from
+    the rings' bandwidths: pipeline fill and per-hop latency are part of what a flat ring
+    costs (two dgx_h100 machines joined by eight 50 GB/s rails: rings of 400 GB/s in all,
+    predicted 364). None for other plans, or when no ring plan exists.
+    """
+    from ..errors import PlanError
+    from ..planner.hierarchical import machine_of
+    from ..planner.ring import SUPPORTED, plan_ring
+    from ..planner.select import predict
+    from ..planner.api import allocation
+    nodes = p.schedule.meta_dict().get("nodes") or []
+    if p.algorithm != "hierarchical" or len(nodes) < 2 or p.collective not in SUPPORTED:
+        return None
+    _, topo = allocation(topo, list(p.ranks))   # other jobs' GPUs relay nothing
+    part = machine_of(topo)
+    ids = tuple(p.ranks[r] for node in nodes[:2] for r in node)
+    keep = {part[i] for i in ids}
+    view = topo.subgraph([v for v in topo if part.get(v, -1) in keep or v not in part]).copy()
+    try:
+        ring = plan_ring(view, ids, p.collective, p.nbytes)
+    except PlanError:
+        return None
+    return getattr(predict(ring, view, p.nbytes, ids, "ring"), "busbw_GBps", None) or None
+
+
+def format_plan(p, flat_ring: float | None = None) -> str:
     """The human-readable summary ``collectx plan`` prints."""
     d = p.summary()
     gpus = "1 GPU" if len(p.ranks) == 1 else f"{len(p.ranks)} GPUs"
@@ -122,9 +153,9 @@ def format_plan(p) -> str:
                      f"{_rate(d['predicted_busbw_GBps'])} GB/s")
     else:
         lines.append("predicted    (no simulator available)")
-    flat = p.schedule.meta_dict().get("flat_ring_busbw")
-    if flat:
-        lines.append(f"flat ring    busbw {flat:.2f} GB/s (rings over all GPUs, for comparison)")
+    if flat_ring:
+        lines.append(f"flat ring    busbw {flat_ring:.2f} GB/s (rings over all GPUs, for "
+                     f"comparison)")
     if d["bound_busbw_GBps"] is not None:
         if p.collective == "allreduce" and d["ceiling_busbw_GBps"] is not None:
             lines.append(f"bound        reference busbw {d['bound_busbw_GBps']:.2f} GB/s, "

@@ -192,8 +192,9 @@ def _memo(what: str, G: nx.DiGraph, gpus, compute):
     return _MEMO[key]
 
 
-def cut_rate(G: nx.DiGraph, gpus) -> tuple[float, frozenset]:
-    """``min_S B+(S) / |S ∩ C|`` over sets ``S`` with some but not all GPUs, and a minimizer.
+def cut_rate(G: nx.DiGraph, gpus, towards=None) -> tuple[float, frozenset]:
+    """``min_S B+(S) / |S ∩ C|`` over sets ``S`` with some but not all GPUs, and a minimizer;
+    ``towards``: the max-flows run only to these GPUs (one per orbit of a symmetric graph).
 
     Notes
     -----
@@ -210,7 +211,7 @@ def cut_rate(G: nx.DiGraph, gpus) -> tuple[float, frozenset]:
         H = G.copy()
         for g in C:
             H.add_edge(_SOURCE, g, cap=x)
-        for v in C:
+        for v in C if towards is None else towards:
             value, (side, _) = nx.minimum_cut(H, _SOURCE, v, capacity="cap")
             gap = value - len(C) * x
             if gap < worst:

@@ -173,22 +173,22 @@ def _reduce_scatter(b: Builder):
 
 
 def _allgather(b: Builder):
-    n, c = b.nranks, b.nchunks
-    for r in range(n):
-        for o in range(n):
-            p = (r + o) % n
-            b.add(r, _copy_lane(o or n), "copy", Ref(r, "output", p * c, c),
-                  [Ref(p, "input", 0, c)])
-    return ()
+    return _pull_from_all(b, lambda r: 0)
 
 
 def _alltoall(b: Builder):
+    return _pull_from_all(b, lambda r: r * b.nchunks)
+
+
+def _pull_from_all(b: Builder, offset):
+    """Every rank copies ``c`` chunks at ``offset(rank)`` of every rank's input, its own too,
+    into that rank's slot of its output, one lane per peer."""
     n, c = b.nranks, b.nchunks
     for r in range(n):
         for o in range(n):
             p = (r + o) % n
             b.add(r, _copy_lane(o or n), "copy", Ref(r, "output", p * c, c),
-                  [Ref(p, "input", r * c, c)])
+                  [Ref(p, "input", offset(r), c)])
     return ()
 
 

@@ -29,7 +29,7 @@ import re
 
 import networkx as nx
 
-from .bounds import _SOURCE, Bounds, _ratio, _start_ratio
+from .bounds import Bounds, cut_rate
 from ..topology.view import job_gpus, job_graph
 from ..topology.view import without_turnarounds
 
@@ -65,10 +65,10 @@ def symmetric_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0
     G = without_turnarounds(job_graph(topo, gpus), gpus)
     n, N = len(machines), len(gpus)
     reps = machines[0]
-    x_ag = _cut_rate(G, gpus, reps)
+    x_ag = cut_rate(G, gpus, reps)[0]
     if collective in ("allgather", "reduce_scatter"):
-        x = x_ag if collective == "allgather" or _self_reverse(G) else _cut_rate(
-            G.reverse(copy=True), gpus, reps)
+        x = x_ag if collective == "allgather" or _self_reverse(G) else cut_rate(
+            G.reverse(copy=True), gpus, reps)[0]
         return Bounds(collective, (N - 1) * x, None, (N - 1) * x, None,
                       "ForestColl cut bound, max-flows to machine 0 only (machine symmetry)",
                       gpus)
@@ -82,7 +82,7 @@ def symmetric_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0
         return Bounds(collective, float(flow), None, (N - 1) * x_ag, None,
                       "min over v of maxflow, v on the root's machine and one other (symmetry)",
                       gpus)
-    x_rs = x_ag if _self_reverse(G) else _cut_rate(G.reverse(copy=True), gpus, reps)
+    x_rs = x_ag if _self_reverse(G) else cut_rate(G.reverse(copy=True), gpus, reps)[0]
     cut = 2 * (N - 1) / (1 / x_rs + 1 / x_ag)
     factor = 2 * (N - 1) / N
     tree_cap = factor * _leaving_capacity(G, machines) / (2 * (n - 1))
@@ -121,25 +121,6 @@ def _machines(topo: nx.DiGraph, gpus) -> list[tuple] | None:
     if len(shapes) != 1:
         return None
     return [tuple(v) for v in by_machine.values()]
-
-
-def _cut_rate(G: nx.DiGraph, C, reps) -> float:
-    """:func:`.bounds.cut_rate` with the max-flows run only towards ``reps`` (one orbit each)."""
-    x, _ = _start_ratio(G, C)
-    for _ in range(100):
-        worst, worst_S = 0.0, None
-        H = G.copy()
-        for g in C:
-            H.add_edge(_SOURCE, g, cap=x)
-        for v in reps:
-            value, (side, _) = nx.minimum_cut(H, _SOURCE, v, capacity="cap")
-            gap = value - len(C) * x
-            if gap < worst:
-                worst, worst_S = gap, frozenset(side) - {_SOURCE}
-        if worst_S is None or worst > -1e-9 * x:
-            return x
-        x = _ratio(G, worst_S, C)
-    return x
 
 
 def _self_reverse(G: nx.DiGraph) -> bool:

@@ -102,9 +102,6 @@ def plan_hierarchical(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str,
     builder.meta("nodes", [list(n) for n in nodes])
     builder.meta("intra", intra)
     builder.meta("pieces", pieces)
-    flat = flat_ring_busbw(topo, ranks, nodes, collective, nbytes)
-    if flat is not None:
-        builder.meta("flat_ring_busbw", flat)
     return builder.build()
 
 
@@ -122,7 +119,7 @@ def node_groups(topo: nx.DiGraph, ranks: tuple[str, ...]) -> list[tuple[int, ...
     >>> node_groups(G, tuple(gpus(G)))
     [(0, 1), (2, 3), (4, 5)]
     """
-    part = _node_of(topo)
+    part = machine_of(topo)
     order: dict[int, list[int]] = {}
     for r, node in enumerate(ranks):
         order.setdefault(part[node], []).append(r)
@@ -143,7 +140,7 @@ def spans_machines(topo: nx.DiGraph, ranks: tuple[str, ...]) -> bool:
     """
     if not any(t == "net" for _, _, t in topo.edges(data="type")):
         return False
-    part = _node_of(topo)
+    part = machine_of(topo)
     return len({part[r] for r in ranks}) > 1
 
 
@@ -158,43 +155,15 @@ def suits(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str) -> bool:
     """
     if collective not in SUPPORTED or not spans_machines(topo, ranks):
         return False
-    part = _node_of(topo)
+    part = machine_of(topo)
     counts = {}
     for r in ranks:
         counts[part[r]] = counts.get(part[r], 0) + 1
     return len(set(counts.values())) == 1
 
 
-def flat_ring_busbw(topo: nx.DiGraph, ranks: tuple[str, ...], nodes,
-                    collective: str = "allreduce", nbytes: int = 1 << 30) -> float | None:
-    """Predicted busbw (GB/s) of flat rings over all ranks, for comparison with the hierarchical
-    plan: the ring plan over the first two machines, predicted as every plan is
-    (:func:`~.select.predict`).
-
-    Every machine boundary of a flat ring looks alike, so two machines show its rate (planning
-    or simulating rings over 128 GPUs takes minutes); more machines only add hops, so the
-    figure is, if anything, the flat ring's best case. It is simulated rather than summed from
-    the rings' bandwidths: pipeline fill and per-hop latency are part of what a flat ring
-    costs (two dgx_h100 machines joined by eight 50 GB/s rails: rings of 400 GB/s in all,
-    predicted 364). None with fewer than two machines or when no ring plan exists.
-    """
-    from .ring import SUPPORTED as RING_COLLECTIVES, plan_ring
-    from .select import predict
-    if len(nodes) < 2 or collective not in RING_COLLECTIVES:
-        return None
-    part = _node_of(topo)
-    ids = tuple(ranks[r] for node in nodes[:2] for r in node)
-    keep = {part[i] for i in ids}
-    view = topo.subgraph([v for v in topo if part.get(v, -1) in keep or v not in part]).copy()
-    try:
-        ring = plan_ring(view, ids, collective, nbytes)
-    except PlanError:
-        return None
-    predicted = predict(ring, view, nbytes, ids, "ring")
-    return getattr(predicted, "busbw_GBps", None) or None
-
-
-def _node_of(topo: nx.DiGraph) -> dict:
+def machine_of(topo: nx.DiGraph) -> dict:
+    """Every node outside the network fabric -> the number of the machine it is in."""
     local = nx.Graph()
     local.add_nodes_from(n for n, d in topo.nodes(data=True) if d.get("kind") != "net_switch")
     local.add_edges_from((u, v) for u, v, d in topo.edges(data=True)
@@ -217,7 +186,7 @@ def _sub_plans(topo, ranks, nodes, collective, nchunks, nbytes, root=0):
     from . import registry, select
     cache: dict[tuple, tuple[str, Schedule]] = {}
     out = []
-    part = _node_of(topo)
+    part = machine_of(topo)
     for node in nodes:
         ids = tuple(ranks[r] for r in node)
         view = _node_view(topo, part, ids)
@@ -270,6 +239,22 @@ def _scratch_chunks(subs: list[Schedule]) -> int:
     return max(max(s.scratch_units) * s.nchunks for s in subs)
 
 
+def _rail_blocks(user: str, n: int, g: int, pieces: int, at: int, per: int):
+    """Piece ``c``'s chunk map for a sub-plan whose ``user`` buffer (the collective's own input
+    of a reduce-scatter, output of an allgather) is unit ``u``'s piece ``c`` of node ``k``'s
+    block (sub-plan chunk ``j = u*n + k``); its other buffer is scratch ``[c*n, (c+1)*n)``,
+    where the rail engine meets it, and its own scratch ``per`` chunks per piece from ``at``."""
+    def map_of_piece(c):
+        def chunk_map(buf, j, rank):
+            if buf == user:
+                u, k = divmod(j, n)
+                return user, (k * g + u) * pieces + c
+            return ("scratch", c * n + j) if buf in ("input", "output") else (
+                "scratch", at + c * per + j)
+        return chunk_map
+    return map_of_piece
+
+
 # -- collectives -----------------------------------------------------------------------------------
 def _allreduce(topo, ranks, nodes, pieces, nbytes, root):
     """A unit is g shards x pieces (chunk ``u*pieces + p``); scratch holds A (node partials of
@@ -308,16 +293,8 @@ def _reduce_scatter(topo, ranks, nodes, pieces, nbytes, root):
     S1, x1 = n * pieces, _scratch_chunks(rs)
     _reserve(b, S1 + pieces * x1)
 
-    def map_of_piece(c):
-        def chunk_map(buf, j, rank):
-            if buf == "input":
-                u, k = divmod(j, n)
-                return "input", (k * g + u) * pieces + c
-            if buf == "output":
-                return "scratch", c * n + j
-            return "scratch", S1 + c * x1 + j
-        return chunk_map
-    w1 = _embed_pieces(b, rs, nodes, 0, pieces, map_of_piece, Writers())
+    w1 = _embed_pieces(b, rs, nodes, 0, pieces, _rail_blocks("input", n, g, pieces, S1, x1),
+                       Writers())
     lane_e = max(map(_lanes, rs))
     for group in _rails(nodes):
         for c in range(pieces):
@@ -342,17 +319,7 @@ def _allgather(topo, ranks, nodes, pieces, nbytes, root):
             for r in group:
                 dst = Ref(r, "scratch", c * n, n)
                 w1.record(dst, b.engine(r, 0, dst, [Ref(r, "input", c)], "allgather", group))
-
-    def map_of_piece(c):
-        def chunk_map(buf, j, rank):
-            if buf == "output":
-                u, k = divmod(j, n)
-                return "output", (k * g + u) * pieces + c
-            if buf == "input":
-                return "scratch", c * n + j
-            return "scratch", S3 + c * x3 + j
-        return chunk_map
-    _embed_pieces(b, ag, nodes, 1, pieces, map_of_piece, w1)
+    _embed_pieces(b, ag, nodes, 1, pieces, _rail_blocks("output", n, g, pieces, S3, x3), w1)
     return b, {"allgather": ag_name}
 
 
