@@ -50,11 +50,8 @@ def link_class(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ..
     if pairs is None:
         pairs = {(other, rank) for rank, rank_lanes in enumerate(schedule.lanes)
                  for other in _ranks_named(rank_lanes) if other != rank}
-    worst = 0
     router = Router(topo)     # prepared once: a plan's pairs all ask the same graph
-    for a, b in pairs:
-        _, cls = widest_path(topo, ranks[a], ranks[b], router=router)
-        worst = max(worst, LINK_ORDER.index(cls) if cls in LINK_ORDER else len(LINK_ORDER) - 1)
+    worst = max((_route_class(topo, router, ranks[a], ranks[b]) for a, b in pairs), default=0)
     return LINK_ORDER[worst] if pairs else "shm"
 
 
@@ -93,45 +90,13 @@ def most_steps_us(schedule: Schedule, algorithm: str) -> float:
     return n * max(alpha_us(cls, algorithm) for cls in LINK_ORDER)
 
 
-def overhead_us(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ...],
-                algorithm: str) -> float:
-    """The latency terms ``base + steps * alpha`` of one schedule on one allocation.
-
-    >>> from collectx.planner.direct import plan_direct
-    >>> round(overhead_us(plan_direct(None, ("A", "B"), "allreduce", 64), None, ("A", "B"),
-    ...                   "direct"), 1)  # CPU base 2 us + 2 steps of 1 us over shared memory
-    4.0
-    """
-    base, alpha = latency_terms(schedule, topo, ranks, algorithm)
-    return base + steps(schedule) * alpha
-
-
-def transfer_us(nbytes: int, busbw_GBps: float, factor: float) -> float:
-    """The bandwidth term: ``bytes * factor / busbw`` in microseconds (GB/s = 1e3 bytes/us).
-
-    >>> transfer_us(1 << 30, 100.0, 1.0)  # 1 GiB at 100 GB/s
-    10737.41824
-    """
-    if nbytes == 0:
-        return 0.0
-    return nbytes * factor / (busbw_GBps * 1e3)
-
-
-def widest_path(topo: nx.DiGraph, a: str, b: str, avoid: frozenset = frozenset(),
-                router: Router | None = None) -> tuple[float, str]:
-    """Bottleneck GB/s and worst link class of the widest ``a -> b`` route avoiding ``avoid``
-    (:func:`collectx.topology.paths.widest_path`; ``router``: one prepared on ``topo``, to
-    share among many questions); ``(0.0, "net")`` when there is none.
-
-    >>> from collectx.topology import line
-    >>> widest_path(line(3), "GPU0", "GPU2")
-    (25.0, 'nvlink')
-    """
+def _route_class(topo: nx.DiGraph, router: Router, a: str, b: str) -> int:
+    """The worst link class (an index into :data:`LINK_ORDER`) of the widest ``a -> b`` route;
+    ``net``, the slowest, when there is none."""
     try:
-        route = (router or Router(topo)).widest(a, b, avoid=avoid - {a, b})
+        route = router.widest(a, b)
     except TopologyError:
-        return 0.0, "net"
+        return len(LINK_ORDER) - 1
     types = [topo.edges[u, v].get("type") for u, v in zip(route.hops, route.hops[1:])]
-    worst = max((LINK_ORDER.index(t) if t in LINK_ORDER else len(LINK_ORDER) - 1
-                 for t in types), default=0)
-    return route.bw_gbps, LINK_ORDER[worst]
+    return max((LINK_ORDER.index(t) if t in LINK_ORDER else len(LINK_ORDER) - 1
+                for t in types), default=0)

@@ -46,7 +46,7 @@ from ..topology.view import LinkIndex, host_routes, host_uploads, simulator_rout
 from .cost_tables import FILL
 from .integral_trees import disjoint_arborescences, max_flow
 from .treepack import (Packing, Tree, centre, column_generation, min_arborescence, orient,
-                       top_down)
+                       top_down, usage)
 
 DOWN, UP, BOTH = "down", "up", "both"
 MODES = {"broadcast": DOWN, "allgather": DOWN, "reduce": UP, "reduce_scatter": UP,
@@ -155,10 +155,7 @@ def _ways(gpus, peer: dict, staged: dict, waits: dict, mode: str) -> dict:
 
 
 def _merged(a: tuple, b: tuple) -> tuple:
-    use: dict = {}
-    for link, w in (*a, *b):
-        use[link] = use.get(link, 0.0) + w
-    return tuple(sorted(use.items()))
+    return tuple(sorted(usage((a, b)).items()))
 
 
 def way_index(options: tuple, load, down: bool, up: bool) -> int:
@@ -212,10 +209,7 @@ def use_of(p: Problem, tree: Tree) -> dict:
     """``{link: load}`` of ``tree`` at unit rate: its edges' ways, but a GPU that stages the
     same chunk for several children copies it into its host memory once (the emitter shares
     that copy), so its upload counts once."""
-    use: dict = {}
-    for path in tree.paths:
-        for link, w in path:
-            use[link] = use.get(link, 0.0) + w
+    use = usage(tree.paths)
     for parent, extra in _staged_children(p, tree).items():
         for link, w in p.uploads.get(parent, ()):
             use[link] -= (extra - 1) * w
@@ -317,14 +311,15 @@ class Rounding:
         where = {c: i for i, c in enumerate(self.cols)}
         whole = {id(t): i for i, t in enumerate(self.wholes)}
         for t in lp.trees:
-            base = next((w for w in self.wholes if _same(w, t)), None)
+            base = next((w for w in self.wholes
+                         if (w.group, w.edges, w.paths) == (t.group, t.edges, t.paths)), None)
             if base is not None:
                 self.scaled[C + whole[id(base)]] += t.rate / lp.rate
                 continue
             for i, e in enumerate(t.edges):
                 k = self.p.ways[p.groups[t.group][1]][e].index(p.way(t, i))
                 self.scaled[where[t.group, e, k]] += t.rate / lp.rate
-        tree_levels = [sum(_levels_of_tree(t)[a] for a, _ in t.edges) for t in self.wholes]
+        tree_levels = [sum(t.levels()[a] for a, _ in t.edges) for t in self.wholes]
         self.cost = np.r_[level_cost * self._levels(), np.full(C, level_cost),
                           level_cost * np.array(tree_levels, dtype=float), 1.0]
         self.enumerated = len(p.groups) << (self.n - 1) <= PROGRAM_ROWS
@@ -504,17 +499,6 @@ class Rounding:
             out += [tree_of(self.p, g, tuple(edges), [pool[e].pop() for e in edges], each)
                     for edges in grown]
         return tuple(out)
-
-
-def _same(a: Tree, b: Tree) -> bool:
-    return a.group == b.group and a.edges == b.edges and a.paths == b.paths
-
-
-def _levels_of_tree(t: Tree) -> dict:
-    level = {t.root: 0}
-    for a, b in t.edges:
-        level[b] = level[a] + 1
-    return level
 
 
 def lifted(p: Problem, trees: tuple) -> tuple:

@@ -56,11 +56,15 @@ class Tree:
     def depth(self) -> int:
         """Hops from the root to the deepest node; a staged edge is two (up to host memory,
         then down), as a chunk's pipeline sees it."""
+        return max(self.levels(staged_twice=True).values())
+
+    def levels(self, staged_twice: bool = False) -> dict:
+        """Node -> hops from the root (a staged edge two with ``staged_twice``)."""
         level = {self.root: 0}
-        staged = set(self.staged) | set(self.staged_up)
+        staged = set(self.staged) | set(self.staged_up) if staged_twice else ()
         for i, (p, c) in enumerate(self.edges):
             level[c] = level[p] + (2 if i in staged else 1)
-        return max(level.values())
+        return level
 
 
 @dataclass(frozen=True)
@@ -238,7 +242,7 @@ def pack_undirected_trees(index: LinkIndex, gpus, either_way: bool = False,
         root = centre(len(gpus), directed)
         edges = orient(gpus, directed, root)
         paths = tuple(path[e] if e in path else path[e[1], e[0]] for e in edges)
-        return [(0, Tree(0, gpus[root], edges, paths, 0.0), _usage(paths))]
+        return [(0, Tree(0, gpus[root], edges, paths, 0.0), usage(paths))]
 
     return column_generation(index.caps, (0,), price)
 
@@ -293,7 +297,8 @@ def orient(gpus, und, root) -> tuple:
     return top_down(gpus, parent, root)
 
 
-def _usage(paths) -> dict:
+def usage(paths) -> dict:
+    """``{link: load}`` of paths of ``(link, share)`` pairs, summed."""
     use: dict = {}
     for p in paths:
         for link, w in p:
