@@ -107,6 +107,8 @@ def test_multi_source_syntax():
     assert len(gpus(G)) == 16 and "NETSW" in G and "RAIL0" not in G
     with pytest.raises(TopologyError, match="multi:PRESET:NODES:GBPS"):
         load("multi:dgx_a100:two:25")
+    with pytest.raises(TopologyError, match="number of machines 0"):
+        load("multi:dgx_a100:0:25")
 
 
 def test_cli_prints_hierarchical_plan_and_flat_ring(capsys):

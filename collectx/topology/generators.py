@@ -20,9 +20,9 @@ DEFAULT_SHM_BW = 10.0
 DEFAULT_SMP_BW = 10.0
 
 
-def _check_n(n: int, least: int = 1) -> None:
+def _check_n(n: int, least: int = 1, what: str = "GPUs") -> None:
     if isinstance(n, bool) or not isinstance(n, int) or n < least:
-        raise TopologyError(f"number of GPUs {n!r}: expected an integer >= {least}")
+        raise TopologyError(f"number of {what} {n!r}: expected an integer >= {least}")
 
 
 def _gpu_graph(name: str, description: str, n: int) -> nx.DiGraph:
@@ -99,8 +99,9 @@ def pcie_tree(sockets: int = 2, switches: int = 2, per_switch: int = 2, *,
     >>> pcie_tree(1, 2, 2, pair_bw=50.0, pairs_across=True).has_edge("GPU0", "GPU2")
     True
     """
-    for count in (sockets, switches, per_switch):
-        _check_n(count)
+    for count, what in ((sockets, "sockets"), (switches, "PCIe switches per socket"),
+                        (per_switch, "GPUs per switch")):
+        _check_n(count, what=what)
     n = sockets * switches * per_switch
     G = _gpu_graph(f"pcie_tree_{sockets}x{switches}x{per_switch}",
                    f"{sockets} sockets, {switches} PCIe switches each, {per_switch} GPUs per "
@@ -165,7 +166,7 @@ def multi_node(node_topology, n_nodes: int, nic_bw: float, rails: bool = True) -
     ['n0/NIC1', 'n1/NIC1']
     """
     from .jsonio import load
-    _check_n(n_nodes)
+    _check_n(n_nodes, what="machines")
     base = _with_nics(load(node_topology), nic_bw)
     nics = nodes_of_kind(base, "nic")
     name = f"{base.graph.get('name', 'node')}x{n_nodes}"
@@ -242,8 +243,8 @@ def host(nranks: int, numa_nodes: int = 1, shm_bw: float = DEFAULT_SHM_BW,
     >>> gpus(H), sorted(H.successors("CPU1"))
     (['RANK0', 'RANK1', 'RANK2', 'RANK3'], ['CPU0', 'RANK1', 'RANK3'])
     """
-    _check_n(nranks)
-    _check_n(numa_nodes)
+    _check_n(nranks, what="ranks")
+    _check_n(numa_nodes, what="NUMA nodes")
     G = new_graph(f"host{nranks}", f"{nranks} CPU ranks over shared memory on "
                                    f"{numa_nodes} NUMA node(s)")
     for j in range(numa_nodes):
