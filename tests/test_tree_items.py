@@ -118,6 +118,21 @@ def test_c_items_are_the_python_items(kind, buffers, staged):
     verify(c)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("buffers", [1, 2])
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "host"])
+def test_lanes_per_turn_counts_the_lanes_the_emitter_takes(kind, buffers, staged):
+    # The rounding makes sure one packing it keeps fits every rank's lanes twice; counting
+    # the pulled edges alone kept 31 staged trees of a bonded HGX A100 dump's broadcast,
+    # which doubled shared lanes and ran slower than on one lane each.
+    from collectx.planner.program import lanes_per_turn
+    packing, modes, collective = _packing(kind, staged)
+    per_group = 6 if collective == "allreduce" and "forest" in kind else 22
+    s = trees.lower(packing, modes, collective, NRANKS, per_group, buffers=buffers)
+    taken = max(len(rank_lanes) for rank_lanes in s.lanes)
+    assert taken - buffers * lanes_per_turn(packing.trees, modes) in (0, 1)   # own slot
+
+
 @needs_native
 def test_plans_are_the_same_through_the_c_item_loops(monkeypatch):
     """Whole plans (their candidates lowered through both loops): blink both ways, forest,
