@@ -106,14 +106,10 @@ class Builder:
                  meta: dict | None = None) -> Schedule:
         lanes = tuple(tuple(Lane(tuple(instrs)) for instrs in rank_lanes)
                       for rank_lanes in self._lanes)
+        # meta as JSON gives it back, so that from_dict(to_dict(s)) == s
         return Schedule(self.collective, self.nranks, self.nchunks, lanes, root=self.root,
                         inplace=self.inplace, scratch_units=scratch_units, algorithm=algorithm,
-                        meta=_freeze(_as_json(meta or {})))
-
-
-def _as_json(meta: dict) -> dict:
-    """Meta as JSON would give it back, so that ``from_dict(to_dict(s)) == s``."""
-    return json.loads(json.dumps(meta))
+                        meta=_freeze(json.loads(json.dumps(meta or {}))))
 
 
 def simulated(s: Schedule, topo, nbytes: int, ranks):

@@ -110,12 +110,8 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
     >>> bounds(G, "allgather").bound_busbw
     25.0
     """
-    if collective not in KINDS:
-        raise ArgumentError(f"bounds for {collective!r}: expected one of {', '.join(KINDS)}")
-    gpus = job_gpus(topo, gpus)
+    gpus = _checked(topo, collective, gpus, root)
     n = len(gpus)
-    if not 0 <= root < max(n, 1):
-        raise ArgumentError(f"root={root} with {n} GPUs: expected 0 <= root < {n}")
     from .hier_bounds import symmetric_bounds   # identical machines: exact by symmetry, fast
     fast = symmetric_bounds(topo, collective, gpus, root)
     if fast is not None:
@@ -190,6 +186,17 @@ def _memo(what: str, G: nx.DiGraph, gpus, compute):
             _MEMO.clear()
         _MEMO[key] = compute()
     return _MEMO[key]
+
+
+def _checked(topo: nx.DiGraph, collective: str, gpus, root: int) -> tuple:
+    """The job's GPUs, once the collective and the root are known good."""
+    if collective not in KINDS:
+        raise ArgumentError(f"bounds for {collective!r}: expected one of {', '.join(KINDS)}")
+    gpus = job_gpus(topo, gpus)
+    if not 0 <= root < max(len(gpus), 1):
+        raise ArgumentError(f"root={root} with {len(gpus)} GPUs: expected 0 <= root < "
+                            f"{len(gpus)}")
+    return gpus
 
 
 def cut_rate(G: nx.DiGraph, gpus, towards=None) -> tuple[float, frozenset]:
@@ -385,14 +392,10 @@ def peer_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> 
     >>> round(b.bound_busbw, 2), round(bounds(G, "allgather", gpus=["GPU0", "GPU1"]).bound_busbw, 2)
     (25.0, 32.88)
     """
-    if collective not in KINDS:
-        raise ArgumentError(f"bounds for {collective!r}: expected one of {', '.join(KINDS)}")
-    gpus = job_gpus(topo, gpus)
+    gpus = _checked(topo, collective, gpus, root)
     n = len(gpus)
     if collective == "alltoall" or n < 2:
         return bounds(topo, collective, gpus, root)
-    if not 0 <= root < n:
-        raise ArgumentError(f"root={root} with {n} GPUs: expected 0 <= root < {n}")
     from . import program as P
     G = job_graph(topo, gpus)
     require_connected(G, gpus)

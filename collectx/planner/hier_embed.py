@@ -86,14 +86,3 @@ def _split(ins, sub_rank: int, members: Sequence[int], chunk_map: ChunkMap
         out.append((gref[0], tuple(gref[1:])))
     return out
 
-
-def affine(table: dict[str, tuple[str, int]]) -> ChunkMap:
-    """A chunk map renaming each sub buffer to ``(global buffer, chunk offset)``.
-
-    >>> affine({"output": ("scratch", 4)})("output", 1, 0)
-    ('scratch', 5)
-    """
-    def chunk_map(buf: str, chunk: int, rank: int) -> tuple[str, int]:
-        gbuf, offset = table[buf]
-        return gbuf, offset + chunk
-    return chunk_map

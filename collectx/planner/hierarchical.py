@@ -155,11 +155,11 @@ def suits(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str) -> bool:
     """
     if collective not in SUPPORTED or not spans_machines(topo, ranks):
         return False
-    part = machine_of(topo)
-    counts = {}
-    for r in ranks:
-        counts[part[r]] = counts.get(part[r], 0) + 1
-    return len(set(counts.values())) == 1
+    try:
+        node_groups(topo, ranks)   # raises unless every machine holds as many ranks
+    except PlanError:
+        return False
+    return True
 
 
 def machine_of(topo: nx.DiGraph) -> dict:

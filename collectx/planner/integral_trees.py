@@ -122,7 +122,7 @@ def disjoint_arborescences(mult: np.ndarray, root: int, k: int) -> list | None:
         level = {root: 0}
         edges: list = []
         while len(level) < n:
-            edge = _next_edge(left, root, i, level, sets)
+            edge = _next_edge(left, root, i, level)
             if edge is None:      # cannot happen when the theorem's condition holds
                 return None
             u, v = edge
@@ -131,8 +131,6 @@ def disjoint_arborescences(mult: np.ndarray, root: int, k: int) -> list | None:
             edges.append(edge)
         trees.append(edges)
     return _shallower(trees, left, root)
-
-
 
 
 def _grown_together(left: np.ndarray, root: int, k: int, sets: "_SetTest") -> list:
@@ -327,17 +325,13 @@ def _top_down_pairs(par: list, root: int) -> list:
     return [(par[v], v) for v in order]
 
 
-def _next_edge(left: np.ndarray, root: int, k: int, level: dict, sets: "_SetTest | None"):
+def _next_edge(left: np.ndarray, root: int, k: int, level: dict):
     """The shallowest arc leaving the tree (grown from ``level``) after which the unused links
-    still satisfy Lovász's condition (:func:`_paths_ok`, or all at once by ``sets``) for this
-    tree and ``k - 1`` more."""
+    still satisfy Lovász's condition (:func:`_paths_ok`) for this tree and ``k - 1`` more."""
     n = len(left)
     arcs = [(u, v) for u in sorted(level, key=level.get)
             for v in sorted(range(n), key=lambda v: -left[u, v])
             if v not in level and left[u, v] > 0]
-    if sets is not None:
-        passing = np.flatnonzero(sets.passing(left, k, level, arcs))
-        return arcs[passing[0]] if len(passing) else None
     for u, v in arcs:
         left[u, v] -= 1
         ok = _paths_ok(left, root, k, set(level) | {v})
@@ -366,18 +360,6 @@ class _SetTest:
         """The cached test of ``n`` GPUs, or None past :data:`SET_ROWS` sets (read on each
         call, not cached with the test)."""
         return _set_test(n, root) if 1 << (n - 1) <= SET_ROWS else None
-
-    def passing(self, left: np.ndarray, k: int, level: dict, arcs: list) -> np.ndarray:
-        """Whether each of ``arcs`` keeps the condition once taken (bool per arc)."""
-        if not arcs:
-            return np.zeros(0, dtype=bool)
-        n = self.n
-        ids = [u * n + v for u, v in arcs]
-        after = (self.enters @ left.ravel())[:, None] - self.enters[:, ids]   # sets x arcs
-        misses = ~self.inside[:, list(level)].any(axis=1)
-        heads = [v for _, v in arcs]
-        missed = misses[:, None] & ~self.inside[:, heads]
-        return (after >= k - 1).all(axis=0) & ((after >= k) | ~missed).all(axis=0)
 
 
 # Vertex sets are written out, a row each, while there are at most this many (2^(n-1) - 1

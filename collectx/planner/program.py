@@ -147,15 +147,12 @@ def _ways(gpus, peer: dict, staged: dict, waits: dict, mode: str) -> dict:
         elif mode == UP:
             found = [Way(load, up=s, wait_us=w) for load, s, w in one(b, a)]
         else:
-            found = [Way(_merged(ld, lu), down=sd, up=su, wait_us=max(wd, wu))
+            found = [Way(tuple(sorted(usage((ld, lu)).items())), down=sd, up=su,
+                         wait_us=max(wd, wu))
                      for ld, sd, wd in one(a, b) for lu, su, wu in one(b, a)]
         if found:
             table[a, b] = tuple(found)
     return table
-
-
-def _merged(a: tuple, b: tuple) -> tuple:
-    return tuple(sorted(usage((a, b)).items()))
 
 
 def way_index(options: tuple, load, down: bool, up: bool) -> int:
@@ -593,12 +590,10 @@ class _Growing:
 
 
 def lanes_per_turn(trees, modes: dict) -> int:
-    """The most lanes one rank takes for one buffer turn of ``trees`` (``modes[group]``: which
-    way its data moves), as :class:`~.treesched.TreeEmitter` keys them: carrying data down,
-    one per tree edge it pulls over, and one per tree in which it stages a chunk into host
-    memory (its staged children share that copy); carrying data up, one per tree in which it
-    reduces, and one at each end of every edge staged up. Each buffer turn takes lanes of its
-    own; a rank's own slot (broadcast, allgather) takes one more."""
+    """The most lanes a rank takes per buffer turn of ``trees`` (:class:`~.treesched.TreeEmitter`'s
+    keys): down, one per edge it pulls over and one per tree it stages a chunk up in (shared
+    by its staged children); up, one per tree it reduces in and one at each end of an edge
+    staged up. Its own slot (broadcast, allgather) takes one more, once."""
     need: dict = {}
     for t in trees:
         mode = modes[t.group]
@@ -699,17 +694,9 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
 
 
 def _fitting(p: Problem, ranked: list, built: dict, build) -> list:
-    """The best-ranked of ``ranked`` (``(time, K, counts, ...)``) whose built trees fit every
-    rank's lanes twice (:func:`_buffers_fit`), trying at most :data:`BUILT` counts of at most
-    half the trees the lanes hold; ``built`` (by ``K``) are reused, ``build(K, counts)`` makes
-    the rest.
-
-    Why: :func:`_buffered` judges a count by its trees alone, but staging through host memory
-    and reducing take lanes too. 31 staged trees of the bonded HGX A100 dump's full broadcast
-    take 31 lanes for their edges and 3 for staging on one rank; doubled, they shared lanes and
-    simulated slower than on one (3,883 against 3,818 us), and the chooser kept a direct plan
-    at 0.944 of the bound. 21 trees at the same rate fit twice: 0.971.
-    """
+    """The best-ranked of ``ranked`` (at most half the trees the lanes hold, :data:`BUILT`
+    tried) whose trees fit twice (:func:`_buffers_fit`): :func:`_buffered` goes by the tree
+    count, but staging and reducing take lanes too. ``built`` by ``K``, else ``build``."""
     for _, K, x, _ in [r for r in ranked if r[1] <= most_trees(p) // 2][:BUILT]:
         b = built[K] if K in built else build(K, x)
         if b is not None and _buffers_fit(p, b[2]):
@@ -736,12 +723,9 @@ def _buffered(p: Problem, chosen: list, rest: list, keep: int) -> list:
     """The first of ``rest`` (``(time, K, ...)``, best first) whose ``K`` trees per group leave
     the lanes two per tree edge, where none of ``chosen`` does and more than one plan is kept.
 
-    Why: the pipeline model lets a tree's per-chunk waits hide behind the other trees on its
-    links, but equal trees carrying equal chunks run in lockstep and wait together, so a
-    packing of many trees keeps its links idle for part of every chunk time. Two lanes per
-    tree edge hide a tree's waits behind its own next chunk, so one packing that can take
-    them is always among those simulated (on an H100 dump's 4-GPU broadcast: 17 trees
-    double-buffered 0.97 of the bound, 57 trees 0.89).
+    Why: equal trees carrying equal chunks wait together (:func:`_lockstep`); two lanes per
+    tree edge hide a tree's waits behind its own next chunk (an H100 dump's 4-GPU broadcast:
+    17 trees double-buffered 0.97 of the bound, 57 trees 0.89).
     """
     half = most_trees(p) // 2
     if keep < 2 or any(c[1] <= half for c in chosen):
@@ -750,8 +734,7 @@ def _buffered(p: Problem, chosen: list, rest: list, keep: int) -> list:
 
 
 def _buffers_fit(p: Problem, packing: Packing) -> bool:
-    """Whether every rank keeps two lanes per tree edge within the executors' lanes, and one
-    for its own slot."""
+    """Whether every rank's lanes fit twice in the executors' lanes, and its own slot."""
     modes = {g: m for g, (_, m) in enumerate(p.groups)}
     return 2 * lanes_per_turn(packing.trees, modes) + 1 <= MAX_LANES
 

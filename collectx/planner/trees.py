@@ -14,6 +14,7 @@ How a packing becomes a schedule: every tree of a group carries the same number 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import networkx as nx
@@ -124,10 +125,7 @@ def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> l
     per tree edge, double-buffered at one, two and four times the hidden count (pieces of two
     chunks), and at the most chunks the message and the instruction budget allow: with a
     second lane hiding each piece's wait, only fill is left to pay, and it shrinks with every
-    chunk. 17 trees of an HGX H100 dump's 4-GPU broadcast: 0.92 of the bound on one lane,
-    0.97 double-buffered; 36 trees of the MI300X dump's GPUs 1-4, 6, 7 allgather: 0.91 at
-    the hidden count, 0.93 at the lockstep one; 24 trees of its full broadcast: 0.935 at four
-    times the hidden count, 0.955 at the most chunks."""
+    chunk (docs/planner.md has the cases that asked for each)."""
     forest = len(p.groups) > 1 and collective == "allreduce"
     if P.BOTH in p.ways:
         packing = replace(packing, trees=tuple(P.centred(t) for t in packing.trees))
@@ -297,19 +295,14 @@ def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group
 
 
 def most_buffers(packing: Packing, modes: dict) -> int:
-    """2 (double buffering) where every rank's lanes fit twice within :data:`MAX_LANES`
-    (:func:`~.program.lanes_per_turn`, and one for its own slot), or at least its pulls do
-    (a rank pulls over one edge of each tree it is in, once per pass: an allreduce over trees
-    used both ways passes each twice), else 1. Where only the pulls fit, lane keys share lanes,
-    which can still pay (the simulator judges: the DGX-1P's full broadcast); the one packing
-    the rounding keeps for double buffering is one whose lanes all fit."""
+    """2 (double buffering) where every rank's lanes fit twice in :data:`MAX_LANES`
+    (:func:`~.program.lanes_per_turn`, one more for its own slot), or at least its pulls do
+    (once per pass: trees used both ways pass twice; lanes are then shared, which can still
+    pay, and the simulator judges), else 1."""
     passes = 2 if P.BOTH in modes.values() else 1
-    pulls: dict = {}
-    for t in packing.trees:
-        for _, c in t.edges:
-            pulls[c] = pulls.get(c, 0) + passes
+    pulls = Counter(c for t in packing.trees for _, c in t.edges)
     fit = 2 * P.lanes_per_turn(packing.trees, modes) + 1 <= MAX_LANES
-    return 2 if fit or 2 * max(pulls.values(), default=0) <= MAX_LANES else 1
+    return 2 if fit or 2 * passes * max(pulls.values(), default=0) <= MAX_LANES else 1
 
 
 def _broadcast(b, em, shares):

@@ -12,11 +12,8 @@ change behind its back and each wait is one "producer finished" dependency.
 Every tree moves on lanes of its own (keyed by the tree and the link it pulls over): the trees
 of a packing run at equal rates, and a link shares its bandwidth equally among the transfers
 crossing it, so only trees that move as separate transfers get the rates they were planned
-with. With ``buffers = 2`` each tree edge takes its chunks on two lanes in turn, in pieces
-of two chunks but the second of one (:func:`~._build.staggered`): a transfer waits out its
-route's latency before its first byte moves, and on a lane of its own that wait would idle
-the link once a piece; with two lanes half a piece apart, one piece's wait overlaps the
-other's transfer (double buffering, as NCCL keeps several steps of a connection in flight).
+with. With ``buffers = 2`` each tree edge takes its chunks on two lanes in turn, half a piece
+apart (:func:`~._build.staggered`: double buffering, as NCCL keeps several steps in flight).
 
 Instructions are appended in the order of their time in a fluid pipeline model (see
 :class:`TreeEmitter`), one global order that respects every dependency: each lane's list is a

@@ -525,13 +525,6 @@ def direct_link(G: nx.DiGraph, a, b) -> bool:
     return G.get_edge_data(a, b, {}).get("type") in DIRECT_TYPES
 
 
-def all_direct(G: nx.DiGraph, gpus) -> bool:
-    """At least two ``gpus``, every two joined by a direct GPU link."""
-    gpus = list(gpus)
-    return len(gpus) >= 2 and all(direct_link(G, a, b)
-                                  for a, b in itertools.permutations(gpus, 2))
-
-
 def _split(H: nx.DiGraph, s, kinds: dict, level: dict) -> None:
     up, dn = f"{s}~up", f"{s}~dn"
     attrs = dict(H.nodes[s])
