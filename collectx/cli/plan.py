@@ -117,8 +117,10 @@ def flat_ring_busbw(topo, p) -> float | None:
     from ..planner.ring import SUPPORTED, plan_ring
     from ..planner.select import predict
     from ..planner.api import allocation
+    if p.algorithm != "hierarchical" or p.collective not in SUPPORTED:
+        return None
     nodes = p.schedule.meta_dict().get("nodes") or []
-    if p.algorithm != "hierarchical" or len(nodes) < 2 or p.collective not in SUPPORTED:
+    if len(nodes) < 2:
         return None
     _, topo = allocation(topo, list(p.ranks))   # other jobs' GPUs relay nothing
     part = machine_of(topo)

@@ -34,6 +34,7 @@ Which ``K``, and how the trees are lowered to chunks and lanes, is :mod:`.trees`
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -594,21 +595,22 @@ def lanes_per_turn(trees, modes: dict) -> int:
     keys): down, one per edge it pulls over and one per tree it stages a chunk up in (shared
     by its staged children); up, one per tree it reduces in and one at each end of an edge
     staged up. Its own slot (broadcast, allgather) takes one more, once."""
-    need: dict = {}
+    need: Counter = Counter()
     for t in trees:
         mode = modes[t.group]
         if mode in (DOWN, BOTH):
-            for i, (a, b) in enumerate(t.edges):
-                need[b] = need.get(b, 0) + 1
-            for a in {t.edges[i][0] for i in t.staged}:
-                need[a] = need.get(a, 0) + 1
+            need.update(b for _, b in t.edges)
+            need.update({t.edges[i][0] for i in t.staged})
         if mode in (UP, BOTH):
-            for a in {a for a, _ in t.edges}:
-                need[a] = need.get(a, 0) + 1
-            for i in t.staged_up:
-                for v in t.edges[i]:
-                    need[v] = need.get(v, 0) + 1
+            need.update({a for a, _ in t.edges})
+            need.update(v for i in t.staged_up for v in t.edges[i])
     return max(need.values(), default=0)
+
+
+def fits_twice(trees, modes: dict) -> bool:
+    """Whether every rank's lanes for ``trees`` (:func:`lanes_per_turn`) fit twice in the
+    executors' lanes, with one more for its own slot."""
+    return 2 * lanes_per_turn(trees, modes) + 1 <= MAX_LANES
 
 
 def most_trees(p: Problem) -> int:
@@ -734,9 +736,7 @@ def _buffered(p: Problem, chosen: list, rest: list, keep: int) -> list:
 
 
 def _buffers_fit(p: Problem, packing: Packing) -> bool:
-    """Whether every rank's lanes fit twice in the executors' lanes, and its own slot."""
-    modes = {g: m for g, (_, m) in enumerate(p.groups)}
-    return 2 * lanes_per_turn(packing.trees, modes) + 1 <= MAX_LANES
+    return fits_twice(packing.trees, {g: m for g, (_, m) in enumerate(p.groups)})
 
 
 def centred(tree: Tree) -> Tree:

@@ -296,12 +296,12 @@ def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group
 
 def most_buffers(packing: Packing, modes: dict) -> int:
     """2 (double buffering) where every rank's lanes fit twice in :data:`MAX_LANES`
-    (:func:`~.program.lanes_per_turn`, one more for its own slot), or at least its pulls do
+    (:func:`~.program.fits_twice`), or at least its pulls do
     (once per pass: trees used both ways pass twice; lanes are then shared, which can still
     pay, and the simulator judges), else 1."""
     passes = 2 if P.BOTH in modes.values() else 1
     pulls = Counter(c for t in packing.trees for _, c in t.edges)
-    fit = 2 * P.lanes_per_turn(packing.trees, modes) + 1 <= MAX_LANES
+    fit = P.fits_twice(packing.trees, modes)
     return 2 if fit or 2 * passes * max(pulls.values(), default=0) <= MAX_LANES else 1
 
 
