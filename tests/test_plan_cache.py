@@ -7,6 +7,7 @@ COLLECTX_CACHE_DIR=off (conftest.py) and never touches ~/.cache.
 
 from __future__ import annotations
 
+import array
 import json
 import logging
 import os
@@ -116,17 +117,19 @@ def test_a_second_process_reads_the_plan_from_disk(tmp_path):
 
 
 def _damaged(blob: bytes) -> dict[str, bytes]:
-    data = json.loads(zlib.decompress(blob))
+    head, _, code = zlib.decompress(blob).partition(b"\n")
+    data = json.loads(head)
     unloadable = dict(data, schedule={"schema": data["schedule"]["schema"], "lanes": 7})
     wrong_root = dict(data, schedule=dict(data["schedule"], root=2))
-    pack = lambda d: zlib.compress(json.dumps(d).encode())  # noqa: E731
+    pack = lambda d, words=code: zlib.compress(json.dumps(d).encode() + b"\n" + words)  # noqa: E731
     return {"truncated": blob[:len(blob) // 2], "flipped": blob[:-5] + b"xxxxx",
             "not json": zlib.compress(b"{not json"), "empty": b"",
-            "unloadable": pack(unloadable), "wrong root": pack(wrong_root)}
+            "unloadable": pack(unloadable), "wrong root": pack(wrong_root),
+            "short words": pack(data, code[:-8]), "odd bytes": pack(data, code[:-3])}
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "not json", "empty", "unloadable",
-                                    "wrong root"])
+                                    "wrong root", "short words", "odd bytes"])
 def test_a_damaged_file_warns_and_is_planned_again(tmp_path, damage):
     calls = []
     good = _lead(tmp_path, calls).schedule
@@ -365,26 +368,37 @@ def test_a_cuda_call_rank_0_rejects_stops_the_waiting_ranks(monkeypatch):
 
 
 @pytest.mark.parametrize("reader", ["compiled", "python"])
-def test_packed_schedules_read_back_equal_and_malformed_code_is_refused(monkeypatch, reader):
-    """Schedule.from_packed gives the same schedule through collectx._fastpath.unpack_code and
-    through Python (copies with dependencies, engine calls with groups), and both refuse rows
-    that are not what to_packed writes."""
+def test_packed_schedules_read_back_equal_and_malformed_words_are_refused(monkeypatch, reader):
+    """Schedule.to_packed and from_packed give the same words and schedule through
+    collectx._fastpath.pack_words/unpack_words and through Python (copies with dependencies,
+    engine calls with groups), and both refuse words that are not what to_packed writes."""
     from collectx import _native
-    if reader == "compiled" and _native.compiled_helper("unpack_code") is None:
-        pytest.skip("collectx._fastpath without unpack_code")
+    from collectx.schedule import ir
+    if reader == "compiled" and _native.compiled_helper("unpack_words") is None:
+        pytest.skip("collectx._fastpath without pack_words/unpack_words")
     if reader == "python":
         monkeypatch.setattr(_native, "compiled_helper", lambda name: None)
     for topo, n in ((load("dgx1v"), 8), (load("multi:dgx_a100:2:25"), 16)):
         s = planner.make_schedule(topo, "allreduce", n, 64 << 20)
-        packed = json.loads(json.dumps(s.to_packed()))
+        packed = s.to_packed()
+        engines = {}
+        assert packed["code"] == ir._words_bytes(ir._pack_words(s.lanes, engines))
+        assert packed["engine_ops"] == list(engines)
         assert Schedule.from_packed(packed) == s
-    row = packed["code"][0][0][0]
-    for bad in ([9] + row[1:], [row[0], [0, 7, 0, 1]] + row[2:], [row[0], [0, 0, "x", 1]] + row[2:],
-                row[:2], row[:3] + [[[0, 0]]]):
-        broken = json.loads(json.dumps(packed))
-        broken["code"][0][0][0] = bad
-        with pytest.raises((ValueError, TypeError, IndexError, KeyError)):
-            Schedule.from_packed(broken)
+    assert packed["engine_ops"] == ["allreduce"]     # the engine calls were packed too
+    words = array.array("q", packed["code"])
+    first = 3                                         # ranks, lanes, instructions, then op
+    for at, value in ((first, 9), (first, -1), (first + 2, 7), (0, 17), (1, -2),
+                      (first + 5, 1 << 40)):
+        bad = array.array("q", words)
+        bad[at] = value
+        with pytest.raises((ValueError, IndexError, KeyError)):
+            Schedule.from_packed(dict(packed, code=bad.tobytes()))
+    for code in (packed["code"][:-8], packed["code"] + bytes(8), packed["code"][:-1]):
+        with pytest.raises(ValueError):
+            Schedule.from_packed(dict(packed, code=code))
+    with pytest.raises((IndexError, KeyError)):       # an engine call naming no engine_op
+        Schedule.from_packed(dict(packed, engine_ops=[]))
 
 
 # -- received bytes decoded once per process --------------------------------------------------------
@@ -438,7 +452,7 @@ def test_rank_0s_disk_read_is_its_thread_peers_decode(tmp_path, unpacks):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "not json", "empty", "unloadable",
-                                    "wrong root"])
+                                    "wrong root", "short words", "odd bytes"])
 def test_damaged_bytes_are_refused_on_every_rank(unpacks, damage):
     from collectx.errors import PlanError
     s = planner.make_schedule(RING4, "allreduce", 4, NBYTES)

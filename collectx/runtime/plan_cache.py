@@ -9,9 +9,10 @@ An entry is keyed by everything its schedule depends on: the topology's content
 (``nbytes.bit_length()``), root, algorithm, in-place, the executor ("cpu" or "cuda": the CUDA
 executor plans without host staging), the collectx version, the schedule schema and a digest of
 the planner's own code (:func:`code_fingerprint`, so an edited planner never serves its old
-plans). The file name is the key's digest; the file is zlib-compressed JSON (zlib's checksum
-catches a damaged or truncated file) holding the key again, the versions and
-``Schedule.to_packed()``. A file that does not check out is reported with a
+plans). The file name is the key's digest; the file is zlib-compressed (zlib's checksum catches
+a damaged or truncated file): one line of JSON holding the key again, the versions and
+``Schedule.to_packed()`` but its instructions, then those as int64 words (JSON made a million
+Python lists and ints of them before the schedule's own tuples were built). A file that does not check out is reported with a
 :class:`PlanCacheWarning` naming it and what was wrong, and is planned again and replaced: a
 cache entry can cost a plan, never a wrong collective. Entry bytes decoded lately in this
 process are not decoded again (:class:`DecodeMemo`: thread ranks share rank 0's read), but
@@ -47,7 +48,7 @@ from typing import Callable, TypeVar
 from .._gc import paused
 from ..schedule.ir import SCHEMA, Schedule
 
-FORMAT = "collectx.plan_cache/2"   # /2: the schedule packed (Schedule.to_packed)
+FORMAT = "collectx.plan_cache/3"   # /3: the instructions as words after the JSON
 _SUFFIX = ".plan"
 # Graph attributes that only describe a topology: renaming a preset must not cost its plans.
 _DESCRIPTIVE = frozenset(("name", "description"))
@@ -175,9 +176,11 @@ def encode(key: PlanKey | dict, schedule: Schedule, nbytes: int) -> bytes:
     """The bytes of an entry: what a cache file holds and what rank 0 publishes in the store.
     ``nbytes``: the message size the schedule was planned for (a fact for readers)."""
     key = key.to_dict() if isinstance(key, PlanKey) else key
+    packed = schedule.to_packed()
+    code = packed.pop("code")
     data = {"format": FORMAT, "version": key["version"], "schema": key["schema"], "key": key,
-            "planned_nbytes": int(nbytes), "schedule": schedule.to_packed()}
-    return zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 1)
+            "planned_nbytes": int(nbytes), "schedule": packed}
+    return zlib.compress(json.dumps(data, separators=(",", ":")).encode() + b"\n" + code, 1)
 
 
 def decode(blob: bytes, expected: PlanKey | dict) -> Schedule:
@@ -199,12 +202,15 @@ def parse(blob: bytes) -> dict:
     """An entry's JSON (:func:`encode`'s, or a published planning error's: see
     :mod:`.plan_share`), parsed once; :class:`BadEntry` if it is damaged or not an entry."""
     try:
-        data = json.loads(zlib.decompress(blob))
+        head, _, code = zlib.decompress(blob).partition(b"\n")
+        data = json.loads(head)
     except (zlib.error, ValueError) as e:  # zlib's checksum, truncation, bad JSON or UTF-8
         raise BadEntry(f"it is damaged or truncated ({type(e).__name__}: {e})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise BadEntry(f"its format is {found!r}, expected {FORMAT!r}")
+    if isinstance(data.get("schedule"), dict):
+        data["schedule"]["code"] = code
     return data
 
 
@@ -297,7 +303,7 @@ class DecodeMemo:
     """What the last ``capacity`` entries' bytes decoded to in this process, by the bytes.
 
     Why: ranks that are threads of one process receive rank 0's entry as the same bytes, and
-    decoding it (zlib, JSON, the schedule's tuples: about 10 ms for 6,000 instructions) under
+    decoding it (zlib, JSON, the schedule's tuples: a few ms for 6,000 instructions) under
     one GIL ran once per rank, one after another: the slowest rank waited for seven decodes.
     Now the first reader decodes and the others wait for it (on a lock, without the GIL) and
     share the result, which is immutable. Keyed by the bytes themselves, not a digest: equal

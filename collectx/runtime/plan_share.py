@@ -198,7 +198,7 @@ class SharedPlans:
 
 def _received(blob: bytes, expected: dict) -> Entry | dict:
     """What rank 0 published: its entry, checked against ``expected``, or its planning error's
-    record. Parsed once: the largest schedules are 10^5-10^6 bytes of JSON."""
+    record. Parsed once: the largest schedules hold 10^5 instructions."""
     data = parse(blob)
     return data if "error" in data else load_entry(data, expected)
 

@@ -39,8 +39,10 @@ True
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import json
+import sys
 from typing import Any, Iterator, NamedTuple
 
 from ..errors import ScheduleError
@@ -258,34 +260,41 @@ class Schedule:
                    host_units=tuple(int(u) for u in d.get("host_units", ())))
 
     def to_packed(self) -> dict:
-        """:meth:`to_dict` with every instruction as a row of numbers, for machines rather than
-        people: ``[op, dst, srcs]`` plus ``deps`` where it waits, plus ``engine_op`` and
-        ``group`` for engine calls; ops and buffers by their index in :data:`OPS` and
-        :data:`BUFFERS`, a ref as ``[rank, buffer, chunk, count]``. About a third of the JSON,
-        and read back three times as fast (plan caches and plan sharing read whole schedules
-        of 10^4-10^5 instructions).
+        """:meth:`to_dict` for machines rather than people: ``code`` holds every instruction as
+        little-endian int64 words (``bytes``; the grammar is in native/python/cx_unpack.c),
+        ops and buffers by their index in :data:`OPS` and :data:`BUFFERS`, engine calls'
+        ``engine_op`` by its index in ``engine_ops``. Plan caches and plan sharing read whole
+        schedules of 10^4-10^5 instructions; from words, with
+        ``collectx._fastpath.unpack_words``, only the objects kept are made.
 
         >>> s = Schedule("broadcast", 2, 1, ((Lane(()),), (Lane((Instr("copy",
         ...     Ref(1, "output", 0), (Ref(0, "input", 0),)),)),)))
-        >>> s.to_packed()["code"]
-        [[[]], [[[0, [1, 1, 0, 1], [[0, 0, 0, 1]]]]]]
-        >>> Schedule.from_packed(s.to_packed()) == s
+        >>> p = s.to_packed()
+        >>> len(p["code"]) // 8, p["engine_ops"]   # 5 counts, an instruction of 12 words
+        (17, [])
+        >>> Schedule.from_packed(p) == s
         True
         """
-        return dict(self._head(), code=[[[_packed(ins) for ins in lane.instrs]
-                                         for lane in lanes] for lanes in self.lanes])
+        from .._native import compiled_helper
+        native, engines = compiled_helper("pack_words"), {}
+        if native is not None:
+            code = native(self.lanes, _OP, _BUFFER, engines)
+        else:
+            code = _words_bytes(_pack_words(self.lanes, engines))
+        return dict(self._head(), engine_ops=list(engines), code=code)
 
     @classmethod
     def from_packed(cls, d: dict) -> "Schedule":
-        """The schedule of :meth:`to_packed`'s data (``collectx._fastpath.unpack_code``
-        rebuilds the instructions in C when it is built: the same tuples, a tenth of the
-        time, for ranks that take a cached or shared plan)."""
+        """The schedule of :meth:`to_packed`'s data. ValueError, TypeError or IndexError when
+        its words do not parse."""
         from .._native import compiled_helper
-        native = compiled_helper("unpack_code")
+        native = compiled_helper("unpack_words")
+        engines = tuple(str(e) for e in d.get("engine_ops", ()))
         if native is not None:
-            return cls._from_head(d, native(d["code"], OPS, BUFFERS, Instr, Ref, Dep, Lane))
-        return cls._from_head(d, tuple(tuple(Lane(tuple(map(_unpacked, lane))) for lane in rl)
-                                       for rl in d["code"]))
+            lanes = native(d["code"], OPS, BUFFERS, engines, Instr, Ref, Dep, Lane)
+        else:
+            lanes = _unpack_words(d["code"], engines)
+        return cls._from_head(d, lanes)
 
     def to_json(self, **kw) -> str:
         return json.dumps(self.to_dict(), **kw)
@@ -301,28 +310,74 @@ _BUFFER_AT = dict(enumerate(BUFFERS))   # KeyError, not a wrap-around, for a bad
 _OP_AT = dict(enumerate(OPS))
 
 
-def _packed(ins: Instr) -> list:
-    row = [_OP[ins.op], [ins.dst.rank, _BUFFER[ins.dst.buf], ins.dst.chunk, ins.dst.count],
-           [[r.rank, _BUFFER[r.buf], r.chunk, r.count] for r in ins.srcs]]
-    if ins.deps or ins.engine_op is not None:
-        row.append([list(x) for x in ins.deps])
-    if ins.engine_op is not None:
-        row += [ins.engine_op, list(ins.group)]
-    return row
+def _pack_words(lanes, engines: dict) -> list:
+    """``collectx._fastpath.pack_words`` in Python: the words as ints."""
+    out = [len(lanes)]
+    for rank in lanes:
+        out.append(len(rank))
+        for lane in rank:
+            out.append(len(lane.instrs))
+            for ins in lane.instrs:
+                d = ins.dst
+                out += (_OP[ins.op], d[0], _BUFFER[d[1]], d[2], d[3], len(ins.srcs))
+                for r in ins.srcs:
+                    out += (r[0], _BUFFER[r[1]], r[2], r[3])
+                out.append(len(ins.deps))
+                for x in ins.deps:
+                    out += x
+                if ins.engine_op is None:
+                    out.append(-1)
+                else:
+                    out += (engines.setdefault(ins.engine_op, len(engines)), len(ins.group),
+                            *ins.group)
+    return out
 
 
-def _unpacked(row: list) -> Instr:
-    """An instruction from its :func:`_packed` row (tuples made directly: a plan holds up to
-    10^5 of them, and the named tuples' constructors cost twice as much)."""
-    ref, new = _unpack_ref, tuple.__new__
-    deps = tuple(new(Dep, (int(x[0]), int(x[1]), int(x[2]))) for x in row[3]) \
-        if len(row) > 3 else ()
-    engine = (str(row[4]), tuple(int(g) for g in row[5])) if len(row) > 4 else (None, ())
-    return new(Instr, (_OP_AT[row[0]], ref(row[1]), tuple(ref(v) for v in row[2]), deps, *engine))
+def _words_bytes(words: list) -> bytes:
+    a = array.array("q", words)
+    if sys.byteorder == "big":
+        a.byteswap()
+    return a.tobytes()
 
 
-def _unpack_ref(v) -> Ref:
-    return tuple.__new__(Ref, (int(v[0]), _BUFFER_AT[v[1]], int(v[2]), int(v[3])))
+def _unpack_words(code: bytes, engines: tuple) -> tuple:
+    """``collectx._fastpath.unpack_words`` in Python (tuples made directly: the named
+    tuples' constructors cost twice as much)."""
+    if len(code) % 8:
+        raise ValueError(f"{len(code)} bytes are not whole 8-byte words")
+    a = array.array("q")
+    a.frombytes(code)
+    if sys.byteorder == "big":
+        a.byteswap()
+    words = iter(a.tolist())
+    new, engine_at = tuple.__new__, dict(enumerate(engines))
+
+    def word() -> int:
+        for w in words:
+            return w
+        raise ValueError("the words end early (truncated)")
+
+    def count() -> int:
+        n = word()
+        if not 0 <= n <= len(a):
+            raise ValueError(f"a count of {n} in {len(a)} words")
+        return n
+
+    def ref() -> Ref:
+        return new(Ref, (word(), _BUFFER_AT[word()], word(), word()))
+
+    def instr() -> Instr:
+        op, dst = _OP_AT[word()], ref()
+        srcs = tuple(ref() for _ in range(count()))
+        deps = tuple(new(Dep, (word(), word(), word())) for _ in range(count()))
+        e = word()
+        engine = (None, ()) if e == -1 else (engine_at[e], tuple(word() for _ in range(count())))
+        return new(Instr, (op, dst, srcs, deps, *engine))
+    lanes = tuple(tuple(Lane(tuple(instr() for _ in range(count()))) for _ in range(count()))
+                  for _ in range(count()))
+    if next(words, None) is not None:
+        raise ValueError("words left after the last rank")
+    return lanes
 
 
 def alias(s: Schedule, ref: Ref) -> Ref:

@@ -14,7 +14,7 @@
  * simulator's one-pass reader of a schedule's instructions; emit_lanes (cx_emit.c), the tree
  * emitter's dealing of items onto lanes; tree_broadcast and tree_reduce (cx_trees.c), its
  * building of those items; max_flow (cx_maxflow.c), Lovász's construction's max-flows;
- * unpack_code (cx_unpack.c), the rebuilding of a packed schedule's instructions.
+ * pack_words and unpack_words (cx_unpack.c), a schedule's instructions as words and back.
  *
  * Contract of reduce() and copy(): True when the call ran; False when nothing was touched and the
  * caller must take the fully checked Python path, which raises the precise, typed error. So every
@@ -777,7 +777,8 @@ static PyMethodDef methods[] = {
     {"tree_reduce", (PyCFunction)(void (*)(void))cx_tree_reduce, METH_FASTCALL,
      CX_TREE_REDUCE_DOC},
     {"max_flow", (PyCFunction)(void (*)(void))cx_max_flow, METH_FASTCALL, CX_MAX_FLOW_DOC},
-    {"unpack_code", cx_unpack_code, METH_VARARGS, CX_UNPACK_CODE_DOC},
+    {"pack_words", cx_pack_words, METH_VARARGS, CX_PACK_WORDS_DOC},
+    {"unpack_words", cx_unpack_words, METH_VARARGS, CX_UNPACK_WORDS_DOC},
     {NULL, NULL, 0, NULL},
 };
 

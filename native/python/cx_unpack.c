@@ -1,58 +1,86 @@
-/* collectx._fastpath.unpack_code: Schedule.from_packed's loop (collectx/schedule/ir.py), in C.
+/* collectx._fastpath.pack_words / unpack_words: Schedule.to_packed's and from_packed's loops
+ * (collectx/schedule/ir.py), in C.
  *
- * Why it exists: a rank that takes its plan from the plan cache or from rank 0 rebuilds every
+ * Why they exist: a rank that takes its plan from the plan cache or from rank 0 rebuilds every
  * instruction of it, and a tree plan holds 10^4-10^5 of them (with their refs and
- * dependencies). In Python that took about 3 us an instruction: most of a warm first call.
+ * dependencies). Read from JSON, the parse alone built a million Python lists and ints first
+ * (25-70 ms for an 8-GPU allgather): most of a warm first call. Here the instructions are a
+ * flat run of little-endian int64 words, and the only objects made are the ones kept.
  *
- * unpack_code(code, ops, buffers, Instr, Ref, Dep, Lane) builds what ir._unpacked builds, row
- * for row: Instr(ops[row[0]], ref(row[1]), tuple of ref(v) for row[2], tuple of
- * Dep(*x) for row[3] (none when absent), row[4] and tuple(row[5]) when present else None and
- * ()), a ref [rank, buffer, chunk, count] being Ref(rank, buffers[buffer], chunk, count); each
- * lane's instructions become Lane(tuple). Integers must be ints; a malformed row raises
- * ValueError (IndexError for an op or buffer index out of range) and nothing is returned.
+ * The words (ir.py's _pack_words writes the same in Python): the rank count; per rank its lane
+ * count; per lane its instruction count; per instruction
+ *   op, dst (rank, buffer, chunk, count), nsrcs, nsrcs x (rank, buffer, chunk, count),
+ *   ndeps, ndeps x (rank, lane, index), engine
+ * with engine -1 for a copy or reduce, else the index of its engine_op in ``engine_ops``,
+ * followed by the group's length and ranks. Ops and buffers are indices into the tuples given.
+ *
+ * unpack_words raises ValueError for words that do not parse (truncated, trailing, a negative
+ * or impossible count) and IndexError for an op, buffer or engine index out of range; nothing
+ * is returned then. pack_words raises KeyError for an op or buffer name it is not given.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdint.h>
+#include <string.h>
+
 #include "cx_named.h"
 #include "cx_unpack.h"
 
+/* -- reading ----------------------------------------------------------------------------------- */
 typedef struct {
-  PyObject* ops;        /* tuple of op names */
-  PyObject* buffers;    /* tuple of buffer names */
-  PyTypeObject* instr;  /* the named tuples */
+  const unsigned char* at; /* the next word */
+  Py_ssize_t left;         /* words left */
+  PyObject* ops;           /* tuples of names */
+  PyObject* buffers;
+  PyObject* engine_ops;
+  PyTypeObject* instr;     /* the named tuples */
   PyTypeObject* ref;
   PyTypeObject* dep;
-  PyObject* lane;       /* the Lane class, called with each lane's tuple */
-} Types;
+  PyObject* lane;          /* the Lane class, called with each lane's tuple */
+} Reader;
 
-static PyObject* malformed(const char* what, PyObject* got) {
-  PyErr_Format(PyExc_ValueError, "unpack_code: expected %s, got %R", what, got);
-  return NULL;
-}
-
-/* The list ``v`` if it is a list of at least ``n`` items, else NULL with ValueError. */
-static PyObject* list_of(PyObject* v, Py_ssize_t n, const char* what) {
-  if (!PyList_Check(v) || PyList_GET_SIZE(v) < n) return malformed(what, v);
+/* The next word, or -1 with ValueError set when none is left (check PyErr_Occurred). */
+static int64_t next_word(Reader* r) {
+  if (r->left <= 0) {
+    PyErr_SetString(PyExc_ValueError, "unpack_words: the words end early (truncated)");
+    return -1;
+  }
+  int64_t v;
+  memcpy(&v, r->at, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = (int64_t)__builtin_bswap64((uint64_t)v);
+#endif
+  r->at += 8;
+  r->left -= 1;
   return v;
 }
 
-/* A new reference to list item ``i`` when it is an int. */
-static PyObject* int_at(PyObject* list, Py_ssize_t i) {
-  PyObject* v = PyList_GET_ITEM(list, i);
-  if (!PyLong_Check(v) || PyBool_Check(v)) return malformed("an integer", v);
-  Py_INCREF(v);
-  return v;
+/* A count of items of ``size`` words each that the words left can hold; -1 with ValueError. */
+static Py_ssize_t next_count(Reader* r, Py_ssize_t size, const char* what) {
+  int64_t n = next_word(r);
+  if (n == -1 && PyErr_Occurred()) return -1;
+  if (n < 0 || n > r->left / size) {
+    PyErr_Format(PyExc_ValueError, "unpack_words: %lld %s, with %zd words left",
+                 (long long)n, what, r->left);
+    return -1;
+  }
+  return (Py_ssize_t)n;
 }
 
-/* A new reference to ``table[list[i]]``. */
-static PyObject* name_at(PyObject* table, PyObject* list, Py_ssize_t i) {
-  PyObject* v = PyList_GET_ITEM(list, i);
-  if (!PyLong_Check(v) || PyBool_Check(v)) return malformed("an index", v);
-  Py_ssize_t k = PyLong_AsSsize_t(v);
+static PyObject* next_int(Reader* r) {
+  int64_t v = next_word(r);
+  if (v == -1 && PyErr_Occurred()) return NULL;
+  return PyLong_FromLongLong(v);
+}
+
+/* A new reference to ``table[next word]``. */
+static PyObject* next_name(Reader* r, PyObject* table) {
+  int64_t k = next_word(r);
   if (k == -1 && PyErr_Occurred()) return NULL;
   if (k < 0 || k >= PyTuple_GET_SIZE(table)) {
-    PyErr_Format(PyExc_IndexError, "unpack_code: index %zd names none of %R", k, table);
+    PyErr_Format(PyExc_IndexError, "unpack_words: index %lld names none of %R", (long long)k,
+                 table);
     return NULL;
   }
   PyObject* name = PyTuple_GET_ITEM(table, k);
@@ -60,37 +88,28 @@ static PyObject* name_at(PyObject* table, PyObject* list, Py_ssize_t i) {
   return name;
 }
 
-/* Ref(rank, buffers[buffer], chunk, count) of [rank, buffer, chunk, count]. */
-static PyObject* ref_of(const Types* t, PyObject* v) {
-  if (!list_of(v, 4, "a ref [rank, buffer, chunk, count]")) return NULL;
+static PyObject* next_ref(Reader* r) {
   PyObject* items[4] = {NULL, NULL, NULL, NULL};
-  if (!(items[0] = int_at(v, 0)) || !(items[1] = name_at(t->buffers, v, 1)) ||
-      !(items[2] = int_at(v, 2)) || !(items[3] = int_at(v, 3))) {
-    for (int j = 0; j < 4; ++j) Py_XDECREF(items[j]);
-    return NULL;
-  }
-  return cx_named(t->ref, items, 4);
+  (void)((items[0] = next_int(r)) && (items[1] = next_name(r, r->buffers)) &&
+         (items[2] = next_int(r)) && (items[3] = next_int(r)));
+  return cx_named(r->ref, items, 4);
 }
 
-static PyObject* dep_of(const Types* t, PyObject* v) {
-  if (!list_of(v, 3, "a dependency [rank, lane, index]")) return NULL;
+static PyObject* next_dep(Reader* r) {
   PyObject* items[3] = {NULL, NULL, NULL};
-  if (!(items[0] = int_at(v, 0)) || !(items[1] = int_at(v, 1)) || !(items[2] = int_at(v, 2))) {
-    for (int j = 0; j < 3; ++j) Py_XDECREF(items[j]);
-    return NULL;
-  }
-  return cx_named(t->dep, items, 3);
+  (void)((items[0] = next_int(r)) && (items[1] = next_int(r)) && (items[2] = next_int(r)));
+  return cx_named(r->dep, items, 3);
 }
 
-/* tuple(make(t, x) for x in list); make NULL: the list's ints themselves (a group). */
-static PyObject* tuple_of(const Types* t, PyObject* list, const char* what,
-                          PyObject* (*make)(const Types*, PyObject*)) {
-  if (!list_of(list, 0, what)) return NULL;
-  Py_ssize_t n = PyList_GET_SIZE(list);
+/* A tuple of a count (items of at least ``size`` words) then that many ``make(r)``. */
+static PyObject* next_tuple(Reader* r, Py_ssize_t size, const char* what,
+                            PyObject* (*make)(Reader*)) {
+  Py_ssize_t n = next_count(r, size, what);
+  if (n < 0) return NULL;
   PyObject* out = PyTuple_New(n);
   if (out == NULL) return NULL;
   for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = make ? make(t, PyList_GET_ITEM(list, i)) : int_at(list, i);
+    PyObject* item = make(r);
     if (item == NULL) {
       Py_DECREF(out);
       return NULL;
@@ -100,68 +119,216 @@ static PyObject* tuple_of(const Types* t, PyObject* list, const char* what,
   return cx_untrack_atomic(out);
 }
 
-static PyObject* instr_of(const Types* t, PyObject* row) {
-  if (!list_of(row, 3, "an instruction [op, dst, srcs, ...]")) return NULL;
-  Py_ssize_t n = PyList_GET_SIZE(row);
-  if (n > 4 && n < 6) return malformed("an engine call's [..., engine_op, group]", row);
+static PyObject* next_instr(Reader* r) {
   PyObject* items[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
-  int ok = (items[0] = name_at(t->ops, row, 0)) && (items[1] = ref_of(t, PyList_GET_ITEM(row, 1))) &&
-           (items[2] = tuple_of(t, PyList_GET_ITEM(row, 2), "a list of refs", ref_of));
-  if (ok && n > 3) {
-    ok = (items[3] = tuple_of(t, PyList_GET_ITEM(row, 3), "a list of dependencies", dep_of)) != NULL;
-  } else if (ok) {
-    ok = (items[3] = PyTuple_New(0)) != NULL;
-  }
-  if (ok && n > 4) {
-    PyObject* op = PyList_GET_ITEM(row, 4);
-    if (!PyUnicode_Check(op)) {
-      malformed("an engine_op string", op);
-      ok = 0;
-    } else {
-      Py_INCREF(op);
-      items[4] = op;
-      ok = (items[5] = tuple_of(t, PyList_GET_ITEM(row, 5), "a list of ranks", NULL)) != NULL;
-    }
-  } else if (ok) {
+  int ok = (items[0] = next_name(r, r->ops)) && (items[1] = next_ref(r)) &&
+           (items[2] = next_tuple(r, 4, "sources", next_ref)) &&
+           (items[3] = next_tuple(r, 3, "dependencies", next_dep));
+  int64_t engine = ok ? next_word(r) : 0;
+  if (ok && engine == -1 && !PyErr_Occurred()) {
     Py_INCREF(Py_None);
     items[4] = Py_None;
-    ok = (items[5] = PyTuple_New(0)) != NULL;
+    items[5] = PyTuple_New(0);
+  } else if (ok && !PyErr_Occurred()) {
+    r->at -= 8;   /* read it again as an index into engine_ops */
+    r->left += 1;
+    (void)((items[4] = next_name(r, r->engine_ops)) &&
+           (items[5] = next_tuple(r, 1, "group ranks", next_int)));
   }
-  if (!ok) {
-    for (int j = 0; j < 6; ++j) Py_XDECREF(items[j]);
-    return NULL;
-  }
-  return cx_named(t->instr, items, 6);
+  return cx_named(r->instr, items, 6);   /* NULL and all released if any is NULL */
 }
 
-static PyObject* lane_of(const Types* t, PyObject* rows) {
-  PyObject* instrs = tuple_of(t, rows, "a lane's list of instructions", instr_of);
+static PyObject* next_lane(Reader* r) {
+  PyObject* instrs = next_tuple(r, 8, "instructions", next_instr);
   if (instrs == NULL) return NULL;
-  PyObject* lane = PyObject_CallOneArg(t->lane, instrs);
+  PyObject* lane = PyObject_CallOneArg(r->lane, instrs);
   Py_DECREF(instrs);
   return lane;
 }
 
-static PyObject* rank_of(const Types* t, PyObject* lanes) {
-  return tuple_of(t, lanes, "a rank's list of lanes", lane_of);
-}
+static PyObject* next_rank(Reader* r) { return next_tuple(r, 1, "lanes", next_lane); }
 
-PyObject* cx_unpack_code(PyObject* self, PyObject* args) {
+PyObject* cx_unpack_words(PyObject* self, PyObject* args) {
   (void)self;
-  PyObject *code, *instr, *ref, *dep;
-  Types t;
-  if (!PyArg_ParseTuple(args, "OO!O!OOOO:unpack_code", &code, &PyTuple_Type, &t.ops,
-                        &PyTuple_Type, &t.buffers, &instr, &ref, &dep, &t.lane))
+  Py_buffer words;
+  PyObject *instr, *ref, *dep;
+  Reader r;
+  if (!PyArg_ParseTuple(args, "y*O!O!O!OOOO:unpack_words", &words, &PyTuple_Type, &r.ops,
+                        &PyTuple_Type, &r.buffers, &PyTuple_Type, &r.engine_ops, &instr, &ref,
+                        &dep, &r.lane))
     return NULL;
+  PyObject* out = NULL;
   PyObject* types[3] = {instr, ref, dep};
   for (int i = 0; i < 3; ++i) {
     if (!PyType_Check(types[i]) || !PyType_IsSubtype((PyTypeObject*)types[i], &PyTuple_Type)) {
-      PyErr_SetString(PyExc_TypeError, "unpack_code: Instr, Ref and Dep must be tuple types");
-      return NULL;
+      PyErr_SetString(PyExc_TypeError, "unpack_words: Instr, Ref and Dep must be tuple types");
+      goto done;
     }
   }
-  t.instr = (PyTypeObject*)instr;
-  t.ref = (PyTypeObject*)ref;
-  t.dep = (PyTypeObject*)dep;
-  return tuple_of(&t, code, "a list of ranks' lanes", rank_of);
+  if (words.len % 8) {
+    PyErr_Format(PyExc_ValueError, "unpack_words: %zd bytes are not whole 8-byte words",
+                 words.len);
+    goto done;
+  }
+  r.instr = (PyTypeObject*)instr;
+  r.ref = (PyTypeObject*)ref;
+  r.dep = (PyTypeObject*)dep;
+  r.at = (const unsigned char*)words.buf;
+  r.left = words.len / 8;
+  out = next_tuple(&r, 1, "ranks", next_rank);
+  if (out != NULL && r.left) {
+    PyErr_Format(PyExc_ValueError, "unpack_words: %zd words left after the last rank", r.left);
+    Py_CLEAR(out);
+  }
+done:
+  PyBuffer_Release(&words);
+  return out;
+}
+
+/* -- writing ----------------------------------------------------------------------------------- */
+typedef struct {
+  int64_t* words;
+  Py_ssize_t used, size;
+  PyObject* ops;        /* dicts: name -> index */
+  PyObject* buffers;
+  PyObject* engine_ops; /* filled here: an engine_op first seen gets the next index */
+} Writer;
+
+static int put(Writer* w, int64_t v) {
+  if (w->used == w->size) {
+    Py_ssize_t size = w->size ? 2 * w->size : 1024;
+    int64_t* grown = PyMem_Realloc(w->words, (size_t)size * sizeof(int64_t));
+    if (grown == NULL) {
+      PyErr_NoMemory();
+      return -1;
+    }
+    w->words = grown;
+    w->size = size;
+  }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = (int64_t)__builtin_bswap64((uint64_t)v);
+#endif
+  w->words[w->used++] = v;
+  return 0;
+}
+
+static int put_int(Writer* w, PyObject* v) {
+  long long x = PyLong_AsLongLong(v);
+  if (x == -1 && PyErr_Occurred()) return -1;
+  return put(w, x);
+}
+
+static int put_index(Writer* w, PyObject* table, PyObject* name) {
+  PyObject* k = PyDict_GetItemWithError(table, name);
+  if (k == NULL) {
+    if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, name);
+    return -1;
+  }
+  return put_int(w, k);
+}
+
+/* A tuple (a named tuple's field) or TypeError. */
+static PyObject* tuple_field(PyObject* t, Py_ssize_t i, Py_ssize_t least) {
+  PyObject* v = PyTuple_GET_ITEM(t, i);
+  if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) < least) {
+    PyErr_Format(PyExc_TypeError, "pack_words: expected a tuple of %zd or more, got %R",
+                 least, v);
+    return NULL;
+  }
+  return v;
+}
+
+static int put_ref(Writer* w, PyObject* ref) {
+  if (!PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) < 4) {
+    PyErr_Format(PyExc_TypeError, "pack_words: expected a Ref, got %R", ref);
+    return -1;
+  }
+  return put_int(w, PyTuple_GET_ITEM(ref, 0)) || put_index(w, w->buffers, PyTuple_GET_ITEM(ref, 1)) ||
+                 put_int(w, PyTuple_GET_ITEM(ref, 2)) || put_int(w, PyTuple_GET_ITEM(ref, 3))
+             ? -1
+             : 0;
+}
+
+static int put_instr(Writer* w, PyObject* ins) {
+  if (!PyTuple_Check(ins) || PyTuple_GET_SIZE(ins) < 6) {
+    PyErr_Format(PyExc_TypeError, "pack_words: expected an Instr, got %R", ins);
+    return -1;
+  }
+  PyObject *srcs, *deps;
+  if (put_index(w, w->ops, PyTuple_GET_ITEM(ins, 0)) || put_ref(w, PyTuple_GET_ITEM(ins, 1)) ||
+      !(srcs = tuple_field(ins, 2, 0)) || put(w, PyTuple_GET_SIZE(srcs)))
+    return -1;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(srcs); ++i)
+    if (put_ref(w, PyTuple_GET_ITEM(srcs, i))) return -1;
+  if (!(deps = tuple_field(ins, 3, 0)) || put(w, PyTuple_GET_SIZE(deps))) return -1;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(deps); ++i) {
+    PyObject* d = PyTuple_GET_ITEM(deps, i);
+    if (!PyTuple_Check(d) || PyTuple_GET_SIZE(d) < 3) {
+      PyErr_Format(PyExc_TypeError, "pack_words: expected a Dep, got %R", d);
+      return -1;
+    }
+    for (Py_ssize_t j = 0; j < 3; ++j)
+      if (put_int(w, PyTuple_GET_ITEM(d, j))) return -1;
+  }
+  PyObject* engine = PyTuple_GET_ITEM(ins, 4);
+  if (engine == Py_None) return put(w, -1);
+  PyObject* k = PyDict_GetItemWithError(w->engine_ops, engine);
+  if (k == NULL) {
+    if (PyErr_Occurred()) return -1;
+    PyObject* next = PyLong_FromSsize_t(PyDict_GET_SIZE(w->engine_ops));
+    if (next == NULL || PyDict_SetItem(w->engine_ops, engine, next)) {
+      Py_XDECREF(next);
+      return -1;
+    }
+    Py_DECREF(next);
+  }
+  PyObject* group;
+  if (put_index(w, w->engine_ops, engine) || !(group = tuple_field(ins, 5, 0)) ||
+      put(w, PyTuple_GET_SIZE(group)))
+    return -1;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(group); ++i)
+    if (put_int(w, PyTuple_GET_ITEM(group, i))) return -1;
+  return 0;
+}
+
+/* Every lane of ``lanes`` (a tuple per rank of Lanes, each with a tuple ``instrs``). */
+static int put_lanes(Writer* w, PyObject* lanes) {
+  if (!PyTuple_Check(lanes)) {
+    PyErr_Format(PyExc_TypeError, "pack_words: expected a tuple of ranks' lanes, got %R", lanes);
+    return -1;
+  }
+  if (put(w, PyTuple_GET_SIZE(lanes))) return -1;
+  for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(lanes); ++r) {
+    PyObject* rank = PyTuple_GET_ITEM(lanes, r);
+    if (!PyTuple_Check(rank) || put(w, PyTuple_GET_SIZE(rank))) {
+      if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "pack_words: rank %zd's lanes: %R", r, rank);
+      return -1;
+    }
+    for (Py_ssize_t l = 0; l < PyTuple_GET_SIZE(rank); ++l) {
+      PyObject* instrs = PyObject_GetAttrString(PyTuple_GET_ITEM(rank, l), "instrs");
+      if (instrs == NULL) return -1;
+      int bad = !PyTuple_Check(instrs) || put(w, PyTuple_GET_SIZE(instrs));
+      for (Py_ssize_t i = 0; !bad && i < PyTuple_GET_SIZE(instrs); ++i)
+        bad = put_instr(w, PyTuple_GET_ITEM(instrs, i));
+      if (bad && !PyErr_Occurred())
+        PyErr_Format(PyExc_TypeError, "pack_words: a lane's instrs: %R", instrs);
+      Py_DECREF(instrs);
+      if (bad) return -1;
+    }
+  }
+  return 0;
+}
+
+PyObject* cx_pack_words(PyObject* self, PyObject* args) {
+  (void)self;
+  PyObject* lanes;
+  Writer w = {NULL, 0, 0, NULL, NULL, NULL};
+  if (!PyArg_ParseTuple(args, "OO!O!O!:pack_words", &lanes, &PyDict_Type, &w.ops, &PyDict_Type,
+                        &w.buffers, &PyDict_Type, &w.engine_ops))
+    return NULL;
+  PyObject* out = NULL;
+  if (put_lanes(&w, lanes) == 0)
+    out = PyBytes_FromStringAndSize((const char*)w.words, w.used * (Py_ssize_t)sizeof(int64_t));
+  PyMem_Free(w.words);
+  return out;
 }

@@ -1,17 +1,24 @@
-/* collectx._fastpath.unpack_code (cx_unpack.c): Schedule.from_packed's loop, which rebuilds
- * every instruction of a packed schedule, for collectx.schedule.ir.Schedule.from_packed. */
+/* collectx._fastpath.pack_words and unpack_words (cx_unpack.c): Schedule.to_packed's and
+ * from_packed's loops, which write and rebuild every instruction of a schedule as int64 words,
+ * for collectx.schedule.ir. */
 #ifndef CX_UNPACK_H
 #define CX_UNPACK_H
 
 #include <Python.h>
 
-PyObject* cx_unpack_code(PyObject* self, PyObject* args);
+PyObject* cx_pack_words(PyObject* self, PyObject* args);
+PyObject* cx_unpack_words(PyObject* self, PyObject* args);
 
-#define CX_UNPACK_CODE_DOC                                                                     \
-  "unpack_code(code, ops, buffers, Instr, Ref, Dep, Lane)\n\n"                                 \
-  "The lanes of Schedule.to_packed's 'code' (a list per rank of lists per lane of rows\n"     \
-  "[op, dst, srcs(, deps(, engine_op, group))]) as a tuple per rank of tuples of Lane, ops\n"  \
-  "and buffers by their index in the tuples given. ValueError, TypeError or IndexError on\n"  \
-  "malformed data. See native/python/cx_unpack.c."
+#define CX_PACK_WORDS_DOC                                                                      \
+  "pack_words(lanes, ops, buffers, engine_ops) -> bytes\n\n"                                   \
+  "A schedule's lanes (a tuple per rank of Lanes) as little-endian int64 words; ops and\n"    \
+  "buffers map names to indices, and engine_ops (a dict, filled in) each engine call's\n"     \
+  "engine_op to its index, in order of first use. See native/python/cx_unpack.c."
+
+#define CX_UNPACK_WORDS_DOC                                                                    \
+  "unpack_words(words, ops, buffers, engine_ops, Instr, Ref, Dep, Lane)\n\n"                   \
+  "The lanes of pack_words' words as a tuple per rank of tuples of Lane, ops, buffers and\n"  \
+  "engine_ops by their index in the tuples given. ValueError, TypeError or IndexError on\n"   \
+  "malformed words. See native/python/cx_unpack.c."
 
 #endif
