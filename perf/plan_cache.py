@@ -17,7 +17,7 @@ helps:
 
 Columns: ``alone`` is one make_schedule in a fresh process (before plans were shared every rank
 paid that, in parallel where it had a core of its own); ``receive`` what a rank other than 0
-then spends on it, alone on a core (parse the published JSON and ``Schedule.from_packed``);
+then spends on it, alone on a core (parse the published entry and ``Schedule.from_packed``);
 ``cold`` and ``warm`` are rank 0's time and the slowest rank's. Each is the median of
 ``--repeat`` runs. Targets: cold <= 1 s, warm <= 50 ms. With fewer cores than ranks the other
 ranks queue for them: as processes the slowest rank's warm time is about rank 0's plus
