@@ -125,13 +125,7 @@ def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> l
     per tree edge, double-buffered at one, two and four times the hidden count (pieces of two
     chunks), and at the most chunks the message and the instruction budget allow: with a
     second lane hiding each piece's wait, only fill is left to pay, and it shrinks with every
-    chunk (docs/planner.md has the cases that asked for each).
-
-    Every one is simulated. Stopping a series at its first rise (from the most chunks down)
-    would save a fifth of them, but the simulated times are not unimodal within a few tenths
-    of a percent: the bonded HGX A100 dump's GPUs 0, 2, 4, 5 allgather, double-buffered at
-    4095, 3864, 1932 and 966 chunks, takes 2606, 2615, 2598 and 2582 us, and stopping lost 1%
-    there; stopping only past a 0.5% rise, which keeps it, saves 8% of them."""
+    chunk. All are simulated (docs/planner.md has the cases that asked for each, and why)."""
     forest = len(p.groups) > 1 and collective == "allreduce"
     if P.BOTH in p.ways:
         packing = replace(packing, trees=tuple(P.centred(t) for t in packing.trees))
