@@ -121,11 +121,12 @@ def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> l
     """``packing``'s schedules worth simulating: with ``nchunks`` the one it asks for; else
     on one lane per tree edge, the two ends of the pipeline model's range (waits all paid in
     lockstep, :meth:`Pipeline.chunks`; waits hidden by the other transfers on the links,
-    :meth:`Pipeline.hidden_chunks`) and their geometric mean, and where the lanes hold two
-    per tree edge, double-buffered at one, two and four times the hidden count (pieces of two
-    chunks), and at the most chunks the message and the instruction budget allow: with a
-    second lane hiding each piece's wait, only fill is left to pay, and it shrinks with every
-    chunk. All are simulated (docs/planner.md has the cases that asked for each, and why)."""
+    :meth:`Pipeline.hidden_chunks`) and their geometric mean. Where the lanes hold two per
+    tree edge, only the hidden end (the others pay waits that a second lane hides), and
+    double-buffered at one, two and four times the hidden count (pieces of two chunks), and at
+    the most chunks the message and the instruction budget allow: with a second lane hiding
+    each piece's wait, only fill is left to pay, and it shrinks with every chunk. All are
+    simulated (docs/planner.md has the cases that asked for each, and why)."""
     forest = len(p.groups) > 1 and collective == "allreduce"
     if P.BOTH in p.ways:
         packing = replace(packing, trees=tuple(P.centred(t) for t in packing.trees))
@@ -143,7 +144,7 @@ def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> l
     tries = [(m, 1), (round((m * hidden) ** 0.5), 1), (hidden, 1)]
     if most_buffers(packing, modes) > 1:
         most = int(pipe.most_chunks(k))
-        tries += [(c * hidden, 2) for c in (1, 2, 4)] + [(most, 2)] * (most > 4 * hidden)
+        tries = tries[2:] + [(c * hidden, 2) for c in (1, 2, 4)] + [(most, 2)] * (most > 4 * hidden)
     return [lowered(c * k, buffers) for c, buffers in dict.fromkeys(tries)]
 
 
