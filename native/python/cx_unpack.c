@@ -74,10 +74,8 @@ static PyObject* next_int(Reader* r) {
   return PyLong_FromLongLong(v);
 }
 
-/* A new reference to ``table[next word]``. */
-static PyObject* next_name(Reader* r, PyObject* table) {
-  int64_t k = next_word(r);
-  if (k == -1 && PyErr_Occurred()) return NULL;
+/* A new reference to ``table[k]``, or IndexError. */
+static PyObject* name_at(PyObject* table, int64_t k) {
   if (k < 0 || k >= PyTuple_GET_SIZE(table)) {
     PyErr_Format(PyExc_IndexError, "unpack_words: index %lld names none of %R", (long long)k,
                  table);
@@ -86,6 +84,13 @@ static PyObject* next_name(Reader* r, PyObject* table) {
   PyObject* name = PyTuple_GET_ITEM(table, k);
   Py_INCREF(name);
   return name;
+}
+
+/* A new reference to ``table[next word]``. */
+static PyObject* next_name(Reader* r, PyObject* table) {
+  int64_t k = next_word(r);
+  if (k == -1 && PyErr_Occurred()) return NULL;
+  return name_at(table, k);
 }
 
 static PyObject* next_ref(Reader* r) {
@@ -130,9 +135,7 @@ static PyObject* next_instr(Reader* r) {
     items[4] = Py_None;
     items[5] = PyTuple_New(0);
   } else if (ok && !PyErr_Occurred()) {
-    r->at -= 8;   /* read it again as an index into engine_ops */
-    r->left += 1;
-    (void)((items[4] = next_name(r, r->engine_ops)) &&
+    (void)((items[4] = name_at(r->engine_ops, engine)) &&
            (items[5] = next_tuple(r, 1, "group ranks", next_int)));
   }
   return cx_named(r->instr, items, 6);   /* NULL and all released if any is NULL */
