@@ -4,6 +4,7 @@ the flat front end (collectx._fastpath.schedule_arrays) gives the graph front en
 import pytest
 
 import collectx.topology as topo
+from collectx._native import compiled_helper
 from collectx.errors import DependencyCycle, MalformedSchedule, NativeError
 from collectx.planner import registry
 from collectx.planner.api import allocation
@@ -38,7 +39,8 @@ def test_native_matches_python_on_planned_schedules(name, gpus, coll, algo, nbyt
     assert got.time_us > 0
 
 
-needs_flat = pytest.mark.skipif(_flat._walker() is None or not native_available(),
+needs_flat = pytest.mark.skipif(compiled_helper("schedule_arrays") is None
+                                or not native_available(),
                                 reason="collectx._fastpath without schedule_arrays")
 
 

@@ -71,9 +71,9 @@ def _lowered(packing, modes, collective, per_group, buffers, native: bool):
     seen, calls = [], {name: 0 for name in NATIVE}
     flush = TreeEmitter.flush
 
-    def recording(self):
+    def recording(self, *args):
         seen.append(list(self._items))
-        flush(self)
+        return flush(self, *args)
 
     def counted(name):
         fn = REAL_HELPER(name)

@@ -58,6 +58,9 @@ def weighted_shares(total: int, weights: list[float]) -> list[int]:
     return shares
 
 
+_new = tuple.__new__
+
+
 def check_args(collective: str, nranks: int, root: int, nchunks: int | None) -> None:
     """Validate the arguments every planner shares; raises :class:`PlanError`."""
     if collective not in COLLECTIVES:
@@ -87,20 +90,24 @@ class Builder:
 
     def add(self, rank: int, lane: int, op: str, dst: Ref, srcs: Iterable[Ref],
             deps: Iterable[Dep | None] = ()) -> Dep | None:
+        # Called for every instruction of a direct or ring candidate (10^4 a plan): the named
+        # tuples are made without their Python __new__.
         srcs = tuple(srcs)
         if op == "reduce" and len(srcs) == 1:
             op = "copy"  # a reduction of one input is a copy; executors do less work
-        if op == "copy" and alias(self._probe, dst) == alias(self._probe, srcs[0]):
+        if op == "copy" and (alias(self._probe, dst) == alias(self._probe, srcs[0])
+                             if self.inplace else dst == srcs[0]):
             return None
         lanes = self._lanes[rank]
         while len(lanes) <= lane:
             lanes.append([])
         # The previous instruction of the same lane is implicit; listing it would be noise.
+        # Deps sort as (rank, lane, index) tuples.
         wait = tuple(sorted({d for d in deps if d is not None
-                             and not (d.rank == rank and d.lane == lane)},
-                            key=lambda d: (d.rank, d.lane, d.index)))
-        lanes[lane].append(Instr(op, dst, srcs, wait))
-        return Dep(rank, lane, len(lanes[lane]) - 1)
+                             and (d[0] != rank or d[1] != lane)})) if deps else ()
+        seq = lanes[lane]
+        seq.append(_new(Instr, (op, dst, srcs, wait, None, ())))
+        return _new(Dep, (rank, lane, len(seq) - 1))
 
     def schedule(self, algorithm: str, *, scratch_units: tuple[int, ...] = (),
                  meta: dict | None = None) -> Schedule:
@@ -117,3 +124,16 @@ def simulated(s: Schedule, topo, nbytes: int, ranks):
     candidates that no closed form ranks."""
     from ..schedule.simulate import simulate
     return simulate(s, topo, nbytes, ranks=list(ranks))
+
+
+def unpacked(s):
+    """``s`` as a :class:`~collectx.schedule.Schedule`: a candidate simulated as words
+    (:class:`~collectx.schedule.ir.PackedSchedule`) is unpacked, and what the simulator
+    worked out of it carries over (the planner prices the one it keeps)."""
+    from ..schedule.ir import PackedSchedule
+    from ..schedule.simulate import carry
+    if not isinstance(s, PackedSchedule):
+        return s
+    full = s.unpacked()
+    carry(s, full)
+    return full

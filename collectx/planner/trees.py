@@ -21,11 +21,11 @@ import networkx as nx
 
 from ..errors import PlanError
 from ..schedule.builder import ScheduleBuilder
-from ..schedule.ir import MAX_LANES, Ref, Schedule
+from ..schedule.ir import MAX_LANES, PackedSchedule, Ref, Schedule
 from ..schedule.metrics import unit_bytes
 from ..topology.view import job_graph, require_connected
 from . import program as P
-from ._build import check_args, simulated
+from ._build import check_args, simulated, unpacked
 from .cost_tables import FILL, INSTRUCTIONS, MIN_CHUNK_BYTES
 from .treepack import Packing
 from .treesched import Share, TreeEmitter, chunk_refs
@@ -114,7 +114,7 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
             us = simulated(s, topo, nbytes, ranks).time_us
             if us < best_us:
                 best, best_us = s, us
-    return best
+    return unpacked(best)
 
 
 def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> list:
@@ -134,7 +134,7 @@ def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> l
     label = name + ("+host" if packing.staged else "")
     lowered = lambda per_group, buffers=1: lower(  # noqa: E731
         packing, modes, collective, n, per_group, root=root, inplace=inplace,
-        algorithm=label, buffers=buffers)
+        algorithm=label, buffers=buffers, packed=nchunks is None)
     if nchunks is not None:
         if forest and nchunks % n:
             raise PlanError(f"nchunks={nchunks}: a forest allreduce gives each of its {n} "
@@ -265,10 +265,12 @@ def _crowd(trees) -> int:
 
 def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group: int, *,
           root: int = 0, inplace: bool = False, algorithm: str = "blink",
-          buffers: int = 1) -> Schedule:
+          buffers: int = 1, packed: bool = False) -> Schedule | PackedSchedule:
     """``collective`` over ``packing``'s trees (GPU indices; ``modes[group]`` says which way
     a group's data moves), ``per_group`` chunks dealt evenly over each group's trees, on
-    ``buffers`` lanes per tree edge (at most :func:`most_buffers`)."""
+    ``buffers`` lanes per tree edge (at most :func:`most_buffers`). ``packed``: as a
+    :class:`~collectx.schedule.ir.PackedSchedule` where the compiled emitter is built (a
+    candidate to simulate)."""
     by_group: dict = {}
     for t in packing.trees:
         by_group.setdefault(t.group, []).append(t)
@@ -288,11 +290,11 @@ def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group
                       frozenset(t.edges[j] for j in t.staged_up)))
     em = TreeEmitter(b, buffers=min(buffers, most_buffers(packing, modes)))
     _EMIT[collective](b, em, shares)
-    em.flush()
+    code = em.flush(packed)
     b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks),
                       *s.host_record()] for s in shares["up"] + shares["down"]])
     b.meta("rate_gbps", packing.rate)
-    return b.build()
+    return b.build() if code is None else b.build_packed(code)
 
 
 def most_buffers(packing: Packing, modes: dict) -> int:

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from .ir import Schedule
+from .ir import BUFFER_INDEX, OP_INDEX, PackedSchedule, Schedule
 
 # (a, b) -> [(share, route class, latency)]: how a transfer from node a to node b splits
 PartsFn = Callable[[object, object], list]
@@ -40,15 +40,14 @@ class FlatTasks:
     pairs: frozenset = frozenset()
 
 
-def flat_tasks(s: Schedule, nodes: list, hosts: list, parts: PartsFn,
+def flat_tasks(s: Schedule | PackedSchedule, nodes: list, hosts: list, parts: PartsFn,
                size: Callable) -> FlatTasks | None:
     """The task graph of ``s`` as arrays, or None where only the Python path applies.
 
     ``nodes[r]`` / ``hosts[r]``: where rank ``r``'s device and ``host`` buffers live;
     ``size(chunk, count)``: bytes of runs of chunks, elementwise over int64 arrays.
     """
-    walk = _walker()
-    got = walk(s.lanes) if walk is not None else None
+    got = _walked(s)
     if got is None:
         return None
     (rank, dst_rank, dst_host, dst_chunk, dst_count, src_off, src_rank, src_host, pred_off,
@@ -77,10 +76,16 @@ def _pairs(rank, dst_rank, src_of, src_rank, nranks: int) -> frozenset:
     return frozenset((int(k) // nranks, int(k) % nranks) for k in keys)
 
 
-def _walker():
-    """``collectx._fastpath.schedule_arrays``, or None."""
+def _walked(s: Schedule | PackedSchedule):
+    """What ``collectx._fastpath.schedule_arrays`` reads of ``s``'s instructions (``word_arrays``
+    of a packed one's words), or None (the module is not built, or it gives None)."""
     from .._native import compiled_helper
-    return compiled_helper("schedule_arrays")
+    if isinstance(s, PackedSchedule):
+        walk = compiled_helper("word_arrays")
+        return None if walk is None else walk(s.code, OP_INDEX["copy"], OP_INDEX["reduce"],
+                                              BUFFER_INDEX["host"])
+    walk = compiled_helper("schedule_arrays")
+    return None if walk is None else walk(s.lanes)
 
 
 def _places(nodes: list, hosts: list) -> tuple[list, np.ndarray, np.ndarray]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from ..errors import ArgumentError
-from .ir import Dep, Instr, Lane, Ref, Schedule
+from .ir import Dep, Instr, Lane, PackedSchedule, Ref, Schedule
 
 
 class ScheduleBuilder:
@@ -147,6 +147,15 @@ class ScheduleBuilder:
                         lanes=lanes, root=self.root, inplace=self.inplace,
                         scratch_units=tuple(self._scratch), algorithm=self.algorithm, meta=meta,
                         host_units=tuple(self._host))
+
+    def build_packed(self, code: bytes) -> PackedSchedule:
+        """:meth:`build` for instructions a native emitter wrote as words
+        (``collectx._fastpath.emit_words``) instead of adding them here: the builder's buffers
+        and facts, and ``code``'s instructions, unpacked only on demand."""
+        if any(self._lanes):
+            raise ArgumentError("build_packed: this builder holds instructions of its own, "
+                                "which the words would drop; pack them all, or call build()")
+        return PackedSchedule(self.build(), code)
 
     def appender(self):
         """``append(rank, lane, op, dst, srcs, deps) -> Dep``: :meth:`copy` / :meth:`reduce`

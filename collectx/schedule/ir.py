@@ -278,7 +278,7 @@ class Schedule:
         from .._native import compiled_helper
         native, engines = compiled_helper("pack_words"), {}
         if native is not None:
-            code = native(self.lanes, _OP, _BUFFER, engines)
+            code = native(self.lanes, OP_INDEX, BUFFER_INDEX, engines)
         else:
             code = _words_bytes(_pack_words(self.lanes, engines))
         return dict(self._head(), engine_ops=list(engines), code=code)
@@ -287,14 +287,8 @@ class Schedule:
     def from_packed(cls, d: dict) -> "Schedule":
         """The schedule of :meth:`to_packed`'s data. ValueError, TypeError or IndexError when
         its words do not parse."""
-        from .._native import compiled_helper
-        native = compiled_helper("unpack_words")
         engines = tuple(str(e) for e in d.get("engine_ops", ()))
-        if native is not None:
-            lanes = native(d["code"], OPS, BUFFERS, engines, Instr, Ref, Dep, Lane)
-        else:
-            lanes = _unpack_words(d["code"], engines)
-        return cls._from_head(d, lanes)
+        return cls._from_head(d, _lanes_of_words(d["code"], engines))
 
     def to_json(self, **kw) -> str:
         return json.dumps(self.to_dict(), **kw)
@@ -304,10 +298,55 @@ class Schedule:
         return cls.from_dict(json.loads(text))
 
 
-_BUFFER = {b: i for i, b in enumerate(BUFFERS)}
-_OP = {o: i for i, o in enumerate(OPS)}
+BUFFER_INDEX = {b: i for i, b in enumerate(BUFFERS)}   # how words name buffers and ops
+OP_INDEX = {o: i for i, o in enumerate(OPS)}
 _BUFFER_AT = dict(enumerate(BUFFERS))   # KeyError, not a wrap-around, for a bad index
 _OP_AT = dict(enumerate(OPS))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PackedSchedule:
+    """A schedule whose instructions are still :meth:`Schedule.to_packed`'s words (``code``);
+    ``head``: the schedule's other fields (its lanes a placeholder, one empty lane per rank).
+
+    Why: a planner simulates many candidate schedules and keeps one. A candidate made straight
+    as words (``collectx._fastpath.emit_words``, the tree emitter) and simulated from them
+    (:func:`._flat.flat_tasks`) costs no Python object per instruction, where 10^4-10^5 of
+    them, built, read back and freed, took a third of an 8-GPU plan. :meth:`unpacked` makes
+    the one kept a :class:`Schedule`. Its fields but ``lanes`` (and what reads them, such
+    as ``n_instructions``) read through to ``head``; the rest raise AttributeError.
+
+    >>> s = Schedule("broadcast", 2, 1, ((Lane(()),), (Lane((Instr("copy",
+    ...     Ref(1, "output", 0), (Ref(0, "input", 0),)),)),)))
+    >>> p = PackedSchedule(s, s.to_packed()["code"])
+    >>> p.nranks, p.unpacked() == s
+    (2, True)
+    """
+
+    head: Schedule
+    code: bytes
+
+    def __getattr__(self, name: str):
+        if name not in _HEAD:   # a placeholder's lanes would read as no instructions at all
+            raise AttributeError(f"a PackedSchedule has no {name}: call unpacked() for the "
+                                 f"Schedule")
+        return getattr(self.head, name)
+
+    def unpacked(self) -> Schedule:
+        return dataclasses.replace(self.head, lanes=_lanes_of_words(self.code, ()))
+
+
+_HEAD = frozenset(f.name for f in dataclasses.fields(Schedule)) - {"lanes"} | {
+    "uses_host", "meta_dict", "units"}
+
+
+def _lanes_of_words(code: bytes, engines: tuple) -> tuple:
+    """The lanes of :meth:`Schedule.to_packed`'s words (``engines``: its ``engine_ops``)."""
+    from .._native import compiled_helper
+    native = compiled_helper("unpack_words")
+    if native is not None:
+        return native(code, OPS, BUFFERS, engines, Instr, Ref, Dep, Lane)
+    return _unpack_words(code, engines)
 
 
 def _pack_words(lanes, engines: dict) -> list:
@@ -319,9 +358,9 @@ def _pack_words(lanes, engines: dict) -> list:
             out.append(len(lane.instrs))
             for ins in lane.instrs:
                 d = ins.dst
-                out += (_OP[ins.op], d[0], _BUFFER[d[1]], d[2], d[3], len(ins.srcs))
+                out += (OP_INDEX[ins.op], d[0], BUFFER_INDEX[d[1]], d[2], d[3], len(ins.srcs))
                 for r in ins.srcs:
-                    out += (r[0], _BUFFER[r[1]], r[2], r[3])
+                    out += (r[0], BUFFER_INDEX[r[1]], r[2], r[3])
                 out.append(len(ins.deps))
                 for x in ins.deps:
                     out += x

@@ -32,7 +32,7 @@ from ._routes import Routes, route_classes, routes_for
 from ._flat import flat_tasks, instruction_flows
 from ._taskloop import TaskGraph, native_available, run as run_tasks, run_arrays
 from .engine_steps import engine_groups, span_ratio
-from .ir import Instr, Schedule, range_span
+from .ir import Instr, PackedSchedule, Schedule, range_span
 from .metrics import algbw, bus_factor, unit_bytes
 
 
@@ -109,6 +109,15 @@ _SEEN: dict = {}
 _SEEN_LIMIT = 16
 
 
+def carry(old, new: Schedule) -> None:
+    """Remember for ``new`` what was simulated of ``old``, the same schedule (``old`` packed
+    as words, ``new`` unpacked): the planner simulates candidates as words and then prices
+    the one it keeps."""
+    for key, entry in list(_SEEN.items()):
+        if entry[0] is old:
+            _SEEN[(id(new),) + key[1:]] = (new,) + entry[1:]
+
+
 def forget() -> None:
     """Drop the remembered simulations and the schedules they keep alive (a planner calls
     this when its plan is made: the candidates are of no use to the next one)."""
@@ -133,17 +142,22 @@ def _simulate(s: Schedule, nodes: list, routes, nbytes: int, dtype_size: int,
         time_us, order = run_arrays(flat.arrays, flat.ntasks, flat.ntasks, routes.capacity,
                                     route_classes(routes))
         if len(order) < flat.ntasks:
-            _check_all_ran(schedule_graph(s), set(order), range(flat.ntasks))
+            _check_all_ran(schedule_graph(_unpacked(s)), set(order), range(flat.ntasks))
         a = flat.arrays
         class_bytes = np.bincount(a["part_class"], weights=a["part_bytes"],
                                   minlength=len(route_classes(routes).links)).tolist()
         longest, pairs = flat.longest, flat.pairs
     else:
-        time_us, class_bytes = _simulate_graph(s, nodes, hosts, routes, parts, run_bytes,
-                                               native)
+        time_us, class_bytes = _simulate_graph(_unpacked(s), nodes, hosts, routes, parts,
+                                               run_bytes, native)
         longest, pairs = -1, None
     result = _result(s, nbytes, time_us, routes, _link_bytes(class_bytes, route_classes(routes)))
     return result, longest, pairs
+
+
+def _unpacked(s):
+    """``s`` with its instructions as objects: the paths that walk them need them so."""
+    return s.unpacked() if isinstance(s, PackedSchedule) else s
 
 
 def _simulate_graph(s: Schedule, nodes, hosts, routes, parts, run_bytes, native):

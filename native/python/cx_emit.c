@@ -18,14 +18,24 @@
  *     deps the producers' Dep(rank, lane, index) in token order, repeats dropped.
  * A token naming an item not yet appended (one not earlier in time) raises ValueError, as do
  * malformed items; lanes may then hold part of the items.
+ *
+ * emit_words(items, nranks, lane_keys, sublanes, max_lanes, tag_sublanes, ops, buffers) deals
+ * the same items onto the same lanes, but returns the instructions as the int64 words of
+ * Schedule.to_packed (the grammar is in cx_unpack.c), exactly those of the schedule
+ * emit_lanes and ScheduleBuilder.build would make (a rank without instructions gets one empty
+ * lane). No Python object is made per instruction: the planner simulates most candidates
+ * straight from these words and unpacks only the one it keeps. ops and buffers map names to
+ * indices; an unknown name raises KeyError, a malformed Ref TypeError.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "cx_emit.h"
 #include "cx_named.h"
+#include "cx_unpack.h"
 
 typedef struct {
   long dealt;   /* items of the key so far */
@@ -293,4 +303,150 @@ PyObject* cx_emit_lanes(PyObject* self, PyObject* args) {
   free(d.sub_lane);
   if (rc < 0) return NULL;
   Py_RETURN_NONE;
+}
+
+
+/* -- emit_words -------------------------------------------------------------------------------- */
+typedef struct {
+  int32_t rank, lane, index;   /* the Dep of an item's instruction; rank -1 until dealt */
+} Placed;
+
+typedef struct {
+  CxWriter* lane_words;   /* nranks x max_lanes writers, one per lane */
+  Py_ssize_t* lane_count; /* instructions per lane */
+  int* nlanes;            /* per rank: lanes created (the highest used + 1) */
+  Placed* placed;         /* per item seq */
+} Words;
+
+/* The instruction of ``item`` (dealt to ``rank``'s ``lane``) as words: op, dst, sources, the
+ * producers of its tokens in order (repeats dropped), no engine. 0, or -1 with an exception. */
+static int put_item(Words* out, CxWriter* w, PyObject* item, Py_ssize_t n) {
+  PyObject* srcs = PyTuple_GET_ITEM(item, 6);
+  PyObject* tokens = PyTuple_GET_ITEM(item, 7);
+  if (cx_put_index(w, w->ops, PyTuple_GET_ITEM(item, 4)) ||
+      cx_put_ref(w, PyTuple_GET_ITEM(item, 5)) || cx_put(w, PyTuple_GET_SIZE(srcs)))
+    return -1;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(srcs); ++i)
+    if (cx_put_ref(w, PyTuple_GET_ITEM(srcs, i))) return -1;
+  Py_ssize_t nt = PyTuple_GET_SIZE(tokens), m = 0, found[16];
+  Py_ssize_t* deps = nt <= 16 ? found : PyMem_Malloc((size_t)nt * sizeof(Py_ssize_t));
+  if (deps == NULL) return PyErr_NoMemory(), -1;
+  int rc = 0;
+  for (Py_ssize_t i = 0; i < nt && rc == 0; ++i) {
+    PyObject* t = PyTuple_GET_ITEM(tokens, i);
+    if (t == Py_None) continue;
+    Py_ssize_t k = PyLong_Check(t) ? PyLong_AsSsize_t(t) : -1;
+    if (k < 0 || k >= n || out->placed[k].rank < 0) {
+      if (!PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "emit_words: token %R names no item appended before "
+                     "this one (tokens must name earlier items)", t);
+      rc = -1;
+      break;
+    }
+    int seen = 0;
+    for (Py_ssize_t j = 0; j < m && !seen; ++j) seen = deps[j] == k;
+    if (!seen) deps[m++] = k;
+  }
+  if (rc == 0) rc = cx_put(w, m);
+  for (Py_ssize_t j = 0; j < m && rc == 0; ++j) {
+    Placed d = out->placed[deps[j]];
+    rc = cx_put(w, d.rank) || cx_put(w, d.lane) || cx_put(w, d.index) ? -1 : 0;
+  }
+  if (deps != found) PyMem_Free(deps);
+  return rc == 0 ? cx_put(w, -1) : -1;
+}
+
+static int deal_words(Dealer* d, Words* out, PyObject* items) {
+  Py_ssize_t n = PyList_GET_SIZE(items), nranks = PyList_GET_SIZE(d->lane_keys);
+  for (Py_ssize_t i = 0; i < n; ++i) out->placed[i].rank = -1;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyList_GET_ITEM(items, i);
+    Py_ssize_t seq, rank;
+    if (!well_formed(item, n, nranks, &seq, &rank) || out->placed[seq].rank >= 0) {
+      PyErr_Format(PyExc_ValueError, "emit_words: item %zd is not (t, seq, rank, key, op, dst, "
+                   "srcs, tokens) with a new seq in [0, %zd) and a rank in [0, %zd)", i, n,
+                   nranks);
+      return -1;
+    }
+    long lane = next_lane(d, rank, PyTuple_GET_ITEM(item, 3));
+    if (lane < 0) return -1;
+    Py_ssize_t at = rank * d->max_lanes + lane;
+    if (put_item(out, &out->lane_words[at], item, n) < 0) return -1;
+    out->placed[seq] = (Placed){(int32_t)rank, (int32_t)lane, (int32_t)out->lane_count[at]++};
+    if (out->nlanes[rank] <= lane) out->nlanes[rank] = (int)lane + 1;
+  }
+  return 0;
+}
+
+/* Every rank's lanes in order, as pack_words lays them out: a bytes object. */
+static PyObject* joined(const Words* out, Py_ssize_t nranks, long max_lanes) {
+  Py_ssize_t total = 1;
+  for (Py_ssize_t r = 0; r < nranks; ++r) {
+    total += 1 + (out->nlanes[r] ? 0 : 1);   /* a rank without lanes gets one, empty */
+    for (int l = 0; l < out->nlanes[r]; ++l) total += 1 + out->lane_words[r * max_lanes + l].used;
+  }
+  PyObject* bytes = PyBytes_FromStringAndSize(NULL, total * (Py_ssize_t)sizeof(int64_t));
+  if (bytes == NULL) return NULL;
+  int64_t* at = (int64_t*)PyBytes_AS_STRING(bytes);
+  *at++ = cx_le64(nranks);
+  for (Py_ssize_t r = 0; r < nranks; ++r) {
+    *at++ = cx_le64(out->nlanes[r] ? out->nlanes[r] : 1);
+    if (!out->nlanes[r]) *at++ = 0;
+    for (int l = 0; l < out->nlanes[r]; ++l) {
+      const CxWriter* w = &out->lane_words[r * max_lanes + l];
+      *at++ = cx_le64(out->lane_count[r * max_lanes + l]);
+      if (w->used) memcpy(at, w->words, (size_t)w->used * sizeof(int64_t));   /* already LE */
+      at += w->used;
+    }
+  }
+  return bytes;
+}
+
+PyObject* cx_emit_words(PyObject* self, PyObject* args) {
+  (void)self;
+  PyObject *items, *lane_keys, *tags, *ops, *buffers;
+  Py_ssize_t nranks;
+  long sublanes, max_lanes;
+  if (!PyArg_ParseTuple(args, "O!nO!llO!O!O!:emit_words", &PyList_Type, &items, &nranks,
+                        &PyList_Type, &lane_keys, &sublanes, &max_lanes, &PyDict_Type, &tags,
+                        &PyDict_Type, &ops, &PyDict_Type, &buffers))
+    return NULL;
+  if (sublanes < 1 || max_lanes < 1 || max_lanes > (1 << 20) || nranks < 1 ||
+      PyList_GET_SIZE(lane_keys) != nranks) {
+    PyErr_SetString(PyExc_ValueError, "emit_words: sublanes, max_lanes and nranks >= 1 and a "
+                    "lane_keys dict per rank expected");
+    return NULL;
+  }
+  for (Py_ssize_t r = 0; r < nranks; ++r) {
+    if (!PyDict_Check(PyList_GET_ITEM(lane_keys, r))) {
+      PyErr_SetString(PyExc_TypeError, "emit_words: lane_keys must hold a dict per rank");
+      return NULL;
+    }
+  }
+  Py_ssize_t n = PyList_GET_SIZE(items), nlw = nranks * max_lanes;
+  Words out = {PyMem_Calloc((size_t)nlw, sizeof(CxWriter)),
+               PyMem_Calloc((size_t)nlw, sizeof(Py_ssize_t)),
+               PyMem_Calloc((size_t)nranks, sizeof(int)),
+               PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Placed))};
+  Dealer d = {NULL, lane_keys, per_rank_table(nranks), tags, sublanes, max_lanes, NULL, NULL,
+              0, 0, 0, 0};
+  PyObject* result = NULL;
+  if (out.lane_words == NULL || out.lane_count == NULL || out.nlanes == NULL ||
+      out.placed == NULL) {
+    PyErr_NoMemory();
+  } else if (d.slot_of != NULL) {
+    for (Py_ssize_t i = 0; i < nlw; ++i)
+      out.lane_words[i].ops = ops, out.lane_words[i].buffers = buffers;
+    if (deal_words(&d, &out, items) == 0) result = joined(&out, nranks, max_lanes);
+  }
+  for (Py_ssize_t i = 0; out.lane_words != NULL && i < nlw; ++i)
+    PyMem_Free(out.lane_words[i].words);
+  PyMem_Free(out.lane_words);
+  PyMem_Free(out.lane_count);
+  PyMem_Free(out.nlanes);
+  PyMem_Free(out.placed);
+  Py_XDECREF(d.slot_of);
+  free(d.slots);
+  free(d.sub_lane);
+  return result;
 }

@@ -10,9 +10,10 @@
  * and hands the addresses of cx_reduce/cx_copy/cx_scale to bind(), so both paths always run the
  * same library, including one named by COLLECTX_NATIVE_LIB.
  *
- * The module also carries the planner's hot loops: schedule_arrays (cx_schedule_arrays.c), the
- * simulator's one-pass reader of a schedule's instructions; emit_lanes (cx_emit.c), the tree
- * emitter's dealing of items onto lanes; tree_broadcast and tree_reduce (cx_trees.c), its
+ * The module also carries the planner's hot loops: schedule_arrays and word_arrays
+ * (cx_schedule_arrays.c), the simulator's one-pass readers of a schedule's instructions (objects
+ * or words); emit_lanes and emit_words (cx_emit.c), the tree emitter's dealing of items onto
+ * lanes; tree_broadcast and tree_reduce (cx_trees.c), its
  * building of those items; max_flow (cx_maxflow.c), Lovász's construction's max-flows;
  * pack_words and unpack_words (cx_unpack.c), a schedule's instructions as words and back.
  *
@@ -771,7 +772,9 @@ static PyMethodDef methods[] = {
     {"copy", (PyCFunction)(void (*)(void))fast_copy, METH_FASTCALL, copy_doc},
     {"bind", bind, METH_VARARGS, bind_doc},
     {"schedule_arrays", cx_schedule_arrays, METH_O, CX_SCHEDULE_ARRAYS_DOC},
+    {"word_arrays", cx_word_arrays, METH_VARARGS, CX_WORD_ARRAYS_DOC},
     {"emit_lanes", cx_emit_lanes, METH_VARARGS, CX_EMIT_LANES_DOC},
+    {"emit_words", cx_emit_words, METH_VARARGS, CX_EMIT_WORDS_DOC},
     {"tree_broadcast", (PyCFunction)(void (*)(void))cx_tree_broadcast, METH_FASTCALL,
      CX_TREE_BROADCAST_DOC},
     {"tree_reduce", (PyCFunction)(void (*)(void))cx_tree_reduce, METH_FASTCALL,

@@ -25,6 +25,11 @@
  * nothing, for anything it does not recognise: an op other than copy/reduce (engine steps), a
  * dependency that names no instruction, a malformed tuple. The Python path then runs and
  * raises the precise, typed error where there is one.
+ *
+ * word_arrays(words, copy, reduce, host) reads the same from a schedule packed as
+ * Schedule.to_packed's int64 words (the grammar is in cx_unpack.c; copy, reduce and host are
+ * the indices of those ops and that buffer), for candidates the planner made as words
+ * (cx_emit.c's emit_words): the same arrays, and None for words that do not parse as well.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -34,6 +39,7 @@
 #include <string.h>
 
 #include "cx_schedule_arrays.h"
+#include "cx_unpack.h"
 
 enum { F_RANK, F_DST_RANK, F_DST_HOST, F_DST_CHUNK, F_DST_COUNT, F_SRC_OFF, F_SRC_RANK,
        F_SRC_HOST, F_PRED_OFF, F_PREDS, F_SUCC_OFF, F_SUCCS, F_COUNT };
@@ -42,6 +48,7 @@ typedef struct {
   Py_ssize_t n;              /* instructions */
   Py_ssize_t nlanes;         /* lanes over all ranks */
   PyObject** instrs;         /* borrowed: node -> Instr (the schedule keeps them alive) */
+  Py_ssize_t* at;            /* or, read from words: node -> its first word */
   Py_ssize_t* rank_lane0;    /* rank -> its first global lane; nranks + 1 entries */
   Py_ssize_t* lane_base;     /* global lane -> node of its first instruction; nlanes + 1 */
   int32_t* out[F_COUNT];
@@ -50,6 +57,7 @@ typedef struct {
 
 static void walk_free(Walk* w) {
   free(w->instrs);
+  free(w->at);
   free(w->rank_lane0);
   free(w->lane_base);
   for (int i = 0; i < F_COUNT; ++i) free(w->out[i]);
@@ -290,5 +298,164 @@ PyObject* cx_schedule_arrays(PyObject* self, PyObject* lanes) {
     PyErr_NoMemory();
   }
   walk_free(&w);
+  return result;
+}
+
+
+/* -- word_arrays ------------------------------------------------------------------------------- */
+typedef struct {
+  const char* w;   /* the words, little-endian, not necessarily aligned */
+  Py_ssize_t n;
+  int64_t copy, reduce, host;
+} Words;
+
+/* Word ``i``, or -1 past the end (every count and index read is then refused). */
+static int64_t word(const Words* ws, Py_ssize_t i) {
+  if (i >= ws->n) return -1;
+  int64_t v;
+  memcpy(&v, ws->w + 8 * i, 8);
+  return cx_le64(v);
+}
+
+/* Pass 1 over words: lanes, instructions and where each one starts (like number_lanes). 1, 0
+ * for words that do not parse or hold an engine step, -1 out of memory. */
+static int number_words(const Words* ws, Walk* w) {
+  Py_ssize_t i = 0, cap = 1024, lane_cap = 64;
+  int64_t nranks = word(ws, i++);
+  if (nranks < 1 || nranks > ws->n) return 0;
+  w->rank_lane0 = malloc((size_t)(nranks + 1) * sizeof(Py_ssize_t));
+  w->lane_base = malloc((size_t)lane_cap * sizeof(Py_ssize_t));
+  w->at = malloc((size_t)cap * sizeof(Py_ssize_t));
+  if (w->rank_lane0 == NULL || w->lane_base == NULL || w->at == NULL) return -1;
+  for (int64_t r = 0; r < nranks; ++r) {
+    int64_t nl = word(ws, i++);
+    if (nl < 0 || nl > ws->n) return 0;
+    w->rank_lane0[r] = w->nlanes;
+    for (int64_t l = 0; l < nl; ++l) {
+      int64_t k = word(ws, i++);
+      if (k < 0 || k > ws->n) return 0;
+      if (w->nlanes + 2 > lane_cap) {
+        lane_cap *= 2;
+        Py_ssize_t* grown = realloc(w->lane_base, (size_t)lane_cap * sizeof(Py_ssize_t));
+        if (grown == NULL) return -1;
+        w->lane_base = grown;
+      }
+      w->lane_base[w->nlanes++] = w->n;
+      for (int64_t j = 0; j < k; ++j) {
+        if (w->n == cap) {
+          cap *= 2;
+          Py_ssize_t* grown = realloc(w->at, (size_t)cap * sizeof(Py_ssize_t));
+          if (grown == NULL) return -1;
+          w->at = grown;
+        }
+        w->at[w->n++] = i;
+        int64_t op = word(ws, i);
+        int64_t nsrc = word(ws, i + 5);
+        if ((op != ws->copy && op != ws->reduce) || nsrc < 0 || nsrc > ws->n) return 0;
+        i += 6 + 4 * nsrc;
+        int64_t ndep = word(ws, i);
+        if (ndep < 0 || ndep > ws->n) return 0;
+        i += 1 + 3 * ndep;
+        if (word(ws, i++) != -1) return 0;   /* an engine step, or past the end */
+      }
+    }
+  }
+  if (i != ws->n || w->n > INT32_MAX / 2) return 0;
+  w->rank_lane0[nranks] = w->nlanes;
+  w->lane_base[w->nlanes] = w->n;
+  return 1;
+}
+
+/* The node of the Dep at words ``d`` (rank, lane, index), or -1 when it names none. */
+static Py_ssize_t word_dep_node(const Walk* w, const Words* ws, Py_ssize_t d, int64_t nranks) {
+  int64_t r = word(ws, d), l = word(ws, d + 1), i = word(ws, d + 2);
+  if (r < 0 || r >= nranks || l < 0 || i < 0) return -1;
+  if (l >= w->rank_lane0[r + 1] - w->rank_lane0[r]) return -1;
+  Py_ssize_t lane = w->rank_lane0[r] + l;
+  if (i >= w->lane_base[lane + 1] - w->lane_base[lane]) return -1;
+  return w->lane_base[lane] + i;
+}
+
+/* A reference at words ``i``: rank and host flag, chunk and count where asked; 0 when a field
+ * does not fit an int32. */
+static int word_ref(const Words* ws, Py_ssize_t i, int32_t* rank, int32_t* host,
+                    int32_t* chunk, int32_t* count) {
+  int64_t f[4] = {word(ws, i), word(ws, i + 1), word(ws, i + 2), word(ws, i + 3)};
+  for (int k = 0; k < 4; ++k)
+    if (f[k] < 0 || f[k] > INT32_MAX) return 0;
+  *rank = (int32_t)f[0];
+  *host = f[1] == ws->host;
+  if (chunk != NULL) *chunk = (int32_t)f[2];
+  if (count != NULL) *count = (int32_t)f[3];
+  return 1;
+}
+
+/* Pass 2 over words: as read_instrs. */
+static int read_words(Walk* w, const Words* ws, int64_t nranks) {
+  Py_ssize_t n = w->n, nsrc = 0, ndep = 0;
+  for (Py_ssize_t v = 0; v < n; ++v) {
+    int64_t k = word(ws, w->at[v] + 5);
+    nsrc += k;
+    ndep += word(ws, w->at[v] + 6 + 4 * k);
+  }
+  for (int f = F_RANK; f <= F_DST_COUNT; ++f)
+    if (!alloc_out(w, f, n)) return -1;
+  if (!alloc_out(w, F_SRC_OFF, n + 1) || !alloc_out(w, F_SRC_RANK, nsrc) ||
+      !alloc_out(w, F_SRC_HOST, nsrc) || !alloc_out(w, F_PRED_OFF, n + 1) ||
+      !alloc_out(w, F_PREDS, n + ndep))
+    return -1;
+  Py_ssize_t lane = 0, s = 0, p = 0;
+  int32_t rank = 0;
+  w->out[F_SRC_OFF][0] = w->out[F_PRED_OFF][0] = 0;
+  for (Py_ssize_t v = 0; v < n; ++v) {
+    while (w->lane_base[lane + 1] <= v) ++lane;   /* skips empty lanes */
+    while (w->rank_lane0[rank + 1] <= lane) ++rank;
+    Py_ssize_t i = w->at[v];
+    w->out[F_RANK][v] = rank;
+    if (!word_ref(ws, i + 1, &w->out[F_DST_RANK][v], &w->out[F_DST_HOST][v],
+                  &w->out[F_DST_CHUNK][v], &w->out[F_DST_COUNT][v]))
+      return 0;
+    int64_t k = word(ws, i + 5);
+    for (int64_t j = 0; j < k; ++j, ++s)
+      if (!word_ref(ws, i + 6 + 4 * j, &w->out[F_SRC_RANK][s], &w->out[F_SRC_HOST][s], NULL,
+                    NULL))
+        return 0;
+    w->out[F_SRC_OFF][v + 1] = (int32_t)s;
+    Py_ssize_t first = p, d = i + 6 + 4 * k;
+    if (v > w->lane_base[lane]) w->out[F_PREDS][p++] = (int32_t)(v - 1);
+    for (int64_t j = 0, m = word(ws, d); j < m; ++j) {
+      Py_ssize_t u = word_dep_node(w, ws, d + 1 + 3 * j, nranks);
+      if (u < 0) return 0;
+      int seen = 0;   /* a handful of predecessors: a scan beats a set */
+      for (Py_ssize_t q = first; q < p && !seen; ++q) seen = w->out[F_PREDS][q] == u;
+      if (!seen) w->out[F_PREDS][p++] = (int32_t)u;
+    }
+    w->out[F_PRED_OFF][v + 1] = (int32_t)p;
+  }
+  w->len[F_PREDS] = p;
+  return 1;
+}
+
+PyObject* cx_word_arrays(PyObject* self, PyObject* args) {
+  (void)self;
+  Py_buffer buf;
+  long long copy, reduce, host;
+  if (!PyArg_ParseTuple(args, "y*LLL:word_arrays", &buf, &copy, &reduce, &host)) return NULL;
+  Walk w;
+  memset(&w, 0, sizeof w);
+  Words ws = {buf.buf, buf.len / 8, copy, reduce, host};
+  int rc = buf.len % 8 ? 0 : number_words(&ws, &w);
+  if (rc == 1) rc = read_words(&w, &ws, word(&ws, 0));
+  if (rc == 1) rc = invert_preds(&w);
+  PyObject* result = NULL;
+  if (rc == 1) {
+    result = to_arrays(&w);
+  } else if (rc == 0) {
+    result = Py_NewRef(Py_None);
+  } else if (!PyErr_Occurred()) {
+    PyErr_NoMemory();
+  }
+  walk_free(&w);
+  PyBuffer_Release(&buf);
   return result;
 }

@@ -189,15 +189,7 @@ done:
 }
 
 /* -- writing ----------------------------------------------------------------------------------- */
-typedef struct {
-  int64_t* words;
-  Py_ssize_t used, size;
-  PyObject* ops;        /* dicts: name -> index */
-  PyObject* buffers;
-  PyObject* engine_ops; /* filled here: an engine_op first seen gets the next index */
-} Writer;
-
-static int put(Writer* w, int64_t v) {
+int cx_put(CxWriter* w, int64_t v) {
   if (w->used == w->size) {
     Py_ssize_t size = w->size ? 2 * w->size : 1024;
     int64_t* grown = PyMem_Realloc(w->words, (size_t)size * sizeof(int64_t));
@@ -208,20 +200,17 @@ static int put(Writer* w, int64_t v) {
     w->words = grown;
     w->size = size;
   }
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  v = (int64_t)__builtin_bswap64((uint64_t)v);
-#endif
-  w->words[w->used++] = v;
+  w->words[w->used++] = cx_le64(v);
   return 0;
 }
 
-static int put_int(Writer* w, PyObject* v) {
+static int put_int(CxWriter* w, PyObject* v) {
   long long x = PyLong_AsLongLong(v);
   if (x == -1 && PyErr_Occurred()) return -1;
-  return put(w, x);
+  return cx_put(w, x);
 }
 
-static int put_index(Writer* w, PyObject* table, PyObject* name) {
+int cx_put_index(CxWriter* w, PyObject* table, PyObject* name) {
   PyObject* k = PyDict_GetItemWithError(table, name);
   if (k == NULL) {
     if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, name);
@@ -241,29 +230,31 @@ static PyObject* tuple_field(PyObject* t, Py_ssize_t i, Py_ssize_t least) {
   return v;
 }
 
-static int put_ref(Writer* w, PyObject* ref) {
+int cx_put_ref(CxWriter* w, PyObject* ref) {
   if (!PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) < 4) {
     PyErr_Format(PyExc_TypeError, "pack_words: expected a Ref, got %R", ref);
     return -1;
   }
-  return put_int(w, PyTuple_GET_ITEM(ref, 0)) || put_index(w, w->buffers, PyTuple_GET_ITEM(ref, 1)) ||
+  return put_int(w, PyTuple_GET_ITEM(ref, 0)) ||
+                 cx_put_index(w, w->buffers, PyTuple_GET_ITEM(ref, 1)) ||
                  put_int(w, PyTuple_GET_ITEM(ref, 2)) || put_int(w, PyTuple_GET_ITEM(ref, 3))
              ? -1
              : 0;
 }
 
-static int put_instr(Writer* w, PyObject* ins) {
+static int put_instr(CxWriter* w, PyObject* ins) {
   if (!PyTuple_Check(ins) || PyTuple_GET_SIZE(ins) < 6) {
     PyErr_Format(PyExc_TypeError, "pack_words: expected an Instr, got %R", ins);
     return -1;
   }
   PyObject *srcs, *deps;
-  if (put_index(w, w->ops, PyTuple_GET_ITEM(ins, 0)) || put_ref(w, PyTuple_GET_ITEM(ins, 1)) ||
-      !(srcs = tuple_field(ins, 2, 0)) || put(w, PyTuple_GET_SIZE(srcs)))
+  if (cx_put_index(w, w->ops, PyTuple_GET_ITEM(ins, 0)) ||
+      cx_put_ref(w, PyTuple_GET_ITEM(ins, 1)) || !(srcs = tuple_field(ins, 2, 0)) ||
+      cx_put(w, PyTuple_GET_SIZE(srcs)))
     return -1;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(srcs); ++i)
-    if (put_ref(w, PyTuple_GET_ITEM(srcs, i))) return -1;
-  if (!(deps = tuple_field(ins, 3, 0)) || put(w, PyTuple_GET_SIZE(deps))) return -1;
+    if (cx_put_ref(w, PyTuple_GET_ITEM(srcs, i))) return -1;
+  if (!(deps = tuple_field(ins, 3, 0)) || cx_put(w, PyTuple_GET_SIZE(deps))) return -1;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(deps); ++i) {
     PyObject* d = PyTuple_GET_ITEM(deps, i);
     if (!PyTuple_Check(d) || PyTuple_GET_SIZE(d) < 3) {
@@ -274,7 +265,7 @@ static int put_instr(Writer* w, PyObject* ins) {
       if (put_int(w, PyTuple_GET_ITEM(d, j))) return -1;
   }
   PyObject* engine = PyTuple_GET_ITEM(ins, 4);
-  if (engine == Py_None) return put(w, -1);
+  if (engine == Py_None) return cx_put(w, -1);
   PyObject* k = PyDict_GetItemWithError(w->engine_ops, engine);
   if (k == NULL) {
     if (PyErr_Occurred()) return -1;
@@ -286,8 +277,8 @@ static int put_instr(Writer* w, PyObject* ins) {
     Py_DECREF(next);
   }
   PyObject* group;
-  if (put_index(w, w->engine_ops, engine) || !(group = tuple_field(ins, 5, 0)) ||
-      put(w, PyTuple_GET_SIZE(group)))
+  if (cx_put_index(w, w->engine_ops, engine) || !(group = tuple_field(ins, 5, 0)) ||
+      cx_put(w, PyTuple_GET_SIZE(group)))
     return -1;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(group); ++i)
     if (put_int(w, PyTuple_GET_ITEM(group, i))) return -1;
@@ -295,22 +286,23 @@ static int put_instr(Writer* w, PyObject* ins) {
 }
 
 /* Every lane of ``lanes`` (a tuple per rank of Lanes, each with a tuple ``instrs``). */
-static int put_lanes(Writer* w, PyObject* lanes) {
+static int put_lanes(CxWriter* w, PyObject* lanes) {
   if (!PyTuple_Check(lanes)) {
     PyErr_Format(PyExc_TypeError, "pack_words: expected a tuple of ranks' lanes, got %R", lanes);
     return -1;
   }
-  if (put(w, PyTuple_GET_SIZE(lanes))) return -1;
+  if (cx_put(w, PyTuple_GET_SIZE(lanes))) return -1;
   for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(lanes); ++r) {
     PyObject* rank = PyTuple_GET_ITEM(lanes, r);
-    if (!PyTuple_Check(rank) || put(w, PyTuple_GET_SIZE(rank))) {
-      if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "pack_words: rank %zd's lanes: %R", r, rank);
+    if (!PyTuple_Check(rank) || cx_put(w, PyTuple_GET_SIZE(rank))) {
+      if (!PyErr_Occurred())
+        PyErr_Format(PyExc_TypeError, "pack_words: rank %zd's lanes: %R", r, rank);
       return -1;
     }
     for (Py_ssize_t l = 0; l < PyTuple_GET_SIZE(rank); ++l) {
       PyObject* instrs = PyObject_GetAttrString(PyTuple_GET_ITEM(rank, l), "instrs");
       if (instrs == NULL) return -1;
-      int bad = !PyTuple_Check(instrs) || put(w, PyTuple_GET_SIZE(instrs));
+      int bad = !PyTuple_Check(instrs) || cx_put(w, PyTuple_GET_SIZE(instrs));
       for (Py_ssize_t i = 0; !bad && i < PyTuple_GET_SIZE(instrs); ++i)
         bad = put_instr(w, PyTuple_GET_ITEM(instrs, i));
       if (bad && !PyErr_Occurred())
@@ -325,7 +317,7 @@ static int put_lanes(Writer* w, PyObject* lanes) {
 PyObject* cx_pack_words(PyObject* self, PyObject* args) {
   (void)self;
   PyObject* lanes;
-  Writer w = {NULL, 0, 0, NULL, NULL, NULL};
+  CxWriter w = {NULL, 0, 0, NULL, NULL, NULL};
   if (!PyArg_ParseTuple(args, "OO!O!O!:pack_words", &lanes, &PyDict_Type, &w.ops, &PyDict_Type,
                         &w.buffers, &PyDict_Type, &w.engine_ops))
     return NULL;
