@@ -12,13 +12,13 @@ import pytest
 import collectx.topology as topo
 from collectx.errors import ArgumentError
 from collectx.planner import plan, trees
-from collectx.planner._build import unpacked
 from collectx.planner.treesched import compiled_helper
 from collectx.schedule import Ref, ScheduleBuilder, simulate, verify
 from collectx.schedule.ir import BUFFER_INDEX, OP_INDEX, PackedSchedule
 from test_tree_items import KINDS, NRANKS, _packing
 
 sim = importlib.import_module("collectx.schedule.simulate")
+unpacked = sim.unpacked
 needs_words = pytest.mark.skipif(
     any(compiled_helper(n) is None for n in ("emit_words", "word_arrays", "schedule_arrays")),
     reason="no compiled collectx._fastpath")

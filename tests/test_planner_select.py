@@ -171,3 +171,44 @@ def test_a_packing_within_the_fill_margin_still_wins_when_its_model_says_so():
     assert lp_us > beat_us   # within the margin: only the model's own check lets it through
     forest = plan_forest(view, ranks, "allreduce", nbytes, host=True, beat_us=beat_us)
     assert predict(forest, view, nbytes, ranks, "forest").time_us < best_us
+
+
+@pytest.mark.parametrize("name,gpus", [("dgx1v", None), ("dgx1v", [0, 1, 2, 5]),
+                                       ("dgx1p", [1, 2, 4, 7]), ("pcie_gen4_8gpu", None),
+                                       ("dgx_a100", [0, 3, 5])])
+@pytest.mark.parametrize("coll", ["broadcast", "reduce"])
+@pytest.mark.parametrize("nbytes", [8 << 10, 3 << 20, 1 << 28])
+def test_no_direct_schedule_beats_its_least_time(name, gpus, coll, nbytes):
+    from collectx.planner.api import allocation
+    from collectx.planner.direct import least_us
+    from collectx.schedule import simulate
+    ranks, view = allocation(T.load(name), gpus)
+    root = len(ranks) - 1
+    least = least_us(view, ranks, coll, nbytes, root)
+    s = plan_direct(view, ranks, coll, nbytes, root=root)
+    assert 0 < least <= simulate(s, view, nbytes, ranks=list(ranks)).time_us
+    assert least_us(view, ranks, "allgather", nbytes) == 0.0   # no bound: never skipped
+
+
+@pytest.mark.parametrize("coll,gpus", [("broadcast", None), ("reduce", [0, 1, 2, 5]),
+                                       ("broadcast", [1, 2, 4, 7])])
+@pytest.mark.parametrize("nbytes", [8 << 10, 1 << 20, 1 << 28])
+def test_skipping_direct_by_its_least_time_chooses_as_planning_it_does(monkeypatch, coll,
+                                                                       gpus, nbytes):
+    import collectx.planner.select as select
+    from collectx.planner.api import allocation
+    ranks, view = allocation(T.load("dgx1v"), gpus)
+    names = ["direct", "ring", "tree"]
+    planned = []
+    real_call = select.registry.call
+    monkeypatch.setattr(select.registry, "call",
+                        lambda name, *a, **kw: planned.append(name) or real_call(name, *a, **kw))
+    skipping = choose(view, ranks, coll, nbytes, algorithms=names)
+    skipped = "direct" not in planned
+    monkeypatch.setattr(select.direct, "least_us", lambda *a: 0.0)
+    planned.clear()
+    every = choose(view, ranks, coll, nbytes, algorithms=names)
+    assert "direct" in planned and skipping[0] == every[0]
+    assert skipping[2].time_us == every[2].time_us
+    if nbytes in (8 << 10, 1 << 28):   # planned where latency decides, not where bandwidth
+        assert skipped == (nbytes == 1 << 28)

@@ -22,8 +22,9 @@ from __future__ import annotations
 import networkx as nx
 
 from ..errors import PlanError
+from ..schedule.builder import LaneBuilder
 from ..schedule.ir import COLLECTIVES, MAX_LANES, Ref, Schedule
-from ._build import Builder, check_args, shard, simulated, staggered
+from ._build import check_args, shard, simulated, staggered
 from .cost_tables import INSTRUCTIONS, MAX_PIECES, MIN_CHUNK_BYTES, pipeline_pieces, route_terms
 
 # One lane per peer wherever the IR's lanes allow: two peers sharing a lane take turns, and
@@ -77,19 +78,43 @@ def plan_direct(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbyte
         raise PlanError("in-place alltoall: not defined (each rank's input is still being read "
                         "while peers write its output); pass distinct input and output buffers")
     if nchunks is None and collective in ("broadcast", "reduce") and n > 1 and topo is not None:
-        # Staggered pieces hide each one's wait behind the next, as far as the links let
-        # them: the model (_paced_chunks) and the most pieces (_shard_chunks) bracket the
-        # best count, and the simulator picks between them, as it does for packed trees.
-        tries = dict.fromkeys((_shard_chunks(collective, n, nbytes),
-                               _paced_chunks(topo, ranks, collective, nbytes, root)))
-        built = [_built(collective, n, n * c, root, inplace) for c in tries]
+        built = [_built(collective, n, n * c, root, inplace)
+                 for c in _chunk_tries(topo, ranks, collective, nbytes, root)]
         return min(built, key=lambda s: simulated(s, topo, nbytes, ranks).time_us)
     return _built(collective, n, nchunks or n * _shard_chunks(collective, n, nbytes), root,
                   inplace)
 
 
+def least_us(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: int,
+             root: int = 0) -> float:
+    """No direct broadcast or reduce of ``nbytes`` over ``ranks`` takes less (simulated us):
+    its busiest link's bytes over that link's capacity. A byte crosses the same routes however
+    the shards are cut, so one chunk per shard, cheap to simulate, loads every link as any
+    other cut (less what shards of whole chunks and chunks of whole elements take off one).
+
+    >>> from collectx.topology import load
+    >>> round(least_us(load("dgx1v"), tuple(f"GPU{i}" for i in range(8)), "broadcast", 1 << 28))
+    5336
+    """
+    n = len(ranks)
+    if collective not in ("broadcast", "reduce") or n < 2:
+        return 0.0
+    sim = simulated(_built(collective, n, n - 1, root, False), topo, nbytes, ranks)
+    whole = min((n * c // (n - 1)) * (n - 1) / (n * c)   # the smallest shard's share of even
+                for c in _chunk_tries(topo, ranks, collective, nbytes, root))
+    return max(sim.link_util.values(), default=0.0) * sim.time_us * whole * 0.999
+
+
+def _chunk_tries(topo, ranks, collective: str, nbytes: int, root: int) -> list:
+    """Chunks per shard to simulate: staggered pieces hide each one's wait behind the next as
+    far as the links let them, and the model (:func:`_paced_chunks`) and the most pieces
+    (:func:`_shard_chunks`) bracket the best count."""
+    return list(dict.fromkeys((_shard_chunks(collective, len(ranks), nbytes),
+                               _paced_chunks(topo, ranks, collective, nbytes, root))))
+
+
 def _built(collective: str, n: int, nchunks: int, root: int, inplace: bool) -> Schedule:
-    b = Builder(collective, n, nchunks, root=root, inplace=inplace)
+    b = LaneBuilder(collective, n, nchunks, root=root, inplace=inplace)
     scratch = _BUILDERS[collective](b)
     return b.schedule("direct", scratch_units=scratch, meta={"pattern": "one-hop", "pull": True})
 
@@ -144,7 +169,7 @@ def _piece_lane(offset: int, turn: int, n: int) -> int:
     return 2 * (offset - 1) + turn
 
 
-def _allreduce(b: Builder):
+def _allreduce(b: LaneBuilder):
     n, c = b.nranks, b.nchunks
     done = []
     for r in range(n):
@@ -164,7 +189,7 @@ def _allreduce(b: Builder):
     return ()
 
 
-def _reduce_scatter(b: Builder):
+def _reduce_scatter(b: LaneBuilder):
     n, c = b.nranks, b.nchunks
     for r in range(n):
         srcs = [Ref((r + o) % n, "input", r * c, c) for o in range(n)]
@@ -172,15 +197,15 @@ def _reduce_scatter(b: Builder):
     return ()
 
 
-def _allgather(b: Builder):
+def _allgather(b: LaneBuilder):
     return _pull_from_all(b, lambda r: 0)
 
 
-def _alltoall(b: Builder):
+def _alltoall(b: LaneBuilder):
     return _pull_from_all(b, lambda r: r * b.nchunks)
 
 
-def _pull_from_all(b: Builder, offset):
+def _pull_from_all(b: LaneBuilder, offset):
     """Every rank copies ``c`` chunks at ``offset(rank)`` of every rank's input, its own too,
     into that rank's slot of its output, one lane per peer."""
     n, c = b.nranks, b.nchunks
@@ -192,14 +217,14 @@ def _pull_from_all(b: Builder, offset):
     return ()
 
 
-def _relay_shards(b: Builder) -> list[tuple[int, int, int]]:
+def _relay_shards(b: LaneBuilder) -> list[tuple[int, int, int]]:
     """``(rank, first chunk, chunks)``: the payload cut among the ranks other than the root,
     each the relay of its shard (the root's own share would leave it twice)."""
     others = [r for r in range(b.nranks) if r != b.root]
     return [(r, *shard(i, len(others), b.nchunks)) for i, r in enumerate(others)]
 
 
-def _broadcast(b: Builder):
+def _broadcast(b: LaneBuilder):
     """Scatter then allgather, piece by piece: the root sends each byte once, to the rank
     that relays it, and every other rank pulls it from there as soon as it has landed. The
     root's link carries the payload once, every other rank's its share ``n - 2`` times: the
@@ -220,7 +245,7 @@ def _broadcast(b: Builder):
     return ()
 
 
-def _reduce(b: Builder):
+def _reduce(b: LaneBuilder):
     """Reduce-scatter onto the ranks other than the root, then the root pulls each reduced
     piece as it is done: every link carries the payload once each way at most. Step order
     and lanes as :func:`_broadcast`."""
@@ -235,7 +260,7 @@ def _reduce(b: Builder):
     return tuple(0 if r == root else 1 for r in range(n))
 
 
-def _steps(b: Builder):
+def _steps(b: LaneBuilder):
     """``(i, relay, piece)``: the :func:`~._build.staggered` pieces of every relay's shard, all
     shards' ``i``-th piece before any ``i+1``-th."""
     pieces = [(r, staggered(lo, k)) for r, lo, k in _relay_shards(b)]
@@ -245,7 +270,7 @@ def _steps(b: Builder):
                 yield i, r, ps[i]
 
 
-def _sendrecv(b: Builder):
+def _sendrecv(b: LaneBuilder):
     n, c, root = b.nranks, b.nchunks, b.root
     peer = (root + 1) % n
     b.add(peer, 0, "copy", Ref(peer, "output", 0, c), [Ref(root, "input", 0, c)])

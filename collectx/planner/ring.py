@@ -25,8 +25,9 @@ from __future__ import annotations
 import networkx as nx
 
 from ..errors import PlanError
+from ..schedule.builder import LaneBuilder
 from ..schedule.ir import Ref, Schedule
-from ._build import Builder, check_args, shard, weighted_shares
+from ._build import check_args, shard, weighted_shares
 from .cost_tables import INSTRUCTIONS, pipeline_pieces, route_terms
 from .ring_search import Ring, find_rings
 
@@ -94,7 +95,7 @@ def ring_schedule(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nby
         c = nchunks or _default_nchunks(collective, n, nbytes, rings, topo, ranks)
         rings = rings[:c]  # fewer chunks than rings: extra rings would carry nothing
         shares = weighted_shares(c, [r.bw_gbps for r in rings])
-    b = Builder(collective, n, c, root=root, inplace=inplace)
+    b = LaneBuilder(collective, n, c, root=root, inplace=inplace)
     base, spans = 0, []
     for lane, (ring, share) in enumerate(zip(rings, shares)):
         if share:
@@ -150,7 +151,7 @@ def _chain_pieces(n: int, nbytes: int, rings: list[Ring], topo, ranks) -> int:
     return pipeline_pieces(nbytes / max(len(rings), 1), n - 1, bw, wait)
 
 
-def _scratch(b: Builder) -> tuple[int, ...]:
+def _scratch(b: LaneBuilder) -> tuple[int, ...]:
     n = b.nranks
     if b.collective == "reduce_scatter" and not b.inplace:
         return (n,) * n
@@ -159,7 +160,7 @@ def _scratch(b: Builder) -> tuple[int, ...]:
     return ()
 
 
-def _allreduce(b: Builder, lane: int, order, base: int, share: int):
+def _allreduce(b: LaneBuilder, lane: int, order, base: int, share: int):
     n = len(order)
     if n == 1:
         b.add(order[0], lane, "copy", Ref(order[0], "output", base, share),
@@ -188,7 +189,7 @@ def _allreduce(b: Builder, lane: int, order, base: int, share: int):
                                [Ref(p, "output", base + lo, k)], [last.get((pred, q))])
 
 
-def _reduce_scatter(b: Builder, lane: int, order, base: int, share: int):
+def _reduce_scatter(b: LaneBuilder, lane: int, order, base: int, share: int):
     n, c = len(order), b.nchunks
     part = "input" if b.inplace else "scratch"  # where partial sums of foreign units live
     last: dict[tuple[int, int], object] = {}  # (position, step) -> its instruction
@@ -207,7 +208,7 @@ def _reduce_scatter(b: Builder, lane: int, order, base: int, share: int):
         b.add(r, lane, "copy", Ref(r, "output", base, share), [Ref(r, "input", base, share)])
 
 
-def _allgather(b: Builder, lane: int, order, base: int, share: int):
+def _allgather(b: LaneBuilder, lane: int, order, base: int, share: int):
     n, c = len(order), b.nchunks
     for r in order:
         b.add(r, lane, "copy", Ref(r, "output", r * c + base, share),
@@ -227,7 +228,7 @@ def _rotated(order, root: int) -> tuple[int, ...]:
     return tuple(order[at:] + order[:at])
 
 
-def _broadcast(b: Builder, lane: int, order, base: int, share: int):
+def _broadcast(b: LaneBuilder, lane: int, order, base: int, share: int):
     chain = _rotated(order, b.root)
     root = chain[0]
     b.add(root, lane, "copy", Ref(root, "output", base, share), [Ref(root, "input", base, share)])
@@ -239,7 +240,7 @@ def _broadcast(b: Builder, lane: int, order, base: int, share: int):
             got = b.add(r, lane, "copy", Ref(r, "output", j), [src], [got])
 
 
-def _reduce(b: Builder, lane: int, order, base: int, share: int):
+def _reduce(b: LaneBuilder, lane: int, order, base: int, share: int):
     chain = _rotated(order, b.root)
     chain = chain[1:] + chain[:1]  # flows along the ring and ends at the root
     for j in range(base, base + share):

@@ -19,7 +19,7 @@ import networkx as nx
 from ..errors import NoFeasiblePlan, PlanError
 from ..schedule.ir import Schedule
 from ..schedule.metrics import bus_factor, unit_bytes
-from . import cost, registry
+from . import cost, direct, registry
 from ._build import simulated
 from .cost_tables import FILL, MIN_CHUNK_BYTES
 
@@ -37,10 +37,13 @@ def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: in
     cannot win. Raises NoFeasiblePlan when no candidate serves the request.
     """
     names = algorithms if algorithms is not None else registry.candidates(collective)
+    rank = {name: i for i, name in enumerate(names)}   # ties go to the earlier, simpler one
     best, failures = None, []
-    for name in names:
-        if best is not None and name in PACKED and not _may_win(
-                bound, name, collective, nbytes, topo, ranks, best[0]):
+    # Direct after ring and tree, skipped where its busiest link alone loses to them (its
+    # broadcast cuts thousands of pieces); packed trees last, handed the time to beat.
+    for name in sorted(names, key=lambda name: (name in PACKED, name == "direct")):
+        if best is not None and not _may_win(bound, name, collective, nbytes, topo, ranks,
+                                             best[0], root, nchunks):
             continue
         packed = {} if name not in PACKED else {"host": host, "beat_us": _to_beat(best, topo, ranks)}
         try:
@@ -50,17 +53,19 @@ def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: in
             failures.append(f"{name}: {e}")
             continue
         pred = predict(s, topo, nbytes, ranks, name)
-        if best is None or pred.time_us < best[0]:
-            best = (pred.time_us, s.algorithm, s, pred)
+        if best is None or (pred.time_us, rank[name]) < (best[0], best[4]):
+            best = (pred.time_us, s.algorithm, s, pred, rank[name])
     if best is None:
         raise NoFeasiblePlan(f"no algorithm can plan {collective} on {len(ranks)} ranks: "
                              + "; ".join(failures or ["no candidate supports it"]))
     return best[1], best[2], best[3]
 
 
-def _may_win(bound, name: str, collective: str, nbytes: int, topo, ranks,
-             best_us: float) -> bool:
-    """Whether packed trees ``name`` could beat ``best_us``. Not below one chunk per group
+def _may_win(bound, name: str, collective: str, nbytes: int, topo, ranks, best_us: float,
+             root: int = 0, nchunks: int | None = None) -> bool:
+    """Whether candidate ``name`` could beat ``best_us``. A direct broadcast or reduce not
+    where the busiest link of its routes alone takes longer (:func:`~.direct.least_us`).
+    Packed trees not below one chunk per group
     (:data:`~.cost_tables.MIN_CHUNK_BYTES`): trees only pay by pipelining many chunks, and a plan of
     one chunk is a matter of fewest steps, which the simpler candidates win. Nor where their
     bound says they cannot: allreduce over trees used both ways is bounded by the tree
@@ -69,6 +74,11 @@ def _may_win(bound, name: str, collective: str, nbytes: int, topo, ranks,
     tree packing's rate, a third above the phases' cut), by the ceiling (the planner then
     judges its own LP against the time to beat); and trees fill their pipelines, which costs
     them :data:`~.cost_tables.FILL` of the bound at least."""
+    if name == "direct" and nchunks is None:
+        least = direct.least_us(topo, ranks, collective, nbytes, root)
+        return cost.base_us(topo, ranks) + least < best_us
+    if name not in PACKED:
+        return True
     n = len(ranks)
     if unit_bytes(collective, nbytes, n) < MIN_CHUNK_BYTES:
         return False

@@ -23,8 +23,9 @@ from __future__ import annotations
 import networkx as nx
 
 from ..errors import PlanError
+from ..schedule.builder import LaneBuilder
 from ..schedule.ir import Ref, Schedule
-from ._build import Builder, check_args
+from ._build import check_args
 from .cost_tables import pipeline_pieces, route_terms
 
 SUPPORTED = ("allreduce", "broadcast", "reduce")
@@ -132,7 +133,7 @@ def plan_tree(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes:
                                                           nbytes / len(trees)))
     if n == 1 or c == 1:
         trees = trees[:1]
-    b = Builder(collective, n, c, root=root, inplace=inplace)
+    b = LaneBuilder(collective, n, c, root=root, inplace=inplace)
     for t, parent in enumerate(trees):
         children = [[] for _ in range(n)]
         for r, p in enumerate(parent):
@@ -163,7 +164,7 @@ def _depth(parent) -> int:
     return max(level(r) for r in range(len(parent)))
 
 
-def _up(b: Builder, lane: int, parent, children, j: int, buf_of) -> dict:
+def _up(b: LaneBuilder, lane: int, parent, children, j: int, buf_of) -> dict:
     """Reduce piece ``j`` towards the root; returns rank -> (ref holding its partial, dep)."""
     held: dict[int, tuple[Ref, object]] = {}
     for r in _bottom_up(parent, children):
@@ -177,7 +178,7 @@ def _up(b: Builder, lane: int, parent, children, j: int, buf_of) -> dict:
     return held
 
 
-def _down(b: Builder, lane: int, parent, children, j: int, top_dep) -> None:
+def _down(b: LaneBuilder, lane: int, parent, children, j: int, top_dep) -> None:
     got = {}
     for r in _top_down(parent, children):
         p = parent[r]
@@ -185,7 +186,7 @@ def _down(b: Builder, lane: int, parent, children, j: int, top_dep) -> None:
                                              [Ref(p, "output", j)], [got[p]])
 
 
-def _allreduce(b: Builder, lane: int, parent, children, j: int) -> None:
+def _allreduce(b: LaneBuilder, lane: int, parent, children, j: int) -> None:
     held = _up(b, lane, parent, children, j, lambda r: "output")
     top = parent.index(-1)
     ref, dep = held[top]
@@ -194,7 +195,7 @@ def _allreduce(b: Builder, lane: int, parent, children, j: int) -> None:
     _down(b, lane + 1, parent, children, j, dep)
 
 
-def _broadcast(b: Builder, lane: int, parent, children, j: int) -> None:
+def _broadcast(b: LaneBuilder, lane: int, parent, children, j: int) -> None:
     root = b.root
     b.add(root, lane, "copy", Ref(root, "output", j), [Ref(root, "input", j)])
     got = {root: (Ref(root, "input", j), None)}
@@ -205,7 +206,7 @@ def _broadcast(b: Builder, lane: int, parent, children, j: int) -> None:
                                                  [wait]))
 
 
-def _reduce(b: Builder, lane: int, parent, children, j: int) -> None:
+def _reduce(b: LaneBuilder, lane: int, parent, children, j: int) -> None:
     root = b.root
     held = _up(b, lane, parent, children, j, lambda r: "output" if r == root else "scratch")
     if held[root][0].buf == "input":

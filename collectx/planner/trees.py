@@ -23,9 +23,10 @@ from ..errors import PlanError
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import MAX_LANES, PackedSchedule, Ref, Schedule
 from ..schedule.metrics import unit_bytes
+from ..schedule.simulate import unpacked
 from ..topology.view import job_graph, require_connected
 from . import program as P
-from ._build import check_args, simulated, unpacked
+from ._build import check_args, simulated
 from .cost_tables import FILL, INSTRUCTIONS, MIN_CHUNK_BYTES
 from .treepack import Packing
 from .treesched import Share, TreeEmitter, chunk_refs
@@ -268,9 +269,8 @@ def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group
           buffers: int = 1, packed: bool = False) -> Schedule | PackedSchedule:
     """``collective`` over ``packing``'s trees (GPU indices; ``modes[group]`` says which way
     a group's data moves), ``per_group`` chunks dealt evenly over each group's trees, on
-    ``buffers`` lanes per tree edge (at most :func:`most_buffers`). ``packed``: as a
-    :class:`~collectx.schedule.ir.PackedSchedule` where the compiled emitter is built (a
-    candidate to simulate)."""
+    ``buffers`` lanes per tree edge (at most :func:`most_buffers`); ``packed``: a candidate
+    to simulate, as a :class:`~collectx.schedule.ir.PackedSchedule` where it can be."""
     by_group: dict = {}
     for t in packing.trees:
         by_group.setdefault(t.group, []).append(t)

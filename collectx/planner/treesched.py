@@ -30,7 +30,6 @@ from typing import Callable
 from .._native import compiled_helper
 from ..schedule.builder import ScheduleBuilder
 from ._build import staggered
-# more lane keys than MAX_LANES share lanes
 from ..schedule.ir import BUFFER_INDEX, MAX_LANES, OP_INDEX, Dep, Instr, Ref
 
 RefFn = Callable[[int, int, int, "Share"], Ref]   # (rank, first chunk, chunks, share) -> Ref
@@ -87,7 +86,7 @@ class TreeEmitter:
         keys = self._lane_keys[rank]
         if key not in keys:
             keys[key] = len(keys)
-        return keys[key] % MAX_LANES
+        return keys[key] % MAX_LANES   # more lane keys than lanes share them
 
     def broadcast(self, shares, src: RefFn, dst: RefFn, after: dict | None = None) -> None:
         """Send piece ``j`` (``k`` chunks) from ``src(root, j, k, share)`` to
@@ -186,32 +185,26 @@ class TreeEmitter:
 
     def flush(self, packed: bool = False) -> bytes | None:
         """Append every collected item to the builder, earliest first, on its key's lane,
-        waiting for the instructions its tokens name. ``collectx._fastpath.emit_lanes`` runs
-        the loop in C when it is built (the same instructions, lanes and lane numbers).
-
-        With ``packed`` and the compiled module, the instructions are returned instead, as
-        the words of :meth:`~collectx.schedule.Schedule.to_packed` (``emit_words``: the same
-        schedule, for :meth:`~collectx.schedule.ScheduleBuilder.build_packed`); else None."""
-        items = self._items
+        waiting for the instructions its tokens name (``collectx._fastpath.emit_lanes`` runs
+        the loop in C when it is built). With ``packed``, the compiled ``emit_words`` returns
+        the same instructions instead, as :meth:`~collectx.schedule.Schedule.to_packed`'s
+        words; else None."""
+        items, code = self._items, None
         items.sort(key=_BY_TIME)
-        words = compiled_helper("emit_words") if packed else None
-        if words is not None:
+        words, native = compiled_helper("emit_words"), compiled_helper("emit_lanes")
+        if packed and words is not None:
             code = words(items, self.b.nranks, self._lane_keys, 1, MAX_LANES, {}, OP_INDEX,
                          BUFFER_INDEX)
-            items.clear()
-            return code
-        native = compiled_helper("emit_lanes")
-        if native is not None:
+        elif native is not None:
             native(items, self.b.lane_lists(), self._lane_keys, 1, MAX_LANES, {}, Instr, Dep)
-            items.clear()
-            return None
-        dep_of: list = [None] * len(items)   # item sequence number -> its Dep
-        append = self.b.appender()
-        for t, seq, rank, key, op, dst, srcs, tokens in items:
-            wait = tuple(dict.fromkeys(dep_of[k] for k in tokens if k is not None))
-            dep_of[seq] = append(rank, self.lane(rank, (key, 0)), op, dst, srcs, wait)
+        else:
+            dep_of: list = [None] * len(items)   # item sequence number -> its Dep
+            append = self.b.appender()
+            for t, seq, rank, key, op, dst, srcs, tokens in items:
+                wait = tuple(dict.fromkeys(dep_of[k] for k in tokens if k is not None))
+                dep_of[seq] = append(rank, self.lane(rank, (key, 0)), op, dst, srcs, wait)
         items.clear()
-        return None
+        return code
 
     def _add(self, t, rank, key, op, dst, srcs, tokens) -> int:
         seq = len(self._items)

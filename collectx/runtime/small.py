@@ -26,7 +26,7 @@ switch: reading the whole payload from its owners once is cheaper than the secon
 from __future__ import annotations
 
 from ..errors import PlanError
-from ..planner._build import Builder
+from ..schedule.builder import LaneBuilder
 from ..schedule.ir import Ref, Schedule
 
 # A collective takes its one-step schedule when every size of its size class (the runtime caches
@@ -67,7 +67,7 @@ def small_schedule(collective: str, nranks: int, root: int = 0) -> Schedule:
     """The one-step schedule of ``collective`` (one of those :func:`use_one_step` takes)."""
     if collective == "allreduce":
         return replicated_allreduce(nranks)
-    b = Builder(collective, nranks, 1, root=root)
+    b = LaneBuilder(collective, nranks, 1, root=root)
     if collective == "broadcast":
         for r in range(nranks):
             b.add(r, 0, "copy", Ref(r, "output", 0, 1), [Ref(root, "input", 0, 1)])
@@ -81,7 +81,7 @@ def small_schedule(collective: str, nranks: int, root: int = 0) -> Schedule:
 
 def replicated_allreduce(nranks: int) -> Schedule:
     """Each rank reduces every rank's input (its own first) into its own output, in one step."""
-    b = Builder("allreduce", nranks, 1)
+    b = LaneBuilder("allreduce", nranks, 1)
     for r in range(nranks):
         srcs = [Ref((r + o) % nranks, "input", 0, 1) for o in range(nranks)]
         b.add(r, 0, "reduce", Ref(r, "output", 0, 1), srcs)

@@ -12,10 +12,11 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Iterable
 
 from ..errors import ArgumentError
-from .ir import Dep, Instr, Lane, PackedSchedule, Ref, Schedule
+from .ir import Dep, Instr, Lane, PackedSchedule, Ref, Schedule, _freeze, alias
 
 
 class ScheduleBuilder:
@@ -202,7 +203,62 @@ class ScheduleBuilder:
             raise ArgumentError(f"rank={rank}: expected 0 <= rank < {self.nranks}")
 
 
-_new_ref = tuple.__new__
+class LaneBuilder:
+    """Collects instructions per (rank, lane) and returns each one's :class:`Dep` id: the
+    planners' direct, ring and tree schedules, and the runtime's small-message ones.
+
+    Copies that are no-ops once buffers alias (in place) are dropped, and ``add`` returns
+    ``None`` for them; ``None`` deps are ignored, so callers can chain without special cases.
+    It knows nothing about collectives, so each algorithm stays a readable list of copies and
+    reduces (:class:`ScheduleBuilder` also sizes scratch and host buffers, for emitters).
+
+    >>> b = LaneBuilder("broadcast", 2, 1)
+    >>> first = b.add(1, 0, "copy", Ref(1, "output", 0), [Ref(0, "input", 0)])
+    >>> b.add(0, 0, "copy", Ref(0, "input", 0), [Ref(0, "input", 0)]) is None   # a no-op
+    True
+    >>> b.schedule("direct").n_instructions, first
+    (1, Dep(rank=1, lane=0, index=0))
+    """
+
+    def __init__(self, collective: str, nranks: int, nchunks: int, *, root: int = 0,
+                 inplace: bool = False):
+        self.collective, self.nranks, self.nchunks = collective, nranks, nchunks
+        self.root, self.inplace = root, inplace
+        self._lanes: list[list[list[Instr]]] = [[] for _ in range(nranks)]
+        self._probe = Schedule(collective, nranks, nchunks, ((),) * nranks, inplace=inplace)
+
+    def add(self, rank: int, lane: int, op: str, dst: Ref, srcs: Iterable[Ref],
+            deps: Iterable[Dep | None] = ()) -> Dep | None:
+        # Called for every instruction of a direct or ring candidate (10^4 a plan): the named
+        # tuples are made without their Python __new__.
+        srcs = tuple(srcs)
+        if op == "reduce" and len(srcs) == 1:
+            op = "copy"  # a reduction of one input is a copy; executors do less work
+        if op == "copy" and (alias(self._probe, dst) == alias(self._probe, srcs[0])
+                             if self.inplace else dst == srcs[0]):
+            return None
+        lanes = self._lanes[rank]
+        while len(lanes) <= lane:
+            lanes.append([])
+        # The previous instruction of the same lane is implicit; listing it would be noise.
+        # Deps sort as (rank, lane, index) tuples.
+        wait = tuple(sorted({d for d in deps if d is not None
+                             and (d[0] != rank or d[1] != lane)})) if deps else ()
+        seq = lanes[lane]
+        seq.append(_new(Instr, (op, dst, srcs, wait, None, ())))
+        return _new(Dep, (rank, lane, len(seq) - 1))
+
+    def schedule(self, algorithm: str, *, scratch_units: tuple[int, ...] = (),
+                 meta: dict | None = None) -> Schedule:
+        lanes = tuple(tuple(Lane(tuple(instrs)) for instrs in rank_lanes)
+                      for rank_lanes in self._lanes)
+        # meta as JSON gives it back, so that from_dict(to_dict(s)) == s
+        return Schedule(self.collective, self.nranks, self.nchunks, lanes, root=self.root,
+                        inplace=self.inplace, scratch_units=scratch_units, algorithm=algorithm,
+                        meta=_freeze(json.loads(json.dumps(meta or {}))))
+
+
+_new_ref = _new = tuple.__new__
 
 
 def _clean(deps: Iterable[Dep | None]) -> tuple[Dep, ...]:

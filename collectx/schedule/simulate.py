@@ -109,13 +109,16 @@ _SEEN: dict = {}
 _SEEN_LIMIT = 16
 
 
-def carry(old, new: Schedule) -> None:
-    """Remember for ``new`` what was simulated of ``old``, the same schedule (``old`` packed
-    as words, ``new`` unpacked): the planner simulates candidates as words and then prices
-    the one it keeps."""
+def unpacked(s: Schedule | PackedSchedule) -> Schedule:
+    """``s`` as a :class:`Schedule`: a candidate simulated as words is unpacked, and what was
+    simulated of it is remembered for the schedule (the planner prices the one it keeps)."""
+    if not isinstance(s, PackedSchedule):
+        return s
+    full = s.unpacked()
     for key, entry in list(_SEEN.items()):
-        if entry[0] is old:
-            _SEEN[(id(new),) + key[1:]] = (new,) + entry[1:]
+        if entry[0] is s:
+            _SEEN[(id(full),) + key[1:]] = (full,) + entry[1:]
+    return full
 
 
 def forget() -> None:
@@ -142,22 +145,19 @@ def _simulate(s: Schedule, nodes: list, routes, nbytes: int, dtype_size: int,
         time_us, order = run_arrays(flat.arrays, flat.ntasks, flat.ntasks, routes.capacity,
                                     route_classes(routes))
         if len(order) < flat.ntasks:
-            _check_all_ran(schedule_graph(_unpacked(s)), set(order), range(flat.ntasks))
+            full = s.unpacked() if isinstance(s, PackedSchedule) else s
+            _check_all_ran(schedule_graph(full), set(order), range(flat.ntasks))
         a = flat.arrays
         class_bytes = np.bincount(a["part_class"], weights=a["part_bytes"],
                                   minlength=len(route_classes(routes).links)).tolist()
         longest, pairs = flat.longest, flat.pairs
     else:
-        time_us, class_bytes = _simulate_graph(_unpacked(s), nodes, hosts, routes, parts,
-                                               run_bytes, native)
+        full = s.unpacked() if isinstance(s, PackedSchedule) else s   # walked as objects
+        time_us, class_bytes = _simulate_graph(full, nodes, hosts, routes, parts, run_bytes,
+                                               native)
         longest, pairs = -1, None
     result = _result(s, nbytes, time_us, routes, _link_bytes(class_bytes, route_classes(routes)))
     return result, longest, pairs
-
-
-def _unpacked(s):
-    """``s`` with its instructions as objects: the paths that walk them need them so."""
-    return s.unpacked() if isinstance(s, PackedSchedule) else s
 
 
 def _simulate_graph(s: Schedule, nodes, hosts, routes, parts, run_bytes, native):
