@@ -14,7 +14,7 @@ import collectx.topology as T
 from collectx.planner import plan, program as P
 from collectx.planner.api import allocation
 from collectx.planner.bounds import bounds
-from collectx.planner.trees import Pipeline, lower, plan_blink, plan_forest
+from collectx.planner.trees import Pipeline, plan_blink, plan_forest
 from collectx.schedule import simulate, verify
 from collectx.topology.view import job_graph
 
@@ -83,6 +83,39 @@ def test_rounding_refuses_a_load_it_cannot_keep():
     p, lp, _, _ = packed(T.load("dgx1v"), "broadcast", [0, 1, 2, 5])
     rounding = P.Rounding(p, lp)
     assert rounding.solve(1, most=0.5 / lp.rate) is None   # twice the LP's rate: impossible
+
+
+@pytest.mark.parametrize("name, gpus, collective, host, refuses", [
+    ("dgx1v", None, "allreduce", True, True), ("dgx1v", None, "broadcast", False, True),
+    ("dgx1p", [0, 1, 2, 5], "broadcast", True, True),
+    ("dgx1v", [1, 2, 4, 7], "allgather", True, False),   # every count rounds the LP exactly
+    ("mi250_16gcd", [0, 1, 4, 5], "allgather", False, True)])
+def test_the_whole_transfer_cut_refuses_only_counts_the_integer_program_cannot_find(
+        monkeypatch, name, gpus, collective, host, refuses):
+    # A link whose loads are whole transfers takes a whole number of them: the LP with that
+    # cut (Rounding._short) refuses tree counts without their integer programs, and must
+    # never refuse one that the integer program would have found.
+    p, lp, _, _ = packed(T.load(name), collective, gpus, host=host)
+    rounding = P.Rounding(p, lp)
+    short, kept = [], []
+    for K in range(1, 17):
+        for most in (K / lp.rate * 1.001, K / lp.rate * 1.02, K / lp.rate * 1.1):
+            with monkeypatch.context() as m:
+                m.setattr(rounding, "_short", lambda *a: False)
+                found = rounding.solve(K, most)
+            refused = rounding._short(K, most, _bounds(rounding, K, most))
+            assert not (refused and found is not None), (K, most)
+            short.append(refused)
+            kept.append(found is not None)
+    assert any(kept) and any(short) == refuses
+
+
+def _bounds(rounding, K, most):
+    C, H = len(rounding.cols), len(rounding.wholes)
+    low, high = ((np.floor(rounding.scaled * K + 1e-9), np.ceil(rounding.scaled * K - 1e-9))
+                 if len(rounding.p.groups) > 1 else (np.zeros(C + H), np.full(C + H, K)))
+    return P.Bounds(np.r_[low[:C], np.zeros(C), low[C:], 0.0],
+                    np.r_[high[:C], np.full(C, K), high[C:], most])
 
 
 @pytest.mark.parametrize("seed", range(6))

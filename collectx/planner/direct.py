@@ -106,9 +106,8 @@ def least_us(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: 
 
 
 def _chunk_tries(topo, ranks, collective: str, nbytes: int, root: int) -> list:
-    """Chunks per shard to simulate: staggered pieces hide each one's wait behind the next as
-    far as the links let them, and the model (:func:`_paced_chunks`) and the most pieces
-    (:func:`_shard_chunks`) bracket the best count."""
+    """Chunks per shard to simulate: the model's (:func:`_paced_chunks`) and the most pieces
+    (:func:`_shard_chunks`) bracket the count whose staggered pieces best hide their waits."""
     return list(dict.fromkeys((_shard_chunks(collective, len(ranks), nbytes),
                                _paced_chunks(topo, ranks, collective, nbytes, root))))
 

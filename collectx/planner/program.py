@@ -269,17 +269,16 @@ def host_stars(p: Problem, g: int, best: dict) -> list:
 class Rounding:
     """The integer program of step 2 over the arc ways each group's LP columns use.
 
-    Variables: a count per (group, arc, way); its uses past the first; a count per *whole*
-    LP column (a tree whose GPU stages one chunk into its host memory for several children:
-    that copy is shared, which arc counts cannot express); then the busiest link's load
-    ``z`` (in link capacities, for trees of unit rate). Rows: links (load <= z), each
-    group's arc total (``K (n - 1)``, a whole tree counting its ``n - 1``), Edmonds' rows
-    (a whole tree enters every set once), and each count at most one more than its
-    repeats. ``level_cost`` charges every arc for how far its tail is from the root, and
-    every repeat of an arc as one level more (in the units of ``z``): among roundings that
-    keep the rate, shallow trees fill their pipelines sooner, and the same arc taken by many
-    trees chains them (on a one-hop fabric, ``n - 1`` trees over every arc once are relay
-    trees two levels deep; over one path ``n - 1`` times, chains).
+    Variables: a count per (group, arc, way); its uses past the first; a count per *whole* LP
+    column (a tree whose GPU stages one chunk into its host memory for several children: that
+    copy is shared, which arc counts cannot express); then the busiest link's load ``z`` (in
+    link capacities, for trees of unit rate). Rows: links (load <= z), each group's arc total
+    (``K (n - 1)``, a whole tree counting its ``n - 1``), Edmonds' rows (a whole tree enters
+    every set once), and each count at most one more than its repeats. ``level_cost`` charges
+    every arc for how far its tail is from the root, and every repeat of an arc as one level
+    more (in the units of ``z``): among roundings that keep the rate, shallow trees fill their
+    pipelines sooner, and the same arc taken by many trees chains them (on a one-hop fabric,
+    ``n - 1`` trees over every arc once are relay trees two levels deep; over one path, chains).
     """
 
     def __init__(self, p: Problem, lp: Packing, level_cost: float = 0.0):
@@ -299,6 +298,9 @@ class Rounding:
         # column blocks: arc counts x (C), repeats y (C), whole trees h (H), z (1)
         self.load = np.hstack([arcs[:, :C], np.zeros((len(links), C)), arcs[:, C:],
                                -np.ones((len(links), 1))])
+        self.caps = np.array([p.caps[link] for link in links])
+        self.weights = self.load * self.caps[:, None] * np.r_[np.ones(2 * C + H), 0.0]
+        self.whole = np.all(np.abs(self.weights - np.round(self.weights)) < 1e-9, axis=1)
         self.total = np.zeros((len(p.groups), 2 * C + H + 1))
         for c, (g, _, _) in enumerate(self.cols):
             self.total[g, c] = 1.0
@@ -370,6 +372,8 @@ class Rounding:
             low, high = np.zeros(C + H), np.full(C + H, K)
         bounds = Bounds(np.r_[low[:C], np.zeros(C), low[C:], 0.0],
                         np.r_[high[:C], np.full(C, K), high[C:], most])
+        if np.isfinite(most) and self._short(K, most, bounds):
+            return None
         phases = [np.r_[np.ones(C), np.zeros(C), np.ones(H), 0.0]]
         if not self.enumerated:   # rows still to find: the relaxation finds most cheaply
             phases.insert(0, np.zeros(2 * C + H + 1))
@@ -390,6 +394,17 @@ class Rounding:
                     break
                 self.sets += short
         return np.round(x).astype(np.int64)
+
+    def _short(self, K: int, most: float, bounds: Bounds) -> bool:
+        """Whether even fractional counts fall short once each link whose loads are whole
+        transfers takes at most ``floor(most * capacity)`` of them (+1e-5, the integer
+        program's tolerance), as integer counts do (a Chvatal-Gomory cut): most counts the time
+        to beat leaves fail so, in one LP, where HiGHS's root cuts took ~18 ms to prove each."""
+        most_load = np.where(self.whole, np.floor(most * self.caps + 1e-5), most * self.caps)
+        return milp(np.zeros(len(self.cost)), bounds=bounds, constraints=[
+            LinearConstraint(self.weights, -np.inf, most_load),
+            LinearConstraint(self.total, K * (self.n - 1), K * (self.n - 1)),
+            LinearConstraint(self._entering(), K, np.inf)]).status == 2
 
     def _entering(self) -> csr_matrix:
         """Edmonds' rows: per (group, set), the columns whose arcs enter the set (a whole
@@ -462,8 +477,7 @@ class Rounding:
         return deepest
 
     def least_depth(self) -> int:
-        """The least :meth:`depth` any counts have: every arc counted, and the shallowest
-        whole tree where that is shallower."""
+        """The least :meth:`depth` of any counts: all arcs counted, or the shallowest whole tree."""
         C, H = len(self.cols), len(self.wholes)
         arcs = self.depth(np.r_[np.ones(C), np.zeros(H)]) if C else np.inf
         return min([arcs] + [t.depth() for t in self.wholes])
@@ -627,23 +641,22 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
 
     ``cost.time(K, rate, depth, lockstep=False)`` predicts a packing's time from its tree
     count, rate per group and deepest tree, its waits hidden by other transfers or not;
-    ``cost.least_rate(K, time)`` is the rate ``K`` trees need to beat ``time`` at best,
-    which the program then must keep (an impossible count fails fast);
-    ``cost.most_trees()`` is the most trees per group the message has chunks for.
-    How well a count rounds the LP depends on how its rates divide (on the full DGX-1V
-    allreduce 14 trees keep 0.97 of the LP, 16 keep 0.89, 18 keep 0.998), so every count the
-    lanes hold is tried; where GPUs reach each other in one hop more trees also let them be
-    shallower (``n - 1`` relay trees, root to one GPU, that GPU to all others, carry a
-    broadcast at its full rate two levels deep); fewer trees hold fewer instructions. Counts
-    are first judged by the depth their arcs allow; the :data:`BUILT` best are built into
-    trees (and shortened), and judged again by the trees' own depth.
+    ``cost.least_rate(K, time)`` is the rate ``K`` trees need to beat ``time`` at best, which
+    the program must then keep (an impossible count fails fast); ``cost.most_trees()`` is the
+    most trees per group the message has chunks for. How well a count rounds the LP depends
+    on how its rates divide (full DGX-1V allreduce: 14 trees keep 0.97 of the LP, 16 keep
+    0.89, 18 keep 0.998), so every count the lanes hold is tried; where GPUs reach each other
+    in one hop more trees can also be shallower (``n - 1`` relay trees, root to one GPU, that
+    GPU to all others, carry a broadcast at its full rate two levels deep); fewer trees hold
+    fewer instructions. Counts are judged by the depth their arcs allow; the :data:`BUILT`
+    best are built into trees (and shortened) and judged again by the trees' own depth.
 
     ``beat`` (in ``cost.time``'s units): a time some other plan already reaches, less the
-    :data:`~.cost_tables.FILL` that pipelines lose at least. Counts that cannot beat it are
+    :data:`~.cost_tables.FILL` that pipelines lose at least; counts that cannot beat it are
     not rounded. Where none can, those that beat the plan's time itself are: the margin is a
-    rule of thumb, and trees one or two hops deep fill less (2-GPU allreduces staged through
-    host memory, the HGX A100 dump's GPUs 0 and 2: a forest at 0.992 of the bound, refused by
-    the margin, where blink gets 0.978). With none left the list is empty.
+    rule of thumb, and trees one or two hops deep fill less (the HGX A100 dump's GPUs 0 and 2,
+    allreduce staged through host memory: a forest at 0.992 of the bound, refused by the
+    margin, where blink gets 0.978). With none left the list is empty.
     """
     rounding = Rounding(p, lp, level_cost)
     if beat is None:
@@ -708,13 +721,11 @@ def _fitting(p: Problem, ranked: list, built: dict, build) -> list:
 
 def _lockstep(chosen: list, rest: list, keep: int) -> list:
     """The best of ``rest`` (``(time, K, ..., lockstep time)``) by its lockstep time, where
-    none of ``chosen`` is it and more than one plan is kept.
-
-    Why: the pipeline model ranks packings with every wait hidden by the other transfers on
-    its links, and more trees make more of them; but on one lane per edge equal trees wait
-    together, and then fewer, shallower trees win. The truth lies between (it is the
-    simulator's), so the best packing at either end is built and simulated.
-    """
+    none of ``chosen`` is it and more than one plan is kept. Why: the pipeline model ranks
+    packings with every wait hidden by the other transfers on its links, and more trees make
+    more of them; but on one lane per edge equal trees wait together, and then fewer,
+    shallower trees win. The truth lies between (it is the simulator's), so the best packing
+    at either end is built and simulated."""
     if keep < 2 or not rest:
         return []
     best = min(rest, key=lambda r: (r[-1], r[1]))
@@ -724,11 +735,9 @@ def _lockstep(chosen: list, rest: list, keep: int) -> list:
 def _buffered(p: Problem, chosen: list, rest: list, keep: int) -> list:
     """The first of ``rest`` (``(time, K, ...)``, best first) whose ``K`` trees per group leave
     the lanes two per tree edge, where none of ``chosen`` does and more than one plan is kept.
-
     Why: equal trees carrying equal chunks wait together (:func:`_lockstep`); two lanes per
     tree edge hide a tree's waits behind its own next chunk (an H100 dump's 4-GPU broadcast:
-    17 trees double-buffered 0.97 of the bound, 57 trees 0.89).
-    """
+    17 trees double-buffered 0.97 of the bound, 57 trees 0.89)."""
     half = most_trees(p) // 2
     if keep < 2 or any(c[1] <= half for c in chosen):
         return []

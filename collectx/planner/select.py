@@ -1,10 +1,10 @@
 """Pick the algorithm per message size: every candidate is planned and simulated, the fastest
 wins.
 
-Candidates are the registered algorithms that serve the collective, cheapest to plan first:
-direct, ring and tree (few steps: small messages), then the packed trees (:mod:`.trees`:
-bandwidth). A candidate is scored by :func:`predict` (simulated transfer time plus the cost
-table's per-step latency); ties keep the earlier, simpler one. Packed trees are planned only
+Candidates are the registered algorithms that serve the collective: ring and tree, then
+direct (few steps: small messages), then the packed trees (:mod:`.trees`: bandwidth). A
+candidate is scored by :func:`predict` (simulated transfer time plus the cost table's per-step
+latency); ties keep the earlier, simpler one in registry order. Packed trees are planned only
 where their bound lets them beat the best so far: no schedule is faster than its bound allows,
 so below a few hundred kilobytes, where latency decides, the packing program is not run. Where
 they are planned they are handed the time to beat, and round only packings that could.
@@ -65,18 +65,18 @@ def _may_win(bound, name: str, collective: str, nbytes: int, topo, ranks, best_u
              root: int = 0, nchunks: int | None = None) -> bool:
     """Whether candidate ``name`` could beat ``best_us``. A direct broadcast or reduce not
     where the busiest link of its routes alone takes longer (:func:`~.direct.least_us`).
-    Packed trees not below one chunk per group
-    (:data:`~.cost_tables.MIN_CHUNK_BYTES`): trees only pay by pipelining many chunks, and a plan of
-    one chunk is a matter of fewest steps, which the simpler candidates win. Nor where their
-    bound says they cannot: allreduce over trees used both ways is bounded by the tree
-    packing; over per-root forests, whose reduce-scatter and allgather overlap chunk by chunk
-    (so the two phases' cut rates do not add up: on DGX-1V GPUs 0, 1, 4, 6 forests reach the
-    tree packing's rate, a third above the phases' cut), by the ceiling (the planner then
-    judges its own LP against the time to beat); and trees fill their pipelines, which costs
-    them :data:`~.cost_tables.FILL` of the bound at least."""
+    Packed trees not below one chunk per group (:data:`~.cost_tables.MIN_CHUNK_BYTES`): trees
+    only pay by pipelining many chunks, and a plan of one chunk is a matter of fewest steps,
+    which the simpler candidates win. Nor where their bound says they cannot: allreduce over
+    trees used both ways is bounded by the tree packing; over per-root forests, whose
+    reduce-scatter and allgather overlap chunk by chunk (so the two phases' cut rates do not
+    add up: on DGX-1V GPUs 0, 1, 4, 6 forests reach the tree packing's rate, a third above the
+    phases' cut), by the ceiling (the planner then judges its own LP against the time to
+    beat); and trees fill their pipelines, which costs them :data:`~.cost_tables.FILL` of the
+    bound at least."""
     if name == "direct" and nchunks is None:
-        least = direct.least_us(topo, ranks, collective, nbytes, root)
-        return cost.base_us(topo, ranks) + least < best_us
+        return cost.base_us(topo, ranks) + direct.least_us(topo, ranks, collective, nbytes,
+                                                           root) < best_us
     if name not in PACKED:
         return True
     n = len(ranks)

@@ -26,6 +26,7 @@ from ..schedule.metrics import unit_bytes
 from ..schedule.simulate import unpacked
 from ..topology.view import job_graph, require_connected
 from . import program as P
+from .direct import plan_direct
 from ._build import check_args, simulated
 from .cost_tables import FILL, INSTRUCTIONS, MIN_CHUNK_BYTES
 from .treepack import Packing
@@ -89,7 +90,8 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
     n = len(ranks)
     check_args(collective, n, root, nchunks)
     if n == 1:
-        return _single(name, collective, root, inplace)
+        return replace(plan_direct(None, ranks, collective, nbytes, root=root, inplace=inplace),
+                       algorithm=name, meta=())   # one rank: its own copy, if any
     G = job_graph(topo, ranks)
     require_connected(G, ranks)
     forest = name == "forest" and collective == "allreduce"
@@ -119,15 +121,13 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
 
 
 def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> list:
-    """``packing``'s schedules worth simulating: with ``nchunks`` the one it asks for; else
-    on one lane per tree edge, the two ends of the pipeline model's range (waits all paid in
-    lockstep, :meth:`Pipeline.chunks`; waits hidden by the other transfers on the links,
+    """``packing``'s schedules worth simulating: with ``nchunks`` the one it asks for; else on
+    one lane per tree edge the two ends of the pipeline model's range (waits paid in lockstep,
+    :meth:`Pipeline.chunks`; hidden by the other transfers on the links,
     :meth:`Pipeline.hidden_chunks`) and their geometric mean. Where the lanes hold two per
-    tree edge, only the hidden end (the others pay waits that a second lane hides), and
-    double-buffered at one, two and four times the hidden count (pieces of two chunks), and at
-    the most chunks the message and the instruction budget allow: with a second lane hiding
-    each piece's wait, only fill is left to pay, and it shrinks with every chunk. All are
-    simulated (docs/planner.md has the cases that asked for each, and why)."""
+    edge, only the hidden end (a second lane hides the others' waits), and double-buffered at
+    one, two and four times it and at the most chunks the message and instruction budget allow
+    (only fill is left to pay, and it shrinks with every chunk). docs/planner.md has why."""
     forest = len(p.groups) > 1 and collective == "allreduce"
     if P.BOTH in p.ways:
         packing = replace(packing, trees=tuple(P.centred(t) for t in packing.trees))
@@ -341,9 +341,3 @@ def _allreduce(b, em, shares):
 _EMIT = {"broadcast": _broadcast, "reduce": _reduce, "allgather": _allgather,
          "reduce_scatter": _reduce_scatter, "allreduce": _allreduce}
 
-
-def _single(name: str, collective: str, root: int, inplace: bool) -> Schedule:
-    b = ScheduleBuilder(collective, 1, 1, root=root, inplace=inplace, algorithm=name)
-    if not inplace:
-        b.copy(0, 0, Ref(0, "output", 0), Ref(0, "input", 0))
-    return b.build()

@@ -186,9 +186,8 @@ class TreeEmitter:
     def flush(self, packed: bool = False) -> bytes | None:
         """Append every collected item to the builder, earliest first, on its key's lane,
         waiting for the instructions its tokens name (``collectx._fastpath.emit_lanes`` runs
-        the loop in C when it is built). With ``packed``, the compiled ``emit_words`` returns
-        the same instructions instead, as :meth:`~collectx.schedule.Schedule.to_packed`'s
-        words; else None."""
+        the loop in C when it is built); with ``packed``, ``emit_words`` returns them instead,
+        as :meth:`~collectx.schedule.Schedule.to_packed`'s words (else None)."""
         items, code = self._items, None
         items.sort(key=_BY_TIME)
         words, native = compiled_helper("emit_words"), compiled_helper("emit_lanes")
