@@ -372,7 +372,7 @@ class Rounding:
             low, high = np.zeros(C + H), np.full(C + H, K)
         bounds = Bounds(np.r_[low[:C], np.zeros(C), low[C:], 0.0],
                         np.r_[high[:C], np.full(C, K), high[C:], most])
-        if np.isfinite(most) and self._short(K, most, bounds):
+        if self.enumerated and np.isfinite(most) and self._short(K, most, bounds):
             return None
         phases = [np.r_[np.ones(C), np.zeros(C), np.ones(H), 0.0]]
         if not self.enumerated:   # rows still to find: the relaxation finds most cheaply
@@ -397,9 +397,10 @@ class Rounding:
 
     def _short(self, K: int, most: float, bounds: Bounds) -> bool:
         """Whether even fractional counts fall short once each link whose loads are whole
-        transfers takes at most ``floor(most * capacity)`` of them (+1e-5, the integer
-        program's tolerance), as integer counts do (a Chvatal-Gomory cut): most counts the time
-        to beat leaves fail so, in one LP, where HiGHS's root cuts took ~18 ms to prove each."""
+        transfers takes at most ``floor(most * capacity)`` (+1e-5, HiGHS's tolerance) of them,
+        as integer counts do (a Chvatal-Gomory cut): most counts the time to beat leaves fail
+        so, in one LP, where HiGHS's root cuts took ~18 ms to prove each. Asked only with every
+        Edmonds row written: else a skipped program's rows would be missed by the next."""
         most_load = np.where(self.whole, np.floor(most * self.caps + 1e-5), most * self.caps)
         return milp(np.zeros(len(self.cost)), bounds=bounds, constraints=[
             LinearConstraint(self.weights, -np.inf, most_load),
@@ -407,8 +408,7 @@ class Rounding:
             LinearConstraint(self._entering(), K, np.inf)]).status == 2
 
     def _entering(self) -> csr_matrix:
-        """Edmonds' rows: per (group, set), the columns whose arcs enter the set (a whole
-        tree, once)."""
+        """Edmonds' rows: per (group, set), the columns whose arcs enter it (a whole tree once)."""
         if self._rows_for == len(self.sets):
             return self._rows
         C, H = len(self.cols), len(self.wholes)
