@@ -19,9 +19,8 @@ Columns: ``alone`` is one make_schedule in a fresh process (before plans were sh
 paid that, in parallel where it had a core of its own); ``receive`` what a rank other than 0
 then spends on it, alone on a core (parse the published entry and ``Schedule.from_packed``);
 ``cold`` and ``warm`` are rank 0's time and the slowest rank's (as threads, the planner's
-modules are imported before the clock starts: a process imports them, scipy's optimizers
-among them, at its first plan only, 0.4 s on a 2-core VM, and not at all when every plan
-comes from the cache or from rank 0). Each is the median of
+modules are imported before the clock starts, as a Communicator imports them at init, before
+its rendezvous: 0.4 s on a 2-core VM, scipy's optimizers most of it). Each is the median of
 ``--repeat`` runs. Targets: cold <= 1 s, warm <= 50 ms. With fewer cores than ranks the other
 ranks queue for them: as processes the slowest rank's warm time is about rank 0's plus
 ``receive`` times the ranks per core; as threads the ranks decode the published bytes once
@@ -84,7 +83,7 @@ def planner_call(executor: str, collective: str, nranks: int, nbytes: int):
 
 def measure_threads(spec: dict) -> dict:
     """Ranks as threads: seconds until rank 0, and the slowest rank, hold the schedule."""
-    import collectx.planner  # noqa: F401  (imported once per process, before the clock)
+    import collectx.planner  # noqa: F401  (as a Communicator's init does, before the clock)
     from collectx.runtime.plan_share import SharedPlans
     from collectx.runtime.store import FileStore
     from collectx.topology import load
