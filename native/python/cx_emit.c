@@ -267,6 +267,17 @@ static int deal(Dealer* d, PyObject* items, PyTypeObject* Instr, PyTypeObject* D
   return rc;
 }
 
+/* Whether ``lane_keys`` holds a dict per rank; TypeError (naming ``who``) if not. */
+static int dicts_per_rank(PyObject* lane_keys, const char* who) {
+  for (Py_ssize_t r = 0; r < PyList_GET_SIZE(lane_keys); ++r) {
+    if (!PyDict_Check(PyList_GET_ITEM(lane_keys, r))) {
+      PyErr_Format(PyExc_TypeError, "%s: lane_keys must hold a dict per rank", who);
+      return 0;
+    }
+  }
+  return 1;
+}
+
 static PyObject* per_rank_table(Py_ssize_t nranks) {
   PyObject* t = PyList_New(nranks);
   for (Py_ssize_t r = 0; t != NULL && r < nranks; ++r) PyList_SET_ITEM(t, r, Py_NewRef(Py_None));
@@ -289,12 +300,7 @@ PyObject* cx_emit_lanes(PyObject* self, PyObject* args) {
                     "dict per rank of lanes and named tuple types expected");
     return NULL;
   }
-  for (Py_ssize_t r = 0; r < nranks; ++r) {
-    if (!PyDict_Check(PyList_GET_ITEM(lane_keys, r))) {
-      PyErr_SetString(PyExc_TypeError, "emit_lanes: lane_keys must hold a dict per rank");
-      return NULL;
-    }
-  }
+  if (!dicts_per_rank(lane_keys, "emit_lanes")) return NULL;
   Dealer d = {lanes, lane_keys, per_rank_table(nranks), tags, sublanes, max_lanes, NULL, NULL,
               0, 0, 0, 0};
   int rc = d.slot_of != NULL ? deal(&d, items, Instr, Dep) : -1;
@@ -417,12 +423,7 @@ PyObject* cx_emit_words(PyObject* self, PyObject* args) {
                     "lane_keys dict per rank expected");
     return NULL;
   }
-  for (Py_ssize_t r = 0; r < nranks; ++r) {
-    if (!PyDict_Check(PyList_GET_ITEM(lane_keys, r))) {
-      PyErr_SetString(PyExc_TypeError, "emit_words: lane_keys must hold a dict per rank");
-      return NULL;
-    }
-  }
+  if (!dicts_per_rank(lane_keys, "emit_words")) return NULL;
   Py_ssize_t n = PyList_GET_SIZE(items), nlw = nranks * max_lanes;
   Words out = {PyMem_Calloc((size_t)nlw, sizeof(CxWriter)),
                PyMem_Calloc((size_t)nlw, sizeof(Py_ssize_t)),

@@ -157,6 +157,34 @@ static Py_ssize_t dep_node(const Walk* w, Py_ssize_t nranks, PyObject* dep) {
   return node < w->lane_base[lane + 1] ? node : -1;
 }
 
+/* The per-instruction arrays for ``nsrc`` sources and ``ndep`` explicit dependencies: 0, or
+ * -1 out of memory. */
+static int alloc_arrays(Walk* w, Py_ssize_t nsrc, Py_ssize_t ndep) {
+  Py_ssize_t n = w->n;
+  for (int f = F_RANK; f <= F_DST_COUNT; ++f)
+    if (!alloc_out(w, f, n)) return -1;
+  if (!alloc_out(w, F_SRC_OFF, n + 1) || !alloc_out(w, F_SRC_RANK, nsrc) ||
+      !alloc_out(w, F_SRC_HOST, nsrc) || !alloc_out(w, F_PRED_OFF, n + 1) ||
+      !alloc_out(w, F_PREDS, n + ndep))
+    return -1;
+  w->out[F_SRC_OFF][0] = w->out[F_PRED_OFF][0] = 0;
+  return 0;
+}
+
+/* Advance *lane and *rank (they only grow) to those of node ``v``, past empty lanes. */
+static void locate(const Walk* w, Py_ssize_t v, Py_ssize_t* lane, int32_t* rank) {
+  while (w->lane_base[*lane + 1] <= v) ++*lane;
+  while (w->rank_lane0[*rank + 1] <= *lane) ++*rank;
+}
+
+/* Append predecessor ``u`` to the list that starts at ``first`` (and ends at *p), unless it
+ * is there already: a handful of predecessors, so a scan beats a set. */
+static void add_pred(Walk* w, Py_ssize_t first, Py_ssize_t* p, Py_ssize_t u) {
+  for (Py_ssize_t q = first; q < *p; ++q)
+    if (w->out[F_PREDS][q] == u) return;
+  w->out[F_PREDS][(*p)++] = (int32_t)u;
+}
+
 /* Pass 2: per instruction, its references and predecessors. */
 static int read_instrs(Walk* w, Py_ssize_t nranks) {
   Py_ssize_t n = w->n, nsrc = 0, ndep = 0;
@@ -169,18 +197,11 @@ static int read_instrs(Walk* w, Py_ssize_t nranks) {
     nsrc += PyTuple_GET_SIZE(srcs);
     ndep += PyTuple_GET_SIZE(deps);
   }
-  for (int f = F_RANK; f <= F_DST_COUNT; ++f)
-    if (!alloc_out(w, f, n)) return -1;
-  if (!alloc_out(w, F_SRC_OFF, n + 1) || !alloc_out(w, F_SRC_RANK, nsrc) ||
-      !alloc_out(w, F_SRC_HOST, nsrc) || !alloc_out(w, F_PRED_OFF, n + 1) ||
-      !alloc_out(w, F_PREDS, n + ndep))
-    return -1;
+  if (alloc_arrays(w, nsrc, ndep) < 0) return -1;
   Py_ssize_t lane = 0, s = 0, p = 0;
   int32_t rank = 0;
-  w->out[F_SRC_OFF][0] = w->out[F_PRED_OFF][0] = 0;
   for (Py_ssize_t v = 0; v < n; ++v) {
-    while (w->lane_base[lane + 1] <= v) ++lane;   /* skips empty lanes */
-    while (w->rank_lane0[rank + 1] <= lane) ++rank;
+    locate(w, v, &lane, &rank);
     PyObject* ins = w->instrs[v];
     PyObject* op = PyTuple_GET_ITEM(ins, 0);
     if (!PyUnicode_Check(op) || (PyUnicode_CompareWithASCIIString(op, "copy") != 0 &&
@@ -202,9 +223,7 @@ static int read_instrs(Walk* w, Py_ssize_t nranks) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(deps); ++i) {
       Py_ssize_t u = dep_node(w, nranks, PyTuple_GET_ITEM(deps, i));
       if (u < 0) return 0;
-      int seen = 0;   /* a handful of predecessors: a scan beats a set */
-      for (Py_ssize_t j = first; j < p && !seen; ++j) seen = w->out[F_PREDS][j] == u;
-      if (!seen) w->out[F_PREDS][p++] = (int32_t)u;
+      add_pred(w, first, &p, u);
     }
     w->out[F_PRED_OFF][v + 1] = (int32_t)p;
   }
@@ -282,23 +301,29 @@ static PyObject* to_arrays(Walk* w) {
   return result;
 }
 
+/* The arrays of a walk whose passes returned ``rc`` (1 read, 0 not recognised: None, -1 out
+ * of memory), the walk freed. */
+static PyObject* finished(Walk* w, int rc) {
+  if (rc == 1) rc = invert_preds(w);
+  PyObject* result = NULL;
+  if (rc == 1) {
+    result = to_arrays(w);
+  } else if (rc == 0) {
+    result = Py_NewRef(Py_None);
+  } else if (!PyErr_Occurred()) {
+    PyErr_NoMemory();
+  }
+  walk_free(w);
+  return result;
+}
+
 PyObject* cx_schedule_arrays(PyObject* self, PyObject* lanes) {
   (void)self;
   Walk w;
   memset(&w, 0, sizeof w);
   int rc = number_lanes(lanes, &w);
   if (rc == 1) rc = read_instrs(&w, PyTuple_GET_SIZE(lanes));
-  if (rc == 1) rc = invert_preds(&w);
-  PyObject* result = NULL;
-  if (rc == 1) {
-    result = to_arrays(&w);
-  } else if (rc == 0) {
-    result = Py_NewRef(Py_None);
-  } else if (!PyErr_Occurred()) {
-    PyErr_NoMemory();
-  }
-  walk_free(&w);
-  return result;
+  return finished(&w, rc);
 }
 
 
@@ -398,18 +423,11 @@ static int read_words(Walk* w, const Words* ws, int64_t nranks) {
     nsrc += k;
     ndep += word(ws, w->at[v] + 6 + 4 * k);
   }
-  for (int f = F_RANK; f <= F_DST_COUNT; ++f)
-    if (!alloc_out(w, f, n)) return -1;
-  if (!alloc_out(w, F_SRC_OFF, n + 1) || !alloc_out(w, F_SRC_RANK, nsrc) ||
-      !alloc_out(w, F_SRC_HOST, nsrc) || !alloc_out(w, F_PRED_OFF, n + 1) ||
-      !alloc_out(w, F_PREDS, n + ndep))
-    return -1;
+  if (alloc_arrays(w, nsrc, ndep) < 0) return -1;
   Py_ssize_t lane = 0, s = 0, p = 0;
   int32_t rank = 0;
-  w->out[F_SRC_OFF][0] = w->out[F_PRED_OFF][0] = 0;
   for (Py_ssize_t v = 0; v < n; ++v) {
-    while (w->lane_base[lane + 1] <= v) ++lane;   /* skips empty lanes */
-    while (w->rank_lane0[rank + 1] <= lane) ++rank;
+    locate(w, v, &lane, &rank);
     Py_ssize_t i = w->at[v];
     w->out[F_RANK][v] = rank;
     if (!word_ref(ws, i + 1, &w->out[F_DST_RANK][v], &w->out[F_DST_HOST][v],
@@ -426,9 +444,7 @@ static int read_words(Walk* w, const Words* ws, int64_t nranks) {
     for (int64_t j = 0, m = word(ws, d); j < m; ++j) {
       Py_ssize_t u = word_dep_node(w, ws, d + 1 + 3 * j, nranks);
       if (u < 0) return 0;
-      int seen = 0;   /* a handful of predecessors: a scan beats a set */
-      for (Py_ssize_t q = first; q < p && !seen; ++q) seen = w->out[F_PREDS][q] == u;
-      if (!seen) w->out[F_PREDS][p++] = (int32_t)u;
+      add_pred(w, first, &p, u);
     }
     w->out[F_PRED_OFF][v + 1] = (int32_t)p;
   }
@@ -446,16 +462,7 @@ PyObject* cx_word_arrays(PyObject* self, PyObject* args) {
   Words ws = {buf.buf, buf.len / 8, copy, reduce, host};
   int rc = buf.len % 8 ? 0 : number_words(&ws, &w);
   if (rc == 1) rc = read_words(&w, &ws, word(&ws, 0));
-  if (rc == 1) rc = invert_preds(&w);
-  PyObject* result = NULL;
-  if (rc == 1) {
-    result = to_arrays(&w);
-  } else if (rc == 0) {
-    result = Py_NewRef(Py_None);
-  } else if (!PyErr_Occurred()) {
-    PyErr_NoMemory();
-  }
-  walk_free(&w);
+  PyObject* result = finished(&w, rc);
   PyBuffer_Release(&buf);
   return result;
 }
