@@ -53,7 +53,6 @@ def weighted_shares(total: int, weights: list[float]) -> list[int]:
     return shares
 
 
-
 def check_args(collective: str, nranks: int, root: int, nchunks: int | None) -> None:
     """Validate the arguments every planner shares; raises :class:`PlanError`."""
     if collective not in COLLECTIVES:

@@ -190,8 +190,9 @@ class TreeEmitter:
         as :meth:`~collectx.schedule.Schedule.to_packed`'s words (else None)."""
         items, code = self._items, None
         items.sort(key=_BY_TIME)
-        words, native = compiled_helper("emit_words"), compiled_helper("emit_lanes")
-        if packed and words is not None:
+        words = compiled_helper("emit_words") if packed else None
+        native = compiled_helper("emit_lanes")
+        if words is not None:
             code = words(items, self.b.nranks, self._lane_keys, 1, MAX_LANES, {}, OP_INDEX,
                          BUFFER_INDEX)
         elif native is not None:

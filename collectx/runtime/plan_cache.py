@@ -13,8 +13,8 @@ plans). The file name is the key's digest; the file is zlib-compressed (zlib's c
 a damaged or truncated file): one line of JSON holding the key again, the versions and
 ``Schedule.to_packed()`` but its instructions, then those as int64 words (JSON made a million
 Python lists and ints of them before the schedule's own tuples were built). A file that does
-not check out is reported with a :class:`PlanCacheWarning` naming it and what was wrong, and is planned again and replaced: a
-cache entry can cost a plan, never a wrong collective. Entry bytes decoded lately in this
+not check out is reported with a :class:`PlanCacheWarning` naming it and what was wrong, and
+is planned again and replaced: a cache entry can cost a plan, never a wrong collective. Entry bytes decoded lately in this
 process are not decoded again (:class:`DecodeMemo`: thread ranks share rank 0's read), but
 their key is checked for every reader.
 

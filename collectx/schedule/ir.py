@@ -216,6 +216,10 @@ class Schedule:
     def meta_dict(self) -> dict:
         return dict(self.meta)
 
+    def unpacked(self) -> "Schedule":
+        """Itself: its instructions are objects already (:meth:`PackedSchedule.unpacked`)."""
+        return self
+
     @property
     def n_instructions(self) -> int:
         return sum(len(lane) for lanes in self.lanes for lane in lanes)

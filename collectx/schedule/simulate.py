@@ -112,9 +112,9 @@ _SEEN_LIMIT = 16
 def unpacked(s: Schedule | PackedSchedule) -> Schedule:
     """``s`` as a :class:`Schedule`: a candidate simulated as words is unpacked, and what was
     simulated of it is remembered for the schedule (the planner prices the one it keeps)."""
-    if not isinstance(s, PackedSchedule):
-        return s
     full = s.unpacked()
+    if full is s:
+        return s
     for key, entry in list(_SEEN.items()):
         if entry[0] is s:
             _SEEN[(id(full),) + key[1:]] = (full,) + entry[1:]
@@ -145,16 +145,14 @@ def _simulate(s: Schedule, nodes: list, routes, nbytes: int, dtype_size: int,
         time_us, order = run_arrays(flat.arrays, flat.ntasks, flat.ntasks, routes.capacity,
                                     route_classes(routes))
         if len(order) < flat.ntasks:
-            full = s.unpacked() if isinstance(s, PackedSchedule) else s
-            _check_all_ran(schedule_graph(full), set(order), range(flat.ntasks))
+            _check_all_ran(schedule_graph(s.unpacked()), set(order), range(flat.ntasks))
         a = flat.arrays
         class_bytes = np.bincount(a["part_class"], weights=a["part_bytes"],
                                   minlength=len(route_classes(routes).links)).tolist()
         longest, pairs = flat.longest, flat.pairs
     else:
-        full = s.unpacked() if isinstance(s, PackedSchedule) else s   # walked as objects
-        time_us, class_bytes = _simulate_graph(full, nodes, hosts, routes, parts, run_bytes,
-                                               native)
+        time_us, class_bytes = _simulate_graph(s.unpacked(), nodes, hosts, routes, parts,
+                                               run_bytes, native)   # walked as objects
         longest, pairs = -1, None
     result = _result(s, nbytes, time_us, routes, _link_bytes(class_bytes, route_classes(routes)))
     return result, longest, pairs
