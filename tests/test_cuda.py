@@ -12,7 +12,9 @@ GPU behaviour is in test_cuda_gpu.py (marked ``gpu``).
 
 from __future__ import annotations
 
+import os
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -260,6 +262,9 @@ class _FakeEvent:
     def synchronize(self):
         self.done = True
 
+    def record(self, stream):
+        self.done = False
+
     def destroy(self):
         self.handle = 0
 
@@ -310,6 +315,68 @@ def test_engine_reports_kernel_failures_then_refuses_calls(fake_engine, status, 
     ring[:4] = (status, 0, 2, 7)
     with pytest.raises(getattr(errors, err), match=text):
         eng.poll()
+    with pytest.raises(errors.CommError, match="unusable"):
+        eng._check_usable()
+
+
+def _rank_zero_posting(E, seq, coll, count, ready=1):
+    """read_words of a window whose rank 0 posted ``coll`` (float32) as call ``seq``."""
+    desc = [seq, E.COLL_CODES[coll], 6, 0, count, 0]
+
+    def read_words(r, offset, n):
+        if offset == 0:
+            return [ready if r == 0 else 0]
+        return desc if r == 0 else [seq, E.COLL_CODES["allreduce"], 6, 0, 100, 0]
+    return read_words
+
+
+@pytest.mark.parametrize("posted, ready, raised", [
+    (("allgather", 100), 1, True),     # another collective in this call's place
+    (("allreduce", 400), 1, True),     # another size class
+    (("allreduce", 100), 1, False),    # this very call: its plan is coming
+    (("allgather", 100), 0, False),    # rank 0's descriptor not complete yet
+])
+def test_a_rank_waiting_for_a_plan_sees_rank_zero_make_another_call(fake_engine, posted, ready,
+                                                                   raised):
+    from collectx.runtime.engine import RankZeroElsewhere
+    eng, _, E = fake_engine
+    eng.win.peers = [{"pid": os.getpid()}] * 2
+    eng.win.read_words = _rank_zero_posting(E, 0, *posted, ready=ready)
+    if raised:
+        with pytest.raises(RankZeroElsewhere):
+            eng._watch_rank_zero("allreduce", 400, 0)
+    else:
+        eng._watch_rank_zero("allreduce", 400, 0)
+
+
+@needs_objects
+def test_a_rank_without_its_plan_posts_its_call_and_raises_the_mismatch(fake_engine, monkeypatch):
+    import collectx.errors as errors
+    from collectx.runtime.engine import RankZeroElsewhere, barrier_schedule
+    eng, ring, E = fake_engine
+    eng.win.read_words = _rank_zero_posting(E, 0, "allgather", 100)
+    flat = FlatPlan(barrier_schedule(2), 1)
+    barrier = type("P", (), {"native": eng._ffi.NULL, "flat": flat})()
+
+    def plan(coll, dtype, itemsize, count, root):
+        if coll != "barrier":
+            raise RankZeroElsewhere()
+        return barrier, flat.tile_count(1 << 20, itemsize)
+    launched = []
+
+    def launch(a, stream):   # the kernel: the descriptors differ, so status MISMATCH
+        launched.append((a.coll, a.count, a.seq, a.plan == barrier.native))
+        ring[:4] = (4, 0, -1, -1)
+        return 0
+    real = eng._lib
+    eng._lib = SimpleNamespace(cx_cuda_exec_launch=launch,
+                               cx_cuda_exec_ntiles=real.cx_cuda_exec_ntiles)
+    monkeypatch.setattr(eng, "_plan", plan)
+    monkeypatch.setattr(E._rt, "set_device", lambda d: None)
+    monkeypatch.setattr(E._rt, "Event", _FakeEvent)
+    with pytest.raises(errors.CollectiveMismatch, match="rank 0: allgather.*rank 1: allreduce"):
+        eng.run("allreduce", None, None, 100, 6, 4, 0, 0, False, 0)
+    assert launched == [(E.COLL_CODES["allreduce"], 100, 0, True)]
     with pytest.raises(errors.CommError, match="unusable"):
         eng._check_usable()
 

@@ -17,7 +17,7 @@ import _runtime_workers as W
 from collectx.errors import CudaUnavailable
 from collectx.planner import make_schedule
 from collectx.runtime.arrays import DTYPE_CODES, OP_CODES
-from collectx.runtime.engine import COLL_CODES
+from collectx.runtime.engine import COLL_CODES, barrier_schedule
 from collectx.runtime.executor import FlatPlan
 from collectx.topology import generators as G
 
@@ -57,17 +57,19 @@ class Emulator:
         self.seq, self.epoch = 0, 1
 
     def call(self, coll, schedule, ins, outs, counts, dtype, op="sum", root=0, ranks=None,
-             timeout_s=30.0):
-        """Every rank in ``ranks`` runs its part at once; returns each rank's status record."""
+             timeout_s=30.0, colls=None):
+        """Every rank in ``ranks`` runs its part at once; returns each rank's status record.
+        ``schedule`` may be a dict (rank -> schedule), ``colls`` one (rank -> collective) for
+        ranks that call another collective than ``coll``."""
         ranks = range(self.nranks) if ranks is None else ranks
         status = {r: self.ffi.new("cx_cuda_exec_status*") for r in ranks}
         keep, threads, ntiles = [], [], 1
         for r in ranks:
-            fp = FlatPlan(schedule, r)
+            fp = FlatPlan(schedule[r] if isinstance(schedule, dict) else schedule, r)
             itemsize = np.dtype("uint16" if dtype == "bfloat16" else dtype).itemsize
             tile = fp.tile_count(self.set_bytes, itemsize)
-            a = self._args(fp, r, coll, ins[r], outs[r], counts[r], tile, dtype, op, root,
-                           timeout_s, status[r])
+            a = self._args(fp, r, (colls or {}).get(r, coll), ins[r], outs[r], counts[r], tile,
+                           dtype, op, root, timeout_s, status[r])
             keep.append((fp, a))
             ntiles = max(ntiles, -(-counts[r] // tile) if counts[r] else 1)
             threads.append(threading.Thread(target=self.lib.cx_cuda_exec_emulate,
@@ -161,6 +163,19 @@ def test_mismatched_counts_are_reported_by_every_rank():
     xs = [np.ones(100, np.float32), np.ones(101, np.float32)]
     status = emu.call("allreduce", s, xs, [x.copy() for x in xs], [100, 101], "float32")
     assert status == {0: (4, 1), 1: (4, 0)}   # CX_EXEC_MISMATCH, naming the other rank
+
+
+def test_a_rank_without_a_plan_posts_its_descriptor_and_every_rank_finds_the_mismatch():
+    # Rank 1 waited for the plan of an allreduce while rank 0 runs an allgather in its place:
+    # it runs the barrier's plan (no transfers) behind its own call's descriptor, as the CUDA
+    # engine does then, and neither rank hangs.
+    emu = Emulator(2)
+    plans = {0: make_schedule(None, "allgather", 2, 400), 1: barrier_schedule(2)}
+    xs = [np.ones(100, np.float32), np.ones(100, np.float32)]
+    outs = [np.zeros(200, np.float32), None]
+    status = emu.call("allgather", plans, [xs[0], None], outs, [100, 100], "float32",
+                      colls={1: "allreduce"}, timeout_s=10.0)
+    assert status == {0: (4, 1), 1: (4, 0)}   # CX_EXEC_MISMATCH on both, naming the other
 
 
 def test_a_missing_rank_is_a_timeout_not_a_hang():

@@ -222,6 +222,23 @@ def test_mismatched_calls_raise_collective_mismatch():
     assert run_ranks(2, body) == [True, True]
 
 
+# Rank 1 waits for the plan of a call rank 0 does not make (rank 0 runs another, whose plan it
+# has): it reads rank 0's descriptor and posts its own, so both raise within the timeout.
+def test_a_rank_waiting_for_a_plan_rank_0_never_makes_raises_collective_mismatch():
+    def body(comm, fw):
+        x = fw.to_device(np.ones(1000, np.float32), "float32")
+        comm.allreduce(x)                   # the allreduce plan, shared
+        comm.synchronize()
+        with pytest.raises(CollectiveMismatch, match="different collectives"):
+            if comm.rank == 0:
+                comm.allreduce(x)
+            else:
+                comm.allgather(x)           # a new plan, which rank 0 never publishes
+            comm.synchronize()
+        return True
+    assert run_ranks(2, body, timeout=20) == [True, True]
+
+
 # A rank that returns early must not unmap its window while a peer still reads it: windows of
 # ranks in one process are held until every rank closes (before that fix the waiting kernel
 # faulted with cudaErrorIllegalAddress instead of reporting Timeout).

@@ -328,7 +328,8 @@ def _cuda_engines(monkeypatch, cfg, nranks=2):
 
     def engine(rank):
         win = SimpleNamespace(rank=rank, size=nranks, device=rank, set_bytes=1 << 20,
-                              shared_gpu=False, peers=[{"pid": os.getpid()}] * nranks)
+                              shared_gpu=False, peers=[{"pid": os.getpid()}] * nranks,
+                              read_words=lambda r, offset, n: [0] * n)   # nothing posted
         return E.CudaEngine(win, cfg, topo, 30.0, store=store, key_prefix="cuda0")
     return [engine(r) for r in range(nranks)]
 

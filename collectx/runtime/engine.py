@@ -104,8 +104,38 @@ class _RankZeroAborted(Exception):
     """Rank 0 rejected the call whose plan this rank waits for: it will not publish it."""
 
 
-class _RankZeroElsewhere(Exception):
-    """Rank 0 runs another call in this one's place: it will not publish this one's plan."""
+class RankZeroElsewhere(Exception):
+    """Rank 0 runs another call in this one's place: it will not publish this one's plan
+    (raised by both engines' watches, caught by their calls)."""
+
+
+def barrier_schedule(nranks: int) -> Schedule:
+    """No transfers: a call of it is only its descriptor check and the ready barrier (both
+    executors' barrier, and the descriptor a rank without a plan posts).
+
+    >>> barrier_schedule(2).lanes
+    ((Lane(instrs=()),), (Lane(instrs=()),))
+    """
+    return Schedule("allreduce", nranks, 1, tuple((Lane(()),) for _ in range(nranks)),
+                    algorithm="none")
+
+
+def posted_call(ready: int, desc, seq: int, epoch: int) -> tuple[str, int, int] | None:
+    """``(collective, bytes, root)`` of the call a rank posted as call ``seq``, read from its
+    ready word and the six compared words of that call's descriptor slot; None while its
+    descriptor is incomplete (ready has not reached ``epoch``, the call's first) or names
+    another call, or an aborted one.
+
+    >>> posted_call(5, [3, COLL_CODES["allgather"], DTYPE_CODES["float32"], 0, 10, 0], 3, 5)
+    ('allgather', 40, 0)
+    >>> posted_call(4, [3, COLL_CODES["allgather"], DTYPE_CODES["float32"], 0, 10, 0], 3, 5)
+    """
+    if int(ready) < epoch:
+        return None
+    posted, coll, dtype, _, count, root = (int(v) for v in desc[:6])
+    if posted != seq or coll not in _COLL_NAMES or coll == ABORTED_CALL:
+        return None
+    return _COLL_NAMES[coll], count * _ITEMSIZE.get(dtype, 0), root
 
 
 class Engine:
@@ -193,9 +223,8 @@ class Engine:
         return self.win.cma and nbytes >= cma_min_bytes(coll, self._crowded)
 
     def _schedule(self, coll: str, nbytes: int, root: int) -> Schedule:
-        if coll == "barrier":  # no data: only the descriptor check and the ready barrier
-            return Schedule("allreduce", self.size, 1, tuple((Lane(()),) for _ in
-                                                             range(self.size)), algorithm="none")
+        if coll == "barrier":
+            return barrier_schedule(self.size)
         if self.config.algo is None and use_one_step(coll, self.size, nbytes, self._crowded):
             s = small_schedule(coll, self.size, root)  # one wait per call (runtime/small.py)
         else:
@@ -223,7 +252,7 @@ class Engine:
 
     def _watch_rank_zero(self, coll: str, nbytes: int, root: int) -> None:
         """Raises while this rank waits for a plan that rank 0 will not publish: it rejected
-        this call (_RankZeroAborted), makes another one (_RankZeroElsewhere), failed or closed
+        this call (_RankZeroAborted), makes another one (RankZeroElsewhere), failed or closed
         the communicator, or died."""
         word = int(self.win.ctl[0][W_ABORT])
         if word == self._seq + 1:
@@ -234,20 +263,15 @@ class Engine:
             raise self._failure(coll, self._seq, _EXEC["PEER_DEAD"], 0, -1, -1)
         theirs = self._rank_zero_call()
         if theirs is not None and theirs != (coll, nbytes, root):
-            raise _RankZeroElsewhere()
+            raise RankZeroElsewhere()
 
     def _rank_zero_call(self) -> tuple[str, int, int] | None:
         """(collective, bytes, root) of the call rank 0 makes in this one's place, once its
-        descriptor is complete (its ready word has reached this call's epoch); else None.
-        Rank 0 publishes a call's plan before it posts the descriptor."""
+        descriptor is complete (:func:`posted_call`). Rank 0 publishes a call's plan before it
+        posts the descriptor."""
         ctl = self.win.ctl[0]
-        if int(ctl[W_READY]) < self._epoch:
-            return None
         base = W_DESC + DESC_WORDS * (self._seq & 1)
-        seq, coll, dtype, _, count, root = (int(v) for v in ctl[base:base + 6])
-        if seq != self._seq or coll not in _COLL_NAMES or coll == ABORTED_CALL:
-            return None
-        return _COLL_NAMES[coll], count * _ITEMSIZE.get(dtype, 0), root
+        return posted_call(ctl[W_READY], ctl[base:base + 6], self._seq, self._epoch)
 
     def topology(self):
         if self._topology is None:
@@ -286,7 +310,7 @@ class Engine:
                     seq = self._seq
                     self._abort_locked()
                     raise self._failure(coll, seq, _EXEC["ABORTED"], 0, -1, -1) from None
-                except _RankZeroElsewhere:
+                except RankZeroElsewhere:
                     # Post this call's descriptor against rank 0's: every rank then finds
                     # the mismatch, as if this rank had had a plan.
                     seq = self._seq

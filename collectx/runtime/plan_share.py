@@ -11,8 +11,9 @@ size class, root) at the same call; its schedule lives under one store key of th
 (one per attempt: a call that failed to plan may be made again, and plan then).
 Rank 0 never waits: it publishes (one ``set``) and goes on. The others ``get`` the key, in slices
 of up to 50 ms: between slices ``watch`` (the engine's) raises when rank 0 will never publish
-(it aborted this call, failed, closed, or died), so a peer's bad argument still gives
-``PeerAborted`` at once rather than a timeout. A first call so costs rank 0 one store round
+(it aborted this call, failed, closed, died, or makes another call in this one's place), so a
+peer's bad argument still gives ``PeerAborted``, and calls that differ ``CollectiveMismatch``,
+at once rather than a timeout. A first call so costs rank 0 one store round
 trip, and another rank one ``get`` if rank 0 was done first, one more per slice it waited;
 later calls of the size class never touch the store (:class:`SharedPlans` remembers every
 schedule). Ranks that are threads of one process decode the published bytes once between them

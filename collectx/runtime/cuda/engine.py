@@ -22,8 +22,9 @@ import threading
 
 from ...errors import CollectiveMismatch, NativeError, PeerAborted, PeerFailure, Timeout
 from ...log import logger, tracing
-from ...schedule.ir import Lane, Schedule
-from ..engine import COLL_CODES, trace_call, unusable
+from ...schedule.ir import Schedule
+from ..engine import (COLL_CODES, RankZeroElsewhere, barrier_schedule, posted_call, trace_call,
+                      unusable)
 from ..executor import FlatPlan
 from ..plan_share import Planned, SharedPlans
 from ..window import _alive
@@ -98,7 +99,7 @@ class CudaEngine:
             else:
                 planned = self._shared.get(coll, nbytes, root, self.topology,
                                            lambda topo: self._schedule(coll, nbytes, root),
-                                           lambda: self._watch_rank_zero(coll))
+                                           lambda: self._watch_rank_zero(coll, nbytes, root))
                 schedule = planned.schedule
                 self._dump(nbytes, schedule)
             flat = FlatPlan(schedule, self.rank)
@@ -110,8 +111,7 @@ class CudaEngine:
     def _schedule(self, coll: str, nbytes: int, root: int) -> Schedule:
         """This rank's own plan (rank 0's, which :meth:`_plan` shares with the others)."""
         if coll == "barrier":
-            return Schedule("allreduce", self.size, 1, tuple((Lane(()),) for _ in range(self.size)),
-                            algorithm="none")
+            return barrier_schedule(self.size)
         return cuda_schedule(self.topology(), coll, self.size, nbytes, root=root,
                              algo=self.config.algo)
 
@@ -130,10 +130,11 @@ class CudaEngine:
                     s.meta_dict().get("pattern", "-"), s.nchunks,
                     max(len(lanes) for lanes in s.lanes), tile_count, planned.describe())
 
-    def _watch_rank_zero(self, coll: str) -> None:
+    def _watch_rank_zero(self, coll: str, nbytes: int, root: int) -> None:
         """Raises while this rank waits for a plan that rank 0 will not publish: it rejected
-        this call (its window says so only through a device copy, so it says so in the store)
-        or its process is gone."""
+        this call (its window says so only through a device copy, so it says so in the store),
+        its process is gone, or it makes another call in this one's place (RankZeroElsewhere:
+        its descriptor of this call, read from its window, names another)."""
         if self._shared.aborted(self._seq):
             self.poison(f"rank 0 rejected call #{self._seq}")
             raise PeerAborted(f"rank {self.rank} (GPU {self.win.device}), {coll} #{self._seq}: "
@@ -145,6 +146,11 @@ class CudaEngine:
             raise PeerFailure(f"rank {self.rank} (GPU {self.win.device}), {coll} #{self._seq}: "
                               f"rank 0 (pid {pid}) died before it published the plan; expected "
                               f"it alive; check its log for the crash", rank=0)
+        ready = self.win.read_words(0, 0, 1)[0]   # first: the kernel posts it after the desc
+        desc = self.win.read_words(0, DESC_OFFSET + 64 * (self._seq & 1), 6)
+        theirs = posted_call(ready, desc, self._seq, self._epoch)
+        if theirs is not None and theirs != (coll, nbytes, root):
+            raise RankZeroElsewhere()
 
     def topology(self):
         """The GPU topology to plan on, or None (one-hop plan) when ranks share a GPU."""
@@ -164,22 +170,47 @@ class CudaEngine:
             self._check_usable()
             self._poll_locked(block=False)
             _rt.set_device(self.win.device)  # the current device is per thread (torch workers)
-            plan, tile = self._plan(coll, dtype, itemsize, count, root)
-            slot = self._free_slot()
-            a = self._fill(plan, tile, coll, src, dst, count, dtype, op, root, overlap, slot)
-            rc = self._lib.cx_cuda_exec_launch(a, self._ffi.cast("void*", stream))
-            if rc != 0:
-                self.poison(f"launch failed ({rc})")
-                _rt.check(rc, f"cx_cuda_exec_launch({coll})")
-            ntiles = self._ffi.new("long long*")
-            self._lib.cx_cuda_exec_ntiles(count, tile, ntiles)
-            seq = self._seq
-            self._seq += 1
-            self._epoch += int(ntiles[0])
-            event = _rt.Event()
-            event.record(stream)
+            try:
+                plan, tile = self._plan(coll, dtype, itemsize, count, root)
+            except RankZeroElsewhere:
+                raise self._mismatch_locked(coll, dtype, itemsize, count, op, root,
+                                            stream) from None
+            seq, slot, event = self._launch_locked(plan, tile, coll, src, dst, count, dtype, op,
+                                                   root, overlap, stream)
             self._pending.append((seq, coll, slot, event))
             return event
+
+    def _launch_locked(self, plan, tile, coll, src, dst, count, dtype, op, root, overlap,
+                       stream) -> tuple:
+        """Queue ``plan`` as this rank's next call: its (seq, status slot, event)."""
+        slot = self._free_slot()
+        a = self._fill(plan, tile, coll, src, dst, count, dtype, op, root, overlap, slot)
+        rc = self._lib.cx_cuda_exec_launch(a, self._ffi.cast("void*", stream))
+        if rc != 0:
+            self.poison(f"launch failed ({rc})")
+            _rt.check(rc, f"cx_cuda_exec_launch({coll})")
+        ntiles = self._ffi.new("long long*")
+        self._lib.cx_cuda_exec_ntiles(count, tile, ntiles)
+        seq = self._seq
+        self._seq += 1
+        self._epoch += int(ntiles[0])
+        event = _rt.Event()
+        event.record(stream)
+        return seq, slot, event
+
+    def _mismatch_locked(self, coll, dtype, itemsize, count, op, root, stream) -> Exception:
+        """Rank 0 makes another call in this one's place, so this rank has no plan: post this
+        call's descriptor behind the barrier's plan (no transfers), so that every rank's
+        kernel finds the mismatch as if this rank had had a plan; the error to raise."""
+        plan, tile = self._plan("barrier", dtype, itemsize, 0, 0)
+        seq, slot, event = self._launch_locked(plan, tile, coll, None, None, count, dtype, op,
+                                               root, False, stream)
+        self._poll_locked(block=True)   # earlier calls first: a failure there comes first
+        event.synchronize()
+        event.destroy()
+        rec = self._status_record(slot)
+        return self._failure(coll, seq, rec.status or _EXEC["MISMATCH"], rec.rank, rec.lane,
+                             rec.index)
 
     def _fill(self, plan, tile, coll, src, dst, count, dtype, op, root, overlap, slot):
         a, ffi, win = self._args, self._ffi, self.win

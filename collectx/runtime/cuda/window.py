@@ -90,6 +90,7 @@ class CudaWindow:
         self.bases: list[int] = []
         self._opened: list[bytes] = []
         self._held: list[int] = []  # in-process peers' windows this rank keeps alive
+        self._stream = 0            # read_words' stream, made on first use
         try:
             self._rendezvous(store, prefix, window_bytes, timeout)
         except BaseException:
@@ -144,17 +145,25 @@ class CudaWindow:
         _rt.stream_synchronize(0)
 
     def read_words(self, rank: int, offset: int, nwords: int) -> list[int]:
-        """uint64 words of rank's control block (a synchronous device-to-host copy; for
-        error reports only)."""
+        """uint64 words of rank's control block: a synchronous device-to-host copy on a
+        non-blocking stream of this window's own, which never waits for kernels queued on
+        other streams (the default stream would: a kernel that waits for this very rank, in
+        this process or on this GPU, would then never let the copy run)."""
         ffi, _ = _rt.lib()
+        if not self._stream:
+            self._stream = _rt.stream_create()
         out = ffi.new("unsigned long long[]", nwords)
-        _rt.memcpy(int(ffi.cast("uintptr_t", out)), self.bases[rank] + offset, 8 * nwords)
-        _rt.stream_synchronize(0)
+        _rt.memcpy(int(ffi.cast("uintptr_t", out)), self.bases[rank] + offset, 8 * nwords,
+                   self._stream)
+        _rt.stream_synchronize(self._stream)
         return [int(v) for v in out]
 
     def close(self) -> None:
         """Unmap the peers' windows and free this rank's (once no rank of this process that
         mapped it still holds it). Idempotent."""
+        if self._stream:
+            stream, self._stream = self._stream, 0
+            _rt.stream_destroy(stream)
         for handle in self._opened:
             _OPENED.drop((self.device, handle))
         self._opened = []
