@@ -397,15 +397,13 @@ def peer_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> 
     if collective == "alltoall" or n < 2:
         return bounds(topo, collective, gpus, root)
     from . import program as P
-    G = job_graph(topo, gpus)
-    require_connected(G, gpus)
-    rate = lambda coll: P.fractional(P.problem(G, tuple(gpus), coll, root=root)).rate  # noqa: E731
+    rate = lambda coll: P.solved(topo, gpus, coll, root=root)[1].rate  # noqa: E731
     notes = "packing LP over peer routes (no host staging)"
     if collective in ("broadcast", "reduce"):
         x = rate(collective)
         return Bounds(collective, x, None, x, None, notes, tuple(gpus))
     x_ag = rate("allgather")
-    x_rs = x_ag if _symmetric(G) else rate("reduce_scatter")
+    x_rs = x_ag if _symmetric(job_graph(topo, gpus)) else rate("reduce_scatter")
     if collective != "allreduce":
         cut = (n - 1) * (x_ag if collective == "allgather" else x_rs)
         return Bounds(collective, cut, None, cut, None, notes, tuple(gpus))

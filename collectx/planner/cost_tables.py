@@ -79,12 +79,8 @@ def route_terms(topo, ranks, pairs) -> tuple[float, float]:
         return 0.0, 0.0
     from ..topology.routes import routes_for
     table = routes_for(topo)
-    bws, waits = [], []
-    for a, b in pairs:
-        spread = table.spread(ranks[a], ranks[b])
-        bws.append(sum(min(table.capacity[r] for r in res) for res, _, _ in spread if res) / 1e3)
-        waits += [lat for _, lat, _ in spread]
-    return min(bws), max(waits, default=0.0)
+    named = [(ranks[a], ranks[b]) for a, b in pairs]
+    return min(table.bandwidth(*p) for p in named), max(table.wait_us(*p) for p in named)
 
 
 def alpha_us(link: str, algorithm: str) -> float:

@@ -42,8 +42,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_matrix
 
 from ..schedule.ir import MAX_LANES
-from ..topology.routes import routes_for
-from ..topology.view import LinkIndex, host_routes, host_uploads, simulator_routes
+from ..topology.routes import fingerprint
+from ..topology.view import (LinkIndex, host_routes, host_uploads, job_graph, require_connected,
+                             route_waits, simulator_routes)
 from .cost_tables import FILL
 from .integral_trees import disjoint_arborescences, max_flow
 from .treepack import (Packing, Tree, centre, column_generation, min_arborescence, orient,
@@ -115,24 +116,29 @@ def problem(G, gpus, collective: str, root: int = 0, host: bool = False,
         groups = tuple((r, m) for m in modes for r in range(n))
     else:
         groups = ((root, modes[0]),)
-    waits = _waits(G, gpus)
+    waits = route_waits(G, gpus)
     uploads = host_uploads(G, index, gpus) if host else {}
     return Problem(tuple(gpus), groups, {m: _ways(gpus, peer, staged, waits, m) for m in modes},
                    index.caps, {i: uploads[g] for i, g in enumerate(gpus) if g in uploads})
 
 
-def _waits(G, gpus) -> dict:
-    """``(a, b) -> (peer, staged)``: the longest route latency (us) of a peer copy from GPU
-    ``a`` to GPU ``b``, and of the two copies that stage it through ``a``'s host memory."""
-    table = routes_for(G)
+_SOLVED: dict = {}   # (routing content, gpus, problem arguments) -> (Problem, its LP)
 
-    def longest(x, y):
-        return max(lat for _, lat, _ in table.spread(x, y))
-    out = {}
-    for a, b in itertools.permutations(gpus, 2):
-        host = table.host_of(a)
-        out[a, b] = (longest(a, b), longest(a, host) + longest(host, b) if host != a else 0.0)
-    return out
+
+def solved(topo, gpus, collective: str, root: int = 0, host: bool = False,
+           forest: bool = False) -> tuple[Problem, Packing]:
+    """:func:`problem` on the job graph of ``gpus`` in ``topo``, and its LP (:func:`fractional`),
+    solved once per routing content: an allocation's bound and its plans ask for the same LP,
+    and so does every size class the runtime plans (the LP does not depend on the size)."""
+    key = (fingerprint(topo), tuple(gpus), collective, root, host, forest)
+    if key not in _SOLVED:
+        G = job_graph(topo, gpus)
+        require_connected(G, gpus)
+        p = problem(G, tuple(gpus), collective, root=root, host=host, forest=forest)
+        if len(_SOLVED) >= 64:   # bounded: a process plans a few allocations, not many
+            _SOLVED.clear()
+        _SOLVED[key] = (p, fractional(p))
+    return _SOLVED[key]
 
 
 def _ways(gpus, peer: dict, staged: dict, waits: dict, mode: str) -> dict:
@@ -325,6 +331,7 @@ class Rounding:
         self.enumerated = len(p.groups) << (self.n - 1) <= PROGRAM_ROWS
         self.sets = self._first_sets()
         self._rows_for, self._rows = -1, None   # Edmonds' rows, built for that many sets
+        self._shorts: list = []   # per-tree limits and box of counts found short (_short)
 
     def _way(self, g, e, k) -> Way:
         return self.p.ways[self.p.groups[g][1]][e][k]
@@ -402,10 +409,17 @@ class Rounding:
         so, in one LP, where HiGHS's root cuts took ~18 ms to prove each. Asked only with every
         Edmonds row written: else a skipped program's rows would be missed by the next."""
         most_load = np.where(self.whole, np.floor(most * self.caps + 1e-5), most * self.caps)
-        return milp(np.zeros(len(self.cost)), bounds=bounds, constraints=[
+        # Per tree (x / K) only these limits and the box differ between tree counts: limits no
+        # looser within a box no wider than a count's found short are short too, without an LP.
+        per_tree = np.r_[most_load, -bounds.lb, bounds.ub] / K
+        if any(np.all(per_tree <= seen + 1e-12) for seen in self._shorts):
+            return True
+        short = milp(np.zeros(len(self.cost)), bounds=bounds, constraints=[
             LinearConstraint(self.weights, -np.inf, most_load),
             LinearConstraint(self.total, K * (self.n - 1), K * (self.n - 1)),
             LinearConstraint(self._entering(), K, np.inf)]).status == 2
+        self._shorts += [per_tree] if short else []
+        return short
 
     def _entering(self) -> csr_matrix:
         """Edmonds' rows: per (group, set), the columns whose arcs enter it (a whole tree once)."""

@@ -168,25 +168,18 @@ def _allreduce(b: LaneBuilder, lane: int, order, base: int, share: int):
         return
     piece = [shard(q, n, share) for q in range(n)]
     last: dict[tuple[int, int], object] = {}  # (position, shard) -> instruction that wrote it
-    for s in range(n - 1):                    # reduce-scatter
+    for s in range(2 * (n - 1)):   # n - 1 steps reduce-scatter, n - 1 pass the sums along
+        reducing = s < n - 1
         for i in range(n):
             q, pred = (i - s - 1) % n, (i - 1) % n
             lo, k = piece[q]
             if not k:
                 continue
             r, p = order[i], order[pred]
-            prev = Ref(p, "input" if s == 0 else "output", base + lo, k)
-            last[i, q] = b.add(r, lane, "reduce", Ref(r, "output", base + lo, k),
-                               [Ref(r, "input", base + lo, k), prev], [last.get((pred, q))])
-    for s in range(n - 1):                    # allgather of the complete shards
-        for i in range(n):
-            q, pred = (i - s) % n, (i - 1) % n
-            lo, k = piece[q]
-            if not k:
-                continue
-            r, p = order[i], order[pred]
-            last[i, q] = b.add(r, lane, "copy", Ref(r, "output", base + lo, k),
-                               [Ref(p, "output", base + lo, k)], [last.get((pred, q))])
+            sent = Ref(p, "input" if s == 0 else "output", base + lo, k)
+            srcs = [Ref(r, "input", base + lo, k), sent] if reducing else [sent]
+            last[i, q] = b.add(r, lane, "reduce" if reducing else "copy",
+                               Ref(r, "output", base + lo, k), srcs, [last.get((pred, q))])
 
 
 def _reduce_scatter(b: LaneBuilder, lane: int, order, base: int, share: int):

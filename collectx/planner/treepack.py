@@ -323,17 +323,16 @@ def column_generation(caps, groups: tuple, price) -> Packing:
     mu = None                            # no duals before the first solve: take every column
     exact = False
     for rounds in range(1, _MAX_ROUNDS + 1):
-        fresh = [c for c in price(y, exact) if (c[0], c[1].edges, c[1].paths) not in seen
-                 and (mu is None or _cost(c[2], y) < mu[gid[c[0]]] * (1 - 1e-9) - 1e-12)]
+        fresh = [c for c in price(y, exact) if _key(c) not in seen and (mu is None or sum(
+                 y[e] * k for e, k in c[2].items()) < mu[gid[c[0]]] * (1 - 1e-9) - 1e-12)]
         if not fresh:
             if exact:
                 break
             exact = True          # biased pricing converged; finish at the exact optimum
             continue
         for c in fresh + _variants(price, y, fresh, exact, seen):
-            key = (c[0], c[1].edges, c[1].paths)
-            if key not in seen:
-                seen.add(key)
+            if _key(c) not in seen:
+                seen.add(_key(c))
                 cols.append(c)
                 lp.add(gid[c[0]], c[2])
         x, lam, y, mu = _solve(caps, len(gid), lp)
@@ -359,13 +358,14 @@ def _variants(price, y, fresh, exact, seen) -> list:
         for _, _, use in batch:
             for e, k in use.items():
                 y[e] = y[e] * 1.5 + 0.5 * scale * k
-        batch = [c for c in price(y, exact) if (c[0], c[1].edges, c[1].paths) not in seen]
+        batch = [c for c in price(y, exact) if _key(c) not in seen]
         out += batch
     return out
 
 
-def _cost(use: dict, y) -> float:
-    return float(sum(y[e] * k for e, k in use.items()))
+def _key(column) -> tuple:
+    """What makes a column new: its group, arcs and routes."""
+    return column[0], column[1].edges, column[1].paths
 
 
 class _Rows:

@@ -24,7 +24,6 @@ from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import MAX_LANES, PackedSchedule, Ref, Schedule
 from ..schedule.metrics import unit_bytes
 from ..schedule.simulate import unpacked
-from ..topology.view import job_graph, require_connected
 from . import program as P
 from .direct import plan_direct
 from ._build import check_args, simulated
@@ -92,11 +91,8 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
     if n == 1:
         return replace(plan_direct(None, ranks, collective, nbytes, root=root, inplace=inplace),
                        algorithm=name, meta=())   # one rank: its own copy, if any
-    G = job_graph(topo, ranks)
-    require_connected(G, ranks)
     forest = name == "forest" and collective == "allreduce"
-    p = P.problem(G, tuple(ranks), collective, root=root, host=host, forest=forest)
-    lp = P.fractional(p)
+    p, lp = P.solved(topo, ranks, collective, root=root, host=host, forest=forest)
     pipe = Pipeline(p, unit_bytes(collective, nbytes, n) / (n if forest else 1))
     pipe.fit(lp)
     beat = pipe.to_beat(beat_us)

@@ -96,6 +96,17 @@ class Routes:
             self._routes[key] = self._striped(a, b) or ((*self.route(a, b), 1.0),)
         return self._routes[key]
 
+    def wait_us(self, a, b) -> float:
+        """The longest latency (us) among the routes a transfer from ``a`` to ``b`` splits
+        over: how long its slowest stripe waits before its first byte moves."""
+        return max(lat for _, lat, _ in self.spread(a, b))
+
+    def bandwidth(self, a, b) -> float:
+        """GB/s of a transfer from ``a`` to ``b``: each route's narrowest resource, summed
+        over the routes it splits over."""
+        return sum(min(self.capacity[r] for r in res) for res, _, _ in self.spread(a, b)
+                   if res) / 1e3
+
     def _striped(self, a, b):
         if a == b or self.topo.has_edge(a, b):
             return None
@@ -251,7 +262,7 @@ def routes_for(topo: nx.DiGraph, local_bw_gbps: float | None = None) -> Routes:
     kinds and memories, links with their bandwidth, type and latency, in graph order), so
     equal graphs share it and an edited graph gets a fresh one.
     """
-    key = (local_bw_gbps, _fingerprint(topo))
+    key = (local_bw_gbps, fingerprint(topo))
     routes = _CACHE.get(key)
     if routes is None:
         if len(_CACHE) >= _CACHE_LIMIT:
@@ -261,7 +272,9 @@ def routes_for(topo: nx.DiGraph, local_bw_gbps: float | None = None) -> Routes:
     return routes
 
 
-def _fingerprint(topo: nx.DiGraph) -> tuple:
+def fingerprint(topo: nx.DiGraph) -> tuple:
+    """What routes depend on, as a hashable key: node kinds and memories, links with their
+    bandwidth, type and latency, in graph order (equal graphs, equal keys)."""
     nodes = tuple((n, d.get("kind"), d.get("device"), d.get("mem_bw_gbps"))
                   for n, d in topo.nodes(data=True))
     edges = tuple((u, v, d.get("bw_gbps"), d.get("type"), d.get("latency_us"))

@@ -269,6 +269,19 @@ def host_uploads(G: nx.DiGraph, index: LinkIndex, gpus) -> dict:
             for a in gpus if kinds.get(table.host_of(a)) == "cpu"}
 
 
+def route_waits(G: nx.DiGraph, gpus) -> dict:
+    """``(a, b) -> (peer, staged)``: the longest route latency (us) of a peer copy from GPU
+    ``a`` to GPU ``b``, and of the two copies that stage it through ``a``'s host memory (0
+    where ``a`` has none)."""
+    table = routes_for(G)
+    out = {}
+    for a, b in itertools.permutations(gpus, 2):
+        host = table.host_of(a)
+        staged = table.wait_us(a, host) + table.wait_us(host, b) if host != a else 0.0
+        out[a, b] = (table.wait_us(a, b), staged)
+    return out
+
+
 def _leg(table, index: LinkIndex, x, y, reverse: bool) -> list:
     """``[(link id, share), ...]`` of the simulator's route(s) from ``x`` to ``y``."""
     out: dict = {}
