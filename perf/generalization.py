@@ -38,7 +38,8 @@ from pathlib import Path
 
 import collectx.topology as T
 from collectx.errors import NoFeasiblePlan
-from collectx.planner import plan, program
+from collectx.planner import plan
+from collectx.planner._build import forget_remembered
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
 REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
@@ -117,7 +118,7 @@ SOURCES = {"presets": presets, "dgx1": dgx1, "subsets": subsets, "generated": ge
 
 
 def record(family, name, G, gpus, collective, nbytes) -> dict:
-    program._SOLVED.clear()   # timed as a first plan of its allocation: no LP remembered
+    forget_remembered()   # timed as a first plan of its allocation: nothing remembered
     p = plan(G, collective, nbytes, gpus=gpus, verify=False)
     d = p.summary()
     d.update(family=family, topology=name, gpus=gpus or "all")

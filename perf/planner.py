@@ -39,7 +39,8 @@ import sys
 import time
 
 import collectx.topology as T
-from collectx.planner import plan, program
+from collectx.planner import plan
+from collectx.planner._build import forget_remembered
 from fallback_ring import plan_fallback_ring
 from collectx.planner.ring_search import _hamiltonian
 
@@ -69,7 +70,7 @@ def has_nvlink_ring(G, gpus) -> bool:
 
 
 def record(G, name, gpus, coll, nbytes, algo=None, verify=False) -> dict:
-    program._SOLVED.clear()   # timed as a first plan of its allocation: no LP remembered
+    forget_remembered()   # timed as a first plan of its allocation: nothing remembered
     p = plan(G, coll, nbytes, gpus=list(gpus) if gpus is not None else None, algo=algo,
              verify=verify)
     d = p.summary()

@@ -226,8 +226,8 @@ def test_remembered_bounds_follow_an_edited_graph():
         G.edges[u, v]["bw_gbps"] = 50.0
     edited = bounds(G, "allreduce")
     assert edited.cut_busbw < first.cut_busbw
-    from collectx.planner import bounds as module
-    module._MEMO.clear()
+    from collectx.planner._build import forget_remembered
+    forget_remembered()
     assert bounds(G, "allreduce") == edited
 
 

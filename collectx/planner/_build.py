@@ -53,6 +53,23 @@ def weighted_shares(total: int, weights: list[float]) -> list[int]:
     return shares
 
 
+_REMEMBERED: dict = {}
+
+
+def remembered(key: tuple, compute):
+    """``compute()``, remembered under ``key``, which names all it depends on: the plans of
+    one allocation (collectives, size classes) ask for the same pieces. At most 1024."""
+    if key not in _REMEMBERED:
+        if len(_REMEMBERED) >= 1024:
+            _REMEMBERED.clear()
+        _REMEMBERED[key] = compute()
+    return _REMEMBERED[key]
+
+
+def forget_remembered() -> None:   # benchmarks timing a first plan
+    _REMEMBERED.clear()
+
+
 def check_args(collective: str, nranks: int, root: int, nchunks: int | None) -> None:
     """Validate the arguments every planner shares; raises :class:`PlanError`."""
     if collective not in COLLECTIVES:

@@ -48,6 +48,7 @@ from scipy.optimize import linprog
 from ..errors import ArgumentError, PlanError
 from ..topology.view import LinkIndex, job_gpus, job_graph, require_connected
 from ..topology.view import turn_rule, without_turnarounds
+from ._build import remembered
 from .treepack import pack_undirected_trees
 
 KINDS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall")
@@ -168,24 +169,11 @@ def _symmetric(G: nx.DiGraph) -> bool:
     return all(G.has_edge(v, u) and G.edges[v, u]["cap"] == c for u, v, c in G.edges(data="cap"))
 
 
-_MEMO: dict = {}
-_MEMO_LIMIT = 1024
-
-
 def _memo(what: str, G: nx.DiGraph, gpus, compute):
-    """``compute()``, remembered for job graphs with the same nodes, links and capacities.
-
-    One plan asks for the same cut rates several times (the allgather, reduce-scatter and
-    allreduce bounds share them), and planning the same allocation again builds an equal job
-    graph; each piece is a deterministic function of the graph (in its node and link order) and
-    the GPUs, so the remembered value is the one a fresh computation gives.
-    """
-    key = (what, tuple(G.nodes(data="kind")), tuple(G.edges(data="cap")), tuple(gpus))
-    if key not in _MEMO:
-        if len(_MEMO) >= _MEMO_LIMIT:
-            _MEMO.clear()
-        _MEMO[key] = compute()
-    return _MEMO[key]
+    """``compute()``, remembered for job graphs with the same nodes, links and capacities
+    (the allgather, reduce-scatter and allreduce bounds share cut rates)."""
+    return remembered((what, tuple(G.nodes(data="kind")), tuple(G.edges(data="cap")),
+                       tuple(gpus)), compute)
 
 
 def _checked(topo: nx.DiGraph, collective: str, gpus, root: int) -> tuple:
@@ -212,7 +200,9 @@ def cut_rate(G: nx.DiGraph, gpus, towards=None) -> tuple[float, frozenset]:
     ``x`` and moves to its ratio; it stops at the exact minimum after a few rounds of N max-flows.
     """
     C = tuple(gpus)
-    x, S = _start_ratio(G, C)
+    v = min(C, key=lambda g: sum(d["cap"] for _, _, d in G.in_edges(g, data=True)))
+    S = frozenset(G.nodes) - {v}   # start from the GPU with the least coming in
+    x = _ratio(G, S, C)
     for _ in range(100):
         worst, worst_S = 0.0, None
         H = G.copy()
@@ -227,12 +217,6 @@ def cut_rate(G: nx.DiGraph, gpus, towards=None) -> tuple[float, frozenset]:
             return x, S
         x, S = _ratio(G, worst_S, C), worst_S
     raise PlanError("cut bound search did not converge in 100 rounds; report this topology")
-
-
-def _start_ratio(G, C) -> tuple[float, frozenset]:
-    v = min(C, key=lambda g: sum(d["cap"] for _, _, d in G.in_edges(g, data=True)))
-    S = frozenset(G.nodes) - {v}
-    return _ratio(G, S, C), S
 
 
 def _ratio(G, S, C) -> float:

@@ -67,12 +67,6 @@ def device_kind(topo: nx.DiGraph | None, ranks: tuple[str, ...]) -> str:
     return "cpu" if topo.nodes[ranks[0]].get("device") == "cpu" else "gpu"
 
 
-def latency_terms(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ...],
-                  algorithm: str) -> tuple[float, float]:
-    """``(base, alpha)`` in microseconds for one schedule on one allocation."""
-    return base_us(topo, ranks), alpha_us(link_class(schedule, topo, ranks), algorithm)
-
-
 def base_us(topo: nx.DiGraph | None, ranks: tuple[str, ...]) -> float:
     """The fixed per-call latency on this kind of device."""
     return BASE_US[device_kind(topo, ranks)]

@@ -199,7 +199,8 @@ def _shallower(trees: list, left: np.ndarray, root: int) -> list:
     """
     par = [_parents(edges, root, len(left)) for edges in trees]
     left = left.copy()
-    stats = _Shape([_tree_stats(p, root) for p in par])
+    levels = [_levels_of(p, root) for p in par]
+    stats = _Shape([(max(lv), sum(lv)) for lv in levels])
     score = stats.score()
     improved = True
     while improved:   # every kept move lowers the score, so this ends
@@ -208,28 +209,36 @@ def _shallower(trees: list, left: np.ndarray, root: int) -> list:
             if v == root:
                 continue
             for move in _moves(par, left, v):
+                if _no_rise(move, par, levels, v):
+                    continue   # no level falls, so neither does the score: not worth a try
                 undo = _apply(par, left, v, move)
                 if undo is None:
                     continue
-                touched = {move[1], move[2]} if move[0] == "swap" else {move[1]}
+                touched = {i: _levels_of(par[i], root) for i in
+                           ((move[1], move[2]) if move[0] == "swap" else (move[1],))}
                 before = {i: stats[i] for i in touched}
-                for i in touched:
-                    stats[i] = _tree_stats(par[i], root)
+                for i, lv in touched.items():
+                    stats[i] = max(lv), sum(lv)
                 new = stats.score()
                 if new < score:
                     score, improved = new, True
+                    for i, lv in touched.items():
+                        levels[i] = lv
                 else:
                     _apply(par, left, v, undo)
                     for i, kept in before.items():
                         stats[i] = kept
-        if not improved:
-            break
     return [_top_down_pairs(p, root) for p in par]
 
 
-def _tree_stats(par: list, root: int) -> tuple:
-    levels = _levels_of(par, root)
-    return max(levels), sum(levels)
+def _no_rise(move, par: list, levels: list, v: int) -> bool:
+    """Whether ``move`` at ``v`` gives it no shallower parent in any tree it changes (a new
+    parent inside ``v``'s subtree, a cycle, :func:`_apply` refuses anyway)."""
+    kind, a, x = move
+    if kind == "swap":
+        return (levels[a][par[x][v]] >= levels[a][par[a][v]] and
+                levels[x][par[a][v]] >= levels[x][par[x][v]])
+    return levels[a][x] >= levels[a][par[a][v]]
 
 
 class _Shape:

@@ -45,6 +45,7 @@ from ..schedule.ir import MAX_LANES
 from ..topology.routes import fingerprint
 from ..topology.view import (LinkIndex, host_routes, host_uploads, job_graph, require_connected,
                              route_waits, simulator_routes)
+from ._build import remembered
 from .cost_tables import FILL
 from .integral_trees import disjoint_arborescences, max_flow
 from .treepack import (Packing, Tree, centre, column_generation, min_arborescence, orient,
@@ -122,23 +123,18 @@ def problem(G, gpus, collective: str, root: int = 0, host: bool = False,
                    index.caps, {i: uploads[g] for i, g in enumerate(gpus) if g in uploads})
 
 
-_SOLVED: dict = {}   # (routing content, gpus, problem arguments) -> (Problem, its LP)
-
-
 def solved(topo, gpus, collective: str, root: int = 0, host: bool = False,
            forest: bool = False) -> tuple[Problem, Packing]:
     """:func:`problem` on the job graph of ``gpus`` in ``topo``, and its LP (:func:`fractional`),
-    solved once per routing content: an allocation's bound and its plans ask for the same LP,
-    and so does every size class the runtime plans (the LP does not depend on the size)."""
-    key = (fingerprint(topo), tuple(gpus), collective, root, host, forest)
-    if key not in _SOLVED:
+    solved once per routing content (:func:`~._build.remembered`): an allocation's bound and
+    its plans ask for the same LP, and so does every size class the runtime plans."""
+    def solve():
         G = job_graph(topo, gpus)
         require_connected(G, gpus)
         p = problem(G, tuple(gpus), collective, root=root, host=host, forest=forest)
-        if len(_SOLVED) >= 64:   # bounded: a process plans a few allocations, not many
-            _SOLVED.clear()
-        _SOLVED[key] = (p, fractional(p))
-    return _SOLVED[key]
+        return p, fractional(p)
+    return remembered(("solved", fingerprint(topo), tuple(gpus), collective, root, host,
+                       forest), solve)
 
 
 def _ways(gpus, peer: dict, staged: dict, waits: dict, mode: str) -> dict:

@@ -21,7 +21,7 @@ from ..schedule.ir import Schedule
 from ..schedule.metrics import bus_factor, unit_bytes
 from . import cost, direct, registry
 from ._build import simulated
-from .cost_tables import FILL, MIN_CHUNK_BYTES
+from .cost_tables import FILL, MIN_CHUNK_BYTES, alpha_us
 
 PACKED = ("blink", "forest")   # planners that take host-staged routes (and cost a packing)
 
@@ -123,7 +123,8 @@ def predict(schedule: Schedule, topo: nx.DiGraph, nbytes: int, ranks: tuple[str,
         # simulated time, and the chain and route classes need not be computed.
         t = cost.base_us(topo, ranks) + sim.time_us
     else:
-        base, alpha = cost.latency_terms(schedule, topo, ranks, name)
+        base = cost.base_us(topo, ranks)
+        alpha = alpha_us(cost.link_class(schedule, topo, ranks), name)
         t = base + max(sim.time_us, cost.steps(schedule) * alpha)
     if t <= 0:
         return sim
