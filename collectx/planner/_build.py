@@ -58,9 +58,10 @@ _REMEMBERED: dict = {}
 
 def remembered(key: tuple, compute):
     """``compute()``, remembered under ``key``, which names all it depends on: the plans of
-    one allocation (collectives, size classes) ask for the same pieces. At most 1024."""
+    one allocation (collectives, size classes) ask for the same pieces. At most 64: a 16-GPU
+    packing LP with its problem pickles to 0.2 MB, an allocation asks for a few pieces."""
     if key not in _REMEMBERED:
-        if len(_REMEMBERED) >= 1024:
+        if len(_REMEMBERED) >= 64:
             _REMEMBERED.clear()
         _REMEMBERED[key] = compute()
     return _REMEMBERED[key]
