@@ -96,20 +96,25 @@ def _framework(name: str | None = None):
 
 
 def run_ranks(nranks: int, body, *, timeout: float = 60, window_bytes: int | None = None,
-              fw=None):
-    """``body(comm, fw)`` on every rank (threads, GPU 0, own stream each); results by rank."""
+              fw=None, topology=None, algo: str | None = None):
+    """``body(comm, fw)`` on every rank (threads, GPU 0, own stream each); results by rank.
+    ``topology``: the machine the ranks plan on (its first ``nranks`` GPUs; else one hop),
+    ``algo``: the planner algorithm they are made to use (COLLECTX_ALGO)."""
     from collectx.runtime.cuda import CudaCommunicator
     from collectx.runtime.store import HashStore
     fw = fw or _framework()
     cfg = get_config()
     if window_bytes:
         cfg = dataclasses.replace(cfg, window_bytes=window_bytes)
+    if algo:
+        cfg = dataclasses.replace(cfg, algo=algo)
     store, results, errors = HashStore(), [None] * nranks, []
 
     def rank_main(r):
         try:
             fw.new_stream()
-            with CudaCommunicator(r, nranks, store, device=0, timeout=timeout, config=cfg) as c:
+            with CudaCommunicator(r, nranks, store, device=0, timeout=timeout, config=cfg,
+                                  topology=topology) as c:
                 results[r] = body(c, fw)
         except BaseException as e:  # re-raised below with its rank
             errors.append((r, e))
@@ -167,6 +172,26 @@ def test_every_collective_with_tiny_tiles(nranks, n):
     bad = [m for per_rank in run_ranks(nranks, body, window_bytes=256 << 10) for m in per_rank
            if m]
     assert bad == []
+
+
+PACKED = {"allreduce": ("blink", "forest"), "broadcast": ("blink",), "reduce": ("blink",),
+          "allgather": ("forest",), "reduce_scatter": ("forest",), "alltoall": ()}
+
+
+@pytest.mark.parametrize("coll", COLLS)
+def test_dgx1v_tree_packings_run_exactly(coll):
+    # What the engine plans for GPUs 0, 1, 2, 5 of a DGX-1V (no NVLink ring): packed trees over
+    # NVLink and PCIe peer routes, a block per tree edge waiting on other ranks' blocks. Four
+    # thread ranks plan on that allocation and run on one GPU: the chooser's plans, then each
+    # packing forced (the emulation's twin: test_cuda_emulation.py).
+    from collectx.topology import load, subset
+    view = subset(load("dgx1v"), [0, 1, 2, 5])
+    for algo in (None, *PACKED[coll]):
+        def body(comm, fw):
+            return [run_case(comm, fw, coll, "float32", "sum", n, 1, 7) for n in (7, 1 << 20)]
+        bad = [m for per_rank in run_ranks(4, body, topology=view, algo=algo) for m in per_rank
+               if m]
+        assert bad == [], algo
 
 
 @pytest.mark.parametrize("name", ["cupy", "torch"])
