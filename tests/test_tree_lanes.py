@@ -3,12 +3,17 @@ lanes, and the C dealer emits what the Python loop emits."""
 
 from __future__ import annotations
 
+import itertools
+from pathlib import Path
+
 import pytest
 
 import collectx.topology as topo
 from collectx.planner import plan
 from collectx.planner.treesched import Share, TreeEmitter, chunk_refs
 from collectx.schedule import ScheduleBuilder, verify
+
+REAL = Path(__file__).resolve().parents[1] / "topology" / "real"
 
 
 def _two_trees_over_one_link():
@@ -28,26 +33,47 @@ def test_trees_that_share_a_link_move_on_lanes_of_their_own():
     assert [len(lane.instrs) for lane in s.lanes[1]] == [4, 4]   # one lane per tree
 
 
-def test_tree_plans_stay_within_the_executors_lanes():
-    # The CPU and CUDA executors run at most 64 lanes per rank; plans with many trees fold
-    # extra lane keys onto shared lanes instead of exceeding that.
-    from collectx.runtime.executor import MAX_LANES
+def test_tree_plans_stay_within_the_lanes_of_the_executors_that_run_them():
+    # The CUDA executor runs at most GPU_LANES per rank and has no host buffers; the CPU
+    # executor runs MAX_LANES. Plans with many trees fold extra lane keys onto shared lanes
+    # instead of exceeding their executor's limit; only plans for the CPU executor (host
+    # staging allowed, as plan() does by default) may take more than GPU_LANES.
+    from collectx.schedule.ir import GPU_LANES, MAX_LANES
     cases = [("mi250_16gcd", None, "allgather"), ("dgx1v", [0, 1, 2, 3, 5], "allreduce"),
-             ("dgx1v", [0, 1, 3, 4, 6, 7], "allgather"), ("dgx1v", None, "broadcast")]
-    for name, gpus, coll in cases:
-        s = plan(topo.load(name), coll, 1 << 30, gpus=gpus, verify=False).schedule
-        assert max(len(lanes) for lanes in s.lanes) <= MAX_LANES, (name, gpus, coll)
+             ("dgx1v", [0, 1, 3, 4, 6, 7], "allgather"), ("dgx1v", None, "broadcast"),
+             (REAL / "mi250_8gcd_8nic_rccl_topo.xml", None, "allgather")]
+    most = {}
+    for (name, gpus, coll), host in itertools.product(cases, (True, False)):
+        s = plan(topo.load(name), coll, 1 << 30, gpus=gpus, verify=False,
+                 host_relays=host).schedule
+        lanes = max(len(lanes) for lanes in s.lanes)
+        assert lanes <= (MAX_LANES if host else GPU_LANES), (name, gpus, coll, lanes)
+        most[host] = max(most.get(host, 0), lanes)
+    assert most[True] > GPU_LANES   # the MI250 dump's allgather takes the CPU executor's lanes
 
 
-def test_the_lane_limit_matches_both_native_executors():
+def test_a_plan_with_more_lanes_than_its_executor_runs_is_refused():
+    from collectx.errors import PlanError
+    from collectx.runtime.executor import FlatPlan
+    from collectx.schedule.ir import GPU_LANES
+    s = plan(topo.load(REAL / "mi250_8gcd_8nic_rccl_topo.xml"), "allgather", 1 << 30,
+             verify=False).schedule
+    rank = max(range(s.nranks), key=lambda r: len(s.lanes[r]))
+    assert len(FlatPlan(s, rank).schedule.lanes[rank]) > GPU_LANES   # the CPU executor runs it
+    with pytest.raises(PlanError, match=f"the CUDA executor runs at most {GPU_LANES}"):
+        FlatPlan(s, rank, GPU_LANES, "CUDA")
+
+
+def test_the_lane_limits_match_the_native_executors():
     import re
-    from pathlib import Path
-    from collectx.schedule.ir import MAX_LANES
+    from collectx.runtime.segment import CTL_BYTES
+    from collectx.schedule.ir import GPU_LANES, MAX_LANES
     include = Path(__file__).resolve().parents[1] / "native" / "include"
-    for header, name in (("cx_executor.h", "CX_EXEC_MAX_LANES"),
-                         ("cx_cuda_exec.h", "CX_CUDA_MAX_LANES")):
+    for header, name, want in (("cx_executor.h", "CX_EXEC_MAX_LANES", MAX_LANES),
+                               ("cx_executor.h", "CX_CTL_BYTES", CTL_BYTES),
+                               ("cx_cuda_exec.h", "CX_CUDA_MAX_LANES", GPU_LANES)):
         found = re.search(rf"#define {name} (\d+)", (include / header).read_text())
-        assert found and int(found.group(1)) == MAX_LANES, header
+        assert found and int(found.group(1)) == want, (header, name)
 
 
 def _plans_of_tree_emitters():

@@ -23,13 +23,13 @@ import networkx as nx
 
 from ..errors import PlanError
 from ..schedule.builder import LaneBuilder
-from ..schedule.ir import COLLECTIVES, MAX_LANES, Ref, Schedule
+from ..schedule.ir import COLLECTIVES, GPU_LANES, Ref, Schedule
 from ._build import check_args, shard, simulated, staggered
 from .cost_tables import INSTRUCTIONS, MAX_PIECES, MIN_CHUNK_BYTES, pipeline_pieces, route_terms
 
-# One lane per peer wherever the IR's lanes allow: two peers sharing a lane take turns, and
-# once every peer's link is shared among all its readers a rank then pulls at half its rate.
-MAX_COPY_LANES = MAX_LANES - 1
+# One lane per peer wherever both executors' lanes allow: two peers sharing a lane take turns,
+# and once every peer's link is shared among all its readers a rank then pulls at half its rate.
+MAX_COPY_LANES = GPU_LANES - 1
 
 SUPPORTED = COLLECTIVES
 

@@ -270,13 +270,8 @@ def _allreduce(topo, ranks, nodes, pieces, nbytes, root):
         "input": ("input", j * pieces + p), "output": ("scratch", A + p),
         "scratch": ("scratch", S1 + p * x1 + j)}[buf], Writers())
     lane_e = max(map(_lanes, rs))
-    w2 = Writers()
-    for group in _rails(nodes):
-        for p in range(pieces):
-            for r in group:
-                src, dst = Ref(r, "scratch", A + p), Ref(r, "scratch", B + p)
-                w2.record(dst, b.engine(r, lane_e, dst, [src], "allreduce", group,
-                                        deps=w1.of(src)))
+    w2 = _engine_phase(b, _rails(nodes), pieces, lane_e, "allreduce", lambda r, p: (
+        Ref(r, "scratch", B + p), Ref(r, "scratch", A + p)), w1)
     _embed_pieces(b, ag, nodes, lane_e + 1, pieces, lambda p: lambda buf, j, r: {
         "input": ("scratch", B + p), "output": ("output", j * pieces + p),
         "scratch": ("scratch", S3 + p * x3 + j)}[buf], w2)
@@ -295,13 +290,8 @@ def _reduce_scatter(topo, ranks, nodes, pieces, nbytes, root):
 
     w1 = _embed_pieces(b, rs, nodes, 0, pieces, _rail_blocks("input", n, g, pieces, S1, x1),
                        Writers())
-    lane_e = max(map(_lanes, rs))
-    for group in _rails(nodes):
-        for c in range(pieces):
-            for r in group:
-                src = Ref(r, "scratch", c * n, n)
-                b.engine(r, lane_e, Ref(r, "output", c), [src], "reduce_scatter", group,
-                         deps=w1.of(src))
+    _engine_phase(b, _rails(nodes), pieces, max(map(_lanes, rs)), "reduce_scatter",
+                  lambda r, c: (Ref(r, "output", c), Ref(r, "scratch", c * n, n)), w1)
     return b, {"reduce_scatter": rs_name}
 
 
@@ -313,12 +303,8 @@ def _allgather(topo, ranks, nodes, pieces, nbytes, root):
     b = ScheduleBuilder("allgather", n * g, pieces, algorithm="hierarchical")
     S3, x3 = n * pieces, _scratch_chunks(ag)
     _reserve(b, S3 + pieces * x3)
-    w1 = Writers()
-    for group in _rails(nodes):
-        for c in range(pieces):
-            for r in group:
-                dst = Ref(r, "scratch", c * n, n)
-                w1.record(dst, b.engine(r, 0, dst, [Ref(r, "input", c)], "allgather", group))
+    w1 = _engine_phase(b, _rails(nodes), pieces, 0, "allgather",
+                       lambda r, c: (Ref(r, "scratch", c * n, n), Ref(r, "input", c)))
     _embed_pieces(b, ag, nodes, 1, pieces, _rail_blocks("output", n, g, pieces, S3, x3), w1)
     return b, {"allgather": ag_name}
 
@@ -334,15 +320,26 @@ def _broadcast(topo, ranks, nodes, pieces, nbytes, root):
     S, x = pieces, _scratch_chunks(bc)
     _reserve(b, S + pieces * x)
     group = tuple(nodes[(home + k) % n][local] for k in range(n))   # the root first
-    w1 = Writers()
-    for c in range(pieces):
-        for r in group:
-            dst = Ref(r, "scratch", c)
-            w1.record(dst, b.engine(r, 0, dst, [Ref(r, "input", c)], "broadcast", group))
+    w1 = _engine_phase(b, [group], pieces, 0, "broadcast",
+                       lambda r, c: (Ref(r, "scratch", c), Ref(r, "input", c)))
     _embed_pieces(b, bc, nodes, 1, pieces, lambda c: lambda buf, j, r: {
         "input": ("scratch", c), "output": ("output", c),
         "scratch": ("scratch", S + c * x + j)}[buf], w1)
     return b, {"broadcast": bc_name}
+
+
+def _engine_phase(b, groups, pieces: int, lane: int, op: str, refs, after=None) -> Writers:
+    """The inter-node phase: an ``op`` engine step per group, piece ``c`` and rank ``r`` of
+    the group, on ``lane``, from and to ``refs(r, c)`` (destination, source), each waiting
+    for what ``after`` (the phase before) wrote there. Returns what it wrote."""
+    w = Writers()
+    for group in groups:
+        for c in range(pieces):
+            for r in group:
+                dst, src = refs(r, c)
+                w.record(dst, b.engine(r, lane, dst, [src], op, group,
+                                       deps=after.of(src) if after else ()))
+    return w
 
 
 def _rails(nodes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:

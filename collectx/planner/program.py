@@ -41,7 +41,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_matrix
 
-from ..schedule.ir import MAX_LANES
+from ..schedule.ir import GPU_LANES, MAX_LANES
 from ..topology.routes import fingerprint
 from ..topology.view import (LinkIndex, host_routes, host_uploads, job_graph, require_connected,
                              route_waits, simulator_routes)
@@ -80,13 +80,15 @@ class Way:
 @dataclass(frozen=True)
 class Problem:
     """What to pack: the GPUs, the groups as ``(root index, mode)``, the ways of every arc
-    ``(a, b)`` (GPU indices) per mode, and the link capacities (GB/s) the loads index."""
+    ``(a, b)`` (GPU indices) per mode, the link capacities (GB/s) the loads index, and the
+    lanes per rank its plans may take (by executor: :data:`~collectx.schedule.ir.MAX_LANES`)."""
 
     gpus: tuple
     groups: tuple
     ways: dict
     caps: tuple
     uploads: dict = None   # GPU index -> load of its copy into its host memory (staging)
+    lanes: int = GPU_LANES
 
     def way(self, tree: Tree, i: int) -> Way:
         """The way edge ``i`` of ``tree`` (a tree of this problem) takes."""
@@ -120,7 +122,8 @@ def problem(G, gpus, collective: str, root: int = 0, host: bool = False,
     waits = route_waits(G, gpus)
     uploads = host_uploads(G, index, gpus) if host else {}
     return Problem(tuple(gpus), groups, {m: _ways(gpus, peer, staged, waits, m) for m in modes},
-                   index.caps, {i: uploads[g] for i, g in enumerate(gpus) if g in uploads})
+                   index.caps, {i: uploads[g] for i, g in enumerate(gpus) if g in uploads},
+                   MAX_LANES if host else GPU_LANES)
 
 
 def solved(topo, gpus, collective: str, root: int = 0, host: bool = False,
@@ -631,17 +634,17 @@ def lanes_per_turn(trees, modes: dict) -> int:
     return max(need.values(), default=0)
 
 
-def fits_twice(trees, modes: dict) -> bool:
-    """Whether every rank's lanes for ``trees`` (:func:`lanes_per_turn`) fit twice in the
-    executors' lanes, with one more for its own slot."""
-    return 2 * lanes_per_turn(trees, modes) + 1 <= MAX_LANES
+def fits_twice(trees, modes: dict, lanes: int) -> bool:
+    """Whether every rank's lanes for ``trees`` (:func:`lanes_per_turn`) fit twice in
+    ``lanes``, with one more for its own slot."""
+    return 2 * lanes_per_turn(trees, modes) + 1 <= lanes
 
 
 def most_trees(p: Problem) -> int:
-    """Trees per group the executors' lanes hold: a rank gives every tree it does not root a
+    """Trees per group the plan's lanes hold: a rank gives every tree it does not root a
     lane (two for trees used both ways, one up and one down)."""
     per_tree = 2 if BOTH in p.ways else 1
-    return max(1, MAX_LANES // (per_tree * len(p.groups)))
+    return max(1, p.lanes // (per_tree * len(p.groups)))
 
 
 def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
@@ -755,7 +758,7 @@ def _buffered(p: Problem, chosen: list, rest: list, keep: int) -> list:
 
 
 def _buffers_fit(p: Problem, packing: Packing) -> bool:
-    return fits_twice(packing.trees, {g: m for g, (_, m) in enumerate(p.groups)})
+    return fits_twice(packing.trees, {g: m for g, (_, m) in enumerate(p.groups)}, p.lanes)
 
 
 def centred(tree: Tree) -> Tree:

@@ -21,7 +21,7 @@ import networkx as nx
 
 from ..errors import PlanError
 from ..schedule.builder import ScheduleBuilder
-from ..schedule.ir import MAX_LANES, PackedSchedule, Ref, Schedule
+from ..schedule.ir import GPU_LANES, PackedSchedule, Ref, Schedule
 from ..schedule.metrics import unit_bytes
 from ..schedule.simulate import unpacked
 from . import program as P
@@ -131,7 +131,7 @@ def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> l
     label = name + ("+host" if packing.staged else "")
     lowered = lambda per_group, buffers=1: lower(  # noqa: E731
         packing, modes, collective, n, per_group, root=root, inplace=inplace,
-        algorithm=label, buffers=buffers, packed=nchunks is None)
+        algorithm=label, buffers=buffers, packed=nchunks is None, lanes=p.lanes)
     if nchunks is not None:
         if forest and nchunks % n:
             raise PlanError(f"nchunks={nchunks}: a forest allreduce gives each of its {n} "
@@ -139,7 +139,7 @@ def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> l
         return [lowered(nchunks // n if forest else nchunks)]
     m, hidden, k = pipe.chunks(packing), pipe.hidden_chunks(packing), pipe.trees(packing)
     tries = [(m, 1), (round((m * hidden) ** 0.5), 1), (hidden, 1)]
-    if most_buffers(packing, modes) > 1:
+    if most_buffers(packing, modes, p.lanes) > 1:
         most = int(pipe.most_chunks(k))
         tries = tries[2:] + [(c * hidden, 2) for c in (1, 2, 4)] + [(most, 2)] * (most > 4 * hidden)
     return [lowered(c * k, buffers) for c, buffers in dict.fromkeys(tries)]
@@ -261,12 +261,12 @@ def _crowd(trees) -> int:
 
 
 def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group: int, *,
-          root: int = 0, inplace: bool = False, algorithm: str = "blink",
-          buffers: int = 1, packed: bool = False) -> Schedule | PackedSchedule:
+          root: int = 0, inplace: bool = False, algorithm: str = "blink", buffers: int = 1,
+          packed: bool = False, lanes: int = GPU_LANES) -> Schedule | PackedSchedule:
     """``collective`` over ``packing``'s trees (GPU indices; ``modes[group]`` says which way
     a group's data moves), ``per_group`` chunks dealt evenly over each group's trees, on
-    ``buffers`` lanes per tree edge (at most :func:`most_buffers`); ``packed``: a candidate
-    to simulate, as a :class:`~collectx.schedule.ir.PackedSchedule` where it can be."""
+    ``buffers`` lanes per tree edge (at most :func:`most_buffers`), ``lanes`` per rank at
+    most; ``packed``: a candidate to simulate, as a :class:`~.ir.PackedSchedule` if it can be."""
     by_group: dict = {}
     for t in packing.trees:
         by_group.setdefault(t.group, []).append(t)
@@ -284,7 +284,7 @@ def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group
             shares["up" if modes[g] == P.UP else "down"].append(
                 Share(t.root, tuple(t.edges), chunks, frozenset(t.edges[j] for j in t.staged),
                       frozenset(t.edges[j] for j in t.staged_up)))
-    em = TreeEmitter(b, buffers=min(buffers, most_buffers(packing, modes)))
+    em = TreeEmitter(b, buffers=min(buffers, most_buffers(packing, modes, lanes)), lanes=lanes)
     _EMIT[collective](b, em, shares)
     code = em.flush(packed)
     b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks),
@@ -293,15 +293,15 @@ def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group
     return b.build() if code is None else b.build_packed(code)
 
 
-def most_buffers(packing: Packing, modes: dict) -> int:
-    """2 (double buffering) where every rank's lanes fit twice in :data:`MAX_LANES`
+def most_buffers(packing: Packing, modes: dict, lanes: int) -> int:
+    """2 (double buffering) where every rank's lanes fit twice in ``lanes``
     (:func:`~.program.fits_twice`), or at least its pulls do
     (once per pass: trees used both ways pass twice; lanes are then shared, which can still
     pay, and the simulator judges), else 1."""
     passes = 2 if P.BOTH in modes.values() else 1
     pulls = Counter(c for t in packing.trees for _, c in t.edges)
-    fit = P.fits_twice(packing.trees, modes)
-    return 2 if fit or 2 * passes * max(pulls.values(), default=0) <= MAX_LANES else 1
+    fit = P.fits_twice(packing.trees, modes, lanes)
+    return 2 if fit or 2 * passes * max(pulls.values(), default=0) <= lanes else 1
 
 
 def _broadcast(b, em, shares):

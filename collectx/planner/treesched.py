@@ -30,7 +30,7 @@ from typing import Callable
 from .._native import compiled_helper
 from ..schedule.builder import ScheduleBuilder
 from ._build import staggered
-from ..schedule.ir import BUFFER_INDEX, MAX_LANES, OP_INDEX, Dep, Instr, Ref
+from ..schedule.ir import BUFFER_INDEX, GPU_LANES, OP_INDEX, Dep, Instr, Ref
 
 RefFn = Callable[[int, int, int, "Share"], Ref]   # (rank, first chunk, chunks, share) -> Ref
 # Emitted items are (time, sequence number, ...), appended in sequence order: a stable sort by
@@ -75,9 +75,10 @@ class TreeEmitter:
     ones and the staged copies of equal trees get their equal shares of PCIe links.
     """
 
-    def __init__(self, builder: ScheduleBuilder, buffers: int = 1):
+    def __init__(self, builder: ScheduleBuilder, buffers: int = 1, lanes: int = GPU_LANES):
         self.b = builder
         self.buffers = buffers   # lanes per tree edge, taking its chunks in turn
+        self.lanes = lanes       # lanes per rank
         self._lane_keys: list[dict] = [{} for _ in range(builder.nranks)]
         self._items: list = []        # (time, seq, rank, lane key, op, dst, srcs, deps)
         self._staged: dict = {}       # (Ref, token) -> (host Ref, token)
@@ -86,7 +87,7 @@ class TreeEmitter:
         keys = self._lane_keys[rank]
         if key not in keys:
             keys[key] = len(keys)
-        return keys[key] % MAX_LANES   # more lane keys than lanes share them
+        return keys[key] % self.lanes   # more lane keys than lanes share them
 
     def broadcast(self, shares, src: RefFn, dst: RefFn, after: dict | None = None) -> None:
         """Send piece ``j`` (``k`` chunks) from ``src(root, j, k, share)`` to
@@ -193,10 +194,10 @@ class TreeEmitter:
         words = compiled_helper("emit_words") if packed else None
         native = compiled_helper("emit_lanes")
         if words is not None:
-            code = words(items, self.b.nranks, self._lane_keys, 1, MAX_LANES, {}, OP_INDEX,
+            code = words(items, self.b.nranks, self._lane_keys, 1, self.lanes, {}, OP_INDEX,
                          BUFFER_INDEX)
         elif native is not None:
-            native(items, self.b.lane_lists(), self._lane_keys, 1, MAX_LANES, {}, Instr, Dep)
+            native(items, self.b.lane_lists(), self._lane_keys, 1, self.lanes, {}, Instr, Dep)
         else:
             dep_of: list = [None] * len(items)   # item sequence number -> its Dep
             append = self.b.appender()

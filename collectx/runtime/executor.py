@@ -31,18 +31,21 @@ INSTR_WORDS = 9
 
 
 class FlatPlan:
-    """One rank's part of a schedule as the ``cx_exec_plan`` struct (arrays kept alive here)."""
+    """One rank's part of a schedule as the ``cx_exec_plan`` struct (arrays kept alive here),
+    for an executor that runs at most ``most_lanes`` lanes per rank."""
 
-    def __init__(self, schedule: Schedule, rank: int):
+    def __init__(self, schedule: Schedule, rank: int, most_lanes: int = MAX_LANES,
+                 executor: str = "CPU"):
         if not 0 <= rank < schedule.nranks:
             raise ScheduleError(f"rank {rank} outside a schedule of {schedule.nranks} ranks")
         # On a CPU host, host memory is the shared window: host buffers are more scratch.
         schedule = host_as_scratch(schedule)
         self.schedule, self.rank = schedule, rank
         lanes = schedule.lanes[rank]
-        if len(lanes) > MAX_LANES:
+        if len(lanes) > most_lanes:
             raise PlanError(f"{schedule.algorithm} schedule gives rank {rank} {len(lanes)} lanes; "
-                            f"the CPU executor runs at most {MAX_LANES}")
+                            f"the {executor} executor runs at most {most_lanes}: plan it for "
+                            f"this executor (its planning entry point keeps to its lanes)")
         instrs, srcs, deps, lane_off = [], [], [], [0]
         for lane in lanes:
             for ins in lane.instrs:

@@ -27,7 +27,7 @@ import os
 from ..errors import CommError
 from ..log import mib
 
-CTL_BYTES = 8192
+CTL_BYTES = 16384                    # cx_ctl (cx_executor.h) in whole pages
 P2P_SLOT_BYTES = 1 << 20             # per peer; send/recv move pieces of half of it
 MIN_SET_BYTES = 1 << 16
 SHM_SHARE = 2                        # windows take at most 1/SHM_SHARE of the free /dev/shm

@@ -2,11 +2,12 @@
 
 Layout of a rank's segment (the byte offsets are the ``cx_ctl`` struct of cx_executor.h)::
 
-    [0, 8192)                 control block: pid, ready epoch, abort word, call descriptors,
-                              one epoch-stamped flag per lane (each hot word on its own line)
-    [8192, 8192 + set)        staging set 0: input | output | scratch slots of one tile
-    [8192 + set, 8192 + 2set) staging set 1 (tiles alternate sets: double buffering)
-    [8192 + 2set, heap)       point-to-point area: per-peer counters, then a slot per peer
+    [0, C)                    control block (C = 16 KiB): pid, ready epoch, abort word, call
+                              descriptors, one epoch-stamped flag per lane (each hot word on
+                              its own cache line)
+    [C, C + set)              staging set 0: input | output | scratch slots of one tile
+    [C + set, C + 2set)       staging set 1 (tiles alternate sets: double buffering)
+    [C + 2set, heap)          point-to-point area: per-peer counters, then a slot per peer
     [heap, end)               heap of 2set bytes: Communicator.empty arrays, which collectives
                               use in place (peers read them directly: zero copy)
 

@@ -57,8 +57,12 @@ BUFFERS = ("input", "output", "scratch", "host")
 STAGING = ("scratch", "host")        # per-rank buffers sized by the schedule, never aliased
 OPS = ("copy", "reduce", "engine")
 ROOTED = ("broadcast", "reduce")
-# Lanes per rank the executors run: CX_EXEC_MAX_LANES (CPU) and CX_CUDA_MAX_LANES in native/.
-MAX_LANES = 64
+# Lanes per rank the executors run. The CPU executor (CX_EXEC_MAX_LANES in native/) interleaves
+# its lanes in one thread, so a lane costs it a flag; the CUDA executor (CX_CUDA_MAX_LANES) gives
+# each a thread block. Planning with host staging is planning for the CPU executor (the CUDA one
+# has no host buffers), and only that may take all of MAX_LANES; any other plan keeps to GPU_LANES.
+MAX_LANES = 128
+GPU_LANES = 64
 
 
 def chunk_span(j: int, nchunks: int, count: int) -> tuple[int, int]:

@@ -28,9 +28,9 @@
 extern "C" {
 #endif
 
-#define CX_EXEC_MAX_LANES 64
+#define CX_EXEC_MAX_LANES 128
 #define CX_EXEC_DESC_WORDS 10
-#define CX_CTL_BYTES 8192
+#define CX_CTL_BYTES 16384
 
 #define CX_ABORT_FATAL (1ull << 63) /* abort_word bit: the communicator is unusable */
 #define CX_ABORT_CLOSED (1ull << 62) /* abort_word bit: the rank closed it, makes no more calls */

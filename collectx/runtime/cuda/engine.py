@@ -22,7 +22,7 @@ import threading
 
 from ...errors import CollectiveMismatch, NativeError, PeerAborted, PeerFailure, Timeout
 from ...log import logger, tracing
-from ...schedule.ir import Schedule
+from ...schedule.ir import GPU_LANES, Schedule
 from ..engine import (COLL_CODES, RankZeroElsewhere, barrier_schedule, posted_call, trace_call,
                       unusable)
 from ..executor import FlatPlan
@@ -102,7 +102,7 @@ class CudaEngine:
                                            lambda: self._watch_rank_zero(coll, nbytes, root))
                 schedule = planned.schedule
                 self._dump(nbytes, schedule)
-            flat = FlatPlan(schedule, self.rank)
+            flat = FlatPlan(schedule, self.rank, GPU_LANES, "CUDA")
             hit = self._plans[key] = (GpuPlan(flat), flat.tile_count(self.win.set_bytes, itemsize))
             if planned is not None and self.rank == 0 and logger.isEnabledFor(logging.INFO):
                 self._log_plan(coll, nbytes, planned, hit[1])
