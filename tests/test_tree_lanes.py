@@ -108,3 +108,47 @@ def test_the_c_dealer_refuses_an_item_waiting_for_a_later_one():
         deal(items, [[], []], [{}, {}], 1, 64, {}, Instr, Dep)
     with pytest.raises(ValueError, match="new seq"):
         deal([items[1], items[1]], [[], []], [{}, {}], 1, 64, {}, Instr, Dep)
+
+
+def _many_lanes_allgather(lanes: int):
+    """A 2-rank allgather on ``lanes`` lanes per rank: each rank copies its own input on lane 0
+    and the peer's chunk ``j`` on lane ``1 + j``; rank 1's copy of chunk ``j`` also waits for
+    rank 0's (a dep on a flag past the 64th lane)."""
+    from collectx.schedule.builder import LaneBuilder
+    from collectx.schedule.ir import Ref
+    c = lanes - 1
+    b = LaneBuilder("allgather", 2, c)
+    copied = {}
+    for r in (0, 1):
+        b.add(r, 0, "copy", Ref(r, "output", r * c, c), [Ref(r, "input", 0, c)])
+        for j in range(c):
+            copied[r, j] = b.add(r, 1 + j, "copy", Ref(r, "output", (1 - r) * c + j),
+                                 [Ref(1 - r, "input", j)], [copied[0, j]] if r else [])
+    return b.schedule("many_lanes")
+
+
+def test_the_cpu_executor_runs_every_lane_it_allows(monkeypatch):
+    import numpy as np
+    import collectx
+    import collectx.planner as planner
+    from collectx.runtime.store import HashStore
+    from collectx.schedule.ir import GPU_LANES, MAX_LANES
+    from _threads import on_threads
+    s = _many_lanes_allgather(MAX_LANES)
+    assert len(s.lanes[1]) == MAX_LANES > GPU_LANES and verify(s)
+    monkeypatch.setattr(planner, "make_schedule", lambda *args, **kw: s)
+    store, count = HashStore(), 1 << 20   # 4 MiB of float32: past the one-step sizes
+
+    def run(rank):
+        comm = collectx.init(rank, 2, store=store)
+        try:
+            x = np.arange(count, dtype=np.float32) + rank * count
+            out = np.empty(2 * count, dtype=np.float32)
+            comm.allgather(x, out)
+            return out
+        finally:
+            comm.close()
+    results, errors = on_threads(2, run)
+    assert errors == [None, None]
+    for out in results:
+        np.testing.assert_array_equal(out, np.arange(2 * count, dtype=np.float32))
