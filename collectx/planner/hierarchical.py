@@ -26,6 +26,7 @@ calls as rings over the rail, i.e. over the NICs and rail switches).
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -269,9 +270,8 @@ def _allreduce(topo, ranks, nodes, pieces, nbytes, root):
     w1 = _embed_pieces(b, rs, nodes, 0, pieces, lambda p: lambda buf, j, r: {
         "input": ("input", j * pieces + p), "output": ("scratch", A + p),
         "scratch": ("scratch", S1 + p * x1 + j)}[buf], Writers())
-    lane_e = max(map(_lanes, rs))
-    w2 = _engine_phase(b, _rails(nodes), pieces, lane_e, "allreduce", lambda r, p: (
-        Ref(r, "scratch", B + p), Ref(r, "scratch", A + p)), w1)
+    w2 = _engine_phase(b, _rails(nodes), pieces, lane_e := max(map(_lanes, rs)), "allreduce",
+                       lambda r, p: (Ref(r, "scratch", B + p), Ref(r, "scratch", A + p)), w1)
     _embed_pieces(b, ag, nodes, lane_e + 1, pieces, lambda p: lambda buf, j, r: {
         "input": ("scratch", B + p), "output": ("output", j * pieces + p),
         "scratch": ("scratch", S3 + p * x3 + j)}[buf], w2)
@@ -329,16 +329,14 @@ def _broadcast(topo, ranks, nodes, pieces, nbytes, root):
 
 
 def _engine_phase(b, groups, pieces: int, lane: int, op: str, refs, after=None) -> Writers:
-    """The inter-node phase: an ``op`` engine step per group, piece ``c`` and rank ``r`` of
-    the group, on ``lane``, from and to ``refs(r, c)`` (destination, source), each waiting
-    for what ``after`` (the phase before) wrote there. Returns what it wrote."""
+    """The inter-node phase: per group, piece ``c`` and rank ``r``, an ``op`` engine step on
+    ``lane`` into and from ``refs(r, c)``, after what ``after`` wrote there. Returns its writes."""
     w = Writers()
-    for group in groups:
-        for c in range(pieces):
-            for r in group:
-                dst, src = refs(r, c)
-                w.record(dst, b.engine(r, lane, dst, [src], op, group,
-                                       deps=after.of(src) if after else ()))
+    for group, c in itertools.product(groups, range(pieces)):
+        for r in group:
+            dst, src = refs(r, c)
+            w.record(dst, b.engine(r, lane, dst, [src], op, group,
+                                   deps=after.of(src) if after else ()))
     return w
 
 

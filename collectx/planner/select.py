@@ -27,9 +27,8 @@ PACKED = ("blink", "forest")   # planners that take host-staged routes (and cost
 
 
 def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: int, *,
-           root: int = 0, inplace: bool = False, nchunks: int | None = None,
-           host: bool = False, bound=None,
-           algorithms: list[str] | None = None) -> tuple[str, Schedule, object]:
+           root: int = 0, inplace: bool = False, nchunks: int | None = None, host: bool = False,
+           bound=None, algorithms: list[str] | None = None) -> tuple[str, Schedule, object]:
     """The fastest (name, schedule, predicted) among the candidate algorithms.
 
     ``host`` lets packed trees stage edges through host memory (executors with host

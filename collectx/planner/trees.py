@@ -295,9 +295,8 @@ def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group
 
 def most_buffers(packing: Packing, modes: dict, lanes: int) -> int:
     """2 (double buffering) where every rank's lanes fit twice in ``lanes``
-    (:func:`~.program.fits_twice`), or at least its pulls do
-    (once per pass: trees used both ways pass twice; lanes are then shared, which can still
-    pay, and the simulator judges), else 1."""
+    (:func:`~.program.fits_twice`), or at least its pulls do (once per pass: trees used both
+    ways pass twice; lanes are then shared, which can still pay: the simulator judges), else 1."""
     passes = 2 if P.BOTH in modes.values() else 1
     pulls = Counter(c for t in packing.trees for _, c in t.edges)
     fit = P.fits_twice(packing.trees, modes, lanes)

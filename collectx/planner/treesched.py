@@ -77,8 +77,7 @@ class TreeEmitter:
 
     def __init__(self, builder: ScheduleBuilder, buffers: int = 1, lanes: int = GPU_LANES):
         self.b = builder
-        self.buffers = buffers   # lanes per tree edge, taking its chunks in turn
-        self.lanes = lanes       # lanes per rank
+        self.buffers, self.lanes = buffers, lanes   # per tree edge (its chunks in turn), per rank
         self._lane_keys: list[dict] = [{} for _ in range(builder.nranks)]
         self._items: list = []        # (time, seq, rank, lane key, op, dst, srcs, deps)
         self._staged: dict = {}       # (Ref, token) -> (host Ref, token)
