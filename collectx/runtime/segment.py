@@ -13,10 +13,10 @@ tensors. Segments the ranks already hold count with what they may still take, no
 tmpfs has allocated to them so far (:func:`unbacked_bytes`); otherwise a second window would be
 fitted to room promised to the first.
 
->>> Layout.of(1 << 20, 2).total     # 1 MiB, 2 ranks: 8K + 4 x 512K + 4K + 2 x 512K
-3158016
+>>> Layout.of(1 << 20, 2).total     # 1 MiB, 2 ranks: 16K + 4 x 512K + 4K + 2 x 512K
+3166208
 >>> fit_window_bytes(64 << 20, size=2, machine_ranks=2, free=64 << 20) / (1 << 20)
-6.9921875
+6.984375
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def fit_window_bytes(window_bytes: int, size: int, machine_ranks: int, free: int
     ...     fit_window_bytes(64 << 20, size=8, machine_ranks=8, free=4 << 20)
     ... except CommError as e:
     ...     print(str(e)[:57])
-    /dev/shm has 4.0 MiB free; 8 ranks need at least 12.2 MiB
+    /dev/shm has 4.0 MiB free; 8 ranks need at least 12.3 MiB
     """
     share = max(0, free - promised) // SHM_SHARE if free is not None else None
 
