@@ -89,7 +89,8 @@ def test_rounding_refuses_a_load_it_cannot_keep():
     ("dgx1v", None, "allreduce", True, True), ("dgx1v", None, "broadcast", False, True),
     ("dgx1p", [0, 1, 2, 5], "broadcast", True, True),
     ("dgx1v", [1, 2, 4, 7], "allgather", True, False),   # every count rounds the LP exactly
-    ("mi250_16gcd", [0, 1, 4, 5], "allgather", False, True)])
+    ("mi250_16gcd", [0, 1, 4, 5], "allgather", False, True),
+    ("dgx1v", None, "allgather", True, True)])   # Edmonds' rows found as they bind
 def test_the_whole_transfer_cut_refuses_only_counts_the_integer_program_cannot_find(
         monkeypatch, name, gpus, collective, host, refuses):
     # A link whose loads are whole transfers takes a whole number of them: the LP with that
@@ -103,7 +104,7 @@ def test_the_whole_transfer_cut_refuses_only_counts_the_integer_program_cannot_f
             with monkeypatch.context() as m:
                 m.setattr(rounding, "_short", lambda *a: False)
                 found = rounding.solve(K, most)
-            refused = rounding._short(K, most, _bounds(rounding, K, most))
+            refused = rounding._short(K, most, _bounds(rounding, K, most), rounding.sets)
             assert not (refused and found is not None), (K, most)
             short.append(refused)
             kept.append(found is not None)

@@ -38,28 +38,11 @@ def plan_direct(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbyte
                 root: int = 0, inplace: bool = False, nchunks: int | None = None) -> Schedule:
     """Plan ``collective`` as a one-hop exchange among ``ranks``.
 
-    Parameters
-    ----------
-    topo : nx.DiGraph
-        The topology (read only; direct schedules do not depend on its links).
-    ranks : tuple of str
-        Node ids of the ranks; schedule rank ``i`` is ``ranks[i]``.
-    collective : str
-        One of allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, sendrecv.
-    nbytes : int
-        Message size: broadcast and reduce cut their shards into pieces by it.
-    root : int
-        Root rank of broadcast/reduce, sender of sendrecv (the receiver is ``root+1 mod n``).
-    inplace : bool
-        Build for aliased input/output (see :func:`collectx.schedule.alias`).
-    nchunks : int, optional
-        Chunks per payload unit; default ``len(ranks)`` (one shard per rank), times, for
-        broadcast and reduce, the chunks of :func:`_shard_chunks` or :func:`_paced_chunks`,
-        whichever simulates faster on ``topo`` (without a topology, the former).
-
-    Returns
-    -------
-    Schedule
+    Parameters are those of every planner (see :func:`collectx.planner.plan`); ``topo`` is
+    only read to choose broadcast and reduce pieces and may be None. The default ``nchunks``
+    is ``len(ranks)`` (one shard per rank), times, for broadcast and reduce, the chunks of
+    :func:`_shard_chunks` or :func:`_paced_chunks`, whichever simulates faster on ``topo``
+    (without a topology, the former). The receiver of sendrecv is ``root + 1 mod n``.
 
     Raises
     ------

@@ -38,23 +38,10 @@ _PREFIX = re.compile(r"^n(\d+)/")
 
 def symmetric_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0
                      ) -> Bounds | None:
-    """Bounds of ``collective`` on a symmetric multi-node allocation, or None if not one.
-
-    Parameters
-    ----------
-    topo : networkx.DiGraph
-        Topology whose machines are named ``n<k>/...`` (as :func:`multi_node` makes them).
-    collective : str
-        allreduce, allgather, reduce_scatter, broadcast or reduce (others: None).
-    gpus : sequence, optional
-        The allocation; default all GPUs. Must be whole, identical machines.
-    root : int
-        Broadcast/reduce root index into ``gpus``.
-
-    Returns
-    -------
-    Bounds or None
-        None when the allocation is not a symmetric multi-node one (use :func:`.bounds.bounds`).
+    """Bounds of ``collective`` on a symmetric multi-node allocation, or None if not one
+    (then use :func:`.bounds.bounds`, whose arguments these are): the machines named
+    ``n<k>/...`` (as :func:`multi_node` makes them), whole and identical, and the collective
+    allreduce, allgather, reduce_scatter, broadcast or reduce.
     """
     if collective not in ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"):
         return None

@@ -48,30 +48,12 @@ def plan_hierarchical(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str,
                       ) -> Schedule:
     """Plan ``collective`` as intra-node phases around an inter-node engine phase.
 
-    Parameters
-    ----------
-    topo : nx.DiGraph
-        A multi-node topology (e.g. :func:`collectx.topology.multi_node`); not modified.
-    ranks : tuple of str
-        Topology node of each schedule rank; every node must hold the same number of them.
-    collective : str
-        allreduce, allgather, reduce_scatter or broadcast.
-    nbytes : int
-        Message size (nccl-tests convention); sets the number of pipeline pieces.
-    root : int
-        Broadcast root (schedule rank).
-    inplace : bool
-        Must be False: the phases stage data in scratch, and the intra-node sub-plans are
-        planned out of place.
-    nchunks : int, optional
-        Pipeline pieces per shard (default: :func:`~.cost_tables.pipeline_pieces` over the
-        three phases, at the network route's bandwidth and latency).
-
-    Returns
-    -------
-    Schedule
-        Algorithm ``"hierarchical"``; ``meta`` holds the nodes, the intra-node algorithms and
-        the number of pieces.
+    Parameters are those of every planner (see :func:`collectx.planner.plan`), on a
+    multi-node topology (e.g. :func:`collectx.topology.multi_node`) whose nodes hold equally
+    many ``ranks``; ``inplace`` must be False (the phases stage data in scratch); ``nchunks``
+    is the pipeline pieces per shard (default: :func:`~.cost_tables.pipeline_pieces` over the
+    three phases, at the network route's bandwidth and latency). The schedule's ``meta``
+    holds the nodes, the intra-node algorithms and the number of pieces.
 
     Raises
     ------

@@ -45,6 +45,7 @@ from ..schedule.ir import GPU_LANES, MAX_LANES
 from ..topology.routes import fingerprint
 from ..topology.view import (LinkIndex, host_routes, host_uploads, job_graph, require_connected,
                              route_waits, simulator_routes)
+from .._concurrent import concurrently
 from ._build import remembered
 from .cost_tables import FILL
 from .integral_trees import disjoint_arborescences, max_flow
@@ -59,6 +60,7 @@ PER_ROOT = ("allgather", "reduce_scatter")
 NODES = 20           # branch-and-bound nodes per integer program (one per tree count tried):
                      # a fixed budget, not a time limit, so that every rank plans the same
                      # trees; 100 found no better roundings on the presets, at twice the time
+BATCH = 4            # tree counts rounded at once (on threads): fixed, so all ranks agree
 BUILT = 3            # tree counts built into trees: the depth their arcs allow misjudges some
 PROGRAM_ROWS = 256   # Edmonds rows written out up front (2^(n-1) - 1 per group): past a few
                      # hundred, every branch-and-bound node's LP pays for them all, and
@@ -363,13 +365,21 @@ class Rounding:
     def solve(self, K: int, most: float = np.inf) -> np.ndarray | None:
         """Counts of ``K`` trees per group (arc counts, then whole trees) whose busiest link
         carries at most ``most`` capacities, the least such load within the node budget;
-        None if there are none.
+        None if there are none. With several groups each count is held within one of the
+        LP's own scaled to ``K`` trees (the box around the LP's point, where its roundings
+        lie). Edmonds' rows are found first for the relaxation, then for the integers."""
+        return self.solve_all([(K, most)])[0]
 
-        With several groups the program grows with their number: each count is then held
-        within one of the LP's own, scaled to ``K`` trees (the box around the LP's point,
-        where its roundings lie), which keeps the search small. Edmonds' rows are found first
-        for the linear relaxation (cheap to solve again), then for the integers.
-        """
+    def solve_all(self, asks: list) -> list:
+        """:meth:`solve` for each ``(K, most)`` of ``asks``, on threads: each starts from the
+        rows found before, and those they find join them after, in order."""
+        solved = concurrently([lambda K=K, most=most: self._solved(K, most) for K, most in asks])
+        for _, found in solved:
+            self.sets += [row for row in found if row not in self.sets]
+        return [x for x, _ in solved]
+
+    def _solved(self, K: int, most: float) -> tuple:
+        """``(counts or None, Edmonds rows it found)``: :meth:`solve` on the rows found so far."""
         C, H = len(self.cols), len(self.wholes)
         if len(self.p.groups) > 1:
             low, high = np.floor(self.scaled * K + 1e-9), np.ceil(self.scaled * K - 1e-9)
@@ -377,67 +387,69 @@ class Rounding:
             low, high = np.zeros(C + H), np.full(C + H, K)
         bounds = Bounds(np.r_[low[:C], np.zeros(C), low[C:], 0.0],
                         np.r_[high[:C], np.full(C, K), high[C:], most])
-        if self.enumerated and np.isfinite(most) and self._short(K, most, bounds):
-            return None
+        sets = self.sets
+        if np.isfinite(most) and self._short(K, most, bounds, sets):
+            return None, []
         phases = [np.r_[np.ones(C), np.zeros(C), np.ones(H), 0.0]]
         if not self.enumerated:   # rows still to find: the relaxation finds most cheaply
             phases.insert(0, np.zeros(2 * C + H + 1))
-        res = None
         for integral in phases:
             while True:   # every round adds a row the counts fell short of: this ends
                 rows = [LinearConstraint(self.load, -np.inf, 0.0),
                         LinearConstraint(self.total, K * (self.n - 1), K * (self.n - 1)),
-                        LinearConstraint(self._entering(), K, np.inf),
+                        LinearConstraint(self._entering(sets), K, np.inf),
                         LinearConstraint(self.repeats, -np.inf, 1.0)]
                 res = milp(self.cost, constraints=rows, integrality=integral, bounds=bounds,
                            options={"node_limit": NODES, "mip_rel_gap": 0.01, "disp": False})
                 if res.x is None:
-                    return None
+                    return None, sets[len(self.sets):]
                 x = np.r_[res.x[:C], res.x[2 * C:2 * C + H]]
-                short = [s for s in self._short_sets(x, K) if s not in self.sets]
+                short = [s for s in self._short_sets(x, K) if s not in sets]
                 if not short:
                     break
-                self.sets += short
-        return np.round(x).astype(np.int64)
+                sets = sets + short
+        return np.round(x).astype(np.int64), sets[len(self.sets):]
 
-    def _short(self, K: int, most: float, bounds: Bounds) -> bool:
+    def _short(self, K: int, most: float, bounds: Bounds, sets: list) -> bool:
         """Whether even fractional counts fall short once each link whose loads are whole
         transfers takes at most ``floor(most * capacity)`` (+1e-5, HiGHS's tolerance) of them,
         as integer counts do (a Chvatal-Gomory cut): most counts the time to beat leaves fail
-        so, in one LP, where HiGHS's root cuts took ~18 ms to prove each. Asked only with every
-        Edmonds row written: else a skipped program's rows would be missed by the next."""
+        so, in one LP, where HiGHS's root cuts took ~18 ms to prove each. With Edmonds' rows
+        still to find, on those found so far (fewer rows: what they prove short is short)."""
         most_load = np.where(self.whole, np.floor(most * self.caps + 1e-5), most * self.caps)
         # Per tree (x / K) only these limits and the box differ between tree counts: limits no
         # looser within a box no wider than a count's found short are short too, without an LP.
         per_tree = np.r_[most_load, -bounds.lb, bounds.ub] / K
-        if any(np.all(per_tree <= seen + 1e-12) for seen in self._shorts):
+        if any(np.all(per_tree <= seen + 1e-12) for seen in list(self._shorts)):
             return True
         short = milp(np.zeros(len(self.cost)), bounds=bounds, constraints=[
             LinearConstraint(self.weights, -np.inf, most_load),
             LinearConstraint(self.total, K * (self.n - 1), K * (self.n - 1)),
-            LinearConstraint(self._entering(), K, np.inf)]).status == 2
-        self._shorts += [per_tree] if short else []
+            LinearConstraint(self._entering(sets), K, np.inf)]).status == 2
+        if short:
+            self._shorts.append(per_tree)
         return short
 
-    def _entering(self) -> csr_matrix:
-        """Edmonds' rows: per (group, set), the columns whose arcs enter it (a whole tree once)."""
-        if self._rows_for == len(self.sets):
+    def _entering(self, sets: list) -> csr_matrix:
+        """Edmonds' rows: per (group, set) of ``sets``, the columns whose arcs enter it (a
+        whole tree once); remembered for the rows every solve starts from."""
+        if sets is self.sets and self._rows_for == len(sets):
             return self._rows
         C, H = len(self.cols), len(self.wholes)
-        member = np.zeros((len(self.sets), self.n), dtype=bool)
-        for i, (_, inside) in enumerate(self.sets):
+        member = np.zeros((len(sets), self.n), dtype=bool)
+        for i, (_, inside) in enumerate(sets):
             member[i, list(inside)] = True
-        owner = np.array([g for g, _ in self.sets])
+        owner = np.array([g for g, _ in sets])
         group, tails, heads = (np.array(v) for v in
                                zip(*[(g, a, b) for g, (a, b), _ in self.cols]))
         A = (owner[:, None] == group[None, :]) & member[:, heads] & ~member[:, tails]
         W = owner[:, None] == np.array([t.group for t in self.wholes], dtype=int)[None, :]
-        self._rows_for = len(self.sets)
-        self._rows = csr_matrix(np.hstack([A, np.zeros((len(self.sets), C), dtype=bool),
-                                           W.reshape(len(self.sets), H),
-                                           np.zeros((len(self.sets), 1), dtype=bool)]),
-                                dtype=float)
-        return self._rows
+        rows = csr_matrix(np.hstack([A, np.zeros((len(sets), C), dtype=bool),
+                                     W.reshape(len(sets), H),
+                                     np.zeros((len(sets), 1), dtype=bool)]), dtype=float)
+        if sets is self.sets:
+            self._rows, self._rows_for = rows, len(sets)
+        return rows
 
     def _short_sets(self, x, K: int) -> list:
         """``(group, set)`` pairs entered fewer than ``K`` times by the counts ``x``: the sink
@@ -650,24 +662,19 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
     """Steps 2-3: ``K`` equal trees per group for the ``keep`` counts ``K`` whose predicted
     times are least, best first; the LP's own trees where no rounding exists.
 
-    ``cost.time(K, rate, depth, lockstep=False)`` predicts a packing's time from its tree
-    count, rate per group and deepest tree, its waits hidden by other transfers or not;
-    ``cost.least_rate(K, time)`` is the rate ``K`` trees need to beat ``time`` at best, which
-    the program must then keep (an impossible count fails fast); ``cost.most_trees()`` is the
-    most trees per group the message has chunks for. How well a count rounds the LP depends
-    on how its rates divide (full DGX-1V allreduce: 14 trees keep 0.97 of the LP, 16 keep
-    0.89, 18 keep 0.998), so every count the lanes hold is tried; where GPUs reach each other
-    in one hop more trees can also be shallower (``n - 1`` relay trees, root to one GPU, that
-    GPU to all others, carry a broadcast at its full rate two levels deep); fewer trees hold
-    fewer instructions. Counts are judged by the depth their arcs allow; the :data:`BUILT`
-    best are built into trees (and shortened) and judged again by the trees' own depth.
+    ``cost.time(K, rate, depth, lockstep=False)`` predicts a packing's time, its waits hidden
+    by other transfers or not; ``cost.least_rate(K, time)`` is the rate ``K`` trees need to
+    beat ``time`` at best (the program must keep it: an impossible count fails fast);
+    ``cost.most_trees()`` the most trees per group the message has chunks for. How well a
+    count rounds the LP depends on how its rates divide (full DGX-1V allreduce: 14 trees keep
+    0.97 of the LP, 16 keep 0.89, 18 keep 0.998), so every count the lanes hold is tried,
+    judged by the depth its arcs allow; the :data:`BUILT` best are built into trees (and
+    shortened) and judged again by the trees' own depth.
 
-    ``beat`` (in ``cost.time``'s units): a time some other plan already reaches, less the
-    :data:`~.cost_tables.FILL` that pipelines lose at least; counts that cannot beat it are
-    not rounded. Where none can, those that beat the plan's time itself are: the margin is a
-    rule of thumb, and trees one or two hops deep fill less (the HGX A100 dump's GPUs 0 and 2,
-    allreduce staged through host memory: a forest at 0.992 of the bound, refused by the
-    margin, where blink gets 0.978). With none left the list is empty.
+    ``beat``: a time another plan reaches, less the :data:`~.cost_tables.FILL` pipelines lose
+    at least; counts that cannot beat it are not rounded. Where none can, those that beat the
+    plan's own time by the model are (the margin is a rule of thumb: trees one or two hops
+    deep fill less). With none left the list is empty.
     """
     rounding = Rounding(p, lp, level_cost)
     if beat is None:
@@ -681,22 +688,7 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
     """:func:`equal_trees` against one time to beat (None: any); ``modelled``: only the
     roundings that beat it by the pipeline model's time, fill and waits included, at the
     better of its two ends."""
-    found = []   # (estimated time, K, counts, lockstep time)
-    shallowest = rounding.least_depth() if modelled else 0
-    for K in range(1, min(most_trees(p), cost.most_trees()) + 1):
-        if beat is not None and cost.least_rate(K, beat) > lp.rate:
-            continue
-        if modelled and min(cost.time(K, lp.rate, shallowest),
-                            cost.time(K, lp.rate, shallowest, lockstep=True)) >= beat:
-            continue   # not even the LP's rate in the shallowest trees wins by the model
-        best = min([f[0] for f in found] + ([beat] if beat is not None else []), default=None)
-        x = rounding.solve(K, K / cost.least_rate(K, best) if best else np.inf)
-        if x is not None:
-            rate, depth = rounding.rate(x, K), rounding.depth(x)
-            found.append((cost.time(K, rate, depth), K, x,
-                          cost.time(K, rate, depth, lockstep=True)))
-    if modelled:
-        found = [f for f in found if min(f[0], f[3]) < beat]
+    found = _found(p, lp, cost, rounding, beat, modelled)
     ranked = sorted(found, key=lambda f: (f[0], f[1]))
     picks = ranked[:BUILT] + _buffered(p, ranked[:BUILT], ranked, keep)
     picks += _lockstep(picks, ranked, keep)
@@ -719,13 +711,36 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
     return [b[2] for b in kept]
 
 
+def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | None,
+           modelled: bool) -> list:
+    """``(estimated time, K, counts, lockstep time)`` of the counts that beat ``beat`` and
+    those found before them (:data:`BATCH` rounded at once, each kept as if after them)."""
+    found: list = []
+    counts = [K for K in range(1, min(most_trees(p), cost.most_trees()) + 1)
+              if beat is None or cost.least_rate(K, beat) <= lp.rate]
+    if modelled:   # not even the LP's rate in the shallowest trees wins by the model
+        d = rounding.least_depth()
+        counts = [K for K in counts if min(cost.time(K, lp.rate, d), cost.time(
+            K, lp.rate, d, lockstep=True)) < beat]
+    to_beat = np.inf if beat is None else beat
+    least = lambda K: cost.least_rate(K, min([f[0] for f in found] + [to_beat]))  # noqa: E731
+    for at in range(0, len(counts), BATCH):
+        batch = counts[at:at + BATCH]
+        xs = rounding.solve_all([(K, K / least(K) if least(K) > 0 else np.inf) for K in batch])
+        for K, x in zip(batch, xs):
+            if x is not None and rounding.rate(x, K) >= least(K) * (1 - 1e-9):
+                rate, depth = rounding.rate(x, K), rounding.depth(x)
+                found.append((cost.time(K, rate, depth), K, x,
+                              cost.time(K, rate, depth, lockstep=True)))
+    return [f for f in found if min(f[0], f[3]) < beat] if modelled else found
+
+
 def _fitting(p: Problem, ranked: list, kept: list, built: dict, build, rate) -> list:
     """A packing of ``ranked`` that fits twice (:func:`_buffers_fit`) in fewer trees than any
     of ``kept`` that does: the fewest trees within :data:`~.cost_tables.FILL` of the best kept
-    rate (double-buffered, their waits hide behind the second lane and fewer trees move larger
-    pieces: the bonded HGX A100 dump's GPUs 0, 1, 4, 6, 7 broadcast, 20 trees 0.977, 61 0.945);
-    if none of ``kept`` fits, else the best-ranked with at most half the trees the lanes hold
-    (:data:`BUILT` tried; staging and reducing take lanes too). ``rate(x, K)``: the rounding's."""
+    rate (double-buffered, waits hide behind the second lane and fewer trees move larger
+    pieces), and if none of ``kept`` fits, the best-ranked with at most half the trees the
+    lanes hold (:data:`BUILT` tried). ``rate(x, K)``: the rounding's."""
     fits = [b[1] for b in kept if _buffers_fit(p, b[2])]
     best = max((b[2].rate for b in kept), default=0.0)
     near = sorted((r for r in ranked if rate(r[2], r[1]) >= best * (1 - FILL)), key=lambda r: r[1])
@@ -739,11 +754,8 @@ def _fitting(p: Problem, ranked: list, kept: list, built: dict, build, rate) -> 
 
 def _lockstep(chosen: list, rest: list, keep: int) -> list:
     """The best of ``rest`` (``(time, K, ..., lockstep time)``) by its lockstep time, where
-    none of ``chosen`` is it and more than one plan is kept. Why: the pipeline model ranks
-    packings with every wait hidden by the other transfers on its links, and more trees make
-    more of them; but on one lane per edge equal trees wait together, and then fewer,
-    shallower trees win. The truth lies between (it is the simulator's), so the best packing
-    at either end is built and simulated."""
+    none of ``chosen`` is it and more than one plan is kept: on one lane per edge equal trees
+    wait together and fewer, shallower trees win; the simulator judges between the ends."""
     if keep < 2 or not rest:
         return []
     best = min(rest, key=lambda r: (r[-1], r[1]))
@@ -752,10 +764,8 @@ def _lockstep(chosen: list, rest: list, keep: int) -> list:
 
 def _buffered(p: Problem, chosen: list, rest: list, keep: int) -> list:
     """The first of ``rest`` (``(time, K, ...)``, best first) whose ``K`` trees per group leave
-    the lanes two per tree edge, where none of ``chosen`` does and more than one plan is kept.
-    Why: equal trees carrying equal chunks wait together (:func:`_lockstep`); two lanes per
-    tree edge hide a tree's waits behind its own next chunk (an H100 dump's 4-GPU broadcast:
-    17 trees double-buffered 0.97 of the bound, 57 trees 0.89)."""
+    the lanes two per tree edge, where none of ``chosen`` does and more than one plan is kept:
+    two lanes per edge hide a tree's waits behind its own next chunk."""
     half = most_trees(p) // 2
     if keep < 2 or any(c[1] <= half for c in chosen):
         return []

@@ -2,8 +2,8 @@
 
 Every planner has the signature
 ``plan_xxx(topo, ranks, collective, nbytes, *, root=0, inplace=False, nchunks=None) -> Schedule``
-(the packed-tree planners also take ``host``) and declares the collectives it serves in a
-``collectives`` attribute (or its module's ``SUPPORTED`` tuple). ``algo=`` may also be any
+(packed trees also take ``host``, ``beat_us`` and ``good_us``) and declares the collectives
+it serves in ``collectives`` (or its module's ``SUPPORTED``). ``algo=`` may also be any
 callable with that signature, such as a baseline kept for comparison in ``perf/``.
 
 >>> "direct" in ALGORITHMS and supports("direct", "alltoall")

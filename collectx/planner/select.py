@@ -44,7 +44,10 @@ def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: in
         if best is not None and not _may_win(bound, name, collective, nbytes, topo, ranks,
                                              best[0], root, nchunks):
             continue
-        packed = {} if name not in PACKED else {"host": host, "beat_us": _to_beat(best, topo, ranks)}
+        packed = {} if name not in PACKED else {
+            "host": host, "beat_us": _to_beat(best, topo, ranks),
+            "good_us": _good_us(_packed_busbw(bound, name, collective), collective, nbytes,
+                                len(ranks))}
         try:
             s = registry.call(name, topo, ranks, collective, nbytes, root=root, inplace=inplace,
                               nchunks=nchunks, **packed)
@@ -81,13 +84,22 @@ def _may_win(bound, name: str, collective: str, nbytes: int, topo, ranks, best_u
     n = len(ranks)
     if unit_bytes(collective, nbytes, n) < MIN_CHUNK_BYTES:
         return False
+    busbw = _packed_busbw(bound, name, collective)
+    return not busbw or _faster(busbw, collective, nbytes, topo, ranks, best_us)
+
+
+def _packed_busbw(bound, name: str, collective: str) -> float | None:
+    """The bus bandwidth packed trees ``name`` cannot beat (:func:`_may_win` says why)."""
     busbw = getattr(bound, "bound_busbw", None)
     if collective == "allreduce" and bound is not None:
-        if name == "blink":
-            busbw = bound.tree_busbw or busbw
-        else:
-            busbw = bound.ceiling_busbw or busbw
-    return not busbw or _faster(busbw, collective, nbytes, topo, ranks, best_us)
+        return (bound.tree_busbw if name == "blink" else bound.ceiling_busbw) or busbw
+    return busbw
+
+
+def _good_us(busbw: float | None, collective: str, nbytes: int, n: int) -> float | None:
+    """A transfer time as fast as pipelines get, ``busbw``'s plus the least fill (None: no
+    bound): packed trees judge no more candidates once one is that fast."""
+    return nbytes * bus_factor(collective, n) / (busbw * 1e3) * (1 + FILL) if busbw else None
 
 
 def _to_beat(best, topo, ranks) -> float | None:

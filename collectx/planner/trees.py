@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from itertools import accumulate
 
 import networkx as nx
 
@@ -26,6 +27,7 @@ from ..schedule.metrics import unit_bytes
 from ..schedule.simulate import unpacked
 from . import program as P
 from .direct import plan_direct
+from .._concurrent import concurrently
 from ._build import check_args, simulated
 from .cost_tables import FILL, INSTRUCTIONS, MIN_CHUNK_BYTES
 from .treepack import Packing
@@ -35,17 +37,21 @@ BLINK = ("allreduce", "broadcast", "reduce")
 SIMULATED = 2   # packings (tree counts) lowered and simulated: the pipeline model ranks them
                 # but misjudges latency hiding (lockstep trees, double buffering)
 FOREST = ("allgather", "reduce_scatter", "allreduce")
+RISE = 0.005    # a rung of more chunks this much slower ends a climb: simulated times along
+                # a ladder wobble by a few tenths of a percent (how pieces line up on shared
+                # links), so a rung that loses less may still lead to one that gains
 
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
                inplace: bool = False, nchunks: int | None = None, host: bool = False,
-               beat_us: float | None = None) -> Schedule:
+               beat_us: float | None = None, good_us: float | None = None) -> Schedule:
     """Broadcast, reduce or allreduce over equal packed trees of one group.
 
     ``host`` lets tree edges stage through host memory over PCIe (executors with host
     buffers); ``nchunks`` forces the chunks each tree carries. ``beat_us``: a transfer time
     (microseconds, the fixed per-call latency left out) the plan is wanted only if it beats;
-    packings too slow to are not built, and PlanError says when none is fast enough.
+    packings too slow to are not built, and PlanError says when none is fast enough. Once a
+    schedule takes at most ``good_us``, no more are simulated (:func:`~.select._good_us`).
 
     >>> from collectx.topology import line
     >>> from collectx.schedule import verify
@@ -57,14 +63,15 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
         raise PlanError(f"blink plans {', '.join(BLINK)}, not {collective}; use forest for "
                         f"allgather and reduce_scatter")
     return _planned("blink", topo, ranks, collective, nbytes, root, inplace, nchunks, host,
-                    beat_us)
+                    beat_us, good_us)
 
 
 def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
                 root: int = 0, inplace: bool = False, nchunks: int | None = None,
-                host: bool = False, beat_us: float | None = None) -> Schedule:
+                host: bool = False, beat_us: float | None = None,
+                good_us: float | None = None) -> Schedule:
     """Allgather, reduce-scatter or allreduce over equal packed trees of every root
-    (``host``, ``nchunks`` and ``beat_us`` as for :func:`plan_blink`).
+    (``host``, ``nchunks``, ``beat_us`` and ``good_us`` as for :func:`plan_blink`).
 
     >>> from collectx.topology import ring
     >>> from collectx.schedule import verify
@@ -77,7 +84,7 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
         raise PlanError(f"forest plans {', '.join(FOREST)}, not {collective}; use blink for "
                         f"broadcast and reduce")
     return _planned("forest", topo, ranks, collective, nbytes, root, inplace, nchunks, host,
-                    beat_us)
+                    beat_us, good_us)
 
 
 plan_blink.collectives = BLINK
@@ -85,7 +92,7 @@ plan_forest.collectives = FOREST
 
 
 def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host,
-             beat_us) -> Schedule:
+             beat_us, good_us) -> Schedule:
     n = len(ranks)
     check_args(collective, n, root, nchunks)
     if n == 1:
@@ -104,45 +111,68 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
     if not packings:
         raise PlanError(f"{name}: no packing of equal trees beats {beat_us:.0f} us")
     if nchunks is not None:
-        return _lowered(name, packings[0], p, pipe, collective, n, root, inplace, nchunks)[0]
-    best, best_us = None, float("inf")
-    for packing in sorted(packings, key=lambda k: -k.rate):
-        if pipe.least_us(packing) >= best_us:
-            continue   # its busiest link alone takes longer than a schedule already simulated
-        for s in _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks):
-            us = simulated(s, topo, nbytes, ranks).time_us
-            if us < best_us:
-                best, best_us = s, us
-    return unpacked(best)
-
-
-def _lowered(name, packing, p, pipe, collective, n, root, inplace, nchunks) -> list:
-    """``packing``'s schedules worth simulating: with ``nchunks`` the one it asks for; else on
-    one lane per tree edge the two ends of the pipeline model's range (waits paid in lockstep,
-    :meth:`Pipeline.chunks`; hidden by the other transfers on the links,
-    :meth:`Pipeline.hidden_chunks`) and their geometric mean. Where the lanes hold two per
-    edge, only the hidden end (a second lane hides the others' waits), and double-buffered at
-    one, two and four times it and at the most chunks the message and instruction budget allow
-    (only fill is left to pay, and it shrinks with every chunk). docs/planner.md has why."""
-    forest = len(p.groups) > 1 and collective == "allreduce"
-    if P.BOTH in p.ways:
-        packing = replace(packing, trees=tuple(P.centred(t) for t in packing.trees))
-    modes = {g: m for g, (_, m) in enumerate(p.groups)}
-    label = name + ("+host" if packing.staged else "")
-    lowered = lambda per_group, buffers=1: lower(  # noqa: E731
-        packing, modes, collective, n, per_group, root=root, inplace=inplace,
-        algorithm=label, buffers=buffers, packed=nchunks is None, lanes=p.lanes)
-    if nchunks is not None:
         if forest and nchunks % n:
             raise PlanError(f"nchunks={nchunks}: a forest allreduce gives each of its {n} "
                             f"roots the same chunks; expected a multiple of {n}")
-        return [lowered(nchunks // n if forest else nchunks)]
+        lower = _lowering(name, _centred(p, packings[0]), p, collective, n, root, inplace)
+        return lower(nchunks // n if forest else nchunks, packed=False)
+    tried = [_tries(name, packing, p, pipe, collective, n, root, inplace)
+             for packing in sorted(packings, key=lambda k: -k.rate)]
+    judge = lambda lower: lambda: (simulated(s := lower(), topo, nbytes, ranks).time_us, s)  # noqa
+    return unpacked(_fastest(tried, judge, good_us))
+
+
+def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
+    """The fastest schedule of ``tried`` (per packing, thunks of its first tries and of its
+    ladder of more chunks; ``judge(thunk)()`` is ``(simulated us, schedule)``): the first
+    tries judged at once, then every packing climbing its ladder, a rung of each at once,
+    until a rung loses by more than :data:`RISE` to the best below it or one schedule is
+    good enough (``good_us``). docs/planner.md has why."""
+    judged = concurrently([judge(lower) for first, _ in tried for lower in first])
+    best_us, best = min(judged, key=lambda r: r[0])
+    ends = accumulate(len(first) for first, _ in tried)   # each packing's last first try
+    climbing = [(judged[end - 1][0], ladder) for end, (_, ladder) in zip(ends, tried) if ladder]
+    while climbing and not best_us <= (good_us or 0.0):
+        judged = concurrently([judge(ladder[0]) for _, ladder in climbing])
+        climbing = [(min(us, least), ladder[1:])
+                    for (least, ladder), (us, _) in zip(climbing, judged)
+                    if us < least * (1 + RISE) and len(ladder) > 1]
+        best_us, best = min([(best_us, best)] + judged, key=lambda r: r[0])
+    return best
+
+
+def _tries(name, packing, p, pipe, collective, n, root, inplace) -> tuple[list, list]:
+    """``packing``'s schedules worth simulating, as thunks: at the pipeline model's chunk
+    counts (on one lane per edge, waits paid in lockstep, :meth:`Pipeline.chunks`, hidden,
+    :meth:`Pipeline.hidden_chunks`, and their geometric mean; where two lanes per edge fit,
+    the hidden count on one lane and double-buffered), and a ladder of double-buffered tries
+    at two and four times it and at the most chunks allowed (:func:`_fastest`)."""
+    packing = _centred(p, packing)
+    lower = _lowering(name, packing, p, collective, n, root, inplace)
     m, hidden, k = pipe.chunks(packing), pipe.hidden_chunks(packing), pipe.trees(packing)
-    tries = [(m, 1), (round((m * hidden) ** 0.5), 1), (hidden, 1)]
-    if most_buffers(packing, modes, p.lanes) > 1:
+    first, ladder = [(m, 1), (round((m * hidden) ** 0.5), 1), (hidden, 1)], []
+    if most_buffers(packing, dict(enumerate(mode for _, mode in p.groups)), p.lanes) > 1:
         most = int(pipe.most_chunks(k))
-        tries = tries[2:] + [(c * hidden, 2) for c in (1, 2, 4)] + [(most, 2)] * (most > 4 * hidden)
-    return [lowered(c * k, buffers) for c, buffers in dict.fromkeys(tries)]
+        first = [(hidden, 1), (hidden, 2)]
+        ladder = [(c * hidden, 2) for c in (2, 4)] + [(most, 2)] * (most > 4 * hidden)
+    thunk = lambda c, buffers: lambda: lower(c * k, buffers)   # noqa: E731
+    return ([thunk(c, b) for c, b in dict.fromkeys(first)],
+            [thunk(c, b) for c, b in dict.fromkeys(ladder)])
+
+
+def _centred(p: P.Problem, packing: Packing) -> Packing:
+    """Trees used both ways rooted at their centres (:func:`~.program.centred`)."""
+    centred = tuple(P.centred(t) for t in packing.trees) if P.BOTH in p.ways else None
+    return replace(packing, trees=centred) if centred else packing
+
+
+def _lowering(name, packing, p, collective, n, root, inplace):
+    """``lower(per_group, buffers=1, packed=True)`` for ``packing``."""
+    modes = {g: m for g, (_, m) in enumerate(p.groups)}
+    label = name + ("+host" if packing.staged else "")
+    return lambda per_group, buffers=1, packed=True: lower(
+        packing, modes, collective, n, per_group, root=root, inplace=inplace,
+        algorithm=label, buffers=buffers, packed=packed, lanes=p.lanes)
 
 
 class Pipeline:
@@ -225,11 +255,6 @@ class Pipeline:
         m = self._chunks(k, rate, depth, self.lp_wait, crowd)
         run_us = self.unit / (rate * 1e3)
         return (1 + (depth - 1) / m + m * self.lp_wait / (crowd * run_us)) / rate
-
-    def least_us(self, packing: Packing) -> float:
-        """No schedule of ``packing`` moves the message faster (microseconds): its busiest
-        link carries ``unit / rate`` bytes per group at its capacity."""
-        return self.unit / (packing.rate * 1e3)
 
     def to_beat(self, beat_us: float | None) -> float | None:
         """A transfer time in microseconds in :meth:`time`'s units (None stays None). A

@@ -17,6 +17,7 @@ GPUs costs no more than one with a single lane.
 from __future__ import annotations
 
 import heapq
+import threading
 from typing import Callable
 
 _EPS = 1e-12
@@ -97,13 +98,19 @@ class RouteClasses:
         self.ids: dict[tuple[int, ...], int] = {}
         self.links: dict[int, tuple[int, ...]] = {}
         self.memo: dict[tuple, dict[int, float]] = {}
+        self._numbering = threading.Lock()   # planners simulate candidates on threads
 
     def class_of(self, route: tuple[int, ...]) -> int:
-        """The id of ``route``'s class, numbering it on first sight."""
+        """The id of ``route``'s class, numbering it on first sight (one id per route, also
+        when several threads see it first at once)."""
         c = self.ids.get(route)
         if c is None:
-            c = self.ids[route] = len(self.links)
-            self.links[c] = route
+            with self._numbering:
+                c = self.ids.get(route)
+                if c is None:
+                    c = len(self.links)
+                    self.links[c] = route   # before its id: whoever finds the id finds this
+                    self.ids[route] = c
         return c
 
 

@@ -21,6 +21,7 @@ no flow is given more than a fair share of any link it crosses.
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import networkx as nx
 import numpy as np
@@ -99,14 +100,16 @@ def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
     if hit is not None and hit[0] is s:   # planners compare candidates, then predict the winner
         return hit[1]
     result, longest, pairs = _simulate(s, nodes, routes, nbytes, dtype_size, native)
-    while len(_SEEN) >= _SEEN_LIMIT:
-        _SEEN.pop(next(iter(_SEEN), None), None)   # the oldest (none if another thread cleared it)
-    _SEEN[key] = (s, result, longest, pairs)   # keeps its schedule alive: ids stay unique
+    with _SEEN_LOCK:   # planners simulate candidates on threads
+        while len(_SEEN) >= _SEEN_LIMIT:
+            _SEEN.pop(next(iter(_SEEN)))   # the oldest
+        _SEEN[key] = (s, result, longest, pairs)   # keeps its schedule alive: ids stay unique
     return result
 
 
 _SEEN: dict = {}
 _SEEN_LIMIT = 16
+_SEEN_LOCK = threading.Lock()
 
 
 def unpacked(s: Schedule | PackedSchedule) -> Schedule:
