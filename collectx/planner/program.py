@@ -364,10 +364,9 @@ class Rounding:
 
     def solve(self, K: int, most: float = np.inf) -> np.ndarray | None:
         """Counts of ``K`` trees per group (arc counts, then whole trees) whose busiest link
-        carries at most ``most`` capacities, the least such load within the node budget;
-        None if there are none. With several groups each count is held within one of the
-        LP's own scaled to ``K`` trees (the box around the LP's point, where its roundings
-        lie). Edmonds' rows are found first for the relaxation, then for the integers."""
+        carries at most ``most`` capacities, the least such load within the node budget, or
+        None; with several groups each count within one of the LP's own scaled to ``K`` (the
+        box around the LP's point). Edmonds' rows: found for the relaxation, then integers."""
         return self.solve_all([(K, most)])[0]
 
     def solve_all(self, asks: list) -> list:

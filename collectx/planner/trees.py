@@ -126,19 +126,21 @@ def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
     """The fastest schedule of ``tried`` (per packing, thunks of its first tries and of its
     ladder of more chunks; ``judge(thunk)()`` is ``(simulated us, schedule)``): the first
     tries judged at once, then every packing climbing its ladder, a rung of each at once,
-    until a rung loses by more than :data:`RISE` to the best below it or one schedule is
-    good enough (``good_us``). docs/planner.md has why."""
+    until a rung loses by more than :data:`RISE` to the best below it, or until some are good
+    enough (``good_us``: as fast as pipelines get), and then the fewest chunks of those
+    (instructions to ship, decode and run). docs/planner.md has why."""
     judged = concurrently([judge(lower) for first, _ in tried for lower in first])
-    best_us, best = min(judged, key=lambda r: r[0])
-    ends = accumulate(len(first) for first, _ in tried)   # each packing's last first try
-    climbing = [(judged[end - 1][0], ladder) for end, (_, ladder) in zip(ends, tried) if ladder]
-    while climbing and not best_us <= (good_us or 0.0):
+    best = min(judged, key=lambda r: r[0])
+    ends = accumulate(len(first) for first, _ in tried)   # climbs from its last first try
+    climbing = [(judged[e - 1][0], ladder) for e, (_, ladder) in zip(ends, tried) if ladder]
+    while climbing and best[0] > (good_us or 0.0):
         judged = concurrently([judge(ladder[0]) for _, ladder in climbing])
         climbing = [(min(us, least), ladder[1:])
                     for (least, ladder), (us, _) in zip(climbing, judged)
                     if us < least * (1 + RISE) and len(ladder) > 1]
-        best_us, best = min([(best_us, best)] + judged, key=lambda r: r[0])
-    return best
+        best = min([best] + judged, key=lambda r: r[0])
+    good = [r for r in judged + [best] if r[0] <= (good_us or 0.0)]
+    return min(good, key=lambda r: (r[1].nchunks, r[0]))[1] if good else best[1]
 
 
 def _tries(name, packing, p, pipe, collective, n, root, inplace) -> tuple[list, list]:
