@@ -91,6 +91,10 @@ class Problem:
     uploads: dict = None   # GPU index -> load of its copy into its host memory (staging)
     lanes: int = GPU_LANES   # per rank: MAX_LANES with host routes (CPU executor's, schedule.ir)
 
+    def modes(self) -> dict:
+        """Each group's mode, by group index (what lowering and the lane counts take)."""
+        return {g: m for g, (_, m) in enumerate(self.groups)}
+
     def way(self, tree: Tree, i: int) -> Way:
         """The way edge ``i`` of ``tree`` (a tree of this problem) takes."""
         e = tree.edges[i]
@@ -380,16 +384,13 @@ class Rounding:
     def _solved(self, K: int, most: float) -> tuple:
         """``(counts or None, Edmonds rows it found)``: :meth:`solve` on the rows found so far."""
         C, H = len(self.cols), len(self.wholes)
-        if len(self.p.groups) > 1:
-            low, high = np.floor(self.scaled * K + 1e-9), np.ceil(self.scaled * K - 1e-9)
-        else:
-            low, high = np.zeros(C + H), np.full(C + H, K)
+        low, high = ((np.floor(self.scaled * K + 1e-9), np.ceil(self.scaled * K - 1e-9))
+                     if len(self.p.groups) > 1 else (np.zeros(C + H), np.full(C + H, K)))
         bounds = Bounds(np.r_[low[:C], np.zeros(C), low[C:], 0.0],
                         np.r_[high[:C], np.full(C, K), high[C:], most])
-        sets = self.sets
-        if np.isfinite(most) and self._short(K, most, bounds, sets):
+        if np.isfinite(most) and self._short(K, most, bounds, self.sets):
             return None, []
-        phases = [np.r_[np.ones(C), np.zeros(C), np.ones(H), 0.0]]
+        sets, phases = self.sets, [np.r_[np.ones(C), np.zeros(C), np.ones(H), 0.0]]
         if not self.enumerated:   # rows still to find: the relaxation finds most cheaply
             phases.insert(0, np.zeros(2 * C + H + 1))
         for integral in phases:
@@ -772,7 +773,7 @@ def _buffered(p: Problem, chosen: list, rest: list, keep: int) -> list:
 
 
 def _buffers_fit(p: Problem, packing: Packing) -> bool:
-    return fits_twice(packing.trees, {g: m for g, (_, m) in enumerate(p.groups)}, p.lanes)
+    return fits_twice(packing.trees, p.modes(), p.lanes)
 
 
 def centred(tree: Tree) -> Tree:

@@ -37,9 +37,8 @@ BLINK = ("allreduce", "broadcast", "reduce")
 SIMULATED = 2   # packings (tree counts) lowered and simulated: the pipeline model ranks them
                 # but misjudges latency hiding (lockstep trees, double buffering)
 FOREST = ("allgather", "reduce_scatter", "allreduce")
-RISE = 0.005    # a rung of more chunks this much slower ends a climb: simulated times along
-                # a ladder wobble by a few tenths of a percent (how pieces line up on shared
-                # links), so a rung that loses less may still lead to one that gains
+RISE = 0.005    # a rung this much slower ends a climb: simulated times along a ladder wobble by
+                # a few tenths of a percent (pieces lining up on links), then may gain again
 
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
@@ -153,7 +152,7 @@ def _tries(name, packing, p, pipe, collective, n, root, inplace) -> tuple[list, 
     lower = _lowering(name, packing, p, collective, n, root, inplace)
     m, hidden, k = pipe.chunks(packing), pipe.hidden_chunks(packing), pipe.trees(packing)
     first, ladder = [(m, 1), (round((m * hidden) ** 0.5), 1), (hidden, 1)], []
-    if most_buffers(packing, dict(enumerate(mode for _, mode in p.groups)), p.lanes) > 1:
+    if most_buffers(packing, p.modes(), p.lanes) > 1:
         most = int(pipe.most_chunks(k))
         first = [(hidden, 1), (hidden, 2)]
         ladder = [(c * hidden, 2) for c in (2, 4)] + [(most, 2)] * (most > 4 * hidden)
@@ -170,8 +169,7 @@ def _centred(p: P.Problem, packing: Packing) -> Packing:
 
 def _lowering(name, packing, p, collective, n, root, inplace):
     """``lower(per_group, buffers=1, packed=True)`` for ``packing``."""
-    modes = {g: m for g, (_, m) in enumerate(p.groups)}
-    label = name + ("+host" if packing.staged else "")
+    label, modes = name + ("+host" if packing.staged else ""), p.modes()
     return lambda per_group, buffers=1, packed=True: lower(
         packing, modes, collective, n, per_group, root=root, inplace=inplace,
         algorithm=label, buffers=buffers, packed=packed, lanes=p.lanes)
