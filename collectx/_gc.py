@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import threading
 from typing import Callable, TypeVar
 
 F = TypeVar("F", bound=Callable)
@@ -19,7 +20,9 @@ F = TypeVar("F", bound=Callable)
 def paused(fn: F) -> F:
     """Decorator: run ``fn`` with automatic garbage collection off, restoring the previous state.
 
-    Nesting is safe: only the outermost call that found collection enabled turns it back on.
+    Nesting is safe, and so are threads (the planner simulates candidates on several): the
+    first call to enter notes the state and the last to leave restores it, under one lock,
+    so no thread can turn collection back off after another restored it.
 
     >>> @paused
     ... def busy():
@@ -29,11 +32,28 @@ def paused(fn: F) -> F:
     """
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        was_enabled = gc.isenabled()
-        gc.disable()
+        _enter()
         try:
             return fn(*args, **kwargs)
         finally:
-            if was_enabled:
-                gc.enable()
+            _leave()
     return wrapper  # type: ignore[return-value]
+
+
+_lock = threading.Lock()
+_state = {"depth": 0, "was_enabled": False}   # calls inside, and the state they found
+
+
+def _enter() -> None:
+    with _lock:
+        if _state["depth"] == 0:
+            _state["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _state["depth"] += 1
+
+
+def _leave() -> None:
+    with _lock:
+        _state["depth"] -= 1
+        if _state["depth"] == 0 and _state["was_enabled"]:
+            gc.enable()
