@@ -107,3 +107,4 @@ def test_rounding_in_batches_keeps_the_counts_one_by_one_keeps(monkeypatch):
         found = P._found(p, lp, pipe, P.Rounding(p, lp, pipe.level_cost(lp)), None, False)
         kept.append([K for _, K, _, _ in found])
     assert kept[0] == kept[1] and len(kept[0]) > 1
+

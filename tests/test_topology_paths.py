@@ -153,3 +153,26 @@ def test_widest_path_matches_brute_force_on_random_nvlink_meshes():
                 p = P[a, b]
                 assert (p.bw_gbps, len(p.hops)) == (width, hops), (trial, a, b)
                 assert all(G.has_edge(u, v) for u, v in zip(p.hops, p.hops[1:]))
+
+
+@pytest.mark.parametrize("name", ["dgx1v", "dgx2", "pcie_gen4_8gpu", "mi250_16gcd"])
+def test_one_search_from_a_gpu_routes_every_target_as_one_search_each(name):
+    # The ring search asks for all of a GPU's hops at once, in residual widths and relaying
+    # through no other GPU: each route must be the one a search for that target alone gives.
+    import random
+    from collectx.topology.paths import Router
+    G = topo.load(name)
+    rng, ids, router = random.Random(3), topo.gpus(G), Router(G)
+    for a in ids[:4]:
+        widths = {(u, v): rng.choice([0.0, 5.0, bw or 0.0])
+                  for u, v, bw in G.edges(data="bw_gbps")}
+        avoid = frozenset(ids) - {a}
+        found = router.widest_from(a, ids, widths=widths, avoid=avoid)
+        for b in ids:
+            try:
+                alone = router.widest(a, b, widths=widths, avoid=avoid - {b})
+            except TopologyError:
+                assert b not in found or b == a
+                continue
+            if b != a:
+                assert found[b] == alone, (a, b)

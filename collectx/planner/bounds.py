@@ -296,8 +296,7 @@ def multicast_rate(G: nx.DiGraph, gpus, roots=None) -> float:
     switch sends on no more of a root's data than it receives (it copies nothing).
 
     >>> from collectx.topology import load
-    >>> from collectx.topology.view import job_graph
-    >>> from collectx.topology.view import without_turnarounds
+    >>> from collectx.topology.view import job_graph, without_turnarounds
     >>> H = without_turnarounds(job_graph(load("dgx1v"), ["GPU0", "GPU1"]), ["GPU0", "GPU1"])
     >>> round(cut_rate(H, ["GPU0", "GPU1"])[0], 3), round(multicast_rate(H, ["GPU0", "GPU1"]), 3)
     (40.75, 32.875)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csr_matrix
+from scipy.sparse import csr_matrix, hstack as stacked, identity
 
 from ..schedule.ir import GPU_LANES, MAX_LANES
 from ..topology.routes import fingerprint
@@ -297,6 +297,8 @@ class Rounding:
         self.cols = sorted({(g, e, p.ways[p.groups[g][1]][e].index(w)) for g, e, w in used})
         self.wholes = [t for t in lp.columns if shares_uploads(p, t)]
         C, H = len(self.cols), len(self.wholes)
+        self.arcs = [np.array([(c, a, b) for c, (h, (a, b), _) in enumerate(self.cols) if h == g],
+                              dtype=np.int64).reshape(-1, 3).T for g in range(len(p.groups))]
         uses = [dict(self._way(g, e, k).load) for g, e, k in self.cols]
         uses += [use_of(p, t) for t in self.wholes]
         links = sorted({link for use in uses for link in use})
@@ -316,7 +318,7 @@ class Rounding:
             self.total[g, c] = 1.0
         for i, t in enumerate(self.wholes):
             self.total[t.group, 2 * C + i] = self.n - 1
-        self.repeats = csr_matrix(np.hstack([np.eye(C), -np.eye(C), np.zeros((C, H + 1))]))
+        self.repeats = stacked([identity(C), -identity(C), csr_matrix((C, H + 1))], "csr")
         self.scaled = np.zeros(C + H)   # the LP's count of each arc / whole column per tree
         where = {c: i for i, c in enumerate(self.cols)}
         whole = {id(t): i for i, t in enumerate(self.wholes)}
@@ -444,9 +446,9 @@ class Rounding:
                                zip(*[(g, a, b) for g, (a, b), _ in self.cols]))
         A = (owner[:, None] == group[None, :]) & member[:, heads] & ~member[:, tails]
         W = owner[:, None] == np.array([t.group for t in self.wholes], dtype=int)[None, :]
-        rows = csr_matrix(np.hstack([A, np.zeros((len(sets), C), dtype=bool),
-                                     W.reshape(len(sets), H),
-                                     np.zeros((len(sets), 1), dtype=bool)]), dtype=float)
+        rows = stacked([csr_matrix(A, dtype=float), csr_matrix((len(sets), C)),
+                        csr_matrix(W.reshape(len(sets), H), dtype=float),
+                        csr_matrix((len(sets), 1))], "csr")
         if sets is self.sets:
             self._rows, self._rows_for = rows, len(sets)
         return rows
@@ -472,10 +474,10 @@ class Rounding:
 
     def multiplicity(self, x, g: int) -> np.ndarray:
         """Group ``g``'s arc counts as an ``n x n`` matrix (whole trees apart)."""
-        mult = np.zeros((self.n, self.n), dtype=np.asarray(x).dtype)
-        for c, (h, e, _) in enumerate(self.cols):
-            if h == g:
-                mult[e] += x[c]
+        x = np.asarray(x)
+        mult = np.zeros((self.n, self.n), dtype=x.dtype)
+        c, tails, heads = self.arcs[g]   # np.add.at adds in this order, as a loop would
+        np.add.at(mult, (tails, heads), x[c])
         return mult
 
     def depth(self, x) -> int:
@@ -660,22 +662,15 @@ def most_trees(p: Problem) -> int:
 def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
                 keep: int = 1, beat: float | None = None) -> list:
     """Steps 2-3: ``K`` equal trees per group for the ``keep`` counts ``K`` whose predicted
-    times are least, best first; the LP's own trees where no rounding exists.
-
-    ``cost.time(K, rate, depth, lockstep=False)`` predicts a packing's time, its waits hidden
-    by other transfers or not; ``cost.least_rate(K, time)`` is the rate ``K`` trees need to
-    beat ``time`` at best (the program must keep it: an impossible count fails fast);
-    ``cost.most_trees()`` the most trees per group the message has chunks for. How well a
-    count rounds the LP depends on how its rates divide (full DGX-1V allreduce: 14 trees keep
-    0.97 of the LP, 16 keep 0.89, 18 keep 0.998), so every count the lanes hold is tried,
-    judged by the depth its arcs allow; the :data:`BUILT` best are built into trees (and
-    shortened) and judged again by the trees' own depth.
-
-    ``beat``: a time another plan reaches, less the :data:`~.cost_tables.FILL` pipelines lose
-    at least; counts that cannot beat it are not rounded. Where none can, those that beat the
-    plan's own time by the model are (the margin is a rule of thumb: trees one or two hops
-    deep fill less). With none left the list is empty.
-    """
+    times are least, best first; the LP's own trees where no rounding exists. ``cost`` is a
+    :class:`~.trees.Pipeline` (``time``, ``least_rate``, ``most_trees``). How well a count
+    rounds the LP depends on how its rates divide (full DGX-1V allreduce: 14 trees keep 0.97
+    of the LP, 16 keep 0.89, 18 keep 0.998), so every count the lanes hold is tried, judged by
+    the depth its arcs allow; the :data:`BUILT` best are built into trees (and shortened) and
+    judged again by the trees' own depth. ``beat``: a time another plan reaches, less the
+    :data:`~.cost_tables.FILL` pipelines lose at least; counts that cannot beat it are not
+    rounded. Where none can, those that beat it by the model (plus that margin) are; with
+    none left the list is empty."""
     rounding = Rounding(p, lp, level_cost)
     if beat is None:
         return _rounded(p, lp, cost, rounding, keep, None) or [lp]
@@ -718,12 +713,14 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
     found: list = []
     counts = [K for K in range(1, min(most_trees(p), cost.most_trees()) + 1)
               if beat is None or cost.least_rate(K, beat) <= lp.rate]
+    d = rounding.least_depth() if modelled else 1
     if modelled:   # not even the LP's rate in the shallowest trees wins by the model
-        d = rounding.least_depth()
         counts = [K for K in counts if min(cost.time(K, lp.rate, d), cost.time(
             K, lp.rate, d, lockstep=True)) < beat]
     to_beat = np.inf if beat is None else beat
-    least = lambda K: cost.least_rate(K, min([f[0] for f in found] + [to_beat]))  # noqa: E731
+    # a kept count beats the best found one level deep, and (modelled) ``beat`` d levels deep
+    least = lambda K: max(cost.least_rate(K, min([f[0] for f in found] + [to_beat])),  # noqa
+                          cost.least_rate(K, to_beat, d))
     for at in range(0, len(counts), BATCH):
         batch = counts[at:at + BATCH]
         xs = rounding.solve_all([(K, K / least(K) if least(K) > 0 else np.inf) for K in batch])

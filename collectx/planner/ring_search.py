@@ -129,9 +129,10 @@ def _best_ring(topo, ranks, residual, cache) -> Ring | None:
     avoid = frozenset(ranks)
     hops = {}
     for i in range(n):
+        searched = _widest(topo, residual, ranks[i], ranks, avoid, cache)   # one search
         for j in range(n):
             if i != j:
-                bw, route = _hop(topo, residual, ranks[i], ranks[j], avoid, cache)
+                bw, route = _hop(topo, residual, ranks[i], ranks[j], avoid, cache, searched)
                 if bw > _EPS:
                     hops[i, j] = (bw, route)
     strict = {k: v for k, v in hops.items() if not avoid.intersection(v[1][1:-1])}
@@ -149,19 +150,21 @@ def _widest_ring(n, hops, residual) -> Ring | None:
     return None
 
 
-def _hop(topo, residual, a, b, avoid, cache) -> tuple[float, tuple[str, ...]]:
+def _hop(topo, residual, a, b, avoid, cache, searched=None) -> tuple[float, tuple[str, ...]]:
     """Residual bandwidth and route of one hop, routed as executors and the simulator do.
 
     Peers joined by a link always use it (GPU peer copies cannot pick another path); a route
     the topology relays through another GPU over NVLink is fixed too. Only routes through
-    switches, PCIe bridges and CPUs are searched in the residual graph.
-    """
+    switches, PCIe bridges and CPUs are searched in the residual graph (``searched``: those
+    routes from ``a``, :func:`_widest`'s)."""
     if topo.has_edge(a, b):
         return residual[a, b], (a, b)
     route = _fixed_route(topo, a, b, cache)
     if route is not None and any(v in avoid for v in route[1:-1]):
         return min(residual[e] for e in zip(route, route[1:])), route
-    return _widest(topo, residual, a, b, avoid, cache)
+    if searched is None:
+        searched = _widest(topo, residual, a, (b,), avoid, cache)
+    return searched.get(b, (0.0, ()))
 
 
 def _fixed_route(topo, a, b, cache: dict) -> tuple[str, ...] | None:
@@ -207,10 +210,9 @@ def _hamiltonian(n: int, hop_bw: dict[tuple[int, int], float]) -> tuple[int, ...
     return tuple(path) if extend() else None
 
 
-def _widest(topo, residual, a, b, avoid, cache) -> tuple[float, tuple[str, ...]]:
-    """Widest ``a -> b`` path in the residual graph, fewest hops among equally wide ones."""
-    try:
-        found = _router(topo, cache).widest(a, b, widths=residual, avoid=avoid - {a, b})
-    except TopologyError:
-        return 0.0, ()
-    return (found.bw_gbps, found.hops) if found.bw_gbps > _EPS else (0.0, ())
+def _widest(topo, residual, a, targets, avoid, cache) -> dict:
+    """``{b: (bandwidth, route)}``: the widest ``a -> b`` path in the residual graph to each
+    of ``targets`` it reaches, fewest hops among equally wide ones, relaying through no node
+    of ``avoid`` (a route may end at one)."""
+    found = _router(topo, cache).widest_from(a, targets, widths=residual, avoid=avoid - {a})
+    return {b: (p.bw_gbps, p.hops) for b, p in found.items() if p.bw_gbps > _EPS}

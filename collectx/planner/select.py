@@ -65,17 +65,13 @@ def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: in
 
 def _may_win(bound, name: str, collective: str, nbytes: int, topo, ranks, best_us: float,
              root: int = 0, nchunks: int | None = None) -> bool:
-    """Whether candidate ``name`` could beat ``best_us``. A direct broadcast or reduce not
-    where the busiest link of its routes alone takes longer (:func:`~.direct.least_us`).
-    Packed trees not below one chunk per group (:data:`~.cost_tables.MIN_CHUNK_BYTES`): trees
-    only pay by pipelining many chunks, and a plan of one chunk is a matter of fewest steps,
-    which the simpler candidates win. Nor where their bound says they cannot: allreduce over
-    trees used both ways is bounded by the tree packing; over per-root forests, whose
-    reduce-scatter and allgather overlap chunk by chunk (so the two phases' cut rates do not
-    add up: on DGX-1V GPUs 0, 1, 4, 6 forests reach the tree packing's rate, a third above the
-    phases' cut), by the ceiling (the planner then judges its own LP against the time to
-    beat); and trees fill their pipelines, which costs them :data:`~.cost_tables.FILL` of the
-    bound at least."""
+    """Whether candidate ``name`` could beat ``best_us``. Direct not where the busiest link of
+    its routes alone takes longer (:func:`~.direct.least_us`). Packed trees not below one
+    chunk per group (:data:`~.cost_tables.MIN_CHUNK_BYTES`: one chunk is a matter of fewest
+    steps, which simpler candidates win), nor where their bound plus the least fill
+    (:data:`~.cost_tables.FILL`) is slower: for allreduce over trees used both ways the tree
+    packing's; over per-root forests, whose reduce-scatter and allgather overlap chunk by
+    chunk (on DGX-1V GPUs 0, 1, 4, 6 a third above the phases' cut), the ceiling's."""
     if name == "direct" and nchunks is None:
         return cost.base_us(topo, ranks) + direct.least_us(topo, ranks, collective, nbytes,
                                                            root) < best_us

@@ -261,11 +261,12 @@ class Pipeline:
         packing at ``rate`` takes ``unit / rate`` at least: its busiest link is full."""
         return None if beat_us is None else max(beat_us, 0.0) * 1e3 / self.unit
 
-    def least_rate(self, k: int, time: float) -> float:
+    def least_rate(self, k: int, time: float, depth: int = 1) -> float:
         """The rate per group ``k`` trees need to finish within ``time`` (the units of
-        :meth:`time`) at best: one level deep, their chunks' waits hidden."""
-        return (1 + (self.passes - 1) / self._chunks(k, self.lp_rate, self.passes,
-                                                     self.lp_wait, k * self.lp_crowd)) / time
+        :meth:`time`) at best: ``depth`` levels deep, their chunks' waits hidden."""
+        levels = self.passes * depth
+        return (1 + (levels - 1) / self._chunks(k, self.lp_rate, levels, self.lp_wait,
+                                                k * self.lp_crowd)) / time
 
     def level_cost(self, lp: Packing) -> float:
         """What one level of one arc's distance from the root costs the rounding, in the

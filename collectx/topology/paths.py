@@ -270,12 +270,22 @@ class Router:
                                     f"{G.graph.get('name', 'the topology')!r}")
         if a == b:
             return Path(PathClass.LOC, float("inf"), (a,))
-        links = self.links.constrained(widths, avoid) if widths or avoid else self.links
-        found = _paths_from(G, links, a, [b])
+        found = self.widest_from(a, [b], widths=widths, avoid=avoid)
         if b not in found:
             raise TopologyError(f"no route from {a} to {b}: the topology is disconnected "
                                 f"there")
         return found[b]
+
+    def widest_from(self, a: str, targets, *, widths: dict | None = None,
+                    avoid=()) -> dict[str, Path]:
+        """:meth:`widest` from ``a`` to each of ``targets`` it reaches, in one search
+        (``a`` itself left out). A route ends at a node of ``avoid`` but never passes one,
+        so the routes are those :meth:`widest` gives each target with the same ``avoid``."""
+        if a not in self.G:
+            raise TopologyError(f"{a!r} is not a node of "
+                                f"{self.G.graph.get('name', 'the topology')!r}")
+        links = self.links.constrained(widths, avoid) if widths or avoid else self.links
+        return _paths_from(self.G, links, a, list(targets))
 
 
 def path_class(G: nx.DiGraph, a: str, b: str) -> PathClass:
