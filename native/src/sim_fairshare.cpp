@@ -268,17 +268,17 @@ class Sim {
       for (const int* r = route_begin(c); r != route_end(c); ++r) users_[*r] = 0;
     }
     live_.clear();
+    double inc = 0.0;  // the water level's next rise: the least room per user
     for (int r : busy_) {
       if (users_[r] > 0) {
-        live_.push_back(r);
         left_[r] = g_->capacity[r];
+        double room = left_[r] / users_[r];
+        if (live_.empty() || room < inc) inc = room;
+        live_.push_back(r);
       }
     }
     double level = 0.0;
     while (!live_.empty()) {
-      double inc = left_[live_[0]] / users_[live_[0]];
-      for (size_t i = 1; i < live_.size(); ++i)
-        inc = std::min(inc, left_[live_[i]] / users_[live_[i]]);
       level += inc;
       full_.clear();
       for (int r : live_) {
@@ -295,9 +295,15 @@ class Sim {
             users_[*o] -= cls_[c].count;
         }
       }
+      // Drop the resources whose users are all rated, finding the next rise on the way (one
+      // pass over the live resources where there were two).
       size_t k = 0;
-      for (int r : live_)
-        if (users_[r] > 0) live_[k++] = r;
+      for (int r : live_) {
+        if (users_[r] <= 0) continue;
+        double room = left_[r] / users_[r];
+        if (k == 0 || room < inc) inc = room;
+        live_[k++] = r;
+      }
       live_.resize(k);
     }
   }
