@@ -17,7 +17,10 @@ d. median planning time per allocation size on dgx1v, and for the full dgx2 and 
    (targets <= 1 s for 8-GPU allocations, <= 5 s for dgx2/mi250); with section a, also the
    slowest plans of each allocation preset, re-timed.
 
-``--retime PRESET:COLLECTIVE:GPUS ...`` re-times named plans alone (median of 5 runs).
+``--retime TOPOLOGY:COLLECTIVE:GPUS ...`` re-times named plans alone (median of 5 runs); a
+topology is a preset, a topology file, or a dump of ``topology/real`` by its file name, so
+that machines outside the presets (switched ones with host staging plan slowest) are timed
+the same way.
 
 Every plan is made with ``collectx.planner.plan`` exactly as users get it (cost-model choice,
 simulated prediction); ``--limit`` samples allocations evenly when the full sweep is too slow.
@@ -37,6 +40,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import collectx.topology as T
 from collectx.planner import plan
@@ -46,6 +50,7 @@ from collectx.planner.ring_search import _hamiltonian
 
 ALLOC_PRESETS = ("dgx1v", "dgx1p")
 FULL_PRESETS = ("dgx2", "dgx_a100", "dgx_h100", "mi250_16gcd", "mi300x", "pcie_gen4_8gpu")
+REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
 SMALL = 8 << 10
 
@@ -195,9 +200,19 @@ def retime(args):
     print(f"\n(re-timed) median of {RETIMES} runs each")
     for spec in args.retime:
         name, coll, gpus = spec.split(":")
-        G = T.load(name)
+        G = T.load(_topology(name))
         chosen = [int(g) for g in gpus.split(",")] if gpus != "all" else None
         print(_retimed(G, name, chosen, coll, args.size))
+
+
+def _topology(name: str) -> str:
+    """What ``T.load`` takes for ``--retime``'s ``name``: a dump of topology/real by its file
+    name, else the name itself (a preset or a file)."""
+    return str(REAL / name) if not Path(name).is_file() and (REAL / name).is_file() else name
+
+
+def _known(name: str) -> bool:
+    return name in T.presets() or Path(_topology(name)).is_file()
 
 
 def _retimed(G, name, gpus, coll, nbytes) -> str:
@@ -215,14 +230,15 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="allocations per size (sampled)")
     ap.add_argument("--verify", action="store_true", help="also verify every schedule")
     ap.add_argument("--jsonl", help="write one JSON line per plan here")
-    ap.add_argument("--retime", nargs="*", default=[], metavar="PRESET:COLLECTIVE:GPUS",
-                    help="also re-time these plans alone, e.g. dgx1p:allreduce:1,2,3,4,5,7 "
-                         "or dgx1v:broadcast:all")
+    ap.add_argument("--retime", nargs="*", default=[], metavar="TOPOLOGY:COLLECTIVE:GPUS",
+                    help="also re-time these plans alone, e.g. dgx1p:allreduce:1,2,3,4,5,7, "
+                         "dgx1v:broadcast:all or hgx_h100_nccl_topo.xml:allreduce:all")
     args = ap.parse_args(argv)
     for spec in args.retime:
-        if spec.count(":") != 2 or spec.split(":")[0] not in ALLOC_PRESETS + FULL_PRESETS:
-            ap.error(f"--retime {spec!r}: expected PRESET:COLLECTIVE:GPUS with a preset of "
-                     f"{', '.join(ALLOC_PRESETS + FULL_PRESETS)}, e.g. dgx1v:allreduce:0,1,2")
+        if spec.count(":") != 2 or not _known(spec.split(":")[0]):
+            ap.error(f"--retime {spec!r}: expected TOPOLOGY:COLLECTIVE:GPUS with a preset "
+                     f"({', '.join(T.presets())}), a topology file or a dump of {REAL}, "
+                     f"e.g. dgx1v:allreduce:0,1,2")
     args.presets = args.presets.split(",")
     sink = open(args.jsonl, "w") if args.jsonl else None
 
