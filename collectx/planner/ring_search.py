@@ -129,7 +129,8 @@ def _best_ring(topo, ranks, residual, cache) -> Ring | None:
     avoid = frozenset(ranks)
     hops = {}
     for i in range(n):
-        searched = _widest(topo, residual, ranks[i], ranks, avoid, cache)   # one search
+        apart = [b for b in ranks if b != ranks[i] and not topo.has_edge(ranks[i], b)]
+        searched = _widest(topo, residual, ranks[i], apart, avoid, cache) if apart else {}
         for j in range(n):
             if i != j:
                 bw, route = _hop(topo, residual, ranks[i], ranks[j], avoid, cache, searched)
