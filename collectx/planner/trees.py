@@ -28,10 +28,11 @@ from ..schedule.simulate import unpacked
 from . import program as P
 from .direct import plan_direct
 from .._concurrent import concurrently
+from .._native import compiled_helper
 from ._build import check_args, simulated
 from .cost_tables import FILL, INSTRUCTIONS, MIN_CHUNK_BYTES
 from .treepack import Packing
-from .treesched import Share, TreeEmitter, chunk_refs
+from .treesched import Share, TreeEmitter, WordEmitter, chunk_refs
 
 BLINK = ("allreduce", "broadcast", "reduce")
 SIMULATED = 2   # packings (tree counts) lowered and simulated: the pipeline model ranks them
@@ -310,7 +311,9 @@ def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group
             shares["up" if modes[g] == P.UP else "down"].append(
                 Share(t.root, tuple(t.edges), chunks, frozenset(t.edges[j] for j in t.staged),
                       frozenset(t.edges[j] for j in t.staged_up)))
-    em = TreeEmitter(b, buffers=min(buffers, most_buffers(packing, modes, lanes)), lanes=lanes)
+    native = compiled_helper("lower_words") if packed else None
+    turns = min(buffers, most_buffers(packing, modes, lanes))
+    em = WordEmitter(b, native, turns, lanes) if native else TreeEmitter(b, turns, lanes)
     _EMIT[collective](b, em, shares)
     code = em.flush(packed)
     b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks),

@@ -238,6 +238,48 @@ class TreeEmitter:
         return self._staged[key]
 
 
+class WordEmitter:
+    """:class:`TreeEmitter`'s phases as plain data, lowered by ``native``
+    (``collectx._fastpath.lower_words``) in one compiled pass to the words
+    ``TreeEmitter.flush(packed=True)`` returns: the same instructions on the same lanes, with
+    no Python object per transfer and without the GIL, so two candidates lower at once. The
+    RefFns must be :class:`ChunkRefs`."""
+
+    pieces = TreeEmitter.pieces
+
+    def __init__(self, builder: ScheduleBuilder, native, buffers: int = 1,
+                 lanes: int = GPU_LANES):
+        self.b, self._native, self.buffers, self.lanes = builder, native, buffers, lanes
+        self._phases: list = []
+
+    def self_copy(self, rank: int, dst: Ref, src: Ref) -> None:
+        self._phases.append((0, rank, _coded(dst), _coded(src)))
+
+    def broadcast(self, shares, src: ChunkRefs, dst: ChunkRefs, after=None) -> None:
+        self._phases.append((2, self._shares(shares), _coded(src), _coded(dst), bool(after)))
+
+    def reduce(self, shares, contrib: ChunkRefs, result: ChunkRefs) -> bool:
+        self._phases.append((1, self._shares(shares), _coded(contrib), _coded(result)))
+        return True   # as broadcast's after: wait for this reduction's roots
+
+    def flush(self, packed: bool = True) -> bytes:
+        b = self.b
+        return self._native(b.nranks, b.nchunks, self.lanes, self.buffers, _CODES,
+                            *b.unit_tables(), self._phases)
+
+    def _shares(self, shares) -> tuple:
+        return tuple((s.root, s.edges, tuple(self.pieces(s)),
+                      tuple(e in s.staged for e in s.edges),
+                      tuple(e in s.staged_up for e in s.edges)) for s in shares)
+
+
+def _coded(ref) -> tuple:
+    """A Ref, or a :class:`ChunkRefs` as (buffer, per_root), with its buffer's index."""
+    if isinstance(ref, ChunkRefs):
+        return BUFFER_INDEX[ref.buf], ref.per_root
+    return ref[0], BUFFER_INDEX[ref[1]], ref[2], ref[3]
+
+
 @dataclass(frozen=True)
 class _ReduceShape:
     """What a reduction over one share's tree does for every chunk alike: the leaves, and
@@ -268,6 +310,7 @@ class _ReduceShape:
 
 
 _REF = tuple.__new__
+_CODES = (OP_INDEX["copy"], OP_INDEX["reduce"], BUFFER_INDEX["scratch"], BUFFER_INDEX["host"])
 
 
 class ChunkRefs:

@@ -181,6 +181,15 @@ class ScheduleBuilder:
             return new_dep(Dep, (rank, lane, len(seq) - 1))
         return append
 
+    def unit_tables(self) -> tuple[list, list]:
+        """The scratch and host units reserved per rank, the lists themselves, for a native
+        emitter (``collectx._fastpath.lower_words``) that hands out chunks as :meth:`fresh`
+        does, on a builder whose :meth:`fresh` was never called, and reserves units in them."""
+        if self._fresh_next:
+            raise ArgumentError("unit_tables: fresh() already handed out chunks here, which a "
+                                "native emitter would hand out again; use a new builder")
+        return self._scratch, self._host
+
     def lane_lists(self) -> list:
         """``lists[rank][lane]``: the instruction lists themselves, for a native emitter
         (``collectx._fastpath.emit_lanes``) that appends :class:`Instr` tuples as

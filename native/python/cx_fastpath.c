@@ -38,6 +38,7 @@
 #include "cx_schedule_arrays.h"
 #include "cx_maxflow.h"
 #include "cx_trees.h"
+#include "cx_lower.h"
 #include "cx_unpack.h"
 
 /* Bumped when the Python-side contract changes; collectx/_native.py refuses other versions.
@@ -779,6 +780,8 @@ static PyMethodDef methods[] = {
      CX_TREE_BROADCAST_DOC},
     {"tree_reduce", (PyCFunction)(void (*)(void))cx_tree_reduce, METH_FASTCALL,
      CX_TREE_REDUCE_DOC},
+    {"lower_words", (PyCFunction)(void (*)(void))cx_lower_words, METH_FASTCALL,
+     CX_LOWER_WORDS_DOC},
     {"max_flow", (PyCFunction)(void (*)(void))cx_max_flow, METH_FASTCALL, CX_MAX_FLOW_DOC},
     {"pack_words", cx_pack_words, METH_VARARGS, CX_PACK_WORDS_DOC},
     {"unpack_words", cx_unpack_words, METH_VARARGS, CX_UNPACK_WORDS_DOC},
