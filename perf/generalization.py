@@ -29,6 +29,7 @@ from __future__ import annotations
 import _checkout  # noqa: F401  (this checkout's collectx first)
 
 import argparse
+import contextlib
 import itertools
 import json
 import random
@@ -166,12 +167,23 @@ def main(argv=None) -> int:
                     help="print the table of earlier --jsonl files instead of planning")
     args = ap.parse_args(argv)
     if args.merge:
-        rows = [json.loads(line) for f in args.merge for line in open(f) if line.strip()]
+        rows = []
+        for name in args.merge:
+            with open(name) as f:
+                rows += [json.loads(line) for line in f if line.strip()]
         print(table(rows))
         return 0
     shard, shards = map(int, args.shard.split("/"))
+    with open(args.jsonl, "w") if args.jsonl else contextlib.nullcontext() as out:
+        rows = _planned(args, shard, shards, out)
+    print(table(rows))
+    return 0
+
+
+def _planned(args, shard: int, shards: int, out) -> list:
+    """The plans of ``args``' families that fall in ``shard``, each written to ``out`` (a
+    file, or None) as soon as its allocation is planned."""
     rng = random.Random(args.seed)
-    out = open(args.jsonl, "w") if args.jsonl else None
     rows = []
     for family in args.families.split(","):
         apart = 0   # allocations whose GPUs reach each other only through GPUs left out
@@ -190,8 +202,7 @@ def main(argv=None) -> int:
                 out.flush()
         print(f"# {family}: {sum(r['family'] == family for r in rows)} plans; {apart} "
               f"allocations not connected on their own, skipped", file=sys.stderr)
-    print(table(rows))
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

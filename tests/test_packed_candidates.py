@@ -1,6 +1,6 @@
-"""Candidates made and simulated as words (collectx._fastpath.emit_words and word_arrays) are
-the schedules made as objects, word for word, simulate the same, and only the plan kept is
-unpacked."""
+"""Candidates made and simulated as words (collectx._fastpath.lower_words and word_arrays) are
+the schedules the Python emitter makes as objects, word for word, simulate the same, and only
+the plan kept is unpacked."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import collectx.topology as topo
 from collectx.errors import ArgumentError
 from collectx.planner import plan, trees
+import collectx.planner.treesched as ts
 from collectx.planner.treesched import compiled_helper
 from collectx.schedule import Ref, ScheduleBuilder, simulate, verify
 from collectx.schedule.ir import BUFFER_INDEX, OP_INDEX, PackedSchedule
@@ -20,17 +21,21 @@ from test_tree_items import KINDS, NRANKS, _packing
 sim = importlib.import_module("collectx.schedule.simulate")
 unpacked = sim.unpacked
 needs_words = pytest.mark.skipif(
-    any(compiled_helper(n) is None for n in ("emit_words", "word_arrays", "schedule_arrays")),
+    any(compiled_helper(n) is None for n in ("lower_words", "word_arrays", "schedule_arrays")),
     reason="no compiled collectx._fastpath")
 WORDS = (OP_INDEX["copy"], OP_INDEX["reduce"], BUFFER_INDEX["host"])
 
 
 def _both(kind, buffers, staged):
+    """``kind`` lowered as words (a candidate) and as objects by the Python emitter."""
     packing, modes, collective = _packing(kind, staged)
     per_group = 6 if collective == "allreduce" and "forest" in kind else 22
     lower = lambda packed: trees.lower(packing, modes, collective, NRANKS,  # noqa: E731
                                        per_group, buffers=buffers, packed=packed)
-    return lower(True), lower(False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ts, "compiled_helper", lambda name: None)
+        objects = lower(False)
+    return lower(True), objects
 
 
 @needs_words
@@ -85,33 +90,11 @@ def test_plans_keep_schedules_and_leave_no_packed_candidate_behind(monkeypatch):
     got = [plan(G, coll, 1 << 30, gpus=gpus) for coll, gpus in cases]
     assert all(p.verified and not isinstance(p.schedule, PackedSchedule) for p in got)
     assert {p.algorithm.split("+")[0] for p in got} >= {"blink", "forest"}
-    import collectx.planner.treesched as ts
     monkeypatch.setattr(ts, "compiled_helper",
-                        lambda name: None if name == "emit_words" else compiled_helper(name))
+                        lambda name: None if name == "lower_words" else compiled_helper(name))
     objects = [plan(G, coll, 1 << 30, gpus=gpus) for coll, gpus in cases]
     assert [p.schedule for p in got] == [p.schedule for p in objects]
     assert [p.predicted.time_us for p in got] == [p.predicted.time_us for p in objects]
-
-
-@needs_words
-def test_emit_words_refuses_what_emit_lanes_refuses():
-    words = compiled_helper("emit_words")
-    ref = Ref(0, "output", 0)
-    later = [(0.0, 1, 0, ("down", 0), "copy", ref, (ref,), (0,)),
-             (1.0, 0, 1, ("down", 0), "copy", ref, (ref,), ())]
-    call = lambda items, ops=OP_INDEX, nranks=2: words(  # noqa: E731
-        items, nranks, [{}] * nranks, 1, 64, {}, ops, BUFFER_INDEX)
-    with pytest.raises(ValueError, match="names no item appended before"):
-        call(later)
-    with pytest.raises(ValueError, match="new seq"):
-        call([later[1], later[1]])
-    with pytest.raises(KeyError, match="copy"):
-        call([later[1]], ops={})
-    with pytest.raises(TypeError, match="Ref"):
-        call([(0.0, 0, 0, ("k",), "copy", "not a ref", (), ())])
-    with pytest.raises(ValueError, match="lane_keys"):
-        call([], nranks=0)
-    assert call([]) == struct.pack("<5q", 2, 1, 0, 1, 0)   # an empty lane per rank
 
 
 @needs_words

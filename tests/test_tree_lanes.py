@@ -1,5 +1,5 @@
 """Trees on lanes of their own: every tree moves as its own transfers, within the executors'
-lanes, and the C dealer emits what the Python loop emits."""
+lanes, and the compiled lowering deals them as the Python emitter does."""
 
 from __future__ import annotations
 
@@ -85,29 +85,14 @@ def _plans_of_tree_emitters():
                                ("broadcast", [0, 1, 2, 3, 5, 6, 7]), ("allreduce", None))]
 
 
-def test_the_c_dealer_emits_what_the_python_loop_emits(monkeypatch):
+def test_the_compiled_lowering_deals_what_the_python_emitter_deals(monkeypatch):
     import collectx.planner.treesched as ts
-    if ts.compiled_helper("emit_lanes") is None:
+    if ts.compiled_helper("lower_words") is None:
         pytest.skip("no compiled collectx._fastpath")
     native = _plans_of_tree_emitters()
     assert any(s.uses_host for s in native)
     monkeypatch.setattr(ts, "compiled_helper", lambda name: None)
     assert [s.to_dict() for s in _plans_of_tree_emitters()] == [s.to_dict() for s in native]
-
-
-def test_the_c_dealer_refuses_an_item_waiting_for_a_later_one():
-    from collectx.planner.treesched import compiled_helper
-    from collectx.schedule.ir import Dep, Instr, Ref
-    deal = compiled_helper("emit_lanes")
-    if deal is None:
-        pytest.skip("no compiled collectx._fastpath")
-    ref = Ref(0, "output", 0)
-    items = [(0.0, 1, 0, ("down", 0), "copy", ref, (ref,), (0,)),
-             (1.0, 0, 1, ("down", 0), "copy", ref, (ref,), ())]
-    with pytest.raises(ValueError, match="names no item appended before"):
-        deal(items, [[], []], [{}, {}], 1, 64, {}, Instr, Dep)
-    with pytest.raises(ValueError, match="new seq"):
-        deal([items[1], items[1]], [[], []], [{}, {}], 1, 64, {}, Instr, Dep)
 
 
 def _many_lanes_allgather(lanes: int):

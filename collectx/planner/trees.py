@@ -28,11 +28,10 @@ from ..schedule.simulate import unpacked
 from . import program as P
 from .direct import plan_direct
 from .._concurrent import concurrently
-from .._native import compiled_helper
 from ._build import check_args, simulated
 from .cost_tables import FILL, INSTRUCTIONS, MIN_CHUNK_BYTES
 from .treepack import Packing
-from .treesched import Share, TreeEmitter, WordEmitter, chunk_refs
+from .treesched import Share, chunk_refs, emitter
 
 BLINK = ("allreduce", "broadcast", "reduce")
 SIMULATED = 2   # packings (tree counts) lowered and simulated: the pipeline model ranks them
@@ -311,15 +310,14 @@ def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group
             shares["up" if modes[g] == P.UP else "down"].append(
                 Share(t.root, tuple(t.edges), chunks, frozenset(t.edges[j] for j in t.staged),
                       frozenset(t.edges[j] for j in t.staged_up)))
-    native = compiled_helper("lower_words") if packed else None
-    turns = min(buffers, most_buffers(packing, modes, lanes))
-    em = WordEmitter(b, native, turns, lanes) if native else TreeEmitter(b, turns, lanes)
+    em = emitter(b, min(buffers, most_buffers(packing, modes, lanes)), lanes)
     _EMIT[collective](b, em, shares)
-    code = em.flush(packed)
+    code = em.flush()
     b.meta("trees", [[s.root, [list(e) for e in s.edges], s.chunks[0], len(s.chunks),
                       *s.host_record()] for s in shares["up"] + shares["down"]])
     b.meta("rate_gbps", packing.rate)
-    return b.build() if code is None else b.build_packed(code)
+    s = b.build() if code is None else b.build_packed(code)
+    return s if packed else unpacked(s)
 
 
 def most_buffers(packing: Packing, modes: dict, lanes: int) -> int:

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .._native import compiled_helper
 from ..schedule.builder import ScheduleBuilder
 from ._build import staggered
-from ..schedule.ir import BUFFER_INDEX, GPU_LANES, OP_INDEX, Dep, Instr, Ref
+from ..schedule.ir import BUFFER_INDEX, GPU_LANES, OP_INDEX, Ref
 
 RefFn = Callable[[int, int, int, "Share"], Ref]   # (rank, first chunk, chunks, share) -> Ref
 # Emitted items are (time, sequence number, ...), appended in sequence order: a stable sort by
@@ -65,8 +65,7 @@ class TreeEmitter:
     reduction starts one hop after it. Every dependency goes from an earlier to a later time,
     so sorting by time gives a topological order in which each lane's items also follow the
     pipeline (emitting tree by tree instead ties lanes into cross-waits that serialize them).
-    With the compiled ``collectx._fastpath`` and :class:`ChunkRefs` RefFns, the items are
-    built in C, one share at a time (:meth:`_broadcast_share`, :meth:`_reduce_share`).
+    This is the reference, in Python objects: :class:`WordEmitter` lowers the same phases in C.
 
     A staged edge (``Share.staged`` / ``staged_up``) moves each chunk in two copies: the sender
     copies it into a fresh chunk of its ``host`` buffer (PCIe up), then the receiver copies or
@@ -90,87 +89,63 @@ class TreeEmitter:
 
     def broadcast(self, shares, src: RefFn, dst: RefFn, after: dict | None = None) -> None:
         """Send piece ``j`` (``k`` chunks) from ``src(root, j, k, share)`` to
-        ``dst(v, j, k, share)`` of every node.
+        ``dst(v, j, k, share)`` of every node: piece ``i`` of share ``number`` moves down its
+        edges in order, each on lane key ``("down", parent, number, i % buffers)``.
 
         ``after[root, j]`` (optional) is the ``(token, time)`` of the item that produced the
         root's piece ``j`` (as :meth:`reduce` returns them).
         """
-        after = after or {}
-        emit = _native_or(self._broadcast_share, "tree_broadcast", src, dst)
+        after, items = after or {}, self._items
         for number, share in enumerate(shares):
             pieces = self.pieces(share)
-            if not pieces:
-                continue
-            keyed = [[(p, c, ("down", p, number, turn), (p, c) in share.staged)
-                      for p, c in share.edges] for turn in range(self.buffers)]
-            emit(self._items, self._hop, number, share, pieces, keyed, src, dst, after)
-
-    def _broadcast_share(self, items: list, hop, number: int, share: Share, pieces: list,
-                         keyed: list, src: RefFn, dst: RefFn, after: dict) -> None:
-        """:meth:`broadcast`'s items for share ``number``: its piece ``i`` moves down the edges
-        ``keyed[i % buffers]``, ``(parent, child, lane key, staged)``, in order; ``hop`` is
-        :meth:`_hop`. ``collectx._fastpath.tree_broadcast`` mirrors this loop in C (the same
-        arguments, the same items in the same order): this is its reference."""
-        m, root = len(pieces), share.root
-        step = 1.0 / m
-        for i, (j, k) in enumerate(pieces):
-            # node -> (token, time, Ref) of the item that brought it piece j
-            start = after.get((root, j), (None, (i + 0.5) / m))
-            ready = {root: (*start, src(root, j, k, share))}
-            for p, c, key, via_host in keyed[i % len(keyed)]:
-                token, tp, source = ready[p]
-                t = tp + step
-                ref = dst(c, j, k, share)
-                if via_host:
-                    seq = hop(t, m, (number, i % len(keyed)), p, c, key, ref, source, token)
-                else:   # most hops: a direct copy
-                    seq = len(items)
-                    items.append((t, seq, c, key, "copy", ref, (source,), (token,)))
-                ready[c] = (seq, t, ref)
+            m, root = len(pieces), share.root
+            for i, (j, k) in enumerate(pieces):
+                turn = i % self.buffers
+                # node -> (token, time, Ref) of the item that brought it piece j
+                start = after.get((root, j), (None, (i + 0.5) / m))
+                ready = {root: (*start, src(root, j, k, share))}
+                for p, c in share.edges:
+                    token, tp, source = ready[p]
+                    t = tp + 1.0 / m
+                    ref, key = dst(c, j, k, share), ("down", p, number, turn)
+                    if (p, c) in share.staged:
+                        seq = self._hop(t, m, (number, turn), p, c, key, ref, source, token)
+                    else:   # most hops: a direct copy
+                        seq = len(items)
+                        items.append((t, seq, c, key, "copy", ref, (source,), (token,)))
+                    ready[c] = (seq, t, ref)
 
     def reduce(self, shares, contrib: RefFn, result: RefFn) -> dict:
         """Reduce piece ``j`` (``k`` chunks) of ``contrib(v, j, k, share)`` over every tree
-        node into ``result(root, j, k, share)``.
+        node into ``result(root, j, k, share)``: piece ``i`` of share ``number`` climbs its
+        tree as ``_ReduceShape.of(share, (number, i % buffers))`` says.
 
         Returns ``{(root, j): (token, time)}`` of the item completing piece ``j`` at its root.
         """
         done: dict = {}
-        emit = _native_or(self._reduce_share, "tree_reduce", contrib, result)
+        items, fresh, through_host = self._items, self.b.fresh, self._through_host
         for number, share in enumerate(shares):
             pieces = self.pieces(share)
-            if not pieces:
-                continue
             shapes = [_ReduceShape.of(share, (number, turn)) for turn in range(self.buffers)]
-            emit(self._items, self.b.fresh, self._through_host, number, share, pieces, shapes,
-                 contrib, result, done)
+            m, root = len(pieces), share.root
+            for i, (j, k) in enumerate(pieces):
+                shape = shapes[i % len(shapes)]
+                partial = {u: (contrib(u, j, k, share), None) for u in shape.leaves}
+                for u, kids, height, key, staged in shape.inner:   # children first
+                    own = contrib(u, j, k, share)
+                    dst = fresh("scratch", u, own) if u != root else result(u, j, k, share)
+                    t = (i + 0.5 + height) / m
+                    srcs, tokens = [own], []
+                    for c in kids:
+                        ref, token = through_host(t, m, (number, i % len(shapes)), c, u,
+                                                  *partial[c]) if c in staged else partial[c]
+                        srcs.append(ref)
+                        tokens.append(token)
+                    seq = len(items)
+                    items.append((t, seq, u, key, "reduce", dst, tuple(srcs), tuple(tokens)))
+                    partial[u] = (dst, seq)
+                done[root, j] = (partial[root][1], (i + 0.5 + shape.top) / m)
         return done
-
-    def _reduce_share(self, items: list, fresh, through_host, number: int, share: Share,
-                      pieces: list, shapes: list, contrib: RefFn, result: RefFn,
-                      done: dict) -> None:
-        """:meth:`reduce`'s items for share ``number``: its piece ``i`` climbs the tree as
-        ``shapes[i % buffers]`` says, and ``done`` gets its root's token and time; ``fresh``
-        is the builder's, ``through_host`` :meth:`_through_host`.
-        ``collectx._fastpath.tree_reduce`` mirrors this loop in C (the same arguments, the
-        same items in the same order): this is its reference."""
-        m, root = len(pieces), share.root
-        for i, (j, k) in enumerate(pieces):
-            shape = shapes[i % len(shapes)]
-            partial = {u: (contrib(u, j, k, share), None) for u in shape.leaves}
-            for u, kids, height, key, staged in shape.inner:   # children first
-                own = contrib(u, j, k, share)
-                dst = fresh("scratch", u, own) if u != root else result(u, j, k, share)
-                t = (i + 0.5 + height) / m
-                srcs, tokens = [own], []
-                for c in kids:
-                    ref, token = through_host(t, m, (number, i % len(shapes)), c, u,
-                                              *partial[c]) if c in staged else partial[c]
-                    srcs.append(ref)
-                    tokens.append(token)
-                seq = len(items)
-                items.append((t, seq, u, key, "reduce", dst, tuple(srcs), tuple(tokens)))
-                partial[u] = (dst, seq)
-            done[root, j] = (partial[root][1], (i + 0.5 + shape.top) / m)
 
     def pieces(self, share: Share) -> list:
         """``(first chunk, chunks)`` of each piece of ``share`` (whose chunks are one range):
@@ -183,28 +158,17 @@ class TreeEmitter:
         """Rank-local copy (a root's own slot), first thing on its own lane."""
         self._add(-1.0, rank, ("self",), "copy", dst, (src,), ())
 
-    def flush(self, packed: bool = False) -> bytes | None:
+    def flush(self) -> None:
         """Append every collected item to the builder, earliest first, on its key's lane,
-        waiting for the instructions its tokens name (``collectx._fastpath.emit_lanes`` runs
-        the loop in C when it is built); with ``packed``, ``emit_words`` returns them instead,
-        as :meth:`~collectx.schedule.Schedule.to_packed`'s words (else None)."""
-        items, code = self._items, None
+        waiting for the instructions its tokens name."""
+        items = self._items
         items.sort(key=_BY_TIME)
-        words = compiled_helper("emit_words") if packed else None
-        native = compiled_helper("emit_lanes")
-        if words is not None:
-            code = words(items, self.b.nranks, self._lane_keys, 1, self.lanes, {}, OP_INDEX,
-                         BUFFER_INDEX)
-        elif native is not None:
-            native(items, self.b.lane_lists(), self._lane_keys, 1, self.lanes, {}, Instr, Dep)
-        else:
-            dep_of: list = [None] * len(items)   # item sequence number -> its Dep
-            append = self.b.appender()
-            for t, seq, rank, key, op, dst, srcs, tokens in items:
-                wait = tuple(dict.fromkeys(dep_of[k] for k in tokens if k is not None))
-                dep_of[seq] = append(rank, self.lane(rank, (key, 0)), op, dst, srcs, wait)
+        dep_of: list = [None] * len(items)   # item sequence number -> its Dep
+        append = self.b.appender()
+        for t, seq, rank, key, op, dst, srcs, tokens in items:
+            wait = tuple(dict.fromkeys(dep_of[k] for k in tokens if k is not None))
+            dep_of[seq] = append(rank, self.lane(rank, (key, 0)), op, dst, srcs, wait)
         items.clear()
-        return code
 
     def _add(self, t, rank, key, op, dst, srcs, tokens) -> int:
         seq = len(self._items)
@@ -238,12 +202,20 @@ class TreeEmitter:
         return self._staged[key]
 
 
+def emitter(builder: ScheduleBuilder, buffers: int = 1, lanes: int = GPU_LANES):
+    """A :class:`WordEmitter` where ``collectx._fastpath`` is built, else a
+    :class:`TreeEmitter`: ``flush()`` gives words, or None after appending to ``builder``."""
+    native = compiled_helper("lower_words")
+    return WordEmitter(builder, native, buffers, lanes) if native else \
+        TreeEmitter(builder, buffers, lanes)
+
+
 class WordEmitter:
     """:class:`TreeEmitter`'s phases as plain data, lowered by ``native``
-    (``collectx._fastpath.lower_words``) in one compiled pass to the words
-    ``TreeEmitter.flush(packed=True)`` returns: the same instructions on the same lanes, with
-    no Python object per transfer and without the GIL, so two candidates lower at once. The
-    RefFns must be :class:`ChunkRefs`."""
+    (``collectx._fastpath.lower_words``, native/python/cx_lower.c) in one compiled pass to
+    the words of the schedule :class:`TreeEmitter` builds: the same instructions on the same
+    lanes, with no Python object per transfer and without the GIL, so two candidates lower at
+    once. The RefFns must be :class:`ChunkRefs`."""
 
     pieces = TreeEmitter.pieces
 
@@ -262,7 +234,9 @@ class WordEmitter:
         self._phases.append((1, self._shares(shares), _coded(contrib), _coded(result)))
         return True   # as broadcast's after: wait for this reduction's roots
 
-    def flush(self, packed: bool = True) -> bytes:
+    def flush(self) -> bytes:
+        """The words of every phase recorded, as :meth:`TreeEmitter.flush` would append them
+        (:meth:`~collectx.schedule.Schedule.to_packed`'s); the builder's units are reserved."""
         b = self.b
         return self._native(b.nranks, b.nchunks, self.lanes, self.buffers, _CODES,
                             *b.unit_tables(), self._phases)
@@ -273,11 +247,9 @@ class WordEmitter:
                       tuple(e in s.staged_up for e in s.edges)) for s in shares)
 
 
-def _coded(ref) -> tuple:
-    """A Ref, or a :class:`ChunkRefs` as (buffer, per_root), with its buffer's index."""
-    if isinstance(ref, ChunkRefs):
-        return BUFFER_INDEX[ref.buf], ref.per_root
-    return ref[0], BUFFER_INDEX[ref[1]], ref[2], ref[3]
+def _coded(ref: tuple) -> tuple:
+    """A Ref or a :class:`ChunkRefs`, its buffer's name as the words' index."""
+    return tuple(BUFFER_INDEX[x] if isinstance(x, str) else x for x in ref)
 
 
 @dataclass(frozen=True)
@@ -309,43 +281,24 @@ class _ReduceShape:
         return cls(tuple(u for u in order if u not in kids), tuple(inner), top)
 
 
-_REF = tuple.__new__
 _CODES = (OP_INDEX["copy"], OP_INDEX["reduce"], BUFFER_INDEX["scratch"], BUFFER_INDEX["host"])
 
 
-class ChunkRefs:
+class ChunkRefs(NamedTuple):
     """The :data:`RefFn` ``(v, j, k, share) -> Ref(v, buf, share.root * per_root + j, k)``, as
-    data the compiled emitters read (``buf``, ``per_root``) to build the same Refs themselves;
-    any other RefFn keeps the emitters in Python. Called from Python, it builds the Ref without
-    the named tuple's Python ``__new__``: emitters call it for every piece at every node,
-    10^5 times a plan.
+    data :class:`WordEmitter` hands to C. Called from Python, it builds the Ref without the
+    named tuple's Python ``__new__``: :class:`TreeEmitter` calls it for every piece at every
+    node.
 
     >>> chunk_refs("output", 4)(1, 2, 2, Share(3, (), (2, 3)))
     Ref(rank=1, buf='output', chunk=14, count=2)
     """
 
-    __slots__ = ("buf", "per_root")
-
-    def __init__(self, buf: str, per_root: int = 0):
-        self.buf, self.per_root = buf, per_root
+    buf: str
+    per_root: int = 0
 
     def __call__(self, v: int, j: int, k: int, share: Share) -> Ref:
-        return _REF(Ref, (v, self.buf, share.root * self.per_root + j, k))
-
-    def __repr__(self) -> str:
-        return f"chunk_refs({self.buf!r}, {self.per_root})"
+        return tuple.__new__(Ref, (v, self.buf, share.root * self.per_root + j, k))
 
 
-def chunk_refs(buf: str, per_root: int = 0) -> ChunkRefs:
-    """Chunk ``share.root * per_root + j`` of ``buf`` for piece ``j`` (:class:`ChunkRefs`)."""
-    return ChunkRefs(buf, per_root)
-
-
-def _native_or(python, name: str, *refs):
-    """``collectx._fastpath.<name>``, the compiled mirror of the emitter loop ``python``, when
-    it is built and every RefFn in ``refs`` is a :class:`ChunkRefs` it can read; else
-    ``python``."""
-    native = compiled_helper(name)
-    if native is None or not all(type(r) is ChunkRefs for r in refs):
-        return python
-    return native
+chunk_refs = ChunkRefs   # chunk share.root * per_root + j of buf for piece j

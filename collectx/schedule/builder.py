@@ -151,7 +151,7 @@ class ScheduleBuilder:
 
     def build_packed(self, code: bytes) -> PackedSchedule:
         """:meth:`build` for instructions a native emitter wrote as words
-        (``collectx._fastpath.emit_words``) instead of adding them here: the builder's buffers
+        (``collectx._fastpath.lower_words``) instead of adding them here: the builder's buffers
         and facts, and ``code``'s instructions, unpacked only on demand."""
         if any(self._lanes):
             raise ArgumentError("build_packed: this builder holds instructions of its own, "
@@ -189,12 +189,6 @@ class ScheduleBuilder:
             raise ArgumentError("unit_tables: fresh() already handed out chunks here, which a "
                                 "native emitter would hand out again; use a new builder")
         return self._scratch, self._host
-
-    def lane_lists(self) -> list:
-        """``lists[rank][lane]``: the instruction lists themselves, for a native emitter
-        (``collectx._fastpath.emit_lanes``) that appends :class:`Instr` tuples as
-        :meth:`appender` does, lanes created on demand; the emitter checks ranks and lanes."""
-        return self._lanes
 
     # -- internals --------------------------------------------------------------------------------
     def _add(self, rank: int, lane: int, ins: Instr) -> Dep:

@@ -318,7 +318,7 @@ class PackedSchedule:
     ``head``: the schedule's other fields (its lanes a placeholder, one empty lane per rank).
 
     Why: a planner simulates many candidate schedules and keeps one. A candidate made straight
-    as words (``collectx._fastpath.emit_words``, the tree emitter) and simulated from them
+    as words (``collectx._fastpath.lower_words``, the tree emitter) and simulated from them
     (:func:`._flat.flat_tasks`) costs no Python object per instruction, where 10^4-10^5 of
     them, built, read back and freed, took a third of an 8-GPU plan. :meth:`unpacked` makes
     the one kept a :class:`Schedule`. Its fields but ``lanes`` (and what reads them, such

@@ -12,9 +12,8 @@
  *
  * The module also carries the planner's hot loops: schedule_arrays and word_arrays
  * (cx_schedule_arrays.c), the simulator's one-pass readers of a schedule's instructions (objects
- * or words); emit_lanes and emit_words (cx_emit.c), the tree emitter's dealing of items onto
- * lanes; tree_broadcast and tree_reduce (cx_trees.c), its
- * building of those items; max_flow (cx_maxflow.c), Lovász's construction's max-flows;
+ * or words); lower_words (cx_lower.c), the tree emitter's lowering of a packing straight to
+ * words; max_flow (cx_maxflow.c), Lovász's construction's max-flows;
  * pack_words and unpack_words (cx_unpack.c), a schedule's instructions as words and back.
  *
  * Contract of reduce() and copy(): True when the call ran; False when nothing was touched and the
@@ -34,10 +33,8 @@
 
 /* Only the declarations (status codes, the executor's structs): nothing is linked. */
 #include "../include/collectx.h"
-#include "cx_emit.h"
 #include "cx_schedule_arrays.h"
 #include "cx_maxflow.h"
-#include "cx_trees.h"
 #include "cx_lower.h"
 #include "cx_unpack.h"
 
@@ -774,12 +771,6 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, bind_doc},
     {"schedule_arrays", cx_schedule_arrays, METH_O, CX_SCHEDULE_ARRAYS_DOC},
     {"word_arrays", cx_word_arrays, METH_VARARGS, CX_WORD_ARRAYS_DOC},
-    {"emit_lanes", cx_emit_lanes, METH_VARARGS, CX_EMIT_LANES_DOC},
-    {"emit_words", cx_emit_words, METH_VARARGS, CX_EMIT_WORDS_DOC},
-    {"tree_broadcast", (PyCFunction)(void (*)(void))cx_tree_broadcast, METH_FASTCALL,
-     CX_TREE_BROADCAST_DOC},
-    {"tree_reduce", (PyCFunction)(void (*)(void))cx_tree_reduce, METH_FASTCALL,
-     CX_TREE_REDUCE_DOC},
     {"lower_words", (PyCFunction)(void (*)(void))cx_lower_words, METH_FASTCALL,
      CX_LOWER_WORDS_DOC},
     {"max_flow", (PyCFunction)(void (*)(void))cx_max_flow, METH_FASTCALL, CX_MAX_FLOW_DOC},

@@ -447,7 +447,7 @@ static int64_t* put_ref(int64_t* at, LRef r) {
 }
 
 /* Item ``it`` as words on lane ``w``: op, dst, sources, its producers' (rank, lane, index) in
- * token order without repeats, no engine (cx_emit.c's put_item). */
+ * token order without repeats, no engine (as cx_unpack.c's pack_words writes them). */
 static int put_item(Low* L, const Item* it, Vec* w, const int64_t* placed) {
   if (grow((void**)&w->data, &w->cap, w->n + 8 + 4 * it->nsrc + 3 * it->ntok,
            sizeof(int64_t)))

@@ -1,5 +1,5 @@
 /* Named tuples built in C as tuple.__new__ builds them, without their Python __new__: shared by
- * the planner helpers of collectx._fastpath (cx_emit.c). */
+ * the planner helpers of collectx._fastpath (cx_unpack.c). */
 #ifndef CX_NAMED_H
 #define CX_NAMED_H
 

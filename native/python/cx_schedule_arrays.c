@@ -29,7 +29,7 @@
  * word_arrays(words, copy, reduce, host) reads the same from a schedule packed as
  * Schedule.to_packed's int64 words (the grammar is in cx_unpack.c; copy, reduce and host are
  * the indices of those ops and that buffer), for candidates the planner made as words
- * (cx_emit.c's emit_words): the same arrays, and None for words that do not parse as well.
+ * (cx_lower.c's lower_words): the same arrays, and None for words that do not parse as well.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -189,7 +189,20 @@ done:
 }
 
 /* -- writing ----------------------------------------------------------------------------------- */
-int cx_put(CxWriter* w, int64_t v) {
+/* A growing run of words (native order swapped to little-endian as written), and the name ->
+ * index dicts its ops, buffers and engine_ops are written by: pack_words writes a whole
+ * schedule with one. */
+typedef struct {
+  int64_t* words;       /* PyMem_Malloc'ed */
+  Py_ssize_t used, size;
+  PyObject* ops;        /* dicts: name -> index */
+  PyObject* buffers;
+  PyObject* engine_ops; /* filled by pack_words: an engine_op first seen gets the next index */
+} CxWriter;
+
+/* Append one word; a Ref(rank, buffer, chunk, count) as four; ``table[name]``. 0, or -1 with
+ * an exception set (MemoryError, TypeError for a malformed Ref, KeyError for an unknown name). */
+static int cx_put(CxWriter* w, int64_t v) {
   if (w->used == w->size) {
     Py_ssize_t size = w->size ? 2 * w->size : 1024;
     int64_t* grown = PyMem_Realloc(w->words, (size_t)size * sizeof(int64_t));
@@ -210,7 +223,7 @@ static int put_int(CxWriter* w, PyObject* v) {
   return cx_put(w, x);
 }
 
-int cx_put_index(CxWriter* w, PyObject* table, PyObject* name) {
+static int cx_put_index(CxWriter* w, PyObject* table, PyObject* name) {
   PyObject* k = PyDict_GetItemWithError(table, name);
   if (k == NULL) {
     if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, name);
@@ -230,7 +243,7 @@ static PyObject* tuple_field(PyObject* t, Py_ssize_t i, Py_ssize_t least) {
   return v;
 }
 
-int cx_put_ref(CxWriter* w, PyObject* ref) {
+static int cx_put_ref(CxWriter* w, PyObject* ref) {
   if (!PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) < 4) {
     PyErr_Format(PyExc_TypeError, "pack_words: expected a Ref, got %R", ref);
     return -1;

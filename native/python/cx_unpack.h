@@ -7,17 +7,6 @@
 #include <Python.h>
 #include <stdint.h>
 
-/* A growing run of words (native order swapped to little-endian as written), and the name ->
- * index dicts its ops, buffers and engine_ops are written by: pack_words writes a whole
- * schedule with one; emit_words (cx_emit.c) one per lane. */
-typedef struct {
-  int64_t* words;       /* PyMem_Malloc'ed */
-  Py_ssize_t used, size;
-  PyObject* ops;        /* dicts: name -> index */
-  PyObject* buffers;
-  PyObject* engine_ops; /* filled by pack_words: an engine_op first seen gets the next index */
-} CxWriter;
-
 /* ``v`` as a little-endian word (the byte order of every word written). */
 static inline int64_t cx_le64(int64_t v) {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
@@ -26,12 +15,6 @@ static inline int64_t cx_le64(int64_t v) {
   return v;
 #endif
 }
-
-/* Append one word; a Ref(rank, buffer, chunk, count) as four; ``table[name]``. 0, or -1 with
- * an exception set (MemoryError, TypeError for a malformed Ref, KeyError for an unknown name). */
-int cx_put(CxWriter* w, int64_t v);
-int cx_put_ref(CxWriter* w, PyObject* ref);
-int cx_put_index(CxWriter* w, PyObject* table, PyObject* name);
 
 PyObject* cx_pack_words(PyObject* self, PyObject* args);
 PyObject* cx_unpack_words(PyObject* self, PyObject* args);
