@@ -165,6 +165,7 @@ def _bad_share(**change):
 @pytest.mark.parametrize("change, error, match", [
     (dict(nranks=0), ValueError, "nranks"),
     (dict(turns=0), ValueError, "turns"),
+    (dict(nchunks=1 << 40), ValueError, "nchunks"),
     (dict(codes=(0, 1)), TypeError, "codes"),
     (dict(scratch=[0, 0]), TypeError, "scratch"),
     (dict(host=[0, 0, -1]), ValueError, "host"),

@@ -44,6 +44,7 @@
 #include "cx_unpack.h"
 
 #define CX_LOWER_MAX (1LL << 40) /* |chunk|, count, per_root: their sums stay exact */
+#define CX_LOWER_UNITS (1LL << 31) /* nchunks, units reserved: a unit's first chunk is exact */
 
 typedef struct {
   int64_t rank, buf, chunk, count;
@@ -713,7 +714,7 @@ static int read_units(PyObject* list, int64_t n, int64_t** out, const char* what
   }
   if ((*out = calloc((size_t)n, sizeof(int64_t))) == NULL) return PyErr_NoMemory(), -1;
   for (int64_t r = 0; r < n; ++r)
-    if (((*out)[r] = as_int(PyList_GET_ITEM(list, r), 0, CX_LOWER_MAX, what)) < 0) return -1;
+    if (((*out)[r] = as_int(PyList_GET_ITEM(list, r), 0, CX_LOWER_UNITS, what)) < 0) return -1;
   return 0;
 }
 
@@ -728,7 +729,7 @@ static int write_units(PyObject* list, const int64_t* units, int64_t n) {
 static int low_init(Low* L, PyObject* const* args) {
   int64_t codes[4];
   if ((L->nranks = as_int(args[0], 1, 1 << 20, "nranks")) < 1 ||
-      (L->nchunks = as_int(args[1], 1, CX_LOWER_MAX, "nchunks")) < 1 ||
+      (L->nchunks = as_int(args[1], 1, CX_LOWER_UNITS, "nchunks")) < 1 ||
       (L->lanes = as_int(args[2], 1, 1 << 16, "lanes")) < 1 ||
       (L->turns = as_int(args[3], 1, 1 << 16, "turns")) < 1 ||
       read_ints(args[4], codes, 4, 0, 1 << 16, "codes (copy, reduce, scratch, host)"))
