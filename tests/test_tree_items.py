@@ -3,6 +3,8 @@ emitter builds, byte for byte, and malformed phases are refused with typed error
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 import collectx.planner.treesched as ts
@@ -62,14 +64,14 @@ def _packing(kind: str, staged: bool):
     return Packing(1.0, tuple(out), 0), groups, collective
 
 
-def _lowered(packing, modes, collective, per_group, buffers, native: bool):
-    """The schedule of ``packing``, lowered in C (as words, then unpacked) or by the Python
-    emitter."""
+def _lowered(packing, modes, collective, per_group, buffers, native: bool, n: int = NRANKS,
+             root: int = 0):
+    """The schedule of ``packing``, lowered in C (as words) or by the Python emitter."""
     with pytest.MonkeyPatch.context() as mp:
         if not native:
             mp.setattr(ts, "compiled_helper", lambda name: None)
-        return trees.lower(packing, modes, collective, NRANKS, per_group, buffers=buffers,
-                           packed=native)
+        return trees.lower(packing, modes, collective, n, per_group, buffers=buffers,
+                           packed=native, root=root)
 
 
 KINDS = ["broadcast/blink", "reduce/blink", "allreduce/blink", "allgather/forest",
@@ -108,6 +110,41 @@ def test_lanes_per_turn_counts_the_lanes_the_emitter_takes(kind, buffers, staged
     s = trees.lower(packing, modes, collective, NRANKS, per_group, buffers=buffers)
     taken = max(len(rank_lanes) for rank_lanes in s.lanes)
     assert taken - buffers * lanes_per_turn(packing.trees, modes) in (0, 1)   # own slot
+
+
+def _random_tree(rng, group, root: int, n: int) -> Tree:
+    """A random spanning tree of ``n`` ranks from ``root``, edges top-down, some staged."""
+    order = [root] + rng.sample([v for v in range(n) if v != root], n - 1)
+    edges = tuple((rng.choice(order[:i]), v) for i, v in enumerate(order) if i)
+    staged = lambda: tuple(i for i in range(len(edges)) if rng.random() < 0.3)  # noqa: E731
+    return Tree(group, root, edges, (), 1.0, staged=staged(), staged_up=staged())
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(24))
+def test_random_packings_lower_as_the_reference(seed):
+    """Random trees of 2-9 ranks, random chunk counts, staging and buffers: the compiled words
+    are the reference's schedule."""
+    rng = random.Random(seed)
+    n, per_group, buffers = rng.randint(2, 9), rng.randint(1, 30), rng.randint(1, 2)
+    collective = rng.choice(["broadcast", "reduce", "allreduce", "allgather", "reduce_scatter"])
+    if collective in ("allgather", "reduce_scatter") or rng.random() < 0.5:   # a forest
+        ways = {"allgather": (DOWN,), "reduce_scatter": (UP,)}.get(collective, (UP, DOWN))
+        collective = "allreduce" if len(ways) == 2 else collective
+        modes = {w * n + r: mode for w, mode in enumerate(ways) for r in range(n)}
+        per_group -= per_group % 2 if collective == "allreduce" else 0
+        per_group = max(per_group, 2)
+        tree_list = [_random_tree(rng, g, g % n, n) for g in modes for _ in range(2)]
+    else:
+        modes = {0: {"broadcast": DOWN, "reduce": UP, "allreduce": BOTH}[collective]}
+        root = rng.randrange(n)
+        tree_list = [_random_tree(rng, 0, root, n) for _ in range(rng.randint(1, 3))]
+    packing, root = Packing(1.0, tuple(tree_list), 0), tree_list[0].root
+    c, py = (_lowered(packing, modes, collective, per_group, buffers, native, n, root)
+             for native in (True, False))
+    assert c.code == py.to_packed()["code"] and c.unpacked() == py
+    assert (c.scratch_units, c.host_units) == (py.scratch_units, py.host_units)
+    verify(py)
 
 
 @needs_native
