@@ -401,8 +401,10 @@ class Rounding:
                         LinearConstraint(self.total, K * (self.n - 1), K * (self.n - 1)),
                         LinearConstraint(self._entering(sets), K, np.inf),
                         LinearConstraint(self.repeats, -np.inf, 1.0)]
+                # proven within FILL of the best rounding: no pipeline gets closer to its
+                # packing's rate than that, and the simulator judges the packings after
                 res = milp(self.cost, constraints=rows, integrality=integral, bounds=bounds,
-                           options={"node_limit": NODES, "mip_rel_gap": 0.01, "disp": False})
+                           options={"node_limit": NODES, "mip_rel_gap": FILL, "disp": False})
                 if res.x is None:
                     return None, sets[len(self.sets):]
                 x = np.r_[res.x[:C], res.x[2 * C:2 * C + H]]
