@@ -43,6 +43,9 @@ INSTRUCTIONS = 60_000
 # Packed trees lose at least their pipeline fill to the bound: two levels or more, at the most
 # chunks a schedule holds, about a fiftieth of the run. A plan this close to the bound wins.
 FILL = 0.02
+# Simulated times of one packing at nearby chunk counts wobble by a few tenths of a percent
+# (pieces lining up on links, then not): a difference this small is noise, not a faster plan.
+NOISE = 0.005
 # Pieces a pipeline cuts one stream into, at most: ``p`` pieces fill a pipeline in ``1/p`` of
 # its run, so past a few hundred the fill is below the simulator's own noise and more pieces
 # only add steps.

@@ -47,7 +47,7 @@ from ..topology.view import (LinkIndex, host_routes, host_uploads, job_graph, re
                              route_waits, simulator_routes)
 from .._concurrent import concurrently
 from ._build import remembered
-from .cost_tables import FILL
+from .cost_tables import FILL, NOISE
 from .integral_trees import disjoint_arborescences, max_flow
 from .treepack import (Packing, Tree, centre, column_generation, min_arborescence, orient,
                        top_down, usage)
@@ -720,9 +720,10 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
         counts = [K for K in counts if min(cost.time(K, lp.rate, d), cost.time(
             K, lp.rate, d, lockstep=True)) < beat]
     to_beat = np.inf if beat is None else beat
-    # a kept count beats the best found one level deep, and (modelled) ``beat`` d levels deep
-    least = lambda K: max(cost.least_rate(K, min([f[0] for f in found] + [to_beat])),  # noqa
-                          cost.least_rate(K, to_beat, d))
+    # a kept count beats the best found one level deep by more than the simulator can tell
+    # apart (each one kept costs an integer program), and (modelled) ``beat`` d levels deep
+    least = lambda K: max(cost.least_rate(K, min([f[0] * (1 - NOISE) for f in found]  # noqa
+                                                 + [to_beat])), cost.least_rate(K, to_beat, d))
     for at in range(0, len(counts), BATCH):
         batch = counts[at:at + BATCH]
         xs = rounding.solve_all([(K, K / least(K) if least(K) > 0 else np.inf) for K in batch])

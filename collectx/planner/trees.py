@@ -29,7 +29,7 @@ from . import program as P
 from .direct import plan_direct
 from .._concurrent import concurrently
 from ._build import check_args, simulated
-from .cost_tables import FILL, INSTRUCTIONS, MIN_CHUNK_BYTES
+from .cost_tables import FILL, INSTRUCTIONS, MIN_CHUNK_BYTES, NOISE
 from .treepack import Packing
 from .treesched import Share, chunk_refs, emitter
 
@@ -37,8 +37,6 @@ BLINK = ("allreduce", "broadcast", "reduce")
 SIMULATED = 2   # packings (tree counts) lowered and simulated: the pipeline model ranks them
                 # but misjudges latency hiding (lockstep trees, double buffering)
 FOREST = ("allgather", "reduce_scatter", "allreduce")
-RISE = 0.005    # a rung this much slower ends a climb: simulated times along a ladder wobble by
-                # a few tenths of a percent (pieces lining up on links), then may gain again
 
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
@@ -125,9 +123,10 @@ def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
     """The fastest schedule of ``tried`` (per packing, thunks of its first tries and of its
     ladder of more chunks; ``judge(thunk)()`` is ``(simulated us, schedule)``): the first
     tries judged at once, then every packing climbing its ladder, a rung of each at once,
-    until a rung loses by more than :data:`RISE` to the best below it, or until some are good
-    enough (``good_us``: as fast as pipelines get), and then the fewest chunks of those
-    (instructions to ship, decode and run). docs/planner.md has why."""
+    until a rung loses by more than :data:`~.cost_tables.NOISE` to the best below it (times
+    along a ladder wobble, then may gain again), or until some are good enough (``good_us``:
+    as fast as pipelines get), and then the fewest chunks of those (instructions to ship,
+    decode and run). docs/planner.md has why."""
     judged = concurrently([judge(lower) for first, _ in tried for lower in first])
     best = min(judged, key=lambda r: r[0])
     ends = accumulate(len(first) for first, _ in tried)   # climbs from its last first try
@@ -136,7 +135,7 @@ def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
         judged = concurrently([judge(ladder[0]) for _, ladder in climbing])
         climbing = [(min(us, least), ladder[1:])
                     for (least, ladder), (us, _) in zip(climbing, judged)
-                    if us < least * (1 + RISE) and len(ladder) > 1]
+                    if us < least * (1 + NOISE) and len(ladder) > 1]
         best = min([best] + judged, key=lambda r: r[0])
     good = [r for r in judged + [best] if r[0] <= (good_us or 0.0)]
     return min(good, key=lambda r: (r[1].nchunks, r[0]))[1] if good else best[1]
