@@ -30,6 +30,7 @@
  * Schedule.to_packed's int64 words (the grammar is in cx_unpack.c; copy, reduce and host are
  * the indices of those ops and that buffer), for candidates the planner made as words
  * (cx_lower.c's lower_words): the same arrays, and None for words that do not parse as well.
+ * It reads them without the GIL, so candidates judged on threads are read at once.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -278,9 +279,7 @@ static Py_ssize_t longest_chain(const Walk* w) {
   return tail == n ? longest : -1;
 }
 
-static PyObject* to_arrays(Walk* w) {
-  Py_ssize_t longest = longest_chain(w);
-  if (longest == -2) return PyErr_NoMemory();
+static PyObject* to_arrays(Walk* w, Py_ssize_t longest) {
   PyObject* result = PyTuple_New(F_COUNT + 1);
   if (result == NULL) return NULL;
   for (int f = 0; f < F_COUNT; ++f) {
@@ -301,13 +300,20 @@ static PyObject* to_arrays(Walk* w) {
   return result;
 }
 
-/* The arrays of a walk whose passes returned ``rc`` (1 read, 0 not recognised: None, -1 out
- * of memory), the walk freed. */
-static PyObject* finished(Walk* w, int rc) {
+/* The passes after reading, for a walk whose reading returned ``rc`` (1 read, 0 not
+ * recognised, -1 out of memory): successors and the longest chain (into *longest), plain C
+ * that needs no GIL. Returns the walk's status as ``rc`` does. */
+static int completed(Walk* w, int rc, Py_ssize_t* longest) {
   if (rc == 1) rc = invert_preds(w);
+  if (rc == 1 && (*longest = longest_chain(w)) == -2) rc = -1;
+  return rc;
+}
+
+/* The arrays of a completed walk (None where it was not recognised), the walk freed. */
+static PyObject* finished(Walk* w, int rc, Py_ssize_t longest) {
   PyObject* result = NULL;
   if (rc == 1) {
-    result = to_arrays(w);
+    result = to_arrays(w, longest);
   } else if (rc == 0) {
     result = Py_NewRef(Py_None);
   } else if (!PyErr_Occurred()) {
@@ -321,9 +327,11 @@ PyObject* cx_schedule_arrays(PyObject* self, PyObject* lanes) {
   (void)self;
   Walk w;
   memset(&w, 0, sizeof w);
+  Py_ssize_t longest = 0;
   int rc = number_lanes(lanes, &w);
   if (rc == 1) rc = read_instrs(&w, PyTuple_GET_SIZE(lanes));
-  return finished(&w, rc);
+  rc = completed(&w, rc, &longest);
+  return finished(&w, rc, longest);
 }
 
 
@@ -460,9 +468,14 @@ PyObject* cx_word_arrays(PyObject* self, PyObject* args) {
   Walk w;
   memset(&w, 0, sizeof w);
   Words ws = {buf.buf, buf.len / 8, copy, reduce, host};
-  int rc = buf.len % 8 ? 0 : number_words(&ws, &w);
+  Py_ssize_t longest = 0;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS   /* plain C over the held buffer: two candidates are read at once */
+  rc = buf.len % 8 ? 0 : number_words(&ws, &w);
   if (rc == 1) rc = read_words(&w, &ws, word(&ws, 0));
-  PyObject* result = finished(&w, rc);
+  rc = completed(&w, rc, &longest);
+  Py_END_ALLOW_THREADS
+  PyObject* result = finished(&w, rc, longest);
   PyBuffer_Release(&buf);
   return result;
 }
