@@ -35,6 +35,7 @@ from __future__ import annotations
 import _checkout  # noqa: F401  (this checkout's collectx first)
 
 import argparse
+import contextlib
 import itertools
 import json
 import statistics
@@ -240,8 +241,12 @@ def main(argv=None) -> int:
                      f"({', '.join(T.presets())}), a topology file or a dump of {REAL}, "
                      f"e.g. dgx1v:allreduce:0,1,2")
     args.presets = args.presets.split(",")
-    sink = open(args.jsonl, "w") if args.jsonl else None
+    with open(args.jsonl, "w") if args.jsonl else contextlib.nullcontext() as sink:
+        return _run(args, sink)
 
+
+def _run(args, sink) -> int:
+    """The sections asked for, each plan also written to ``sink`` (None: nowhere)."""
     def out(row):
         if sink:
             sink.write(json.dumps(row) + "\n")
