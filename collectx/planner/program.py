@@ -34,12 +34,13 @@ Which ``K``, and how the trees are lowered to chunks and lanes, is :mod:`.trees`
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections import Counter
 from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csr_matrix, hstack as stacked, identity
+from scipy.sparse import csc_array, csr_matrix, hstack as stacked, identity, vstack
 
 from ..schedule.ir import GPU_LANES, MAX_LANES
 from ..topology.routes import fingerprint
@@ -60,6 +61,11 @@ PER_ROOT = ("allgather", "reduce_scatter")
 NODES = 20           # branch-and-bound nodes per integer program (one per tree count tried):
                      # a fixed budget, not a time limit, so that every rank plans the same
                      # trees; 100 found no better roundings on the presets, at twice the time
+# HiGHS proves a rounding within FILL of the best (no pipeline gets closer to its packing's
+# rate); its feasibility jump took a third of the time and found no better roundings
+MILP_OPTIONS = {"node_limit": NODES, "mip_rel_gap": FILL, "disp": False,
+                "mip_heuristic_run_feasibility_jump": False}
+warnings.filterwarnings("ignore", ".*mip_heuristic_run_feasibility_jump")   # scipy: passed on
 BATCH = 4            # tree counts rounded at once (on threads): fixed, so all ranks agree
 BUILT = 3            # tree counts built into trees: the depth their arcs allow misjudges some
 PROGRAM_ROWS = 256   # Edmonds rows written out up front (2^(n-1) - 1 per group): past a few
@@ -120,10 +126,8 @@ def problem(G, gpus, collective: str, root: int = 0, host: bool = False,
     staged = host_routes(G, index, gpus) if host else {}
     n = len(gpus)
     modes = (UP, DOWN) if forest else (MODES[collective],)
-    if forest or collective in PER_ROOT:
-        groups = tuple((r, m) for m in modes for r in range(n))
-    else:
-        groups = ((root, modes[0]),)
+    groups = (tuple((r, m) for m in modes for r in range(n)) if forest or collective in PER_ROOT
+              else ((root, modes[0]),))
     waits = route_waits(G, gpus)
     uploads = host_uploads(G, index, gpus) if host else {}
     return Problem(tuple(gpus), groups, {m: _ways(gpus, peer, staged, waits, m) for m in modes},
@@ -237,10 +241,7 @@ def _staged_children(p: Problem, tree: Tree) -> dict:
     the roundings without them."""
     if not _shared_copies(p, tree.group):
         return {}
-    count: dict = {}
-    for i in tree.staged:
-        count[tree.edges[i][0]] = count.get(tree.edges[i][0], 0) + 1
-    return count
+    return dict(Counter(tree.edges[i][0] for i in tree.staged))
 
 
 def _shared_copies(p: Problem, g: int) -> bool:
@@ -397,14 +398,11 @@ class Rounding:
             phases.insert(0, np.zeros(2 * C + H + 1))
         for integral in phases:
             while True:   # every round adds a row the counts fell short of: this ends
-                rows = [LinearConstraint(self.load, -np.inf, 0.0),
-                        LinearConstraint(self.total, K * (self.n - 1), K * (self.n - 1)),
-                        LinearConstraint(self._entering(sets), K, np.inf),
-                        LinearConstraint(self.repeats, -np.inf, 1.0)]
-                # proven within FILL of the best rounding: no pipeline gets closer to its
-                # packing's rate than that, and the simulator judges the packings after
+                total = K * (self.n - 1)
+                rows = self._rows_of(sets, [(self.load, -np.inf, 0.0), (self.total, total, total),
+                                            (None, K, np.inf), (self.repeats, -np.inf, 1.0)])
                 res = milp(self.cost, constraints=rows, integrality=integral, bounds=bounds,
-                           options={"node_limit": NODES, "mip_rel_gap": FILL, "disp": False})
+                           options=dict(MILP_OPTIONS))   # scipy pops from it
                 if res.x is None:
                     return None, sets[len(self.sets):]
                 x = np.r_[res.x[:C], res.x[2 * C:2 * C + H]]
@@ -426,13 +424,22 @@ class Rounding:
         per_tree = np.r_[most_load, -bounds.lb, bounds.ub] / K
         if any(np.all(per_tree <= seen + 1e-12) for seen in list(self._shorts)):
             return True
-        short = milp(np.zeros(len(self.cost)), bounds=bounds, constraints=[
-            LinearConstraint(self.weights, -np.inf, most_load),
-            LinearConstraint(self.total, K * (self.n - 1), K * (self.n - 1)),
-            LinearConstraint(self._entering(sets), K, np.inf)]).status == 2
+        total = K * (self.n - 1)
+        short = milp(np.zeros(len(self.cost)), bounds=bounds, constraints=self._rows_of(
+            sets, [(self.weights, -np.inf, most_load), (self.total, total, total),
+                   (None, K, np.inf)])).status == 2
         if short:
             self._shorts.append(per_tree)
         return short
+
+    def _rows_of(self, sets: list, blocks: list) -> LinearConstraint:
+        """``blocks`` of rows (``(matrix, lower, upper)``, the matrix None for Edmonds' rows
+        over ``sets``) as one sparse constraint: scipy checks a list or a dense block where
+        every warning on every thread is an error (:data:`MILP_OPTIONS`' warns)."""
+        mats = [self._entering(sets) if m is None else m for m, _, _ in blocks]
+        lower, upper = (np.concatenate([np.broadcast_to(np.asarray(b[i], dtype=float), m.shape[:1])
+                                        for b, m in zip(blocks, mats)]) for i in (1, 2))
+        return LinearConstraint(vstack([csc_array(m) for m in mats], format="csc"), lower, upper)
 
     def _entering(self, sets: list) -> csr_matrix:
         """Edmonds' rows: per (group, set) of ``sets``, the columns whose arcs enter it (a
@@ -624,9 +631,7 @@ class _Growing:
         return False
 
     def frozen(self) -> Tree:
-        parent = [-1] * len(self.p.gpus)
-        for c, a in self.parent.items():
-            parent[c] = a
+        parent = [self.parent.get(v, -1) for v in range(len(self.p.gpus))]
         edges = top_down(tuple(range(len(parent))), parent, self.tree.root)
         picks = [self.options[e].index(self.way[e[1]]) for e in edges]
         return tree_of(self.p, self.tree.group, edges, picks, self.tree.rate)

@@ -56,9 +56,6 @@ def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, 
     >>> verify(s).instructions > 0, s.algorithm, s.meta_dict()["rate_gbps"]
     (True, 'blink', 100.0)
     """
-    if collective not in BLINK:
-        raise PlanError(f"blink plans {', '.join(BLINK)}, not {collective}; use forest for "
-                        f"allgather and reduce_scatter")
     return _planned("blink", topo, ranks, collective, nbytes, root, inplace, nchunks, host,
                     beat_us, good_us)
 
@@ -77,9 +74,6 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
     >>> verify(s).instructions > 0, s.algorithm
     (True, 'forest')
     """
-    if collective not in FOREST:
-        raise PlanError(f"forest plans {', '.join(FOREST)}, not {collective}; use blink for "
-                        f"broadcast and reduce")
     return _planned("forest", topo, ranks, collective, nbytes, root, inplace, nchunks, host,
                     beat_us, good_us)
 
@@ -90,6 +84,10 @@ plan_forest.collectives = FOREST
 
 def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host,
              beat_us, good_us) -> Schedule:
+    serves, other = (BLINK, "forest") if name == "blink" else (FOREST, "blink")
+    if collective not in serves:
+        raise PlanError(f"{name} plans {', '.join(serves)}, not {collective}; use {other} for "
+                        f"{' and '.join(c for c in BLINK + FOREST if c not in serves)}")
     n = len(ranks)
     check_args(collective, n, root, nchunks)
     if n == 1:
