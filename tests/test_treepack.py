@@ -12,6 +12,7 @@ import pytest
 import collectx.topology as topo
 from collectx.errors import NoFeasiblePlan, PlanError, TopologyError
 from collectx.planner.bounds import bounds
+from collectx.planner import treepack
 from collectx.planner.treepack import min_arborescence, min_spanning_tree, pack_undirected_trees
 from collectx.planner.trees import plan_blink
 from collectx.schedule import simulate, verify
@@ -47,6 +48,20 @@ def test_min_arborescence_matches_networkx(seed):
             walk.add(u)
             u = parent[u]
         seen |= walk
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_compiled_min_arborescence_is_the_python_one(seed, monkeypatch):
+    # Same parents, ties and all (ties are common: costs are sums of a few link prices), so
+    # that plans do not depend on whether collectx._fastpath is built.
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 18))
+    W = rng.integers(1, 4, size=(n, n)) * rng.choice([0.5, 1.0], size=(n, n))
+    W[rng.random((n, n)) < rng.random() * 0.8] = np.inf
+    root = int(rng.integers(n))
+    got = min_arborescence(W, root)
+    monkeypatch.setattr(treepack, "compiled_helper", lambda name: None)
+    assert min_arborescence(W, root) == got
 
 
 def test_min_arborescence_unreachable_is_none():

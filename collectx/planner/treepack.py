@@ -25,6 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
+from .._native import compiled_helper
 from ..errors import NoFeasiblePlan, PlanError
 from ..topology.view import LinkIndex, relay_paths
 
@@ -99,9 +100,12 @@ def min_arborescence(W: np.ndarray, root: int) -> list[int] | None:
     >>> min_arborescence(W, 0)
     [-1, 0, 1]
     """
-    # On Python lists: pricing calls this thousands of times on matrices of 8 to 16 nodes,
-    # where numpy's per-call overhead was most of the planning time of 16-GPU forests. The
-    # arithmetic and the tie-breaking (first minimum, first NaN) are numpy's argmin's.
+    # Pricing calls this thousands of times on matrices of 8 to 16 nodes: in C where
+    # collectx._fastpath is built (native/python/cx_arborescence.c), else on Python lists, not
+    # numpy (its per-call overhead). Both break ties as numpy's argmin (first minimum or NaN).
+    native = compiled_helper("min_arborescence")
+    if native is not None:
+        return native(np.ascontiguousarray(W, dtype=np.float64), int(root))
     return _arborescence(np.asarray(W, dtype=float).tolist(), root)
 
 
