@@ -443,9 +443,15 @@ class Rounding:
 
     def _entering(self, sets: list) -> csr_matrix:
         """Edmonds' rows: per (group, set) of ``sets``, the columns whose arcs enter it (a
-        whole tree once); remembered for the rows every solve starts from."""
-        if sets is self.sets and self._rows_for == len(sets):
-            return self._rows
+        whole tree once). Every solve's sets start with ``self.sets``: their rows are
+        remembered, and only those found since are built."""
+        if self._rows_for != len(self.sets):
+            self._rows, self._rows_for = self._entering_rows(self.sets), len(self.sets)
+        known = self._rows_for
+        return self._rows if len(sets) == known else \
+            vstack([self._rows, self._entering_rows(sets[known:])], format="csr")
+
+    def _entering_rows(self, sets: list) -> csr_matrix:
         C, H = len(self.cols), len(self.wholes)
         member = np.zeros((len(sets), self.n), dtype=bool)
         for i, (_, inside) in enumerate(sets):
@@ -455,12 +461,9 @@ class Rounding:
                                zip(*[(g, a, b) for g, (a, b), _ in self.cols]))
         A = (owner[:, None] == group[None, :]) & member[:, heads] & ~member[:, tails]
         W = owner[:, None] == np.array([t.group for t in self.wholes], dtype=int)[None, :]
-        rows = stacked([csr_matrix(A, dtype=float), csr_matrix((len(sets), C)),
+        return stacked([csr_matrix(A, dtype=float), csr_matrix((len(sets), C)),
                         csr_matrix(W.reshape(len(sets), H), dtype=float),
                         csr_matrix((len(sets), 1))], "csr")
-        if sets is self.sets:
-            self._rows, self._rows_for = rows, len(sets)
-        return rows
 
     def _short_sets(self, x, K: int) -> list:
         """``(group, set)`` pairs entered fewer than ``K`` times by the counts ``x``: the sink
