@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csc_array, csr_matrix, hstack as stacked, identity, vstack
+from scipy.sparse import csr_array, csr_matrix, hstack as stacked, identity, vstack
 
 from ..schedule.ir import GPU_LANES, MAX_LANES
 from ..topology.routes import fingerprint
@@ -320,6 +320,8 @@ class Rounding:
         for i, t in enumerate(self.wholes):
             self.total[t.group, 2 * C + i] = self.n - 1
         self.repeats = stacked([identity(C), -identity(C), csr_matrix((C, H + 1))], "csr")
+        # as the solver's rows: converted once, not per program (a third of their setup)
+        self.rows = {m: csr_array(getattr(self, m)) for m in ("load", "total", "weights")}
         self.scaled = np.zeros(C + H)   # the LP's count of each arc / whole column per tree
         where = {c: i for i, c in enumerate(self.cols)}
         whole = {id(t): i for i, t in enumerate(self.wholes)}
@@ -399,7 +401,8 @@ class Rounding:
         for integral in phases:
             while True:   # every round adds a row the counts fell short of: this ends
                 total = K * (self.n - 1)
-                rows = self._rows_of(sets, [(self.load, -np.inf, 0.0), (self.total, total, total),
+                rows = self._rows_of(sets, [(self.rows["load"], -np.inf, 0.0),
+                                            (self.rows["total"], total, total),
                                             (None, K, np.inf), (self.repeats, -np.inf, 1.0)])
                 res = milp(self.cost, constraints=rows, integrality=integral, bounds=bounds,
                            options=dict(MILP_OPTIONS))   # scipy pops from it
@@ -426,7 +429,7 @@ class Rounding:
             return True
         total = K * (self.n - 1)
         short = milp(np.zeros(len(self.cost)), bounds=bounds, constraints=self._rows_of(
-            sets, [(self.weights, -np.inf, most_load), (self.total, total, total),
+            sets, [(self.rows["weights"], -np.inf, most_load), (self.rows["total"], total, total),
                    (None, K, np.inf)])).status == 2
         if short:
             self._shorts.append(per_tree)
@@ -439,7 +442,8 @@ class Rounding:
         mats = [self._entering(sets) if m is None else m for m, _, _ in blocks]
         lower, upper = (np.concatenate([np.broadcast_to(np.asarray(b[i], dtype=float), m.shape[:1])
                                         for b, m in zip(blocks, mats)]) for i in (1, 2))
-        return LinearConstraint(vstack([csc_array(m) for m in mats], format="csc"), lower, upper)
+        rows = vstack([csr_array(m) for m in mats], format="csr")   # CSR stacks without COO
+        return LinearConstraint(rows.tocsc(), lower, upper)
 
     def _entering(self, sets: list) -> csr_matrix:
         """Edmonds' rows: per (group, set) of ``sets``, the columns whose arcs enter it (a
