@@ -101,8 +101,7 @@ def min_arborescence(W: np.ndarray, root: int) -> list[int] | None:
     [-1, 0, 1]
     """
     # Pricing calls this thousands of times on matrices of 8 to 16 nodes: in C where
-    # collectx._fastpath is built (native/python/cx_arborescence.c), else on Python lists, not
-    # numpy (its per-call overhead). Both break ties as numpy's argmin (first minimum or NaN).
+    # collectx._fastpath is built (native/python/cx_arborescence.c, ties broken as here).
     native = compiled_helper("min_arborescence")
     if native is not None:
         return native(np.ascontiguousarray(W, dtype=np.float64), int(root))
@@ -113,32 +112,17 @@ def _arborescence(W: list, root: int) -> list[int] | None:
     n = len(W)
     W = [row[:] for row in W]
     for i, row in enumerate(W):
-        row[i] = _INF
-        row[root] = _INF
+        row[i] = row[root] = _INF
     parent = [-1] * n
     for v in range(n):
         if v != root:
-            parent[v] = p = _argmin([row[v] for row in W])
+            parent[v] = p = int(np.argmin([row[v] for row in W]))
             if W[p][v] == _INF:
                 return None
     cycle = _find_cycle(parent, root)
     if cycle is None:
         return parent
     return _contract_and_solve(W, root, parent, cycle)
-
-
-def _argmin(xs: list) -> int:
-    """``numpy.argmin`` on a list: the first minimum, or the first NaN if there is one."""
-    at, best = 0, xs[0]
-    if best != best:
-        return 0
-    for i in range(1, len(xs)):
-        x = xs[i]
-        if x < best:
-            at, best = i, x
-        elif x != x:
-            return i
-    return at
 
 
 def _find_cycle(parent: list[int], root: int) -> list[int] | None:
@@ -166,10 +150,10 @@ def _contract_and_solve(W, root, parent, cycle):
     enter, leave = {}, {}
     for u in rest:
         gains = [W[u][v] - W[parent[v]][v] for v in cycle]
-        k = _argmin(gains)
+        k = int(np.argmin(gains))
         W2[pos[u]][c], enter[pos[u]] = gains[k], cycle[k]
         outs = [W[v][u] for v in cycle]
-        k = _argmin(outs)
+        k = int(np.argmin(outs))
         W2[c][pos[u]], leave[pos[u]] = outs[k], cycle[k]
     sub = _arborescence(W2, pos[root])
     if sub is None:
