@@ -104,3 +104,16 @@ def test_compiled_max_flow_is_the_python_one(seed, monkeypatch):
     got = integral_trees.max_flow(cap, s, t, enough)
     monkeypatch.setattr(integral_trees, "compiled_helper", lambda name: None)
     assert integral_trees.max_flow(cap, s, t, enough) == got
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_compiled_paths_ok_is_the_python_one(seed, monkeypatch):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 17))
+    mult = rng.integers(0, 3, size=(n, n)) * (rng.random((n, n)) < 0.6)
+    np.fill_diagonal(mult, 0)
+    root, k = int(rng.integers(n)), int(rng.integers(1, 4))
+    inside = {root} | {int(v) for v in rng.choice(n, int(rng.integers(n)), replace=False)}
+    got = integral_trees._paths_ok(mult, root, k, inside)
+    monkeypatch.setattr(integral_trees, "compiled_helper", lambda name: None)
+    assert integral_trees._paths_ok(mult, root, k, inside) == got

@@ -88,8 +88,12 @@ def _max_flow(cap, source: int, sink: int, enough: float) -> tuple[float, set]:
 def _paths_ok(mult: np.ndarray, root: int, k: int, inside: set) -> bool:
     """Lovász's condition for completing the tree spanning ``inside`` (root included) and
     ``k - 1`` more from the links ``mult`` leaves: ``k - 1`` unit paths from the root to every
-    GPU, and ``k`` from the tree (taken as one source) to every GPU outside it."""
-    n = len(mult)
+    GPU, and ``k`` from the tree (taken as one source) to every GPU outside it. In C where
+    ``collectx._fastpath`` is built: the loop cost more than its max-flows."""
+    n, native = len(mult), compiled_helper("paths_ok")
+    if native is not None:
+        return native(np.ascontiguousarray(mult, dtype=np.float64), int(root), int(k),
+                      bytes(v in inside for v in range(n)))
     big = mult.copy()
     for t in inside:
         if t != root:

@@ -13,8 +13,8 @@
  * The module also carries the planner's hot loops: schedule_arrays and word_arrays
  * (cx_schedule_arrays.c), the simulator's one-pass readers of a schedule's instructions (objects
  * or words); lower_words (cx_lower.c), the tree emitter's lowering of a packing straight to
- * words; max_flow (cx_maxflow.c), Lovász's construction's max-flows; min_arborescence
- * (cx_arborescence.c), the packing LP's pricing;
+ * words; max_flow and paths_ok (cx_maxflow.c), Lovász's construction's max-flows;
+ * min_arborescence (cx_arborescence.c), the packing LP's pricing;
  * pack_words and unpack_words (cx_unpack.c), a schedule's instructions as words and back.
  *
  * Contract of reduce() and copy(): True when the call ran; False when nothing was touched and the
@@ -776,6 +776,7 @@ static PyMethodDef methods[] = {
     {"lower_words", (PyCFunction)(void (*)(void))cx_lower_words, METH_FASTCALL,
      CX_LOWER_WORDS_DOC},
     {"max_flow", (PyCFunction)(void (*)(void))cx_max_flow, METH_FASTCALL, CX_MAX_FLOW_DOC},
+    {"paths_ok", (PyCFunction)(void (*)(void))cx_paths_ok, METH_FASTCALL, CX_PATHS_OK_DOC},
     {"min_arborescence", (PyCFunction)(void (*)(void))cx_min_arborescence, METH_FASTCALL,
      CX_MIN_ARBORESCENCE_DOC},
     {"pack_words", cx_pack_words, METH_VARARGS, CX_PACK_WORDS_DOC},

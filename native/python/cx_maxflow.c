@@ -83,3 +83,67 @@ PyObject* cx_max_flow(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (!reached) return NULL;
   return Py_BuildValue("(dN)", flow, reached);
 }
+
+/* The flow from source to sink over cap (n x n), stopping once it reaches enough; left, back
+ * and queue are scratch. */
+static double flow_upto(const double* cap, double* left, int n, int source, int sink,
+                        double enough, int* back, int* queue) {
+  memcpy(left, cap, sizeof(double) * (size_t)n * n);
+  double flow = 0.0, push;
+  while (flow < enough && (push = augment(left, n, source, sink, back, queue)) > 0.0)
+    flow += push;
+  return flow;
+}
+
+/* Lovász's condition of collectx/planner/integral_trees.py's _paths_ok, its max-flows here:
+ * the Python loop around them cost more than the flows on 16 GPUs. */
+PyObject* cx_paths_ok(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "paths_ok(mult, root, k, inside)");
+    return NULL;
+  }
+  Py_buffer view;
+  if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+  long root = PyLong_AsLong(args[1]), k = PyLong_AsLong(args[2]);
+  const char* inside = PyBytes_Check(args[3]) ? PyBytes_AS_STRING(args[3]) : NULL;
+  Py_ssize_t count = view.len / (Py_ssize_t)sizeof(double);
+  int n = 0;
+  while ((Py_ssize_t)(n + 1) * (n + 1) <= count) ++n;
+  if (PyErr_Occurred() || !view.format || strcmp(view.format, "d") != 0 || n == 0 ||
+      (Py_ssize_t)n * n != count || root < 0 || root >= n || !inside ||
+      PyBytes_GET_SIZE(args[3]) != n) {
+    PyBuffer_Release(&view);
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_ValueError,
+                      "paths_ok: expected a float64 n x n array, a root < n and n flag bytes");
+    return NULL;
+  }
+  double* big = malloc(sizeof(double) * 3 * (size_t)count + sizeof(int) * 2 * (size_t)n);
+  if (!big) {
+    PyBuffer_Release(&view);
+    return PyErr_NoMemory();
+  }
+  const double* mult = view.buf;
+  double* left = big + count;
+  int* back = (int*)(left + count);
+  int* queue = back + n;
+  memcpy(big, mult, sizeof(double) * (size_t)count);
+  double most = mult[0];
+  for (Py_ssize_t i = 1; i < count; ++i)
+    if (mult[i] > most) most = mult[i];
+  /* the tree taken as one source: the root reaches every GPU of it without limit */
+  double unlimited = (double)n * (double)(long long)(most + 1) * (double)(k > 1 ? k : 1);
+  for (int t = 0; t < n; ++t)
+    if (inside[t] && t != root) big[(size_t)root * n + t] = unlimited;
+  int ok = 1;
+  for (int v = 0; v < n && ok; ++v) {
+    if (v == root) continue;
+    if (!inside[v] && flow_upto(big, left, n, (int)root, v, (double)k, back, queue) < k) ok = 0;
+    else if (k > 1 && flow_upto(mult, left, n, (int)root, v, (double)(k - 1), back, queue) < k - 1)
+      ok = 0;
+  }
+  free(big);
+  PyBuffer_Release(&view);
+  return PyBool_FromLong(ok);
+}

@@ -14,4 +14,12 @@ PyObject* cx_max_flow(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
   "once it reaches enough: (flow, reached), reached a bytes object of n flags, 1 for the\n"    \
   "nodes the source still reaches in the residual graph. See native/python/cx_maxflow.c."
 
+PyObject* cx_paths_ok(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
+#define CX_PATHS_OK_DOC                                                                        \
+  "paths_ok(mult, root, k, inside)\n\n"                                                        \
+  "Lovász's condition for completing the tree over the GPUs flagged in inside (n bytes,\n"     \
+  "root included) and k - 1 more trees from the arc counts mult (a C-contiguous float64\n"     \
+  "n x n array). See collectx/planner/integral_trees.py's _paths_ok."
+
 #endif
