@@ -342,9 +342,10 @@ def _next_edge(left: np.ndarray, root: int, k: int, level: dict):
     """The shallowest arc leaving the tree (grown from ``level``) after which the unused links
     still satisfy Lovász's condition (:func:`_paths_ok`) for this tree and ``k - 1`` more."""
     n = len(left)
+    rows = {u: left[u].tolist() for u in level}   # not numpy scalars, one per arc
     arcs = [(u, v) for u in sorted(level, key=level.get)
-            for v in sorted(range(n), key=lambda v: -left[u, v])
-            if v not in level and left[u, v] > 0]
+            for v in sorted(range(n), key=lambda v: -rows[u][v])
+            if v not in level and rows[u][v] > 0]
     for u, v in arcs:
         left[u, v] -= 1
         ok = _paths_ok(left, root, k, set(level) | {v})
