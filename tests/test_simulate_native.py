@@ -1,6 +1,8 @@
 """The native flow loop (cx_sim_fairshare) gives the Python loop's numbers, bit for bit, and
 the flat front end (collectx._fastpath.schedule_arrays) gives the graph front end's."""
 
+from pathlib import Path
+
 import pytest
 
 import collectx.topology as topo
@@ -37,6 +39,19 @@ def test_native_matches_python_on_planned_schedules(name, gpus, coll, algo, nbyt
     got = simulate(s, view, nbytes, ranks=list(ranks), native=True)
     _same(got, simulate(s, view, nbytes, ranks=list(ranks), native=False))
     assert got.time_us > 0
+
+
+@needs_native
+@pytest.mark.parametrize("coll,algo", [("allreduce", "blink"), ("allgather", "forest")])
+def test_native_matches_python_on_a_switched_machine_with_host_staging(coll, algo):
+    # Host-staged routes share PCIe and host links in groups that come and go: nearly every
+    # event refills a few hundred route classes, in the native loop as in Python's.
+    dump = Path(__file__).resolve().parents[1] / "topology" / "real" / "hgx_h100_nccl_topo.xml"
+    ranks, view = allocation(topo.load(str(dump)), None)
+    s = registry.call(algo, view, ranks, coll, 1 << 30, host=True, nchunks=32)
+    assert s.algorithm.endswith("+host")
+    _same(simulate(s, view, 1 << 30, ranks=list(ranks), native=True),
+          simulate(s, view, 1 << 30, ranks=list(ranks), native=False))
 
 
 needs_flat = pytest.mark.skipif(compiled_helper("schedule_arrays") is None
