@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from collectx._native import compiled_helper
 from collectx.planner import integral_trees
 from collectx.planner.integral_trees import disjoint_arborescences
 
@@ -117,3 +118,15 @@ def test_compiled_paths_ok_is_the_python_one(seed, monkeypatch):
     got = integral_trees._paths_ok(mult, root, k, inside)
     monkeypatch.setattr(integral_trees, "compiled_helper", lambda name: None)
     assert integral_trees._paths_ok(mult, root, k, inside) == got
+
+
+@pytest.mark.parametrize("name,args", [("max_flow", (0, 1, 1.0)), ("paths_ok", (0, 1, b"\1\0")),
+                                       ("min_arborescence", (0,))])
+@pytest.mark.parametrize("matrix", [np.zeros((2, 3)), np.zeros((2, 2), dtype=np.int64),
+                                    np.zeros((0, 0))])
+def test_compiled_graph_helpers_refuse_what_is_not_a_float_square(name, args, matrix):
+    helper = compiled_helper(name)
+    if helper is None:
+        pytest.skip("collectx._fastpath is not built")
+    with pytest.raises(ValueError, match="expected a float64 n x n array"):
+        helper(matrix, *args)

@@ -5,6 +5,7 @@
  * fallback in collectx/planner/treepack.py, so that compiled and fallback plans agree. */
 #define PY_SSIZE_T_CLEAN
 #include "cx_arborescence.h"
+#include "cx_maxflow.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -131,25 +132,23 @@ PyObject* cx_min_arborescence(PyObject* self, PyObject* const* args, Py_ssize_t 
     return NULL;
   }
   Py_buffer view;
-  if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+  int n = cx_square_matrix(args[0], &view);
+  if (n < 0) return NULL;
   long root = PyLong_AsLong(args[1]);
-  Py_ssize_t count = view.len / (Py_ssize_t)sizeof(double);
-  int n = 0;
-  while ((Py_ssize_t)(n + 1) * (n + 1) <= count) ++n;
-  if (PyErr_Occurred() || !view.format || strcmp(view.format, "d") != 0 || n == 0 ||
-      (Py_ssize_t)n * n != count || root < 0 || root >= n) {
-    PyBuffer_Release(&view);
+  if (n == 0 || PyErr_Occurred() || root < 0 || root >= n) {
+    if (n > 0) PyBuffer_Release(&view);
     if (!PyErr_Occurred())
       PyErr_SetString(PyExc_ValueError,
                       "min_arborescence: expected a float64 n x n array and a root < n");
     return NULL;
   }
-  double* W = malloc(sizeof(double) * (size_t)count + sizeof(int) * (size_t)n);
+  size_t count = (size_t)n * n;
+  double* W = malloc(sizeof(double) * count + sizeof(int) * (size_t)n);
   if (!W) {
     PyBuffer_Release(&view);
     return PyErr_NoMemory();
   }
-  memcpy(W, view.buf, sizeof(double) * (size_t)count);
+  memcpy(W, view.buf, sizeof(double) * count);
   PyBuffer_Release(&view);
   int* parent = (int*)(W + count);
   int status = arborescence(W, n, (int)root, parent);

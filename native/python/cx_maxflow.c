@@ -41,6 +41,18 @@ static double augment(double* left, int n, int source, int sink, int* back, int*
   return push;
 }
 
+int cx_square_matrix(PyObject* obj, Py_buffer* view) {
+  if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+  Py_ssize_t count = view->len / (Py_ssize_t)sizeof(double);
+  int n = 0;
+  while ((Py_ssize_t)(n + 1) * (n + 1) <= count) ++n;
+  if (view->format && strcmp(view->format, "d") == 0 && n > 0 && (Py_ssize_t)n * n == count &&
+      view->len == count * (Py_ssize_t)sizeof(double))
+    return n;
+  PyBuffer_Release(view);
+  return 0;
+}
+
 PyObject* cx_max_flow(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
   if (nargs != 4) {
@@ -48,25 +60,23 @@ PyObject* cx_max_flow(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     return NULL;
   }
   Py_buffer view;
-  if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+  int n = cx_square_matrix(args[0], &view);
+  if (n < 0) return NULL;
   long source = PyLong_AsLong(args[1]), sink = PyLong_AsLong(args[2]);
   double enough = PyFloat_AsDouble(args[3]);
-  Py_ssize_t count = view.len / (Py_ssize_t)sizeof(double);
-  int n = 0;
-  while ((Py_ssize_t)(n + 1) * (n + 1) <= count) ++n;
-  if (PyErr_Occurred() || !view.format || strcmp(view.format, "d") != 0 ||
-      (Py_ssize_t)n * n != count || source < 0 || sink < 0 || source >= n || sink >= n) {
-    PyBuffer_Release(&view);
+  if (n == 0 || PyErr_Occurred() || source < 0 || sink < 0 || source >= n || sink >= n) {
+    if (n > 0) PyBuffer_Release(&view);
     if (!PyErr_Occurred())
       PyErr_SetString(PyExc_ValueError, "max_flow: expected a float64 n x n array and nodes < n");
     return NULL;
   }
-  double* left = malloc(sizeof(double) * (size_t)count + sizeof(int) * 2 * (size_t)n);
+  size_t count = (size_t)n * n;
+  double* left = malloc(sizeof(double) * count + sizeof(int) * 2 * (size_t)n);
   if (!left) {
     PyBuffer_Release(&view);
     return PyErr_NoMemory();
   }
-  memcpy(left, view.buf, sizeof(double) * (size_t)count);
+  memcpy(left, view.buf, sizeof(double) * count);
   PyBuffer_Release(&view);
   int* back = (int*)(left + count);
   int* queue = back + n;
@@ -104,22 +114,20 @@ PyObject* cx_paths_ok(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     return NULL;
   }
   Py_buffer view;
-  if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+  int n = cx_square_matrix(args[0], &view);
+  if (n < 0) return NULL;
   long root = PyLong_AsLong(args[1]), k = PyLong_AsLong(args[2]);
   const char* inside = PyBytes_Check(args[3]) ? PyBytes_AS_STRING(args[3]) : NULL;
-  Py_ssize_t count = view.len / (Py_ssize_t)sizeof(double);
-  int n = 0;
-  while ((Py_ssize_t)(n + 1) * (n + 1) <= count) ++n;
-  if (PyErr_Occurred() || !view.format || strcmp(view.format, "d") != 0 || n == 0 ||
-      (Py_ssize_t)n * n != count || root < 0 || root >= n || !inside ||
+  if (n == 0 || PyErr_Occurred() || root < 0 || root >= n || !inside ||
       PyBytes_GET_SIZE(args[3]) != n) {
-    PyBuffer_Release(&view);
+    if (n > 0) PyBuffer_Release(&view);
     if (!PyErr_Occurred())
       PyErr_SetString(PyExc_ValueError,
                       "paths_ok: expected a float64 n x n array, a root < n and n flag bytes");
     return NULL;
   }
-  double* big = malloc(sizeof(double) * 3 * (size_t)count + sizeof(int) * 2 * (size_t)n);
+  size_t count = (size_t)n * n;
+  double* big = malloc(sizeof(double) * 3 * count + sizeof(int) * 2 * (size_t)n);
   if (!big) {
     PyBuffer_Release(&view);
     return PyErr_NoMemory();
@@ -128,9 +136,9 @@ PyObject* cx_paths_ok(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   double* left = big + count;
   int* back = (int*)(left + count);
   int* queue = back + n;
-  memcpy(big, mult, sizeof(double) * (size_t)count);
+  memcpy(big, mult, sizeof(double) * count);
   double most = mult[0];
-  for (Py_ssize_t i = 1; i < count; ++i)
+  for (size_t i = 1; i < count; ++i)
     if (mult[i] > most) most = mult[i];
   /* the tree taken as one source: the root reaches every GPU of it without limit */
   double unlimited = (double)n * (double)(long long)(most + 1) * (double)(k > 1 ? k : 1);

@@ -6,6 +6,10 @@
 
 #include <Python.h>
 
+/* The C-contiguous float64 n x n matrix obj, into view: n; or 0 when obj is not one (view
+ * released, no error set); or -1 with the buffer protocol's error set. */
+int cx_square_matrix(PyObject* obj, Py_buffer* view);
+
 PyObject* cx_max_flow(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 #define CX_MAX_FLOW_DOC                                                                        \
