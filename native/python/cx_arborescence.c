@@ -135,13 +135,9 @@ PyObject* cx_min_arborescence(PyObject* self, PyObject* const* args, Py_ssize_t 
   int n = cx_square_matrix(args[0], &view);
   if (n < 0) return NULL;
   long root = PyLong_AsLong(args[1]);
-  if (n == 0 || PyErr_Occurred() || root < 0 || root >= n) {
-    if (n > 0) PyBuffer_Release(&view);
-    if (!PyErr_Occurred())
-      PyErr_SetString(PyExc_ValueError,
-                      "min_arborescence: expected a float64 n x n array and a root < n");
-    return NULL;
-  }
+  if (n == 0 || PyErr_Occurred() || root < 0 || root >= n)
+    return cx_refuse_matrix(&view, n,
+                            "min_arborescence: expected a float64 n x n array and a root < n");
   size_t count = (size_t)n * n;
   double* W = malloc(sizeof(double) * count + sizeof(int) * (size_t)n);
   if (!W) {

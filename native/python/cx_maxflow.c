@@ -53,6 +53,12 @@ int cx_square_matrix(PyObject* obj, Py_buffer* view) {
   return 0;
 }
 
+PyObject* cx_refuse_matrix(Py_buffer* view, int n, const char* message) {
+  if (n > 0) PyBuffer_Release(view);
+  if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, message);
+  return NULL;
+}
+
 PyObject* cx_max_flow(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
   if (nargs != 4) {
@@ -64,12 +70,8 @@ PyObject* cx_max_flow(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (n < 0) return NULL;
   long source = PyLong_AsLong(args[1]), sink = PyLong_AsLong(args[2]);
   double enough = PyFloat_AsDouble(args[3]);
-  if (n == 0 || PyErr_Occurred() || source < 0 || sink < 0 || source >= n || sink >= n) {
-    if (n > 0) PyBuffer_Release(&view);
-    if (!PyErr_Occurred())
-      PyErr_SetString(PyExc_ValueError, "max_flow: expected a float64 n x n array and nodes < n");
-    return NULL;
-  }
+  if (n == 0 || PyErr_Occurred() || source < 0 || sink < 0 || source >= n || sink >= n)
+    return cx_refuse_matrix(&view, n, "max_flow: expected a float64 n x n array and nodes < n");
   size_t count = (size_t)n * n;
   double* left = malloc(sizeof(double) * count + sizeof(int) * 2 * (size_t)n);
   if (!left) {
@@ -119,13 +121,9 @@ PyObject* cx_paths_ok(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   long root = PyLong_AsLong(args[1]), k = PyLong_AsLong(args[2]);
   const char* inside = PyBytes_Check(args[3]) ? PyBytes_AS_STRING(args[3]) : NULL;
   if (n == 0 || PyErr_Occurred() || root < 0 || root >= n || !inside ||
-      PyBytes_GET_SIZE(args[3]) != n) {
-    if (n > 0) PyBuffer_Release(&view);
-    if (!PyErr_Occurred())
-      PyErr_SetString(PyExc_ValueError,
-                      "paths_ok: expected a float64 n x n array, a root < n and n flag bytes");
-    return NULL;
-  }
+      PyBytes_GET_SIZE(args[3]) != n)
+    return cx_refuse_matrix(
+        &view, n, "paths_ok: expected a float64 n x n array, a root < n and n flag bytes");
   size_t count = (size_t)n * n;
   double* big = malloc(sizeof(double) * 3 * count + sizeof(int) * 2 * (size_t)n);
   if (!big) {

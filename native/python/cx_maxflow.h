@@ -10,6 +10,10 @@
  * released, no error set); or -1 with the buffer protocol's error set. */
 int cx_square_matrix(PyObject* obj, Py_buffer* view);
 
+/* NULL, with view released (when n > 0: it was taken) and a ValueError saying message unless
+ * an error is already set: the refusal of a helper's arguments. */
+PyObject* cx_refuse_matrix(Py_buffer* view, int n, const char* message);
+
 PyObject* cx_max_flow(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 #define CX_MAX_FLOW_DOC                                                                        \
