@@ -120,8 +120,37 @@ def test_compiled_paths_ok_is_the_python_one(seed, monkeypatch):
     assert integral_trees._paths_ok(mult, root, k, inside) == got
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_compiled_shallower_is_the_python_one(seed, monkeypatch):
+    # counts that hold k random spanning trees plus spare arcs; odd seeds grow the trees one
+    # after another (deeper, so more moves are tried and kept)
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(2, 10)), int(rng.integers(1, 13))
+    root = int(rng.integers(n))
+    mult = (rng.integers(0, 2, size=(n, n)) * (rng.random((n, n)) < 0.3)).astype(np.int64)
+    for _ in range(k):
+        order = [root] + [int(v) for v in rng.permutation([v for v in range(n) if v != root])]
+        for i in range(1, n):
+            mult[order[int(rng.integers(i))], order[i]] += 1
+    np.fill_diagonal(mult, 0)
+    if seed % 2:
+        monkeypatch.setattr(integral_trees, "SET_ROWS", 0)
+    got = disjoint_arborescences(mult, root, k)
+    monkeypatch.setattr(integral_trees, "compiled_helper", lambda name: None)
+    assert got is not None and disjoint_arborescences(mult, root, k) == got
+
+
+def test_compiled_shallower_refuses_trees_that_do_not_span():
+    helper = compiled_helper("shallower")
+    if helper is None:
+        pytest.skip("collectx._fastpath is not built")
+    for trees in ([], [[(0, 1)]], [[(1, 2), (2, 1)]], [[(0, 3), (0, 1)]], [[(1, 0), (0, 2)]]):
+        with pytest.raises(ValueError, match="spanning trees"):
+            helper(np.zeros((3, 3)), 0, trees)
+
+
 @pytest.mark.parametrize("name,args", [("max_flow", (0, 1, 1.0)), ("paths_ok", (0, 1, b"\1\0")),
-                                       ("min_arborescence", (0,))])
+                                       ("min_arborescence", (0,)), ("shallower", (0, [[(0, 1)]]))])
 @pytest.mark.parametrize("matrix", [np.zeros((2, 3)), np.zeros((2, 2), dtype=np.int64),
                                     np.zeros((0, 0))])
 def test_compiled_graph_helpers_refuse_what_is_not_a_float_square(name, args, matrix):

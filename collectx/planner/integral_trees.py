@@ -4,9 +4,8 @@ into ``k`` out-trees from a root.
 Why
 ---
 The packing program (:mod:`.program`) counts how many arcs of each GPU pair ``k`` equal trees
-of one root use; Edmonds' branching theorem says the counts hold ``k`` arc-disjoint
-arborescences exactly when every GPU set without the root is entered ``k`` times. This module
-finds them.
+of one root use; Edmonds' branching theorem says the counts hold ``k`` arc-disjoint arborescences
+exactly when every GPU set without the root is entered ``k`` times. This module finds them.
 
 How it works
 ------------
@@ -34,9 +33,8 @@ def max_flow(cap, source: int, sink: int, enough: float = float("inf")) -> tuple
     stopping once it reaches ``enough``; with it, the nodes the source still reaches in the
     residual graph (the source side of a minimum cut when the flow falls short).
 
-    Shortest augmenting paths (Edmonds–Karp) on Python lists: the graphs here have at most a
-    few dozen nodes and the flows a few dozen units, where a library call costs more in
-    setting up than the search does.
+    Shortest augmenting paths (Edmonds–Karp) on Python lists: on a few dozen nodes and units
+    of flow a library call costs more to set up than the search does.
 
     ``collectx._fastpath.max_flow`` runs the same search in C when it is built (Lovász's
     construction asks thousands of these per 16-GPU plan).
@@ -193,14 +191,17 @@ def _grown_together(left: np.ndarray, root: int, k: int, sets: "_SetTest") -> li
 
 
 def _shallower(trees: list, left: np.ndarray, root: int) -> list:
-    """The trees after local moves that keep every link's use and shorten the pipelines.
+    """The trees after local moves that keep every link's use and shorten the pipelines (in C
+    where ``collectx._fastpath`` is built: the same moves, order and result).
 
     Lovász's construction completes one tree before the next, and the later trees get the
     leftovers, ~13 levels deep on mi250_16gcd. Two moves keep the packing valid: a GPU swaps
     its parents in two trees (each link keeps its count), or takes its parent in one tree over
     a link with an unused lane. A move is kept when it lowers (deepest tree, sum of the trees'
-    depths, sum of all levels) and leaves both trees acyclic.
-    """
+    depths, sum of all levels) and leaves both trees acyclic."""
+    native = compiled_helper("shallower")
+    if native is not None:
+        return native(np.ascontiguousarray(left, dtype=np.float64), int(root), trees)
     par = [_parents(edges, root, len(left)) for edges in trees]
     left = left.copy()
     levels = [_levels_of(p, root) for p in par]
@@ -246,9 +247,8 @@ def _no_rise(move, par: list, levels: list, v: int) -> bool:
 
 
 class _Shape:
-    """Every tree's (depth, sum of levels), and their score kept as trees change: a move
-    changes one or two trees of up to :data:`~.schedule.ir.MAX_LANES`, so the score is kept
-    from tallies rather than summed over all trees again.
+    """Every tree's (depth, sum of levels), and their score kept from tallies as a move
+    changes one or two of up to :data:`~.schedule.ir.MAX_LANES` trees (not summed again).
 
     >>> s = _Shape([(2, 5), (3, 6)]); s.score()
     (3, 5, 11)
