@@ -33,11 +33,9 @@ def max_flow(cap, source: int, sink: int, enough: float = float("inf")) -> tuple
     stopping once it reaches ``enough``; with it, the nodes the source still reaches in the
     residual graph (the source side of a minimum cut when the flow falls short).
 
-    Shortest augmenting paths (Edmonds–Karp) on Python lists: on a few dozen nodes and units
-    of flow a library call costs more to set up than the search does.
-
-    ``collectx._fastpath.max_flow`` runs the same search in C when it is built (Lovász's
-    construction asks thousands of these per 16-GPU plan).
+    Shortest augmenting paths (Edmonds–Karp) on Python lists (on a few dozen nodes a library
+    call costs more to set up than the search), or in C where ``collectx._fastpath`` is built
+    (Lovász's construction asks thousands of these per 16-GPU plan).
 
     >>> max_flow([[0, 2, 1], [0, 0, 1], [0, 0, 0]], 0, 2)
     (2.0, {0, 1})
@@ -137,13 +135,19 @@ def disjoint_arborescences(mult: np.ndarray, root: int, k: int) -> list | None:
 
 def _grown_together(left: np.ndarray, root: int, k: int, sets: "_SetTest") -> list:
     """The ``k`` trees grown at once, level by level: the next arc goes to the tree whose
-    shallowest open arc is shallowest (the smallest tree on ties), so no tree is left the
-    deep leftovers of the others. ``left`` loses the arcs taken.
+    shallowest open arc is shallowest (the smallest tree on ties), so no tree gets the deep
+    leftovers of the others. ``left`` loses the arcs taken (in C when built: the same arcs).
 
     Edmonds' theorem with root sets says which arcs may be taken: partial trees ``T_i`` can
     all be completed from the unused arcs exactly when every vertex set ``X`` is entered at
     least as often as there are trees that miss it (a set holding the root misses none).
     """
+    native = compiled_helper("grown_together")
+    if native is not None:
+        work = np.ascontiguousarray(left, dtype=np.float64)
+        trees = native(work, int(root), int(k))   # takes the arcs from work
+        left[...] = work
+        return trees
     n = len(left)
     inside, enters = sets.inside, sets.enters
     entering = enters @ left.ravel()                       # per set, unused arcs entering it
@@ -158,8 +162,7 @@ def _grown_together(left: np.ndarray, root: int, k: int, sets: "_SetTest") -> li
         return min((lv[u] for u in lv for v in range(n) if v not in lv and left[u, v] > 0),
                    default=n)
 
-    # A tree's shallowest open arc changes when the tree grows, or when the last unused copy
-    # of an arc leaving it is taken: kept per tree, updated only then.
+    # Per tree, updated only when it can change: the tree grew, or an arc out of it ran out.
     open_level = [shallowest_open(lv) for lv in level]
     for _ in range(k * (n - 1)):
         i = min(range(k), key=lambda t: (open_level[t], len(level[t])))
@@ -192,13 +195,11 @@ def _grown_together(left: np.ndarray, root: int, k: int, sets: "_SetTest") -> li
 
 def _shallower(trees: list, left: np.ndarray, root: int) -> list:
     """The trees after local moves that keep every link's use and shorten the pipelines (in C
-    where ``collectx._fastpath`` is built: the same moves, order and result).
-
-    Lovász's construction completes one tree before the next, and the later trees get the
-    leftovers, ~13 levels deep on mi250_16gcd. Two moves keep the packing valid: a GPU swaps
-    its parents in two trees (each link keeps its count), or takes its parent in one tree over
-    a link with an unused lane. A move is kept when it lowers (deepest tree, sum of the trees'
-    depths, sum of all levels) and leaves both trees acyclic."""
+    when built: the same moves, order and result). Lovász's construction completes one tree
+    before the next, and later trees get the leftovers, ~13 levels deep on mi250_16gcd. Two
+    moves keep the packing valid: a GPU swaps its parents in two trees (each link keeps its
+    count) or takes its parent in one over a link with an unused lane. A move is kept when it
+    lowers (deepest tree, sum of depths, sum of all levels) and leaves both trees acyclic."""
     native = compiled_helper("shallower")
     if native is not None:
         return native(np.ascontiguousarray(left, dtype=np.float64), int(root), trees)
@@ -358,10 +359,9 @@ def _next_edge(left: np.ndarray, root: int, k: int, level: dict):
 class _SetTest:
     """Lovász's condition over every vertex set at once: ``k - 1`` unit paths from the root
     to every GPU is every set without the root entered ``k - 1`` times, and ``k`` from the
-    tree to every GPU outside it is every set that misses the tree entered ``k`` times. With
-    the ``2^(n-1) - 1`` sets as rows of one matrix, every candidate arc is tested in a few
-    vector operations instead of ``2 (n - 1)`` max-flows each (31 trees of 8 GPUs: a few ms
-    instead of 0.6 s). Up to :data:`SET_ROWS` sets GPUs."""
+    tree to every GPU outside it is every set that misses the tree entered ``k`` times. The
+    ``2^(n-1) - 1`` sets (up to :data:`SET_ROWS`) as rows of one matrix test an arc in a few
+    vector operations, not ``2 (n - 1)`` max-flows (31 trees of 8 GPUs: a few ms, not 0.6 s)."""
 
     def __init__(self, n: int, root: int):
         self.n = n

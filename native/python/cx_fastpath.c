@@ -14,8 +14,8 @@
  * (cx_schedule_arrays.c), the simulator's one-pass readers of a schedule's instructions (objects
  * or words); lower_words (cx_lower.c), the tree emitter's lowering of a packing straight to
  * words; max_flow and paths_ok (cx_maxflow.c), Lovász's construction's max-flows;
- * min_arborescence (cx_arborescence.c), the packing LP's pricing; shallower (cx_shallower.c),
- * the local moves that shorten Lovász's trees;
+ * min_arborescence (cx_arborescence.c), the packing LP's pricing; grown_together (cx_grown.c)
+ * and shallower (cx_shallower.c), Lovász's trees grown at once and then shortened;
  * pack_words and unpack_words (cx_unpack.c), a schedule's instructions as words and back.
  *
  * Contract of reduce() and copy(): True when the call ran; False when nothing was touched and the
@@ -38,6 +38,7 @@
 #include "cx_schedule_arrays.h"
 #include "cx_maxflow.h"
 #include "cx_arborescence.h"
+#include "cx_grown.h"
 #include "cx_shallower.h"
 #include "cx_lower.h"
 #include "cx_unpack.h"
@@ -781,6 +782,8 @@ static PyMethodDef methods[] = {
     {"paths_ok", (PyCFunction)(void (*)(void))cx_paths_ok, METH_FASTCALL, CX_PATHS_OK_DOC},
     {"min_arborescence", (PyCFunction)(void (*)(void))cx_min_arborescence, METH_FASTCALL,
      CX_MIN_ARBORESCENCE_DOC},
+    {"grown_together", (PyCFunction)(void (*)(void))cx_grown_together, METH_FASTCALL,
+     CX_GROWN_TOGETHER_DOC},
     {"shallower", (PyCFunction)(void (*)(void))cx_shallower, METH_FASTCALL, CX_SHALLOWER_DOC},
     {"pack_words", cx_pack_words, METH_VARARGS, CX_PACK_WORDS_DOC},
     {"unpack_words", cx_unpack_words, METH_VARARGS, CX_UNPACK_WORDS_DOC},
