@@ -250,30 +250,36 @@ def alltoall_rate(G: nx.DiGraph, gpus) -> float:
     conservation per (source, node), capacity per link. Variables: flow per (source, link), t.
     """
     index = LinkIndex.of(G)
-    nodes = {v: i for i, v in enumerate(index.nodes)}
-    m, n_src, nv = len(index.links), len(gpus), len(index.nodes)
-    nvar = n_src * m + 1
-    eq_r, eq_c, eq_v = [], [], []
-    for s, src in enumerate(gpus):
-        for e, (u, w) in enumerate(index.links):
-            col = s * m + e
-            eq_r += [s * nv + nodes[u], s * nv + nodes[w]]
-            eq_c += [col, col]
-            eq_v += [-1.0, 1.0]           # net inflow per node
-        for g in gpus:                    # every other GPU absorbs t, the source emits (N-1) t
-            eq_r.append(s * nv + nodes[g])
-            eq_c.append(nvar - 1)
-            eq_v.append(-(1.0 if g != src else -(n_src - 1.0)))
-    A_eq = sp.csr_matrix((eq_v, (eq_r, eq_c)), shape=(n_src * nv, nvar))
+    m, n_src = len(index.links), len(gpus)
+    nvar = n_src * m + 1   # every other GPU absorbs t, the source emits (N-1) t
+    A_eq = _conservation(index, [{src: 1 - n_src, **{g: 1.0 for g in gpus if g != src}}
+                                 for src in gpus], nvar)
     ub_r = [e for s in range(n_src) for e in range(m)]
     A_ub = sp.csr_matrix((np.ones(len(ub_r)), (ub_r, range(len(ub_r)))), shape=(m, nvar))
     c = np.zeros(nvar)
     c[-1] = -1.0
     res = linprog(c, A_ub=A_ub, b_ub=np.asarray(index.caps), A_eq=A_eq,
-                  b_eq=np.zeros(n_src * nv), bounds=(0, None), method="highs")
+                  b_eq=np.zeros(A_eq.shape[0]), bounds=(0, None), method="highs")
     if res.status != 0:
         raise PlanError(f"alltoall flow LP failed: {res.message}")
     return float(res.x[-1])
+
+
+def _conservation(index: LinkIndex, rates: list, nvar: int) -> sp.csr_matrix:
+    """Flow conservation rows of commodities over ``index``'s links, a commodity's flow on
+    link ``e`` in column ``p * len(links) + e`` and the rate in the last of ``nvar``: per
+    commodity ``p`` and node ``v``, outflow - inflow + ``rates[p].get(v, 0)`` * rate = 0."""
+    nodes = {v: i for i, v in enumerate(index.nodes)}
+    m, nv = len(index.links), len(index.nodes)
+    tails = np.array([nodes[a] for a, _ in index.links], dtype=np.int64)
+    heads = np.array([nodes[b] for _, b in index.links], dtype=np.int64)
+    rows, cols, vals = [], [], []
+    for p, at in enumerate(rates):
+        cols += [np.arange(p * m, (p + 1) * m)] * 2 + [np.full(len(at), nvar - 1)]
+        rows += [p * nv + tails, p * nv + heads, p * nv + np.array([nodes[v] for v in at])]
+        vals += [np.ones(m), -np.ones(m), np.array(list(at.values()), dtype=float)]
+    return sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                         shape=(len(rates) * nv, nvar))
 
 
 COPIERS = ("gpu", "cpu")   # nodes that can store what they receive and send it again
@@ -309,22 +315,13 @@ def multicast_rate(G: nx.DiGraph, gpus, roots=None) -> float:
     15.958
     """
     index = LinkIndex.of(G)
-    nodes = {v: i for i, v in enumerate(index.nodes)}
-    m, nv = len(index.links), len(index.nodes)
+    m = len(index.links)
     roots = list(range(len(gpus))) if roots is None else list(roots)
     pairs = [(k, v) for k, r in enumerate(roots) for v in range(len(gpus)) if v != r]
     nf, ny = len(pairs) * m, len(roots) * m
-    x_col = nf + ny
-    eq_r, eq_c, eq_v = [], [], []
-    for p, (k, v) in enumerate(pairs):
-        for e, (a, b) in enumerate(index.links):
-            eq_r += [p * nv + nodes[a], p * nv + nodes[b]]
-            eq_c += [p * m + e, p * m + e]
-            eq_v += [1.0, -1.0]               # net outflow per node
-        eq_r += [p * nv + nodes[gpus[roots[k]]], p * nv + nodes[gpus[v]]]
-        eq_c += [x_col, x_col]
-        eq_v += [-1.0, 1.0]                   # the root emits x, the destination absorbs it
-    A_eq = sp.csr_matrix((eq_v, (eq_r, eq_c)), shape=(len(pairs) * nv, x_col + 1))
+    x_col = nf + ny        # the root emits x, the destination absorbs it
+    A_eq = _conservation(index, [{gpus[roots[k]]: -1.0, gpus[v]: 1.0} for k, v in pairs],
+                         x_col + 1)
     ub_r, ub_c, ub_v = [], [], []
     for p, (k, _) in enumerate(pairs):        # f[p, e] - y[k, e] <= 0
         for e in range(m):
@@ -352,7 +349,7 @@ def multicast_rate(G: nx.DiGraph, gpus, roots=None) -> float:
                            np.zeros(row - nf - m)])
     c = np.zeros(x_col + 1)
     c[-1] = -1.0
-    res = linprog(c, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=np.zeros(len(pairs) * nv),
+    res = linprog(c, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=np.zeros(A_eq.shape[0]),
                   bounds=(0, None), method="highs")
     if res.status != 0:
         raise PlanError(f"multicast flow LP failed: {res.message}")
