@@ -127,14 +127,10 @@ static int arborescence(double* W, int n, int root, int* parent) {
 
 PyObject* cx_min_arborescence(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "min_arborescence(W, root)");
-    return NULL;
-  }
   Py_buffer view;
-  int n = cx_square_matrix(args[0], &view);
+  long root;
+  int n = cx_graph_args(args, nargs, 2, "min_arborescence(W, root)", &view, &root);
   if (n < 0) return NULL;
-  long root = PyLong_AsLong(args[1]);
   if (n == 0 || PyErr_Occurred() || root < 0 || root >= n)
     return cx_refuse_matrix(&view, n,
                             "min_arborescence: expected a float64 n x n array and a root < n");

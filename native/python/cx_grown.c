@@ -180,16 +180,13 @@ static PyObject* trees_of(const Growth* g) {
 
 PyObject* cx_grown_together(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
-  if (nargs != 3) {
-    PyErr_SetString(PyExc_TypeError, "grown_together(left, root, k)");
-    return NULL;
-  }
   const char* refusal = "grown_together: expected a float64 n x n array (writable, n <= 20, "
                         "no NaN), a root < n and k >= 0";
   Py_buffer view;
-  int n = cx_square_matrix(args[0], &view);
+  long root;
+  int n = cx_graph_args(args, nargs, 3, "grown_together(left, root, k)", &view, &root);
   if (n < 0) return NULL;
-  long root = PyLong_AsLong(args[1]), k = PyLong_AsLong(args[2]);
+  long k = PyLong_AsLong(args[2]);
   size_t cells = (size_t)n * n;
   int ok = n > 0 && !PyErr_Occurred() && !view.readonly && n <= CX_GROWN_MAX_N && root >= 0 &&
            root < n && k >= 0 && k <= INT_MAX / n;

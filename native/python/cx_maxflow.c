@@ -59,16 +59,24 @@ PyObject* cx_refuse_matrix(Py_buffer* view, int n, const char* message) {
   return NULL;
 }
 
+int cx_graph_args(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, const char* usage,
+                  Py_buffer* view, long* node) {
+  if (nargs != want) {
+    PyErr_SetString(PyExc_TypeError, usage);
+    return -1;
+  }
+  int n = cx_square_matrix(args[0], view);
+  if (n >= 0) *node = PyLong_AsLong(args[1]);
+  return n;
+}
+
 PyObject* cx_max_flow(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "max_flow(cap, source, sink, enough)");
-    return NULL;
-  }
   Py_buffer view;
-  int n = cx_square_matrix(args[0], &view);
+  long source;
+  int n = cx_graph_args(args, nargs, 4, "max_flow(cap, source, sink, enough)", &view, &source);
   if (n < 0) return NULL;
-  long source = PyLong_AsLong(args[1]), sink = PyLong_AsLong(args[2]);
+  long sink = PyLong_AsLong(args[2]);
   double enough = PyFloat_AsDouble(args[3]);
   if (n == 0 || PyErr_Occurred() || source < 0 || sink < 0 || source >= n || sink >= n)
     return cx_refuse_matrix(&view, n, "max_flow: expected a float64 n x n array and nodes < n");
@@ -111,14 +119,11 @@ static double flow_upto(const double* cap, double* left, int n, int source, int 
  * the Python loop around them cost more than the flows on 16 GPUs. */
 PyObject* cx_paths_ok(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "paths_ok(mult, root, k, inside)");
-    return NULL;
-  }
   Py_buffer view;
-  int n = cx_square_matrix(args[0], &view);
+  long root;
+  int n = cx_graph_args(args, nargs, 4, "paths_ok(mult, root, k, inside)", &view, &root);
   if (n < 0) return NULL;
-  long root = PyLong_AsLong(args[1]), k = PyLong_AsLong(args[2]);
+  long k = PyLong_AsLong(args[2]);
   const char* inside = PyBytes_Check(args[3]) ? PyBytes_AS_STRING(args[3]) : NULL;
   if (n == 0 || PyErr_Occurred() || root < 0 || root >= n || !inside ||
       PyBytes_GET_SIZE(args[3]) != n)

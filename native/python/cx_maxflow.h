@@ -14,6 +14,12 @@ int cx_square_matrix(PyObject* obj, Py_buffer* view);
  * an error is already set: the refusal of a helper's arguments. */
 PyObject* cx_refuse_matrix(Py_buffer* view, int n, const char* message);
 
+/* The arguments every graph helper begins with, (matrix, node, ...), of which it takes want:
+ * cx_square_matrix's n, *node read from args[1] (an error set if it is no int); or -1 with a
+ * TypeError naming usage when there are not want of them. */
+int cx_graph_args(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, const char* usage,
+                  Py_buffer* view, long* node);
+
 PyObject* cx_max_flow(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 #define CX_MAX_FLOW_DOC                                                                        \

@@ -200,16 +200,12 @@ static PyObject* top_down_pairs(const Forest* f) {
 
 PyObject* cx_shallower(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
-  if (nargs != 3) {
-    PyErr_SetString(PyExc_TypeError, "shallower(left, root, trees)");
-    return NULL;
-  }
   const char* refusal =
       "shallower: expected a float64 n x n array, a root < n and k >= 1 spanning trees";
   Py_buffer view;
-  int n = cx_square_matrix(args[0], &view);
+  long root;
+  int n = cx_graph_args(args, nargs, 3, "shallower(left, root, trees)", &view, &root);
   if (n < 0) return NULL;
-  long root = PyLong_AsLong(args[1]);
   PyObject* trees = NULL;
   if (n == 0 || PyErr_Occurred() || root < 0 || root >= n ||
       !(trees = PySequence_Fast(args[2], "shallower: trees is a sequence")) ||
