@@ -228,6 +228,25 @@ def test_native_rejects_an_out_of_range_class():
 
 
 @needs_native
+def test_native_run_ignores_routes_numbered_while_it_starts(monkeypatch):
+    # Planners simulate candidates on threads that share one route table: a route another
+    # thread numbers after this run took its snapshot of the table must not change the run.
+    from collectx.schedule import _taskloop
+    tg, classes = _toy_graph()
+    snapshot = _taskloop._class_arrays
+
+    def numbered_meanwhile(capacity, table):
+        arrays = snapshot(capacity, table)
+        for k in range(64):
+            table.class_of((1,) * (k + 2))
+        return arrays
+
+    want = run_python(tg, [10.0, 4.0], classes)
+    monkeypatch.setattr(_taskloop, "_class_arrays", numbered_meanwhile)
+    assert run_native(tg, [10.0, 4.0], classes) == want
+
+
+@needs_native
 def test_native_reports_tasks_left_in_a_cycle():
     tg, classes = _toy_graph()
     tg.npreds[1] = 1

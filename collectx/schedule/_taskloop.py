@@ -137,7 +137,9 @@ def run_arrays(tasks: dict, ntasks: int, nnodes: int, capacity: list[float],
     ffi, lib = _library()
     arrays = dict(tasks, **_class_arrays(capacity, classes))
     g = ffi.new("cx_sim_graph*")
-    g.nres, g.nclasses = len(capacity), len(classes.links)
+    # The class count comes from the snapshot, not from ``classes``: planners simulate on
+    # threads, and another may number a new route after the snapshot was taken.
+    g.nres, g.nclasses = len(capacity), len(arrays["class_off"]) - 1
     g.ntasks, g.nnodes = ntasks, nnodes
     for name, a in arrays.items():
         setattr(g, name, ffi.cast("double*" if a.dtype == np.float64 else "int*",
@@ -159,6 +161,7 @@ def _csr(rows) -> tuple[np.ndarray, list]:
 
 
 def _class_arrays(capacity: list[float], classes: RouteClasses) -> dict:
+    """The route table as arrays, a snapshot of the classes numbered so far."""
     class_off, class_res = _csr([classes.links[c] for c in range(len(classes.links))])
     return {"capacity": np.asarray(capacity, dtype=np.float64).reshape(-1),
             "class_off": class_off, "class_res": np.asarray(class_res, dtype=np.int32)}
