@@ -194,7 +194,7 @@ def _link_bytes(class_bytes: list, classes) -> dict[int, float]:
     return link_bytes
 
 
-_LAST_GRAPH: list = [None, None]
+_LAST_GRAPH: tuple = (None, None)
 
 
 def known_steps(s: Schedule) -> int | None:
@@ -233,11 +233,15 @@ def schedule_graph(s: Schedule):
     The planner may ask for a candidate's critical path (:func:`collectx.planner.cost.steps`)
     right after a simulation that needed the graph (engine steps, the Python loop); on
     schedules of thousands of instructions building it twice was a visible part of planning.
-    Schedules are immutable, so the graph stays valid.
+    Schedules are immutable, so the graph stays valid. The pair is read and replaced whole:
+    candidates are simulated on threads, and another may replace it between two reads.
     """
-    if _LAST_GRAPH[0] is not s:
-        _LAST_GRAPH[:] = [s, build_graph(s)]
-    return _LAST_GRAPH[1]
+    global _LAST_GRAPH
+    seen, graph = _LAST_GRAPH
+    if seen is not s:
+        graph = build_graph(s)
+        _LAST_GRAPH = (s, graph)
+    return graph
 
 
 def _rank_nodes(s: Schedule, topo: nx.DiGraph, ranks) -> list:
