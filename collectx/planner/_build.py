@@ -60,11 +60,13 @@ def remembered(key: tuple, compute):
     """``compute()``, remembered under ``key``, which names all it depends on: the plans of
     one allocation (collectives, size classes) ask for the same pieces. At most 64: a 16-GPU
     packing LP with its problem pickles to 0.2 MB, an allocation asks for a few pieces."""
-    if key not in _REMEMBERED:
+    value = _REMEMBERED.get(key)   # read once: another thread may clear the table meanwhile
+    if value is None:
+        value = compute()
         if len(_REMEMBERED) >= 64:
             _REMEMBERED.clear()
-        _REMEMBERED[key] = compute()
-    return _REMEMBERED[key]
+        _REMEMBERED[key] = value
+    return value
 
 
 def forget_remembered() -> None:   # benchmarks timing a first plan
