@@ -258,6 +258,25 @@ def test_native_reports_tasks_left_in_a_cycle():
     assert run_python(tg, [10.0, 4.0], classes) == (t, order)
 
 
+def test_route_classes_are_one_table_when_threads_ask_first_at_once(monkeypatch):
+    # Two threads simulating on fresh routes both find no table; each must be handed the
+    # table that is kept, or the class ids one numbers mean nothing to the other's run.
+    from collectx.schedule import _routes
+    from collectx.topology.routes import Routes
+    routes = Routes(topo.ring(3, bw=10.0), None)
+    handed, asked = [], []
+
+    def meanwhile_another_thread_asks():
+        if not asked:
+            asked.append(True)
+            handed.append(_routes.route_classes(routes))
+        return RouteClasses()
+
+    monkeypatch.setattr(_routes, "RouteClasses", meanwhile_another_thread_asks)
+    mine = _routes.route_classes(routes)
+    assert mine is handed[0] is _routes.route_classes(routes)
+
+
 def test_route_table_is_shared_by_equal_graphs_only():
     from collectx.schedule._routes import routes_for
     a, b = topo.load("dgx1v"), topo.load("dgx1v")

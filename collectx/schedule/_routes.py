@@ -13,6 +13,6 @@ __all__ = ["Routes", "route_classes", "routes_for"]
 def route_classes(routes: Routes) -> RouteClasses:
     """The route classes and fair shares memoized for ``routes``' topology."""
     found = routes.attached.get("classes")
-    if found is None:
-        found = routes.attached["classes"] = RouteClasses()
+    if found is None:   # setdefault: threads that ask first at once all get the one kept
+        found = routes.attached.setdefault("classes", RouteClasses())
     return found
