@@ -120,6 +120,18 @@ def test_compiled_paths_ok_is_the_python_one(seed, monkeypatch):
     assert integral_trees._paths_ok(mult, root, k, inside) == got
 
 
+def _holding_trees(rng, n: int, root: int, k: int, spare: int) -> np.ndarray:
+    """Arc counts of ``n`` GPUs holding ``k`` random spanning trees out of ``root``, plus
+    random spare arcs (fewer than ``spare`` each, on about 30% of the pairs)."""
+    mult = (rng.integers(0, spare, size=(n, n)) * (rng.random((n, n)) < 0.3)).astype(np.int64)
+    for _ in range(k):
+        order = [root] + [int(v) for v in rng.permutation([v for v in range(n) if v != root])]
+        for i in range(1, n):
+            mult[order[int(rng.integers(i))], order[i]] += 1
+    np.fill_diagonal(mult, 0)
+    return mult
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_compiled_shallower_is_the_python_one(seed, monkeypatch):
     # counts that hold k random spanning trees plus spare arcs; odd seeds grow the trees one
@@ -127,12 +139,7 @@ def test_compiled_shallower_is_the_python_one(seed, monkeypatch):
     rng = np.random.default_rng(seed)
     n, k = int(rng.integers(2, 10)), int(rng.integers(1, 13))
     root = int(rng.integers(n))
-    mult = (rng.integers(0, 2, size=(n, n)) * (rng.random((n, n)) < 0.3)).astype(np.int64)
-    for _ in range(k):
-        order = [root] + [int(v) for v in rng.permutation([v for v in range(n) if v != root])]
-        for i in range(1, n):
-            mult[order[int(rng.integers(i))], order[i]] += 1
-    np.fill_diagonal(mult, 0)
+    mult = _holding_trees(rng, n, root, k, spare=2)
     if seed % 2:
         monkeypatch.setattr(integral_trees, "SET_ROWS", 0)
     got = disjoint_arborescences(mult, root, k)
@@ -156,12 +163,7 @@ def test_compiled_grown_together_is_the_python_one(seed, monkeypatch):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(2, 13))
     root, k = int(rng.integers(n)), int(rng.integers(1, 13 if n < 9 else 6))
-    mult = (rng.integers(0, 3, size=(n, n)) * (rng.random((n, n)) < 0.3)).astype(np.int64)
-    for _ in range(k):
-        order = [root] + [int(v) for v in rng.permutation([v for v in range(n) if v != root])]
-        for i in range(1, n):
-            mult[order[int(rng.integers(i))], order[i]] += 1
-    np.fill_diagonal(mult, 0)
+    mult = _holding_trees(rng, n, root, k, spare=3)
     sets = integral_trees._SetTest.of(n, root)
     if seed % 4 == 0:
         k = int((sets.enters @ mult.ravel()).min()) + 1
