@@ -54,15 +54,30 @@ def test_a_line_of_three_packs_trees_both_ways_at_its_link_rate():
     assert lp.rate == pytest.approx(100.0)   # busbw 133: beyond reduce-scatter + allgather
 
 
-@pytest.mark.parametrize("name, gpus, collective", [
-    ("dgx1v", [0, 1, 2, 5], "allreduce"), ("dgx1v", [0, 1, 2, 5], "allgather"),
-    ("dgx1p", None, "broadcast"), ("mi250_16gcd", [0, 1, 4, 5, 8, 9], "reduce_scatter")])
+ROUNDED = [("dgx1v", [0, 1, 2, 5], "allreduce"), ("dgx1v", [0, 1, 2, 5], "allgather"),
+           ("dgx1p", None, "broadcast"), ("mi250_16gcd", [0, 1, 4, 5, 8, 9], "reduce_scatter")]
+
+
+@pytest.mark.parametrize("name, gpus, collective", ROUNDED)
 def test_rounding_gives_k_equal_arborescences_per_group_within_the_links(name, gpus,
                                                                            collective):
     p, lp, _, _ = packed(T.load(name), collective, gpus, host=True)
     rounding = P.Rounding(p, lp)
-    K = 2
-    x = rounding.solve(K)
+    _assert_equal_trees(p, lp, rounding, rounding.solve(2), 2)
+
+
+@pytest.mark.parametrize("name, gpus, collective", ROUNDED + [
+    ("pcie_gen4_8gpu", [0, 1, 6, 7], "broadcast")])   # some of the LP's trees are whole columns
+def test_the_lps_trees_dealt_out_are_k_equal_arborescences_within_the_links(name, gpus,
+                                                                             collective):
+    # What the integer programs must beat: every count's dealt trees split without a program.
+    p, lp, _, _ = packed(T.load(name), collective, gpus, host=True)
+    rounding = P.Rounding(p, lp)
+    for K in (1, 3, 7):
+        _assert_equal_trees(p, lp, rounding, rounding.seeded(K), K)
+
+
+def _assert_equal_trees(p, lp, rounding, x, K):
     trees = rounding.trees(x, K)
     n = len(p.gpus)
     assert {g: sum(t.group == g for t in trees) for g in range(len(p.groups))} == \

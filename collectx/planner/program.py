@@ -322,18 +322,9 @@ class Rounding:
         self.repeats = stacked([identity(C), -identity(C), csr_matrix((C, H + 1))], "csr")
         # as the solver's rows: converted once, not per program (a third of their setup)
         self.rows = {m: csr_array(getattr(self, m)) for m in ("load", "total", "weights")}
-        self.scaled = np.zeros(C + H)   # the LP's count of each arc / whole column per tree
-        where = {c: i for i, c in enumerate(self.cols)}
-        whole = {id(t): i for i, t in enumerate(self.wholes)}
-        for t in lp.trees:
-            base = next((w for w in self.wholes
-                         if (w.group, w.edges, w.paths) == (t.group, t.edges, t.paths)), None)
-            if base is not None:
-                self.scaled[C + whole[id(base)]] += t.rate / lp.rate
-                continue
-            for i, e in enumerate(t.edges):
-                k = self.p.ways[p.groups[t.group][1]][e].index(p.way(t, i))
-                self.scaled[where[t.group, e, k]] += t.rate / lp.rate
+        self.col_at = {c: i for i, c in enumerate(self.cols)}
+        self.lp_trees = [(t.group, t.rate / lp.rate, self._counts(t)) for t in lp.trees]
+        self.scaled = sum(share * x for _, share, x in self.lp_trees)   # per tree, the LP's
         tree_levels = [sum(t.levels()[a] for a, _ in t.edges) for t in self.wholes]
         self.cost = np.r_[level_cost * self._levels(), np.full(C, level_cost),
                           level_cost * np.array(tree_levels, dtype=float), 1.0]
@@ -341,6 +332,31 @@ class Rounding:
         self.sets = self._first_sets()
         self._rows_for, self._rows = -1, None   # Edmonds' rows, built for that many sets
         self._shorts: list = []   # per-tree limits and box of counts found short (_short)
+
+    def _counts(self, t: Tree) -> np.ndarray:
+        """Tree ``t`` as counts: its whole column where it is one, else one per arc's way."""
+        x, C = np.zeros(len(self.cols) + len(self.wholes)), len(self.cols)
+        for i, w in enumerate(self.wholes):
+            if (w.group, w.edges, w.paths) == (t.group, t.edges, t.paths):
+                x[C + i] = 1
+                return x
+        ways = self.p.ways[self.p.groups[t.group][1]]
+        for i, e in enumerate(t.edges):
+            x[self.col_at[t.group, e, ways[e].index(self.p.way(t, i))]] += 1
+        return x
+
+    def seeded(self, K: int) -> np.ndarray:
+        """Counts of ``K`` trees per group drawn from the LP's own, each group's ``K`` dealt
+        in proportion to their rates (largest remainders first): whole trees, so they split
+        without a program, and what the programs for tree counts must beat."""
+        x = np.zeros(len(self.cols) + len(self.wholes))
+        for g in range(len(self.p.groups)):
+            mine = [(share, counts) for h, share, counts in self.lp_trees if h == g]
+            want = K * np.array([share for share, _ in mine]) / sum(s for s, _ in mine)
+            n = np.floor(want + 1e-9)
+            n[np.argsort(n - want, kind="stable")[:K - int(n.sum())]] += 1
+            x += sum(c * counts for c, (_, counts) in zip(n, mine))
+        return np.round(x).astype(np.int64)
 
     def _way(self, g, e, k) -> Way:
         return self.p.ways[self.p.groups[g][1]][e][k]
@@ -722,9 +738,10 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
 
 def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | None,
            modelled: bool) -> list:
-    """``(estimated time, K, counts, lockstep time)`` of the counts that beat ``beat`` and
-    those found before them (:data:`BATCH` rounded at once, each kept as if after them)."""
-    found: list = []
+    """``(estimated time, K, counts, lockstep time)`` of the counts that beat ``beat``: per
+    count the LP's own trees dealt out (:meth:`Rounding.seeded`), or the integer program's
+    where it beats every one found before it (:data:`BATCH` rounded at once, each kept as if
+    after them)."""
     counts = [K for K in range(1, min(most_trees(p), cost.most_trees()) + 1)
               if beat is None or cost.least_rate(K, beat) <= lp.rate]
     d = rounding.least_depth() if modelled else 1
@@ -732,18 +749,23 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
         counts = [K for K in counts if min(cost.time(K, lp.rate, d), cost.time(
             K, lp.rate, d, lockstep=True)) < beat]
     to_beat = np.inf if beat is None else beat
+    found: dict = {}
     # a kept count beats the best found one level deep by more than the simulator can tell
     # apart (each one kept costs an integer program), and (modelled) ``beat`` d levels deep
-    least = lambda K: max(cost.least_rate(K, min([f[0] * (1 - NOISE) for f in found]  # noqa
+    least = lambda K: max(cost.least_rate(K, min([f[0] * (1 - NOISE) for f in found.values()]  # noqa
                                                  + [to_beat])), cost.least_rate(K, to_beat, d))
+
+    def keep(K, x):
+        if x is not None and rounding.rate(x, K) >= least(K) * (1 - 1e-9):
+            rate, depth = rounding.rate(x, K), rounding.depth(x)
+            return (cost.time(K, rate, depth), K, x, cost.time(K, rate, depth, lockstep=True))
+    # the dealt trees first: with the best of them to beat, most programs are short at once
+    found.update((K, f) for K, f in [(K, keep(K, rounding.seeded(K))) for K in counts] if f)
     for at in range(0, len(counts), BATCH):
         batch = counts[at:at + BATCH]
         xs = rounding.solve_all([(K, K / least(K) if least(K) > 0 else np.inf) for K in batch])
-        for K, x in zip(batch, xs):
-            if x is not None and rounding.rate(x, K) >= least(K) * (1 - 1e-9):
-                rate, depth = rounding.rate(x, K), rounding.depth(x)
-                found.append((cost.time(K, rate, depth), K, x,
-                              cost.time(K, rate, depth, lockstep=True)))
+        found.update((K, f) for K, f in [(K, keep(K, x)) for K, x in zip(batch, xs)] if f)
+    found = list(found.values())
     return [f for f in found if min(f[0], f[3]) < beat] if modelled else found
 
 
