@@ -331,6 +331,7 @@ class Rounding:
         self.enumerated = len(p.groups) << (self.n - 1) <= PROGRAM_ROWS
         self.sets = self._first_sets()
         self._rows_for, self._rows = -1, None   # Edmonds' rows, built for that many sets
+        self._stacked: dict = {}   # (blocks, sets) -> their rows stacked (_rows_of)
         self._shorts: list = []   # per-tree limits and box of counts found short (_short)
 
     def _counts(self, t: Tree) -> np.ndarray:
@@ -454,12 +455,19 @@ class Rounding:
     def _rows_of(self, sets: list, blocks: list) -> LinearConstraint:
         """``blocks`` of rows (``(matrix, lower, upper)``, the matrix None for Edmonds' rows
         over ``sets``) as one sparse constraint: scipy checks a list or a dense block where
-        every warning on every thread is an error (:data:`MILP_OPTIONS`' warns)."""
-        mats = [self._entering(sets) if m is None else m for m, _, _ in blocks]
-        lower, upper = (np.concatenate([np.broadcast_to(np.asarray(b[i], dtype=float), m.shape[:1])
-                                        for b, m in zip(blocks, mats)]) for i in (1, 2))
-        rows = vstack([csr_array(m) for m in mats], format="csr")   # CSR stacks without COO
-        return LinearConstraint(rows.tocsc(), lower, upper)
+        every warning on every thread is an error (:data:`MILP_OPTIONS`' warns). Over the
+        sets every solve starts from, tree counts differ only in bounds: that matrix is kept."""
+        sizes = [len(sets) if m is None else m.shape[0] for m, _, _ in blocks]
+        lower, upper = (np.concatenate([np.broadcast_to(np.asarray(b[i], dtype=float), size)
+                                        for b, size in zip(blocks, sizes)]) for i in (1, 2))
+        key = tuple(id(m) for m, _, _ in blocks), len(sets)
+        rows = self._stacked.get(key) if sets is self.sets else None
+        if rows is None:
+            mats = [self._entering(sets) if m is None else m for m, _, _ in blocks]
+            rows = vstack([csr_array(m) for m in mats], format="csr").tocsc()   # CSR: no COO
+            if sets is self.sets:
+                rows = self._stacked.setdefault(key, rows)
+        return LinearConstraint(rows, lower, upper)
 
     def _entering(self, sets: list) -> csr_matrix:
         """Edmonds' rows: per (group, set) of ``sets``, the columns whose arcs enter it (a
