@@ -288,7 +288,7 @@ def _verify(schedule: Schedule) -> bool:
 def _bound(view: nx.DiGraph, collective: str, ranks: tuple[str, ...], root: int,
            host: bool = True):
     try:
-        from .bounds import KINDS, Bounds, bounds, peer_bounds
+        from .bounds import KINDS, Bounds, bounds, max_flows, peer_bounds
     except ImportError:  # the cut-bound module is optional; plans stay valid without it
         return None
     if collective in KINDS:
@@ -296,7 +296,7 @@ def _bound(view: nx.DiGraph, collective: str, ranks: tuple[str, ...], root: int,
     if collective == "sendrecv" and len(ranks) > 1:
         # One sender, one receiver: the best possible is the max flow between them.
         peer = ranks[(root + 1) % len(ranks)]
-        flow = nx.maximum_flow_value(view, ranks[root], peer, capacity="bw_gbps")
+        flow = max_flows(view, "bw_gbps")(ranks[root], peer)
         return Bounds(kind="maxflow", bound_busbw=flow, ceiling_busbw=None, cut_busbw=flow,
                       tree_busbw=None, notes=f"max flow {ranks[root]} -> {peer}",
                       gpus=tuple(ranks))

@@ -49,6 +49,7 @@ from ..errors import ArgumentError, PlanError
 from ..topology.view import LinkIndex, job_gpus, job_graph, require_connected
 from ..topology.view import turn_rule, without_turnarounds
 from ._build import remembered
+from .integral_trees import max_flow
 from .treepack import pack_undirected_trees
 
 KINDS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall")
@@ -224,11 +225,26 @@ def _ratio(G, S, C) -> float:
     return out / len([g for g in C if g in S])
 
 
+def max_flows(G: nx.DiGraph, capacity: str = "cap"):
+    """``value(s, t)``: the max-flow value from ``s`` to ``t`` over ``G``'s ``capacity``
+    (missing: unbounded, as networkx takes it), its dense matrix built once for every pair
+    asked (:func:`~.integral_trees.max_flow`: networkx's preflow push took milliseconds a pair).
+
+    >>> from collectx.topology import ring
+    >>> max_flows(ring(4, bw=25.0), "bw_gbps")("GPU0", "GPU2")
+    50.0
+    """
+    at = {v: i for i, v in enumerate(G)}
+    cap = np.zeros((len(at), len(at)))
+    for a, b, c in G.edges(data=capacity, default=np.inf):
+        cap[at[a], at[b]] = c
+    return lambda s, t: float(max_flow(cap, at[s], at[t])[0])
+
+
 def rooted_flow(G: nx.DiGraph, gpus, root, inbound: bool = False) -> float:
     """``min_v maxflow(root -> v)`` over the other GPUs (``v -> root`` when ``inbound``)."""
-    flows = [nx.maximum_flow_value(G, v if inbound else root, root if inbound else v,
-                                   capacity="cap") for v in gpus if v != root]
-    return float(min(flows))
+    value = max_flows(G)
+    return min(value(v, root) if inbound else value(root, v) for v in gpus if v != root)
 
 
 def min_pair_flow(G: nx.DiGraph, gpus) -> float:
@@ -237,10 +253,8 @@ def min_pair_flow(G: nx.DiGraph, gpus) -> float:
     Any cut between GPUs either keeps ``gpus[0]`` inside (then some ``maxflow(g0 -> v)`` meets
     it) or outside (some ``maxflow(v -> g0)`` does).
     """
-    g0 = gpus[0]
-    return float(min(min(nx.maximum_flow_value(G, g0, v, capacity="cap"),
-                         nx.maximum_flow_value(G, v, g0, capacity="cap"))
-                     for v in gpus[1:]))
+    value, g0 = max_flows(G), gpus[0]
+    return min(min(value(g0, v), value(v, g0)) for v in gpus[1:])
 
 
 def alltoall_rate(G: nx.DiGraph, gpus) -> float:

@@ -29,7 +29,7 @@ import re
 
 import networkx as nx
 
-from .bounds import Bounds, cut_rate
+from .bounds import Bounds, cut_rate, min_pair_flow, rooted_flow
 from ..topology.view import job_gpus, job_graph
 from ..topology.view import without_turnarounds
 
@@ -64,8 +64,7 @@ def symmetric_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0
         home = next(m for m in machines if r in m)
         other = next(m for m in machines if m is not home)
         inbound = collective == "reduce"
-        flow = min(nx.maximum_flow_value(G, v if inbound else r, r if inbound else v,
-                                         capacity="cap") for v in (*home, *other) if v != r)
+        flow = rooted_flow(G, (*home, *other), r, inbound)
         return Bounds(collective, float(flow), None, (N - 1) * x_ag, None,
                       "min over v of maxflow, v on the root's machine and one other (symmetry)",
                       gpus)
@@ -75,10 +74,7 @@ def symmetric_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0
     tree_cap = factor * _leaving_capacity(G, machines) / (2 * (n - 1))
     if tree_cap > cut * (1 + 1e-9):
         return None     # trees might beat the cut: only the generic LP can tell
-    g0 = reps[0]
-    pair = min(min(nx.maximum_flow_value(G, g0, v, capacity="cap"),
-                   nx.maximum_flow_value(G, v, g0, capacity="cap"))
-               for v in (*machines[0][1:], *machines[1]))
+    pair = min_pair_flow(G, (reps[0], *machines[0][1:], *machines[1]))
     return Bounds(collective, cut, factor * pair, cut, tree_cap,
                   "reference = reduce-scatter + allgather (trees cannot exceed it: every tree "
                   "edge between machines uses network links both ways); symmetric machines",
