@@ -10,7 +10,7 @@ import pytest
 
 import collectx.topology as topo
 from collectx.errors import ArgumentError, TopologyError
-from collectx.planner.bounds import Bounds, bounds, cut_rate
+from collectx.planner.bounds import Bounds, bounds, cut_rate, max_flows
 from collectx.topology.view import job_graph
 
 # From the topology README: ForestColl cut bound, allgather / reduce-scatter busbw at line rates.
@@ -372,3 +372,19 @@ def test_the_turn_rule_applies_pair_by_pair_at_a_switch_both_kinds_of_pair_use()
     assert "cpu" in through["GPU1", "GPU2"] and "cpu" not in through["GPU0", "GPU1"]
     _, free = relay_paths(index, gpus, price)
     assert "cpu" not in {kinds[index.links[link][1]] for link, _ in free["GPU1", "GPU2"]}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_max_flow_values_are_networkxs_on_random_graphs(seed):
+    # The bounds' max-flows run over a dense matrix (in C where built): every pair's value
+    # must be the one networkx finds.
+    rng = random.Random(seed)
+    n = rng.randint(2, 9)
+    G = nx.DiGraph()
+    G.add_nodes_from(range(n))
+    for a, b in itertools.permutations(range(n), 2):
+        if rng.random() < 0.4:
+            G.add_edge(a, b, cap=rng.choice((12.0, 25.0, 15.75, 50.0)))
+    value = max_flows(G)
+    for s, t in itertools.permutations(range(n), 2):
+        assert value(s, t) == pytest.approx(nx.maximum_flow_value(G, s, t, capacity="cap"))

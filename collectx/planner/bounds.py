@@ -226,9 +226,9 @@ def _ratio(G, S, C) -> float:
 
 
 def max_flows(G: nx.DiGraph, capacity: str = "cap"):
-    """``value(s, t)``: the max-flow value from ``s`` to ``t`` over ``G``'s ``capacity``
-    (missing: unbounded, as networkx takes it), its dense matrix built once for every pair
-    asked (:func:`~.integral_trees.max_flow`: networkx's preflow push took milliseconds a pair).
+    """``value(s, t)``: the max-flow value from ``s`` to ``t`` over ``G``'s ``capacity`` (a
+    link without one carries nothing), its dense matrix built once for every pair asked
+    (:func:`~.integral_trees.max_flow`: networkx's preflow push took milliseconds a pair).
 
     >>> from collectx.topology import ring
     >>> max_flows(ring(4, bw=25.0), "bw_gbps")("GPU0", "GPU2")
@@ -236,7 +236,7 @@ def max_flows(G: nx.DiGraph, capacity: str = "cap"):
     """
     at = {v: i for i, v in enumerate(G)}
     cap = np.zeros((len(at), len(at)))
-    for a, b, c in G.edges(data=capacity, default=np.inf):
+    for a, b, c in G.edges(data=capacity, default=0.0):
         cap[at[a], at[b]] = c
     return lambda s, t: float(max_flow(cap, at[s], at[t])[0])
 
