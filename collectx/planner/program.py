@@ -47,7 +47,7 @@ from ..topology.routes import fingerprint
 from ..topology.view import (LinkIndex, host_routes, host_uploads, job_graph, require_connected,
                              route_waits, simulator_routes)
 from .._concurrent import concurrently
-from ._build import remembered
+from ._build import remembered, weighted_shares
 from .cost_tables import FILL, NOISE
 from .integral_trees import disjoint_arborescences, max_flow
 from .treepack import (Packing, Tree, centre, column_generation, min_arborescence, orient,
@@ -336,28 +336,25 @@ class Rounding:
 
     def _counts(self, t: Tree) -> np.ndarray:
         """Tree ``t`` as counts: its whole column where it is one, else one per arc's way."""
-        x, C = np.zeros(len(self.cols) + len(self.wholes)), len(self.cols)
-        for i, w in enumerate(self.wholes):
-            if (w.group, w.edges, w.paths) == (t.group, t.edges, t.paths):
-                x[C + i] = 1
-                return x
+        x, C = np.zeros(len(self.cols) + len(self.wholes), dtype=np.int64), len(self.cols)
+        whole = [C + i for i, w in enumerate(self.wholes)
+                 if (w.group, w.edges, w.paths) == (t.group, t.edges, t.paths)]
         ways = self.p.ways[self.p.groups[t.group][1]]
-        for i, e in enumerate(t.edges):
-            x[self.col_at[t.group, e, ways[e].index(self.p.way(t, i))]] += 1
+        for c in whole[:1] or [self.col_at[t.group, e, ways[e].index(self.p.way(t, i))]
+                               for i, e in enumerate(t.edges)]:
+            x[c] += 1
         return x
 
     def seeded(self, K: int) -> np.ndarray:
         """Counts of ``K`` trees per group drawn from the LP's own, each group's ``K`` dealt
         in proportion to their rates (largest remainders first): whole trees, so they split
         without a program, and what the programs for tree counts must beat."""
-        x = np.zeros(len(self.cols) + len(self.wholes))
+        x = np.zeros(len(self.cols) + len(self.wholes), dtype=np.int64)
         for g in range(len(self.p.groups)):
             mine = [(share, counts) for h, share, counts in self.lp_trees if h == g]
-            want = K * np.array([share for share, _ in mine]) / sum(s for s, _ in mine)
-            n = np.floor(want + 1e-9)
-            n[np.argsort(n - want, kind="stable")[:K - int(n.sum())]] += 1
-            x += sum(c * counts for c, (_, counts) in zip(n, mine))
-        return np.round(x).astype(np.int64)
+            for c, (_, counts) in zip(weighted_shares(K, [s for s, _ in mine]), mine):
+                x += c * counts
+        return x
 
     def _way(self, g, e, k) -> Way:
         return self.p.ways[self.p.groups[g][1]][e][k]
