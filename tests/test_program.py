@@ -63,7 +63,7 @@ def test_rounding_gives_k_equal_arborescences_per_group_within_the_links(name, g
                                                                            collective):
     p, lp, _, _ = packed(T.load(name), collective, gpus, host=True)
     rounding = P.Rounding(p, lp)
-    _assert_equal_trees(p, lp, rounding, rounding.solve(2), 2)
+    _assert_equal_trees(p, lp, rounding, rounding.solve_all([(2, np.inf)])[0], 2)
 
 
 @pytest.mark.parametrize("name, gpus, collective", ROUNDED + [
@@ -97,7 +97,7 @@ def _assert_equal_trees(p, lp, rounding, x, K):
 def test_rounding_refuses_a_load_it_cannot_keep():
     p, lp, _, _ = packed(T.load("dgx1v"), "broadcast", [0, 1, 2, 5])
     rounding = P.Rounding(p, lp)
-    assert rounding.solve(1, most=0.5 / lp.rate) is None   # twice the LP's rate: impossible
+    assert rounding.solve_all([(1, 0.5 / lp.rate)])[0] is None   # twice the LP's rate: impossible
 
 
 @pytest.mark.parametrize("name, gpus, collective, host, refuses", [
@@ -118,7 +118,7 @@ def test_the_whole_transfer_cut_refuses_only_counts_the_integer_program_cannot_f
         for most in (K / lp.rate * 1.001, K / lp.rate * 1.02, K / lp.rate * 1.1):
             with monkeypatch.context() as m:
                 m.setattr(rounding, "_short", lambda *a: False)
-                found = rounding.solve(K, most)
+                found = rounding.solve_all([(K, most)])[0]
             refused = rounding._short(K, most, _bounds(rounding, K, most), rounding.sets)
             assert not (refused and found is not None), (K, most)
             short.append(refused)
@@ -144,7 +144,7 @@ def test_counts_hold_edmonds_rows_on_random_fabrics(seed):
             T.add_link(G, f"GPU{a}", f"GPU{b}", "nvlink", rng.choice((25.0, 50.0)))
     p, lp, _, _ = packed(G, "broadcast")
     rounding = P.Rounding(p, lp)
-    x = rounding.solve(3)
+    x = rounding.solve_all([(3, np.inf)])[0]
     mult = rounding.multiplicity(x, 0)
     for v in range(1, n):
         flow = nx.maximum_flow_value(nx.DiGraph([(a, b, {"capacity": int(mult[a, b])})
@@ -156,7 +156,7 @@ def test_counts_hold_edmonds_rows_on_random_fabrics(seed):
 def test_centred_trees_keep_their_edges_and_staging():
     p, lp, _, _ = packed(T.load("dgx1v"), "allreduce", [0, 1, 2, 5], host=True)
     rounding = P.Rounding(p, lp)
-    x = rounding.solve(4)
+    x = rounding.solve_all([(4, np.inf)])[0]
     for t in rounding.trees(x, 4):
         c = P.centred(t)
         same = {frozenset(e): (i in t.staged, i in t.staged_up) for i, e in enumerate(t.edges)}

@@ -51,7 +51,7 @@ def _packing(kind: str, staged: bool):
         if mode == UP:   # a reduction stages its edges up
             tree_list = [Tree(t.group, t.root, t.edges, (), 1.0, staged_up=t.staged)
                          for t in tree_list]
-        return Packing(1.0, tuple(tree_list), 0), {0: mode}, collective
+        return Packing(1.0, tuple(tree_list)), {0: mode}, collective
     modes = {"allgather": (DOWN,), "reduce_scatter": (UP,), "allreduce": (UP, DOWN)}[collective]
     groups, out = {}, []
     for w, mode in enumerate(modes):
@@ -61,7 +61,7 @@ def _packing(kind: str, staged: bool):
             for t in _trees(g, r, staged):
                 out.append(t if mode == DOWN else
                            Tree(g, r, t.edges, (), 1.0, staged_up=t.staged))
-    return Packing(1.0, tuple(out), 0), groups, collective
+    return Packing(1.0, tuple(out)), groups, collective
 
 
 def _lowered(packing, modes, collective, per_group, buffers, native: bool, n: int = NRANKS,
@@ -139,7 +139,7 @@ def test_random_packings_lower_as_the_reference(seed):
         modes = {0: {"broadcast": DOWN, "reduce": UP, "allreduce": BOTH}[collective]}
         root = rng.randrange(n)
         tree_list = [_random_tree(rng, 0, root, n) for _ in range(rng.randint(1, 3))]
-    packing, root = Packing(1.0, tuple(tree_list), 0), tree_list[0].root
+    packing, root = Packing(1.0, tuple(tree_list)), tree_list[0].root
     c, py = (_lowered(packing, modes, collective, per_group, buffers, native, n, root)
              for native in (True, False))
     assert c.code == py.to_packed()["code"] and c.unpacked() == py

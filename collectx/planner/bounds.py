@@ -228,12 +228,7 @@ def _ratio(G, S, C) -> float:
 def max_flows(G: nx.DiGraph, capacity: str = "cap"):
     """``value(s, t)``: the max-flow value from ``s`` to ``t`` over ``G``'s ``capacity`` (a
     link without one carries nothing), its dense matrix built once for every pair asked
-    (:func:`~.integral_trees.max_flow`: networkx's preflow push took milliseconds a pair).
-
-    >>> from collectx.topology import ring
-    >>> max_flows(ring(4, bw=25.0), "bw_gbps")("GPU0", "GPU2")
-    50.0
-    """
+    (:func:`~.integral_trees.max_flow`: networkx's preflow push took milliseconds a pair)."""
     at = {v: i for i, v in enumerate(G)}
     cap = np.zeros((len(at), len(at)))
     for a, b, c in G.edges(data=capacity, default=0.0):
@@ -253,8 +248,7 @@ def min_pair_flow(G: nx.DiGraph, gpus) -> float:
     Any cut between GPUs either keeps ``gpus[0]`` inside (then some ``maxflow(g0 -> v)`` meets
     it) or outside (some ``maxflow(v -> g0)`` does).
     """
-    value, g0 = max_flows(G), gpus[0]
-    return min(min(value(g0, v), value(v, g0)) for v in gpus[1:])
+    return min(rooted_flow(G, gpus, gpus[0]), rooted_flow(G, gpus, gpus[0], inbound=True))
 
 
 def alltoall_rate(G: nx.DiGraph, gpus) -> float:

@@ -189,8 +189,7 @@ def _sub_plans(topo, ranks, nodes, collective, nchunks, nbytes, root=0):
 def _node_view(topo: nx.DiGraph, part: dict, ids: tuple[str, ...]) -> nx.DiGraph:
     members = [n for n in topo if part.get(n) == part[ids[0]]]
     others = {n for n in members if topo.nodes[n].get("kind") == "gpu" and n not in ids}
-    view = topo.subgraph([n for n in members if n not in others]).copy()
-    return view
+    return topo.subgraph([n for n in members if n not in others]).copy()
 
 
 def _shape(view: nx.DiGraph) -> tuple:

@@ -236,7 +236,7 @@ def shares_uploads(p: Problem, tree: Tree) -> bool:
 def _staged_children(p: Problem, tree: Tree) -> dict:
     """``parent -> children staged down from it``, counted where one group moves data down
     alone (broadcast): a reduction's children stage different partial results, and with a
-    group per root the rounding's box around the LP's point (:meth:`Rounding.solve`) cuts
+    group per root the rounding's box around the LP's point (:meth:`Rounding.solve_all`) cuts
     the shared copies' weight into fractions of trees that round to none, and then misses
     the roundings without them."""
     if not _shared_copies(p, tree.group):
@@ -331,7 +331,6 @@ class Rounding:
         self.enumerated = len(p.groups) << (self.n - 1) <= PROGRAM_ROWS
         self.sets = self._first_sets()
         self._rows_for, self._rows = -1, None   # Edmonds' rows, built for that many sets
-        self._stacked: dict = {}   # (blocks, sets) -> their rows stacked (_rows_of)
         self._shorts: list = []   # per-tree limits and box of counts found short (_short)
 
     def _counts(self, t: Tree) -> np.ndarray:
@@ -385,23 +384,20 @@ class Rounding:
                 out += [(g, frozenset([v])) for v in others] + [(g, frozenset(others))]
         return out
 
-    def solve(self, K: int, most: float = np.inf) -> np.ndarray | None:
-        """Counts of ``K`` trees per group (arc counts, then whole trees) whose busiest link
-        carries at most ``most`` capacities, the least such load within the node budget, or
-        None; with several groups each count within one of the LP's own scaled to ``K`` (the
-        box around the LP's point). Edmonds' rows: found for the relaxation, then integers."""
-        return self.solve_all([(K, most)])[0]
-
     def solve_all(self, asks: list) -> list:
-        """:meth:`solve` for each ``(K, most)`` of ``asks``, on threads: each starts from the
-        rows found before, and those they find join them after, in order."""
+        """Per ``(K, most)`` of ``asks``, on threads: counts of ``K`` trees per group (arc
+        counts, then whole trees) whose busiest link carries at most ``most`` capacities, the
+        least such load within the node budget, or None; with several groups each count within
+        one of the LP's own scaled to ``K`` (the box around the LP's point). Edmonds' rows: each
+        starts from those found before, and those they find join them after, in order."""
         solved = concurrently([lambda K=K, most=most: self._solved(K, most) for K, most in asks])
         for _, found in solved:
             self.sets += [row for row in found if row not in self.sets]
         return [x for x, _ in solved]
 
     def _solved(self, K: int, most: float) -> tuple:
-        """``(counts or None, Edmonds rows it found)``: :meth:`solve` on the rows found so far."""
+        """``(counts or None, Edmonds rows it found)``: one ask of :meth:`solve_all`, on the
+        rows found so far."""
         C, H = len(self.cols), len(self.wholes)
         low, high = ((np.floor(self.scaled * K + 1e-9), np.ceil(self.scaled * K - 1e-9))
                      if len(self.p.groups) > 1 else (np.zeros(C + H), np.full(C + H, K)))
@@ -452,19 +448,12 @@ class Rounding:
     def _rows_of(self, sets: list, blocks: list) -> LinearConstraint:
         """``blocks`` of rows (``(matrix, lower, upper)``, the matrix None for Edmonds' rows
         over ``sets``) as one sparse constraint: scipy checks a list or a dense block where
-        every warning on every thread is an error (:data:`MILP_OPTIONS`' warns). Over the
-        sets every solve starts from, tree counts differ only in bounds: that matrix is kept."""
-        sizes = [len(sets) if m is None else m.shape[0] for m, _, _ in blocks]
-        lower, upper = (np.concatenate([np.broadcast_to(np.asarray(b[i], dtype=float), size)
-                                        for b, size in zip(blocks, sizes)]) for i in (1, 2))
-        key = tuple(id(m) for m, _, _ in blocks), len(sets)
-        rows = self._stacked.get(key) if sets is self.sets else None
-        if rows is None:
-            mats = [self._entering(sets) if m is None else m for m, _, _ in blocks]
-            rows = vstack([csr_array(m) for m in mats], format="csr").tocsc()   # CSR: no COO
-            if sets is self.sets:
-                rows = self._stacked.setdefault(key, rows)
-        return LinearConstraint(rows, lower, upper)
+        every warning on every thread is an error (:data:`MILP_OPTIONS`' warns)."""
+        mats = [self._entering(sets) if m is None else m for m, _, _ in blocks]
+        lower, upper = (np.concatenate([np.broadcast_to(np.asarray(b[i], dtype=float), m.shape[:1])
+                                        for b, m in zip(blocks, mats)]) for i in (1, 2))
+        rows = vstack([csr_array(m) for m in mats], format="csr")   # CSR stacks without COO
+        return LinearConstraint(rows.tocsc(), lower, upper)
 
     def _entering(self, sets: list) -> csr_matrix:
         """Edmonds' rows: per (group, set) of ``sets``, the columns whose arcs enter it (a
@@ -729,9 +718,8 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
             return None
         trees = lifted(p, trees)
         depth, rate = max(t.depth() for t in trees), rounding.rate(x, K)
-        return (cost.time(K, rate, depth), K,
-                Packing(rate=rate, trees=trees, rounds=lp.rounds, columns=lp.columns,
-                        balanced=True), cost.time(K, rate, depth, lockstep=True))
+        return (cost.time(K, rate, depth), K, Packing(rate=rate, trees=trees, columns=lp.columns),
+                cost.time(K, rate, depth, lockstep=True))
     built = sorted((b for b in (build(K, x) for _, K, x, _ in picks) if b is not None),
                    key=lambda b: (b[0], b[1]))
     kept = built[:keep] + _buffered(p, built[:keep], built[keep:], keep)
@@ -744,9 +732,8 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
 def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | None,
            modelled: bool) -> list:
     """``(estimated time, K, counts, lockstep time)`` of the counts that beat ``beat``: per
-    count the LP's own trees dealt out (:meth:`Rounding.seeded`), or the integer program's
-    where it beats every one found before it (:data:`BATCH` rounded at once, each kept as if
-    after them)."""
+    count the LP's trees dealt out (:meth:`Rounding.seeded`), or the program's where it beats
+    all found before it (:data:`BATCH` rounded at once, each kept as if after them)."""
     counts = [K for K in range(1, min(most_trees(p), cost.most_trees()) + 1)
               if beat is None or cost.least_rate(K, beat) <= lp.rate]
     d = rounding.least_depth() if modelled else 1
@@ -757,8 +744,8 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
     found: dict = {}
     # a kept count beats the best found one level deep by more than the simulator can tell
     # apart (each one kept costs an integer program), and (modelled) ``beat`` d levels deep
-    least = lambda K: max(cost.least_rate(K, min([f[0] * (1 - NOISE) for f in found.values()]  # noqa
-                                                 + [to_beat])), cost.least_rate(K, to_beat, d))
+    least = lambda K: max(cost.least_rate(K, min(  # noqa: E731
+        [f[0] * (1 - NOISE) for f in found.values()] + [to_beat])), cost.least_rate(K, to_beat, d))
 
     def keep(K, x):
         if x is not None and rounding.rate(x, K) >= least(K) * (1 - 1e-9):

@@ -73,15 +73,12 @@ class Packing:
     """Result of a packing: ``rate`` per group (GB/s) and the trees with ``rate > 0``.
 
     ``columns`` holds every tree the column generation produced (rates 0 included): the
-    candidates an integral rounding may pick from. ``balanced``: one tree per group, all at
-    the same rate (:func:`pack_balanced_trees`).
+    candidates an integral rounding may pick from.
     """
 
     rate: float
     trees: tuple
-    rounds: int
     columns: tuple = ()
-    balanced: bool = False
 
     @property
     def staged(self) -> bool:
@@ -310,7 +307,7 @@ def column_generation(caps, groups: tuple, price) -> Packing:
     y = 1.0 / caps                       # start from short, fat paths
     mu = None                            # no duals before the first solve: take every column
     exact = False
-    for rounds in range(1, _MAX_ROUNDS + 1):
+    for _ in range(_MAX_ROUNDS):
         fresh = [c for c in price(y, exact) if _key(c) not in seen and (mu is None or sum(
                  y[e] * k for e, k in c[2].items()) < mu[gid[c[0]]] * (1 - 1e-9) - 1e-12)]
         if not fresh:
@@ -330,7 +327,7 @@ def column_generation(caps, groups: tuple, price) -> Packing:
     every = tuple(replace(t, rate=max(float(v), 0.0))
                   for (g, t, _), v in zip(cols, lam))
     trees = tuple(t for t in every if t.rate > 1e-9 * max(x, 1e-300))
-    return Packing(rate=float(x), trees=trees, rounds=rounds, columns=every)
+    return Packing(rate=float(x), trees=trees, columns=every)
 
 
 def _variants(price, y, fresh, exact, seen) -> list:
