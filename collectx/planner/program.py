@@ -747,16 +747,17 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
     least = lambda K: max(cost.least_rate(K, min(  # noqa: E731
         [f[0] * (1 - NOISE) for f in found.values()] + [to_beat])), cost.least_rate(K, to_beat, d))
 
-    def keep(K, x):
+    def keep(K, x):   # as if rounded after every count kept before it
         if x is not None and rounding.rate(x, K) >= least(K) * (1 - 1e-9):
             rate, depth = rounding.rate(x, K), rounding.depth(x)
-            return (cost.time(K, rate, depth), K, x, cost.time(K, rate, depth, lockstep=True))
-    # the dealt trees first: with the best of them to beat, most programs are short at once
-    found.update((K, f) for K, f in [(K, keep(K, rounding.seeded(K))) for K in counts] if f)
+            found[K] = (cost.time(K, rate, depth), K, x, cost.time(K, rate, depth, lockstep=True))
+    for K in counts:   # the dealt trees first: with the best of them to beat, most programs
+        keep(K, rounding.seeded(K))   # are refused at once by the cheap LP
     for at in range(0, len(counts), BATCH):
         batch = counts[at:at + BATCH]
         xs = rounding.solve_all([(K, K / least(K) if least(K) > 0 else np.inf) for K in batch])
-        found.update((K, f) for K, f in [(K, keep(K, x)) for K, x in zip(batch, xs)] if f)
+        for K, x in zip(batch, xs):
+            keep(K, x)
     found = list(found.values())
     return [f for f in found if min(f[0], f[3]) < beat] if modelled else found
 
