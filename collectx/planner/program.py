@@ -324,7 +324,7 @@ class Rounding:
         self.rows = {m: csr_array(getattr(self, m)) for m in ("load", "total", "weights")}
         self.col_at = {c: i for i, c in enumerate(self.cols)}
         self.lp_trees = [(t.group, t.rate / lp.rate, self._counts(t)) for t in lp.trees]
-        self.scaled = sum(share * x for _, share, x in self.lp_trees)   # per tree, the LP's
+        self.scaled = sum((share * x for _, share, x in self.lp_trees), np.zeros(C + H))  # per tree
         tree_levels = [sum(t.levels()[a] for a, _ in t.edges) for t in self.wholes]
         self.cost = np.r_[level_cost * self._levels(), np.full(C, level_cost),
                           level_cost * np.array(tree_levels, dtype=float), 1.0]
@@ -748,8 +748,8 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
         [f[0] * (1 - NOISE) for f in found.values()] + [to_beat])), cost.least_rate(K, to_beat, d))
 
     def keep(K, x):   # as if rounded after every count kept before it
-        if x is not None and rounding.rate(x, K) >= least(K) * (1 - 1e-9):
-            rate, depth = rounding.rate(x, K), rounding.depth(x)
+        if x is not None and (rate := rounding.rate(x, K)) >= least(K) * (1 - 1e-9):
+            depth = rounding.depth(x)
             found[K] = (cost.time(K, rate, depth), K, x, cost.time(K, rate, depth, lockstep=True))
     for K in counts:   # the dealt trees first: with the best of them to beat, most programs
         keep(K, rounding.seeded(K))   # are refused at once by the cheap LP
