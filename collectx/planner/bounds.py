@@ -45,6 +45,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
+from .._concurrent import concurrently
 from ..errors import ArgumentError, PlanError
 from ..topology.view import LinkIndex, job_gpus, job_graph, require_connected
 from ..topology.view import turn_rule, without_turnarounds
@@ -128,38 +129,45 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
     # With split switches the cut is no longer tight (their uplinks carry relays both ways, their
     # downlinks feed several GPUs): the multicast LP is.
     rate = cut_rate if G is J else lambda H, c: (multicast_rate(H, c),)
-    x_ag = _memo("cut", G, gpus, lambda: rate(G, gpus)[0])
-    x_rs = x_ag if _symmetric(J) else _memo(
-        "cut_reversed", G, gpus, lambda: rate(G.reverse(copy=True), gpus)[0])
+    flipped = not _symmetric(J)   # reduce-scatter's rate is not allgather's
+
+    def per_root(reverse: bool = False) -> float:
+        H, key = (G.reverse(copy=True), "cut_reversed") if reverse and flipped else (G, "cut")
+        return _memo(key, G, gpus, lambda: rate(H, gpus)[0])
+
     if collective in ("allgather", "reduce_scatter"):
-        cut = (n - 1) * (x_ag if collective == "allgather" else x_rs)
+        cut = (n - 1) * per_root(reverse=collective == "reduce_scatter")
         graph = "" if collective == "allgather" else " of the reversed graph"
         return Bounds(collective, cut, None, cut, None,
                       f"ForestColl cut bound (N-1)*min_S B+(S)/|S∩C|{graph}", gpus)
-    cut = (n - 1) * x_ag      # broadcast/reduce/alltoall report the allgather cut alongside
     if collective in ("broadcast", "reduce"):
         inbound = collective == "reduce"
         if G is J:
-            flow = rooted_flow(G, gpus, gpus[root], inbound=inbound)
+            rooted = lambda: rooted_flow(G, gpus, gpus[root], inbound=inbound)  # noqa: E731
             notes = f"min over v of maxflow {'v -> root' if inbound else 'root -> v'}"
         else:   # a split switch's downlink feeds all its GPUs: no single max-flow sees that
-            flow = _memo(f"multicast{root}{collective}", G, gpus, lambda: multicast_rate(
-                G.reverse(copy=True) if inbound else G, gpus, [root]))
+            H = G.reverse(copy=True) if inbound else G
+            rooted = lambda: _memo(f"multicast{root}{collective}", G, gpus,  # noqa: E731
+                                   lambda: multicast_rate(H, gpus, [root]))
             notes = "multicast LP from the root (switches copy nothing)"
-        return Bounds(collective, flow, None, cut, None, notes, gpus)
+        x_ag, flow = concurrently([per_root, rooted])   # the allgather cut is reported alongside
+        return Bounds(collective, flow, None, (n - 1) * x_ag, None, notes, gpus)
     if collective == "alltoall":
         a2a = (n - 1) * alltoall_rate(G, gpus)
         return Bounds(collective, a2a, None, a2a, None,
                       "max concurrent multicommodity flow (N-1)*rate per pair", gpus)
     factor = 2 * (n - 1) / n
-    cut = 2 * (n - 1) / (1 / x_rs + 1 / x_ag)   # reduce-scatter then allgather, times add up
     turns = turn_rule(J, G, gpus)
-    tree = factor * _memo(f"trees{turns}", G, gpus, lambda: pack_undirected_trees(
-        LinkIndex.of(G), gpus, either_way=G is not J, turns=turns).rate)
-    ceiling = factor * _memo("pair_flow", G, gpus, lambda: min_pair_flow(G, gpus))
-    ref = max(cut, tree)
+    trees = lambda: pack_undirected_trees(  # noqa: E731
+        LinkIndex.of(G), gpus, either_way=G is not J, turns=turns).rate
+    x_ag, tree, pair, *x_rs = concurrently(   # HiGHS releases the GIL while trees price
+        [per_root, lambda: _memo(f"trees{turns}", G, gpus, trees),
+         lambda: _memo("pair_flow", G, gpus, lambda: min_pair_flow(G, gpus))]
+        + [lambda: per_root(reverse=True)] * flipped)
+    cut = 2 * (n - 1) / (1 / (x_rs or [x_ag])[0] + 1 / x_ag)   # reduce-scatter, then allgather
+    tree *= factor
     which = "trees" if tree > cut else "reduce-scatter + allgather"
-    return Bounds(collective, ref, ceiling, cut, tree,
+    return Bounds(collective, max(cut, tree), factor * pair, cut, tree,
                   f"reference = {which}; ceiling = 2(N-1)/N * min pair maxflow", gpus)
 
 
@@ -330,27 +338,19 @@ def multicast_rate(G: nx.DiGraph, gpus, roots=None) -> float:
     x_col = nf + ny        # the root emits x, the destination absorbs it
     A_eq = _conservation(index, [{gpus[roots[k]]: -1.0, gpus[v]: 1.0} for k, v in pairs],
                          x_col + 1)
-    ub_r, ub_c, ub_v = [], [], []
-    for p, (k, _) in enumerate(pairs):        # f[p, e] - y[k, e] <= 0
-        for e in range(m):
-            ub_r += [p * m + e, p * m + e]
-            ub_c += [p * m + e, nf + k * m + e]
-            ub_v += [1.0, -1.0]
-    for k in range(len(roots)):               # sum over roots of y[k, e] <= cap[e]
-        for e in range(m):
-            ub_r.append(nf + e)
-            ub_c.append(nf + k * m + e)
-            ub_v.append(1.0)
+    f, y = list(range(nf)), list(range(nf, nf + ny))
+    owner = [nf + k * m + e for k, _ in pairs for e in range(m)]
+    ub_r = f + f + [nf + e for _ in roots for e in range(m)]   # f[p, e] - y[k, e] <= 0, and
+    ub_c, ub_v = f + owner + y, [1.0] * nf + [-1.0] * nf + [1.0] * ny   # sum_k y[k, e] <= cap[e]
     row = nf + m
     kinds = dict(G.nodes(data="kind"))
     for w in (w for w in index.nodes if kinds.get(w) not in COPIERS):
         touching = [(e, 1.0 if a == w else -1.0) for e, (a, b) in enumerate(index.links)
                     if w in (a, b)]
         for k in range(len(roots)):           # out - in of root k's data at a switch <= 0
-            for e, sign in touching:
-                ub_r.append(row)
-                ub_c.append(nf + k * m + e)
-                ub_v.append(sign)
+            ub_r += [row] * len(touching)
+            ub_c += [nf + k * m + e for e, _ in touching]
+            ub_v += [sign for _, sign in touching]
             row += 1
     A_ub = sp.csr_matrix((ub_v, (ub_r, ub_c)), shape=(row, x_col + 1))
     b_ub = np.concatenate([np.zeros(nf), np.asarray(index.caps, dtype=float),
