@@ -182,18 +182,17 @@ def way_index(options: tuple, load, down: bool, up: bool) -> int:
 def fractional(p: Problem) -> Packing:
     """The LP optimum over every group's arborescences (step 1); tree groups are indices into
     ``p.groups``, ``rate`` is each group's (GB/s)."""
-    n = len(p.gpus)
+    n, rows = len(p.gpus), {mode: _way_rows(ways, len(p.caps)) for mode, ways in p.ways.items()}
 
     def price(y, exact):
         cols = []
         for mode, ways in p.ways.items():
-            W = np.full((n, n), np.inf)
-            best = {}
-            for e, options in ways.items():
-                costs = [sum(y[link] * w for link, w in way.load) + 1e-9 * len(way.load)
-                         for way in options]
-                best[e] = k = int(np.argmin(costs))
-                W[e] = costs[k]
+            W, best = np.full((n, n), np.inf), {}
+            loads, hops, spans = rows[mode]
+            costs = (loads @ y + hops).tolist()   # a way's price, the fewer links the cheaper
+            for e, (lo, hi) in zip(ways, spans):
+                best[e] = k = min(range(hi - lo), key=lambda i: costs[lo + i])
+                W[e] = costs[lo + k]
             for g, (r, m) in enumerate(p.groups):
                 parent = min_arborescence(W, r) if m == mode else None
                 if parent is not None:
@@ -205,6 +204,17 @@ def fractional(p: Problem) -> Packing:
         return cols
 
     return column_generation(p.caps, tuple(range(len(p.groups))), price)
+
+
+def _way_rows(ways: dict, nlinks: int) -> tuple:
+    """``(loads, hops, spans)``: each way of ``ways`` a sparse row of its loads in their order
+    (its price sums as a loop over them would), 1e-9 per link, and each arc's span of rows."""
+    every = [way.load for options in ways.values() for way in options]
+    flat = np.array([pair for load in every for pair in load], dtype=float).reshape(-1, 2)
+    ends = np.cumsum([0] + [len(load) for load in every])
+    loads = csr_matrix((flat[:, 1], flat[:, 0].astype(np.int64), ends), (len(every), nlinks))
+    cuts = np.cumsum([0] + [len(options) for options in ways.values()]).tolist()
+    return loads, 1e-9 * np.diff(ends), list(zip(cuts, cuts[1:]))
 
 
 def tree_of(p: Problem, g: int, edges, picks, rate: float = 0.0) -> Tree:
@@ -315,10 +325,8 @@ class Rounding:
         self.weights = self.load * self.caps[:, None] * np.r_[np.ones(2 * C + H), 0.0]
         self.whole = np.all(np.abs(self.weights - np.round(self.weights)) < 1e-9, axis=1)
         self.total = np.zeros((len(p.groups), 2 * C + H + 1))
-        for c, (g, _, _) in enumerate(self.cols):
-            self.total[g, c] = 1.0
-        for i, t in enumerate(self.wholes):
-            self.total[t.group, 2 * C + i] = self.n - 1
+        self.total[[g for g, _, _ in self.cols], range(C)] = 1.0
+        self.total[[t.group for t in self.wholes], range(2 * C, 2 * C + H)] = self.n - 1
         self.repeats = stacked([identity(C), -identity(C), csr_matrix((C, H + 1))], "csr")
         # as the solver's rows: converted once, not per program (a third of their setup)
         self.rows = {m: csr_array(getattr(self, m)) for m in ("load", "total", "weights")}
@@ -586,9 +594,8 @@ def lifted(p: Problem, trees: tuple) -> tuple:
     limit = caps * float(np.max(load / caps)) * (1 + 1e-9)
     out = [t if shares_uploads(p, t) else _Growing(p, t) for t in trees]
     growing = [t for t in out if isinstance(t, _Growing)]
-    moved = True
-    while moved:   # every move shortens a path to the root: this ends
-        moved = any([tree.lift(load, limit) for tree in growing])
+    while any([tree.lift(load, limit) for tree in growing]):
+        pass   # every move shortens a path to the root: this ends
     return tuple(t.frozen() if isinstance(t, _Growing) else t for t in out)
 
 
@@ -610,13 +617,9 @@ class _Growing:
         return level
 
     def below(self, v) -> set:
-        out, grew = {v}, True
-        while grew:
-            grew = False
-            for c, a in self.parent.items():
-                if a in out and c not in out:
-                    out.add(c)
-                    grew = True
+        out = {v}
+        while grown := {c for c, a in self.parent.items() if a in out and c not in out}:
+            out |= grown
         return out
 
     def lift(self, load, limit) -> bool:
@@ -639,13 +642,10 @@ class _Growing:
         rate = self.tree.rate
         for link, w in self.way[v].load:
             load[link] -= w * rate
-        if all(load[link] + w * rate <= limit[link] for link, w in way.load):
-            for link, w in way.load:
-                load[link] += w * rate
-            return True
-        for link, w in self.way[v].load:
+        fits = all(load[link] + w * rate <= limit[link] for link, w in way.load)
+        for link, w in (way if fits else self.way[v]).load:   # the new way, or the old back
             load[link] += w * rate
-        return False
+        return fits
 
     def frozen(self) -> Tree:
         parent = [self.parent.get(v, -1) for v in range(len(self.p.gpus))]
@@ -679,8 +679,7 @@ def fits_twice(trees, modes: dict, lanes: int) -> bool:
 def most_trees(p: Problem) -> int:
     """Trees per group the plan's lanes hold: a rank gives every tree it does not root a
     lane (two for trees used both ways, one up and one down)."""
-    per_tree = 2 if BOTH in p.ways else 1
-    return max(1, p.lanes // (per_tree * len(p.groups)))
+    return max(1, p.lanes // ((2 if BOTH in p.ways else 1) * len(p.groups)))
 
 
 def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
