@@ -131,9 +131,10 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
     rate = cut_rate if G is J else lambda H, c: (multicast_rate(H, c),)
     flipped = not _symmetric(J)   # reduce-scatter's rate is not allgather's
 
-    def per_root(reverse: bool = False) -> float:
-        H, key = (G.reverse(copy=True), "cut_reversed") if reverse and flipped else (G, "cut")
-        return _memo(key, G, gpus, lambda: rate(H, gpus)[0])
+    def per_root(reverse: bool = False) -> float:   # reverses the graph only on a miss
+        flip = reverse and flipped
+        return _memo("cut_reversed" if flip else "cut", G, gpus,
+                     lambda: rate(G.reverse(copy=True) if flip else G, gpus)[0])
 
     if collective in ("allgather", "reduce_scatter"):
         cut = (n - 1) * per_root(reverse=collective == "reduce_scatter")
@@ -146,9 +147,9 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
             rooted = lambda: rooted_flow(G, gpus, gpus[root], inbound=inbound)  # noqa: E731
             notes = f"min over v of maxflow {'v -> root' if inbound else 'root -> v'}"
         else:   # a split switch's downlink feeds all its GPUs: no single max-flow sees that
-            H = G.reverse(copy=True) if inbound else G
+            H = lambda: G.reverse(copy=True) if inbound else G  # noqa: E731
             rooted = lambda: _memo(f"multicast{root}{collective}", G, gpus,  # noqa: E731
-                                   lambda: multicast_rate(H, gpus, [root]))
+                                   lambda: multicast_rate(H(), gpus, [root]))
             notes = "multicast LP from the root (switches copy nothing)"
         x_ag, flow = concurrently([per_root, rooted])   # the allgather cut is reported alongside
         return Bounds(collective, flow, None, (n - 1) * x_ag, None, notes, gpus)
@@ -160,11 +161,11 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
     turns = turn_rule(J, G, gpus)
     trees = lambda: pack_undirected_trees(  # noqa: E731
         LinkIndex.of(G), gpus, either_way=G is not J, turns=turns).rate
-    x_ag, tree, pair, *x_rs = concurrently(   # HiGHS releases the GIL while trees price
+    x_rs = (lambda: per_root(reverse=True)) if flipped else (lambda: None)  # None: x_ag's
+    x_ag, tree, pair, x_rs = concurrently(   # HiGHS releases the GIL while trees price
         [per_root, lambda: _memo(f"trees{turns}", G, gpus, trees),
-         lambda: _memo("pair_flow", G, gpus, lambda: min_pair_flow(G, gpus))]
-        + [lambda: per_root(reverse=True)] * flipped)
-    cut = 2 * (n - 1) / (1 / (x_rs or [x_ag])[0] + 1 / x_ag)   # reduce-scatter, then allgather
+         lambda: _memo("pair_flow", G, gpus, lambda: min_pair_flow(G, gpus)), x_rs])
+    cut = 2 * (n - 1) / (1 / (x_rs or x_ag) + 1 / x_ag)   # reduce-scatter, then allgather
     tree *= factor
     which = "trees" if tree > cut else "reduce-scatter + allgather"
     return Bounds(collective, max(cut, tree), factor * pair, cut, tree,
