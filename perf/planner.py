@@ -14,8 +14,9 @@ b. the dgx1v allocations of 3..8 GPUs with no NVLink ring: chosen busbw / ring-o
    does) and against collectx's own ring packing;
 c. at 8 KiB the chosen predicted time is <= ring's and tree's on every preset;
 d. median planning time per allocation size on dgx1v, and for the full dgx2 and mi250_16gcd
-   (targets <= 1 s for 8-GPU allocations, <= 5 s for dgx2/mi250); with section a, also the
-   slowest plans of each allocation preset, re-timed.
+   (targets <= 1 s for 8-GPU allocations, <= 5 s for dgx2/mi250); with ``--real-dumps``
+   also every dump of ``topology/real``, whole machine (the same targets by GPU count); with
+   section a, also the slowest plans of each allocation preset, re-timed.
 
 ``--retime TOPOLOGY:COLLECTIVE:GPUS ...`` re-times named plans alone (median of 5 runs); a
 topology is a preset, a topology file, or a dump of ``topology/real`` by its file name, so
@@ -174,7 +175,22 @@ def planning_time(args, rows, out):
         r = record(T.load(name), name, None, "allreduce", args.size)
         out(r)
         print(f"  {name} full: {r['planning_time_s']:7.3f} s ({r['algorithm']})")
+    if args.real_dumps:
+        real_dumps(args, out)
     slowest_allocations(args, rows)
+
+
+def real_dumps(args, out):
+    """Every dump of topology/real, whole machine: the targets hold on machines the planner
+    was not shaped on, or the table shows where not."""
+    print("  real dumps, whole machine:")
+    for path in sorted(p for p in REAL.iterdir() if p.suffix in (".xml", ".txt")):
+        G = T.load(path)
+        r = record(G, path.name, None, "allreduce", args.size)
+        out(r)
+        eff = "" if r["efficiency"] is None else f", {r['efficiency']:.3f} of the bound"
+        print(f"    {path.name:<54}{len(T.gpus(G)):>3} GPUs {r['planning_time_s']:8.3f} s "
+              f"({r['algorithm']}{eff})")
 
 
 SLOWEST = 5       # plans of section (a) re-timed per preset
@@ -231,6 +247,9 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="allocations per size (sampled)")
     ap.add_argument("--verify", action="store_true", help="also verify every schedule")
     ap.add_argument("--jsonl", help="write one JSON line per plan here")
+    ap.add_argument("--real-dumps", action="store_true",
+                    help="section d: also every dump of topology/real, whole machine "
+                         "(16-GPU dumps take a minute or more each)")
     ap.add_argument("--retime", nargs="*", default=[], metavar="TOPOLOGY:COLLECTIVE:GPUS",
                     help="also re-time these plans alone, e.g. dgx1p:allreduce:1,2,3,4,5,7, "
                          "dgx1v:broadcast:all or hgx_h100_nccl_topo.xml:allreduce:all")
