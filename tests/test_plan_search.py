@@ -22,9 +22,9 @@ class _Fake(str):
         return int(self[1:])
 
 
-def _search(times: dict, firsts: dict, ladders: dict, good_us=None):
-    """``trees._fastest`` over fake packings: ``times[name]`` is the simulated time of the
-    schedule ``name``; returns (chosen name, names judged in order)."""
+def _judging(times: dict):
+    """``(judge, judged)``: ``judge(name)`` is the thunk that simulates the schedule ``name``
+    (``times[name]`` us) and records it in ``judged``."""
     judged = []
 
     def judge(name):
@@ -32,7 +32,15 @@ def _search(times: dict, firsts: dict, ladders: dict, good_us=None):
             judged.append(name)
             return times[name], _Fake(name)
         return run
-    tried = [([lambda n=n: n for n in firsts[k]], [lambda n=n: n for n in ladders[k]])
+    return judge, judged
+
+
+def _search(times: dict, firsts: dict, ladders: dict, good_us=None):
+    """``trees._fastest`` over fake packings: ``times[name]`` is the simulated time of the
+    schedule ``name``; returns (chosen name, names judged in order)."""
+    judge, judged = _judging(times)
+    tried = [([lambda n=n: n for n in firsts[k]],   # the ladder climbs from the last try
+              [[]] * (len(firsts[k]) - 1) + [[lambda n=n: n for n in ladders[k]]])
              for k in firsts]
     return trees._fastest(tried, lambda thunk: judge(thunk()), good_us), judged
 
@@ -44,6 +52,17 @@ def test_every_packing_climbs_until_a_rung_loses_by_more_than_the_rise():
                            {"a": ["a2", "a3", "a4", "a5"], "b": ["b2", "b3", "b4"]})
     assert best == "a5"
     assert "b4" not in judged and {"a3", "a4", "a5", "b3"} <= set(judged)
+
+
+def test_each_first_try_climbs_its_own_ladder():
+    # One lane per tree edge beats two at the first count (a16 against b16); more chunks
+    # are tried on both, each until its own rung loses: two lanes win at more chunks.
+    times = {"a16": 95.0, "b16": 100.0, "a32": 90.0, "b32": 80.0, "a64": 97.0, "b64": 79.0}
+    judge, judged = _judging(times)
+    thunks = lambda names: [lambda n=n: n for n in names]   # noqa: E731
+    tried = [(thunks(["a16", "b16"]), [thunks(["a32", "a64"]), thunks(["b32", "b64"])])]
+    best = trees._fastest(tried, lambda thunk: judge(thunk()), None)
+    assert best == "b64" and judged == ["a16", "b16", "a32", "b32", "a64", "b64"]
 
 
 def test_a_packing_behind_at_first_may_still_win_at_more_chunks():
@@ -108,3 +127,28 @@ def test_rounding_in_batches_keeps_the_counts_one_by_one_keeps(monkeypatch):
         kept.append([K for _, K, _, _ in found])
     assert kept[0] == kept[1] and len(kept[0]) > 1
 
+
+
+def _deep(levels: int):
+    """A stand-in packing: one tree ``levels`` deep."""
+    from types import SimpleNamespace
+    return SimpleNamespace(trees=[SimpleNamespace(depth=lambda: levels, group=0)])
+
+
+def test_deep_trees_climb_past_four_times_the_first_count():
+    # A pipeline d levels deep loses (d - 1) / m of its run to fill. 18 levels at 4 x 80
+    # chunks still lose 5%, so the ladder doubles on until at most FILL (2%) is lost, then
+    # tries the most chunks allowed; 3 levels lose less than that already at 2 x 80.
+    gpus = ("GPU0", "GPU1", "GPU2", "GPU3")
+    p = P.problem(job_graph(T.ring(4), gpus), gpus, "broadcast")
+    pipe = trees.Pipeline(p, 1 << 30)
+    most = int(pipe.most_chunks(1))
+    assert pipe.rungs(_deep(18), 80) == [160, 320, 640, 1280, most]
+    assert pipe.rungs(_deep(3), 80) == [160, 320, most]
+
+
+def test_no_rung_cuts_chunks_below_the_smallest_worth_moving():
+    gpus = ("GPU0", "GPU1", "GPU2", "GPU3")
+    p = P.problem(job_graph(T.ring(4), gpus), gpus, "broadcast")
+    pipe = trees.Pipeline(p, 64 << 20)   # 1,024 chunks of 64 KiB
+    assert pipe.rungs(_deep(18), 80) == [160, 320, 640, 1024]

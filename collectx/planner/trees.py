@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
-from itertools import accumulate
 
 import networkx as nx
 
@@ -118,17 +117,17 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
 
 
 def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
-    """The fastest schedule of ``tried`` (per packing, thunks of its first tries and of its
-    ladder of more chunks; ``judge(thunk)()`` is ``(simulated us, schedule)``): the first
-    tries judged at once, then every packing climbing its ladder, a rung of each at once,
-    until a rung loses by more than :data:`~.cost_tables.NOISE` to the best below it (times
-    along a ladder wobble, then may gain again), or until some are good enough (``good_us``:
-    as fast as pipelines get), and then the fewest chunks of those (instructions to ship,
-    decode and run). docs/planner.md has why."""
+    """The fastest schedule of ``tried`` (per packing, thunks of its first tries and, for each,
+    the ladder of more chunks that climbs from it; ``judge(thunk)()`` is ``(simulated us,
+    schedule)``): the first tries judged at once, then every ladder climbing, a rung of each at
+    once, until a rung loses by more than :data:`~.cost_tables.NOISE` to the best below it
+    (times along a ladder wobble, then may gain again), or until some are good enough
+    (``good_us``: as fast as pipelines get), and then the fewest chunks of those (instructions
+    to ship, decode and run). docs/planner.md has why."""
     judged = concurrently([judge(lower) for first, _ in tried for lower in first])
     best = min(judged, key=lambda r: r[0])
-    ends = accumulate(len(first) for first, _ in tried)   # climbs from its last first try
-    climbing = [(judged[e - 1][0], ladder) for e, (_, ladder) in zip(ends, tried) if ladder]
+    ladders = [ladder for _, some in tried for ladder in some]
+    climbing = [(r[0], ladder) for r, ladder in zip(judged, ladders) if ladder]
     while climbing and best[0] > (good_us or 0.0):
         judged = concurrently([judge(ladder[0]) for _, ladder in climbing])
         climbing = [(min(us, least), ladder[1:])
@@ -143,19 +142,18 @@ def _tries(name, packing, p, pipe, collective, n, root, inplace) -> tuple[list, 
     """``packing``'s schedules worth simulating, as thunks: at the pipeline model's chunk
     counts (on one lane per edge, waits paid in lockstep, :meth:`Pipeline.chunks`, hidden,
     :meth:`Pipeline.hidden_chunks`, and their geometric mean; where two lanes per edge fit,
-    the hidden count on one lane and double-buffered), and a ladder of double-buffered tries
-    at two and four times it and at the most chunks allowed (:func:`_fastest`)."""
+    the hidden count on one lane and double-buffered), and from each try at the hidden count
+    a ladder of more chunks on as many lanes (:meth:`Pipeline.rungs`, :func:`_fastest`)."""
     packing = _centred(p, packing)
     lower = _lowering(name, packing, p, collective, n, root, inplace)
     m, hidden, k = pipe.chunks(packing), pipe.hidden_chunks(packing), pipe.trees(packing)
-    first, ladder = [(m, 1), (round((m * hidden) ** 0.5), 1), (hidden, 1)], []
+    first = list(dict.fromkeys([(m, 1), (round((m * hidden) ** 0.5), 1), (hidden, 1)]))
     if most_buffers(packing, p.modes(), p.lanes) > 1:
-        most = int(pipe.most_chunks(k))
         first = [(hidden, 1), (hidden, 2)]
-        ladder = [(c * hidden, 2) for c in (2, 4)] + [(most, 2)] * (most > 4 * hidden)
+    rungs = pipe.rungs(packing, hidden)
     thunk = lambda c, buffers: lambda: lower(c * k, buffers)   # noqa: E731
-    return ([thunk(c, b) for c, b in dict.fromkeys(first)],
-            [thunk(c, b) for c, b in dict.fromkeys(ladder)])
+    return ([thunk(c, b) for c, b in first],
+            [[thunk(r, b) for r in rungs] if c == hidden else [] for c, b in first])
 
 
 def _centred(p: P.Problem, packing: Packing) -> Packing:
@@ -184,8 +182,7 @@ class Pipeline:
     so a link loses ``m w`` of the run (:meth:`chunks`); where the other transfers on a link
     move while a tree waits, only ``m w / c`` with ``c`` of them (:meth:`hidden_chunks`,
     the rounding's ranking). ``m = sqrt(T (d - 1) c / w)`` balances fill and waits, within
-    :data:`MIN_CHUNK_BYTES` per chunk and :data:`INSTRUCTIONS` per schedule.
-    """
+    :data:`MIN_CHUNK_BYTES` per chunk and :data:`INSTRUCTIONS` per schedule."""
 
     def __init__(self, p: P.Problem, unit: float):
         self.p, self.unit = p, unit
@@ -224,6 +221,17 @@ class Pipeline:
         best = (run_us * max(depth - 1, 1) * crowd / max(wait, 1e-3)) ** 0.5
         return max(1, int(min(best, self.most_chunks(k))))
 
+    def rungs(self, packing: Packing, hidden: int) -> list:
+        """The chunk counts a ladder climbs from ``hidden``: twice and four times it, doubling on
+        while the fill, ``(d - 1) / m`` of a run, exceeds :data:`FILL` (deep trees) and chunks
+        stay at least :data:`MIN_CHUNK_BYTES`, then the most :meth:`most_chunks` allows."""
+        k, fill = self.trees(packing), self.depth(packing) - 1
+        rungs = [2 * hidden, 4 * hidden]
+        while fill > FILL * rungs[-1] and 2 * rungs[-1] <= self.unit / k / MIN_CHUNK_BYTES:
+            rungs.append(2 * rungs[-1])
+        most = int(self.most_chunks(k))
+        return rungs + [most] * (most > rungs[-1])
+
     def most_chunks(self, k: int) -> float:
         """The most chunks each of ``k`` trees per group may carry."""
         edges = self.passes * (len(self.p.gpus) - 1) * len(self.p.groups) * k
@@ -234,12 +242,8 @@ class Pipeline:
         link, as the rounding's (its trees are not built until it has chosen): ``k`` trees
         of each of those groups cross that link at once."""
         self.lp_wait = self._wait(lp)
-        meet: dict = {}
-        for t in lp.trees:
-            for path in t.paths:
-                for link, _ in path:
-                    meet.setdefault(link, set()).add(t.group)
-        self.lp_crowd = max((len(g) for g in meet.values()), default=1)
+        meet = {(link, t.group) for t in lp.trees for path in t.paths for link, _ in path}
+        self.lp_crowd = max(Counter(link for link, _ in meet).values(), default=1)
         self.lp_rate = lp.rate
 
     def time(self, k: int, rate: float, depth: int, lockstep: bool = False) -> float:
@@ -275,12 +279,8 @@ class Pipeline:
 
 def _crowd(trees) -> int:
     """The most tree edges that cross one link: the transfers a link carries at once."""
-    count: dict = {}
-    for t in trees:
-        for path in t.paths:
-            for link, _ in path:
-                count[link] = count.get(link, 0) + 1
-    return max(count.values(), default=1)
+    return max(Counter(link for t in trees for path in t.paths for link, _ in path).values(),
+               default=1)
 
 
 def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group: int, *,
