@@ -132,6 +132,6 @@ def test_a_plan_keeps_no_candidate_schedule_alive_after_it_returns():
     import sys
     seen = sys.modules["collectx.schedule.simulate"]._SEEN
     p = plan(T.load("dgx1p"), "allreduce", 1 << 30, gpus=[0, 2, 4, 6], verify=False)
-    assert p.algorithm == "blink+host" and not seen
+    assert p.algorithm in ("blink+host", "forest+host") and not seen   # packed: many simulated
     make_schedule(T.load("dgx1p"), "allgather", 4, 1 << 30)
     assert not seen
