@@ -42,7 +42,7 @@ def _search(times: dict, firsts: dict, ladders: dict, good_us=None):
     tried = [([lambda n=n: n for n in firsts[k]],   # the ladder climbs from the last try
               [[]] * (len(firsts[k]) - 1) + [[lambda n=n: n for n in ladders[k]]])
              for k in firsts]
-    return trees._fastest(tried, lambda thunk: judge(thunk()), good_us), judged
+    return trees._fastest(tried, lambda thunk, beat=None: judge(thunk()), good_us), judged
 
 
 def test_every_packing_climbs_until_a_rung_loses_by_more_than_the_rise():
@@ -61,8 +61,26 @@ def test_each_first_try_climbs_its_own_ladder():
     judge, judged = _judging(times)
     thunks = lambda names: [lambda n=n: n for n in names]   # noqa: E731
     tried = [(thunks(["a16", "b16"]), [thunks(["a32", "a64"]), thunks(["b32", "b64"])])]
-    best = trees._fastest(tried, lambda thunk: judge(thunk()), None)
+    best = trees._fastest(tried, lambda thunk, beat=None: judge(thunk()), None)
     assert best == "b64" and judged == ["a16", "b16", "a32", "b32", "a64", "b64"]
+
+
+def test_a_rung_is_judged_only_against_its_own_ladder_so_far():
+    # A rung matters only if it beats its ladder's best by more than the noise (the
+    # global best is no slower): the simulator may give up past that, first tries never.
+    times = {"a1": 100.0, "a2": 90.0, "a3": 99.0, "b1": 95.0, "b2": 96.0}
+    beats = {}
+    judge, _ = _judging(times)
+    thunks = lambda names: [lambda n=n: n for n in names]   # noqa: E731
+
+    def judging(thunk, beat=None):
+        beats[name := thunk()] = beat
+        return judge(name)
+    tried = [(thunks(["a1"]), [thunks(["a2", "a3"])]), (thunks(["b1"]), [thunks(["b2"])])]
+    assert trees._fastest(tried, judging, None) == "a2"
+    noise = 1 + trees.NOISE
+    assert beats == {"a1": None, "b1": None, "a2": 100.0 * noise, "b2": 95.0 * noise,
+                     "a3": 90.0 * noise}
 
 
 def test_a_packing_behind_at_first_may_still_win_at_more_chunks():

@@ -14,9 +14,10 @@ from collectx.schedule import Dep, Ref, ScheduleBuilder, simulate
 from collectx.schedule import _flat
 from collectx.schedule._fairshare import RouteClasses
 from collectx.schedule._taskloop import TaskGraph, native_available, run_native, run_python
+from collectx.schedule.simulate import forget, time_within
 
 needs_native = pytest.mark.skipif(not native_available(),
-                                  reason="libcollectx without cx_sim_fairshare")
+                                  reason="libcollectx without cx_sim_fairshare_within")
 
 CASES = [("dgx1v", None, "allreduce", "blink"), ("dgx1v", None, "allgather", "forest"),
          ("dgx1v", [0, 1, 3, 4, 5, 6, 7], "allreduce", "forest"),
@@ -52,6 +53,19 @@ def test_native_matches_python_on_a_switched_machine_with_host_staging(coll, alg
     assert s.algorithm.endswith("+host")
     _same(simulate(s, view, 1 << 30, ranks=list(ranks), native=True),
           simulate(s, view, 1 << 30, ranks=list(ranks), native=False))
+
+
+@needs_native
+def test_a_run_given_up_returns_a_lower_bound_past_the_time_to_beat():
+    # A candidate that must beat a time is dropped once some link still holds more bytes
+    # than it can carry by then; one that ends in time gets its full simulated time.
+    ranks, view = allocation(topo.load("dgx1v"), None)
+    s = registry.call("blink", view, ranks, "allreduce", 1 << 30, nchunks=64)
+    full = simulate(s, view, 1 << 30, ranks=list(ranks)).time_us
+    forget()
+    bound = time_within(s, view, 1 << 30, 0.5 * full, ranks=list(ranks))
+    assert 0.5 * full < bound < full
+    assert time_within(s, view, 1 << 30, 2 * full, ranks=list(ranks)) == full
 
 
 needs_flat = pytest.mark.skipif(compiled_helper("schedule_arrays") is None

@@ -23,11 +23,11 @@ from ..errors import PlanError
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import GPU_LANES, PackedSchedule, Ref, Schedule
 from ..schedule.metrics import unit_bytes
-from ..schedule.simulate import unpacked
+from ..schedule.simulate import time_within, unpacked
 from . import program as P
 from .direct import plan_direct
 from .._concurrent import concurrently
-from ._build import check_args, simulated
+from ._build import check_args
 from .cost_tables import FILL, INSTRUCTIONS, MIN_CHUNK_BYTES, NOISE
 from .treepack import Packing
 from .treesched import Share, chunk_refs, emitter
@@ -87,8 +87,7 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
     if collective not in serves:
         raise PlanError(f"{name} plans {', '.join(serves)}, not {collective}; use {other} for "
                         f"{' and '.join(c for c in BLINK + FOREST if c not in serves)}")
-    n = len(ranks)
-    check_args(collective, n, root, nchunks)
+    check_args(collective, n := len(ranks), root, nchunks)
     if n == 1:
         return replace(plan_direct(None, ranks, collective, nbytes, root=root, inplace=inplace),
                        algorithm=name, meta=())   # one rank: its own copy, if any
@@ -112,24 +111,25 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
         return lower(nchunks // n if forest else nchunks, packed=False)
     tried = [_tries(name, packing, p, pipe, collective, n, root, inplace)
              for packing in sorted(packings, key=lambda k: -k.rate)]
-    judge = lambda lower: lambda: (simulated(s := lower(), topo, nbytes, ranks).time_us, s)  # noqa
+    judge = lambda lower, beat=float("inf"): lambda: (  # noqa: E731
+        time_within(s := lower(), topo, nbytes, beat, ranks=list(ranks)), s)
     return unpacked(_fastest(tried, judge, good_us))
 
 
 def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
     """The fastest schedule of ``tried`` (per packing, thunks of its first tries and, for each,
-    the ladder of more chunks that climbs from it; ``judge(thunk)()`` is ``(simulated us,
-    schedule)``): the first tries judged at once, then every ladder climbing, a rung of each at
-    once, until a rung loses by more than :data:`~.cost_tables.NOISE` to the best below it
-    (times along a ladder wobble, then may gain again), or until some are good enough
+    the ladder of more chunks that climbs from it; ``judge(thunk, beat)()`` is ``(simulated
+    us, schedule)``, given up past ``beat``): the first tries judged at once, then every ladder
+    climbing, a rung of each at once (given up once it loses), until a rung loses by more than
+    :data:`~.cost_tables.NOISE` to the best below it (times along a ladder wobble, then may
+    gain again), or until some are good enough
     (``good_us``: as fast as pipelines get), and then the fewest chunks of those (instructions
     to ship, decode and run). docs/planner.md has why."""
     judged = concurrently([judge(lower) for first, _ in tried for lower in first])
     best = min(judged, key=lambda r: r[0])
-    ladders = [ladder for _, some in tried for ladder in some]
-    climbing = [(r[0], ladder) for r, ladder in zip(judged, ladders) if ladder]
+    climbing = [(r[0], up) for r, up in zip(judged, [up for _, ups in tried for up in ups]) if up]
     while climbing and best[0] > (good_us or 0.0):
-        judged = concurrently([judge(ladder[0]) for _, ladder in climbing])
+        judged = concurrently([judge(rung[0], least * (1 + NOISE)) for least, rung in climbing])
         climbing = [(min(us, least), ladder[1:])
                     for (least, ladder), (us, _) in zip(climbing, judged)
                     if us < least * (1 + NOISE) and len(ladder) > 1]

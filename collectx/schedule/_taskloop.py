@@ -90,7 +90,7 @@ def run_python(tg: TaskGraph, capacity: list[float],
 
 
 def native_available() -> bool:
-    """Whether libcollectx loads and has ``cx_sim_fairshare`` (an older build may not)."""
+    """Whether libcollectx loads and has ``cx_sim_fairshare_within`` (an older build may not)."""
     try:
         _library()
     except Exception:  # no library, no cffi, or one that fails to load: use Python
@@ -120,7 +120,7 @@ def _library():
     ffi = cffi.FFI()
     ffi.cdef(text[start:end])
     lib = ffi.dlopen(str(path))
-    lib.cx_sim_fairshare  # noqa: B018  (raises AttributeError when the build lacks it)
+    lib.cx_sim_fairshare_within  # noqa: B018  (raises AttributeError when the build lacks it)
     return ffi, lib
 
 
@@ -131,9 +131,12 @@ def run_native(tg: TaskGraph, capacity: list[float],
 
 
 def run_arrays(tasks: dict, ntasks: int, nnodes: int, capacity: list[float],
-               classes: RouteClasses) -> tuple[float, list[int]]:
+               classes: RouteClasses,
+               give_up_us: float | None = None) -> tuple[float, list[int] | None]:
     """:func:`run_native` on a task graph already in ``cx_sim_graph``'s arrays (``part_*``,
-    ``member*``, ``node_task``, ``succ*``, ``npreds``; see :mod:`._flat`)."""
+    ``member*``, ``node_task``, ``succ*``, ``npreds``; see :mod:`._flat`). ``give_up_us``: the
+    loop may stop once the run is sure to end later (``cx_sim_fairshare_within``); the time
+    is then a lower bound above it, and the order None."""
     ffi, lib = _library()
     arrays = dict(tasks, **_class_arrays(capacity, classes))
     g = ffi.new("cx_sim_graph*")
@@ -147,11 +150,13 @@ def run_arrays(tasks: dict, ntasks: int, nnodes: int, capacity: list[float],
     time_us = ffi.new("double*")
     nstarted = ffi.new("int*")
     order = np.zeros(max(ntasks, 1), dtype=np.int32)
-    rc = lib.cx_sim_fairshare(g, time_us, ffi.cast("int*", ffi.from_buffer(order)), nstarted)
+    given_up = ffi.new("int*")
+    rc = lib.cx_sim_fairshare_within(g, np.inf if give_up_us is None else give_up_us, time_us,
+                                     ffi.cast("int*", ffi.from_buffer(order)), nstarted, given_up)
     if rc != 0:
-        raise NativeError(f"cx_sim_fairshare returned {rc} for a {ntasks}-task graph; "
+        raise NativeError(f"cx_sim_fairshare_within returned {rc} for a {ntasks}-task graph; "
                           "expected 0 (the task graph is malformed: report this as a bug)")
-    return time_us[0], order[:nstarted[0]].tolist()
+    return time_us[0], None if given_up[0] else order[:nstarted[0]].tolist()
 
 
 def _csr(rows) -> tuple[np.ndarray, list]:

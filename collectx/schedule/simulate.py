@@ -100,11 +100,57 @@ def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
     if hit is not None and hit[0] is s:   # planners compare candidates, then predict the winner
         return hit[1]
     result, longest, pairs = _simulate(s, nodes, routes, nbytes, dtype_size, native)
+    _remember(key, s, result, longest, pairs)
+    return result
+
+
+@paused
+def time_within(schedule: Schedule | PackedSchedule, topo: nx.DiGraph, nbytes: int,
+                give_up_us: float, *, ranks=None, dtype_size: int = 4) -> float:
+    """:func:`simulate`'s ``time_us``, or, once the run is sure to take longer than
+    ``give_up_us`` (a link still has more bytes to carry than it can by then), a lower bound
+    on it above ``give_up_us``, without running the rest: a planner weighing a candidate
+    against the best so far needs no more. A run that ends is remembered as
+    :func:`simulate`'s (the planner prices the one it keeps); one given up is not.
+
+    >>> from collectx.topology import ring
+    >>> from collectx.schedule import ScheduleBuilder, Ref
+    >>> b = ScheduleBuilder("sendrecv", 2, nchunks=1)
+    >>> _ = b.copy(0, 0, Ref(1, "output", 0), Ref(0, "input", 0))
+    >>> s, topo = b.build(), ring(2, bw=25.0)
+    >>> round(time_within(s, topo, 25_000_000, give_up_us=2000.0), 1)
+    1000.7
+    >>> time_within(s, topo, 25_000_000, give_up_us=500.0) > 500.0
+    True
+    """
+    s, routes = schedule, routes_for(topo)
+    nodes = _rank_nodes(s, topo, ranks)
+    key = (id(s), id(routes), nbytes, tuple(nodes), dtype_size, None)
+    hit = _SEEN.get(key)
+    if hit is not None and hit[0] is s:
+        return hit[1].time_us
+    try:
+        result, longest, pairs = _simulate(s, nodes, routes, nbytes, dtype_size, None,
+                                           give_up_us)
+    except _GaveUp as e:
+        return e.bound_us
+    _remember(key, s, result, longest, pairs)
+    return result.time_us
+
+
+class _GaveUp(Exception):
+    """A run given up (:func:`time_within`): it ends after ``bound_us`` at the earliest."""
+
+    def __init__(self, bound_us: float):
+        super().__init__(bound_us)
+        self.bound_us = bound_us
+
+
+def _remember(key: tuple, s, result: SimResult, longest: int, pairs) -> None:
     with _SEEN_LOCK:   # planners simulate candidates on threads
         while len(_SEEN) >= _SEEN_LIMIT:
             _SEEN.pop(next(iter(_SEEN)))   # the oldest
         _SEEN[key] = (s, result, longest, pairs)   # keeps its schedule alive: ids stay unique
-    return result
 
 
 _SEEN: dict = {}
@@ -131,34 +177,56 @@ def forget() -> None:
 
 
 def _simulate(s: Schedule, nodes: list, routes, nbytes: int, dtype_size: int,
-              native: bool | None) -> tuple[SimResult, int, frozenset | None]:
+              native: bool | None, give_up_us: float | None = None
+              ) -> tuple[SimResult, int, frozenset | None]:
     """The result, and where the native front end worked them out (else -1 and None) the
-    longest chain of dependent instructions and the rank pairs of :func:`known_pairs`."""
-    unit = unit_bytes(s.collective, nbytes, s.nranks)
-    elems = int(unit // dtype_size)
-
-    def run_bytes(chunk: int, count: int) -> int:
-        return range_span(chunk, count, s.nchunks, elems)[1] * dtype_size
-
-    hosts = [routes.host_of(n) for n in nodes] if s.uses_host else nodes
-    parts = lambda a, b: _parts(routes, a, b)  # noqa: E731
-    flat = flat_tasks(s, nodes, hosts, parts, run_bytes) \
-        if native is not False and native_available() else None
-    if flat is not None:
-        time_us, order = run_arrays(flat.arrays, flat.ntasks, flat.ntasks, routes.capacity,
-                                    route_classes(routes))
-        if len(order) < flat.ntasks:
-            _check_all_ran(schedule_graph(s.unpacked()), set(order), range(flat.ntasks))
+    longest chain of dependent instructions and the rank pairs of :func:`known_pairs`;
+    raises _GaveUp where the native loop gave up at ``give_up_us``."""
+    ran = _ran_flat(s, nodes, routes, nbytes, dtype_size, give_up_us) \
+        if native is not False else None
+    if ran is not None:
+        flat, time_us = ran
         a = flat.arrays
         class_bytes = np.bincount(a["part_class"], weights=a["part_bytes"],
                                   minlength=len(route_classes(routes).links)).tolist()
         longest, pairs = flat.longest, flat.pairs
     else:
-        time_us, class_bytes = _simulate_graph(s.unpacked(), nodes, hosts, routes, parts,
-                                               run_bytes, native)   # walked as objects
+        time_us, class_bytes = _simulate_graph(   # walked as objects
+            s.unpacked(), nodes, _hosts(s, nodes, routes), routes,
+            lambda a, b: _parts(routes, a, b), _sizes(s, nbytes, dtype_size), native)
         longest, pairs = -1, None
     result = _result(s, nbytes, time_us, routes, _link_bytes(class_bytes, route_classes(routes)))
     return result, longest, pairs
+
+
+def _ran_flat(s: Schedule | PackedSchedule, nodes: list, routes, nbytes: int, dtype_size: int,
+              give_up_us: float | None = None) -> tuple | None:
+    """``(flat tasks, simulated time)`` from the native loop, or None where only the Python
+    path applies; raises _GaveUp where the loop gave up at ``give_up_us`` (:func:`time_within`)."""
+    if not native_available():
+        return None
+    flat = flat_tasks(s, nodes, _hosts(s, nodes, routes), lambda a, b: _parts(routes, a, b),
+                      _sizes(s, nbytes, dtype_size))
+    if flat is None:
+        return None
+    time_us, order = run_arrays(flat.arrays, flat.ntasks, flat.ntasks, routes.capacity,
+                                route_classes(routes), give_up_us=give_up_us)
+    if order is None:
+        raise _GaveUp(time_us)
+    if len(order) < flat.ntasks:
+        _check_all_ran(schedule_graph(s.unpacked()), set(order), range(flat.ntasks))
+    return flat, time_us
+
+
+def _sizes(s: Schedule, nbytes: int, dtype_size: int):
+    """``run_bytes(chunk, count)``: the bytes of a run of ``s``'s chunks, whole elements."""
+    elems = int(unit_bytes(s.collective, nbytes, s.nranks) // dtype_size)
+    return lambda chunk, count: range_span(chunk, count, s.nchunks, elems)[1] * dtype_size
+
+
+def _hosts(s: Schedule, nodes: list, routes) -> list:
+    """Where each rank's ``host`` buffers live (its device's node where it has none)."""
+    return [routes.host_of(n) for n in nodes] if s.uses_host else nodes
 
 
 def _simulate_graph(s: Schedule, nodes, hosts, routes, parts, run_bytes, native):

@@ -360,6 +360,12 @@ typedef struct cx_sim_graph {
 int cx_sim_fairshare(const cx_sim_graph* graph, double* time_us, int* start_order,
                      int* nstarted);
 
+/* cx_sim_fairshare, given up once the run is sure to end after give_up_us: some link still
+ * has more bytes to carry than it can before then. *given_up says so (1, else 0); *time_us is
+ * then that lower bound on the last completion and start_order the tasks started so far. */
+int cx_sim_fairshare_within(const cx_sim_graph* graph, double give_up_us, double* time_us,
+                            int* start_order, int* nstarted, int* given_up);
+
 /* ---- end flow simulator ---------------------------------------------------------------------- */
 
 #ifdef __cplusplus

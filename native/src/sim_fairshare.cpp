@@ -35,6 +35,8 @@
 namespace {
 
 constexpr double kEps = 1e-12;  // _fairshare._EPS
+constexpr double kNever = 1e300;    // give_up_us of a run that is never given up
+constexpr long kGiveUpEvery = 64;   // events between give-up checks (each O(resources))
 
 using Entry = std::pair<double, int>;  // (time or served bytes, flow id)
 using MinHeap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
@@ -58,11 +60,19 @@ class Sim {
     find_alone_classes();
   }
 
-  int run(double* time_us, int* start_order, int* nstarted) {
+  int run(double* time_us, int* start_order, int* nstarted, double give_up_us, int* given_up) {
+    *given_up = 0;
     order_out_ = start_order;
+    if (give_up_us < kNever) count_link_bytes();
     for (int v = 0; v < g_->nnodes; ++v)
       if (waiting_[v] == 0) start(g_->node_task[v]);
-    while (!pending_.empty() || !active_.empty()) {
+    for (long events = 1; !pending_.empty() || !active_.empty(); ++events) {
+      if (give_up_us < kNever && events % kGiveUpEvery == 0 && sure_later(give_up_us)) {
+        *time_us = least_end_;
+        *nstarted = nstarted_;
+        *given_up = 1;
+        return CX_OK;
+      }
       start_due();
       if (active_.empty()) {
         if (!pending_.empty()) now_ = pending_.top().first;
@@ -138,6 +148,8 @@ class Sim {
         if (!alone_[c]) join(c);
       }
       s.ends.push({s.served + size_[f], f});
+      if (!unmoved_.empty())
+        for (const int* r = route_begin(c); r != route_end(c); ++r) unmoved_[*r] -= size_[f];
       count_changed(c, s.count + 1);
     }
   }
@@ -171,6 +183,26 @@ class Sim {
       }
     }
     for (int f : done_) on_done(f);  // may queue flows; never re-enters advance
+  }
+
+  // Bytes every resource carries in the whole run (once per time a route lists it), before
+  // any flow starts: what is left of them once flows start bounds the run from below.
+  void count_link_bytes() {
+    unmoved_.assign(g_->nres, 0.0);
+    for (int p = 0; p < g_->part_off[g_->ntasks]; ++p)
+      for (const int* r = route_begin(g_->part_class[p]); r != route_end(g_->part_class[p]); ++r)
+        unmoved_[*r] += g_->part_bytes[p];
+  }
+
+  // Whether the run must end after give_up_us: no resource carries more than its capacity, so
+  // one whose flows not yet moving hold b bytes is busy for b / capacity more at least (a
+  // margin of 1e-6 over the filling's and the end test's tolerances of 1e-9).
+  bool sure_later(double give_up_us) {
+    least_end_ = now_;
+    for (int r = 0; r < g_->nres; ++r)
+      if (g_->capacity[r] > 0.0)
+        least_end_ = std::max(least_end_, now_ + unmoved_[r] / g_->capacity[r]);
+    return least_end_ > give_up_us * (1 + 1e-6);
   }
 
   // Classes used by some flow whose resources no other such class crosses, and their
@@ -331,6 +363,8 @@ class Sim {
   std::vector<int> busy_at_;         // index of a resource in busy_, or -1
   std::vector<int> shared_at_;       // index of a class in shared_, or -1
   std::vector<int> crowded_;         // resources of an active shared class others cross too
+  std::vector<double> unmoved_;      // bytes per resource of flows not yet moving (give-up runs)
+  double least_end_ = 0.0;           // the last sure_later() bound
   bool shared_dirty_ = true;         // a class that shares resources changed since fill()
   MinHeap pending_;
   double now_ = 0.0;
@@ -366,11 +400,19 @@ bool valid(const cx_sim_graph* g) {
 
 extern "C" int cx_sim_fairshare(const cx_sim_graph* graph, double* time_us, int* start_order,
                                 int* nstarted) {
-  if (!valid(graph) || !time_us || !nstarted || (graph->ntasks > 0 && !start_order))
+  int given_up = 0;
+  return cx_sim_fairshare_within(graph, kNever, time_us, start_order, nstarted, &given_up);
+}
+
+extern "C" int cx_sim_fairshare_within(const cx_sim_graph* graph, double give_up_us,
+                                       double* time_us, int* start_order, int* nstarted,
+                                       int* given_up) {
+  if (!valid(graph) || !time_us || !nstarted || !given_up ||
+      (graph->ntasks > 0 && !start_order))
     return CX_ERR_ARG;
   try {
     Sim sim(graph);
-    return sim.run(time_us, start_order, nstarted);
+    return sim.run(time_us, start_order, nstarted, give_up_us, given_up);
   } catch (const std::bad_alloc&) {
     return CX_ERR_NOMEM;
   } catch (...) {
