@@ -122,9 +122,9 @@ def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
     us, schedule)``, given up past ``beat``): the first tries judged at once, then every ladder
     climbing, a rung of each at once (given up once it loses), until a rung loses by more than
     :data:`~.cost_tables.NOISE` to the best below it (times along a ladder wobble, then may
-    gain again), or until some are good enough
-    (``good_us``: as fast as pipelines get), and then the fewest chunks of those (instructions
-    to ship, decode and run). docs/planner.md has why."""
+    gain again), or until some are good enough (``good_us``: as fast as pipelines get), and
+    then the fewest chunks of those (instructions to ship, decode and run). docs/planner.md
+    has why."""
     judged = concurrently([judge(lower) for first, _ in tried for lower in first])
     best = min(judged, key=lambda r: r[0])
     climbing = [(r[0], up) for r, up in zip(judged, [up for _, ups in tried for up in ups]) if up]

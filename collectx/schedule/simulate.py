@@ -92,16 +92,7 @@ def simulate(schedule: Schedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
     >>> round(r.time_us, 1), round(r.link_util["GPU0", "GPU1"], 3)
     (1000.7, 0.999)
     """
-    s = schedule
-    nodes = _rank_nodes(s, topo, ranks)
-    routes = routes_for(topo, local_bw_gbps)
-    key = (id(s), id(routes), nbytes, tuple(nodes), dtype_size, native)
-    hit = _SEEN.get(key)
-    if hit is not None and hit[0] is s:   # planners compare candidates, then predict the winner
-        return hit[1]
-    result, longest, pairs = _simulate(s, nodes, routes, nbytes, dtype_size, native)
-    _remember(key, s, result, longest, pairs)
-    return result
+    return _remembered(schedule, topo, nbytes, ranks, dtype_size, local_bw_gbps, native)
 
 
 @paused
@@ -123,19 +114,11 @@ def time_within(schedule: Schedule | PackedSchedule, topo: nx.DiGraph, nbytes: i
     >>> time_within(s, topo, 25_000_000, give_up_us=500.0) > 500.0
     True
     """
-    s, routes = schedule, routes_for(topo)
-    nodes = _rank_nodes(s, topo, ranks)
-    key = (id(s), id(routes), nbytes, tuple(nodes), dtype_size, None)
-    hit = _SEEN.get(key)
-    if hit is not None and hit[0] is s:
-        return hit[1].time_us
     try:
-        result, longest, pairs = _simulate(s, nodes, routes, nbytes, dtype_size, None,
-                                           give_up_us)
+        return _remembered(schedule, topo, nbytes, ranks, dtype_size, None, None,
+                           give_up_us).time_us
     except _GaveUp as e:
         return e.bound_us
-    _remember(key, s, result, longest, pairs)
-    return result.time_us
 
 
 class _GaveUp(Exception):
@@ -146,11 +129,24 @@ class _GaveUp(Exception):
         self.bound_us = bound_us
 
 
-def _remember(key: tuple, s, result: SimResult, longest: int, pairs) -> None:
+def _remembered(s, topo, nbytes: int, ranks, dtype_size: int, local_bw_gbps, native,
+                give_up_us: float | None = None) -> SimResult:
+    """:func:`simulate`'s result, remembered for the schedule object (planners compare
+    candidates, then predict the winner); raises _GaveUp, remembering nothing, where the
+    native loop gave up at ``give_up_us``."""
+    nodes = _rank_nodes(s, topo, ranks)
+    routes = routes_for(topo, local_bw_gbps)
+    key = (id(s), id(routes), nbytes, tuple(nodes), dtype_size, native)
+    hit = _SEEN.get(key)
+    if hit is not None and hit[0] is s:
+        return hit[1]
+    result, longest, pairs = _simulate(s, nodes, routes, nbytes, dtype_size, native,
+                                       give_up_us)
     with _SEEN_LOCK:   # planners simulate candidates on threads
         while len(_SEEN) >= _SEEN_LIMIT:
             _SEEN.pop(next(iter(_SEEN)))   # the oldest
         _SEEN[key] = (s, result, longest, pairs)   # keeps its schedule alive: ids stay unique
+    return result
 
 
 _SEEN: dict = {}
