@@ -4,8 +4,7 @@
 the per-step latency of the allocation's link class (:mod:`.cost_tables`). The bandwidth term
 comes from the simulator (link contention, per-hop wire latency), which :func:`.select.predict`
 combines with the latency terms; the choice made by :mod:`.select` and the predicted time it
-reports are one number.
-"""
+reports are one number."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def link_class(schedule: Schedule, topo: nx.DiGraph | None, ranks: tuple[str, ..
     """The worst link class among the routes the schedule's remote reads and writes take.
 
     Each route is the widest path between the two ranks (GPUs may relay, as NVLink peers do);
-    its class is its worst link (``shm`` when there is no topology: one host's shared memory).
-    """
+    its class is its worst link (``shm`` when there is no topology: one host's shared memory)."""
     if topo is None:
         return "shm"
     pairs = known_pairs(schedule)

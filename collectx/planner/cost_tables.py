@@ -8,8 +8,7 @@ the same class); CPU shared memory (``shm``) and socket links (``smp``) cost a f
 through the cache hierarchy, about 1 us per dependent step with spinning waiters. ``direct``
 and the packed-tree algorithms (``blink``, ``forest``) read peers with one-sided copies, so a
 step costs what a ring step costs on the same link. These are planning estimates, not
-measurements: they only have to rank candidates the way real machines do.
-"""
+measurements: they only have to rank candidates the way real machines do."""
 
 from __future__ import annotations
 

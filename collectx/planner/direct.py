@@ -14,8 +14,7 @@ one "producer finished" dependency that the reader checks right before it reads.
 
 Lanes: lane 0 runs the rank's reduce; copies from peers are spread one peer per lane (up to
 :data:`MAX_COPY_LANES`), so transfers from different peers proceed at once over their own links.
-Peers are visited starting at ``r+1`` so that no rank is everyone's first source.
-"""
+Peers are visited starting at ``r+1`` so that no rank is everyone's first source."""
 
 from __future__ import annotations
 

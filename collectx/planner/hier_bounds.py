@@ -41,8 +41,7 @@ def symmetric_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0
     """Bounds of ``collective`` on a symmetric multi-node allocation, or None if not one
     (then use :func:`.bounds.bounds`, whose arguments these are): the machines named
     ``n<k>/...`` (as :func:`multi_node` makes them), whole and identical, and the collective
-    allreduce, allgather, reduce_scatter, broadcast or reduce.
-    """
+    allreduce, allgather, reduce_scatter, broadcast or reduce."""
     if collective not in ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"):
         return None
     gpus = job_gpus(topo, gpus)

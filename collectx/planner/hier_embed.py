@@ -10,8 +10,7 @@ after mapping, the instruction is split into contiguous pieces, in lane order, s
 on the sub-instruction becomes a dependency on its last piece (lane order covers the others).
 
 Phases meet through a :class:`Writers` table: each emitted instruction records the global
-chunks it writes, and a later phase waits for every writer of the chunks it reads.
-"""
+chunks it writes, and a later phase waits for every writer of the chunks it reads."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ def embed(b: ScheduleBuilder, sub: Schedule, members: Sequence[int], lane0: int,
     Reads of chunks that ``earlier`` phases wrote wait for those writers; every emitted
     instruction is recorded in ``written`` (not in ``earlier``: inside one phase the
     sub-schedule's own dependencies already order writes and reads, and extra waits on later
-    writers of a reused chunk could close a cycle). Sub-rank ``i`` runs on ``members[i]``.
-    """
+    writers of a reused chunk could close a cycle). Sub-rank ``i`` runs on ``members[i]``."""
     pieces = {d: _split(ins, d.rank, members, chunk_map) for d, ins in sub.instructions()}
     where: dict[Dep, Dep] = {}
     count: dict[tuple[int, int], int] = {}

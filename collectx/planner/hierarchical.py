@@ -21,8 +21,7 @@ per distinct node shape and embedded by :mod:`.hier_embed`.
 
 The whole result is one schedule: :func:`collectx.schedule.verify` proves it (engine steps by
 :mod:`collectx.schedule.engine_steps`) and :func:`collectx.schedule.simulate` times it (engine
-calls as rings over the rail, i.e. over the NICs and rail switches).
-"""
+calls as rings over the rail, i.e. over the NICs and rail switches)."""
 
 from __future__ import annotations
 

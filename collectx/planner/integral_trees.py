@@ -140,8 +140,7 @@ def _grown_together(left: np.ndarray, root: int, k: int, sets: "_SetTest") -> li
 
     Edmonds' theorem with root sets says which arcs may be taken: partial trees ``T_i`` can
     all be completed from the unused arcs exactly when every vertex set ``X`` is entered at
-    least as often as there are trees that miss it (a set holding the root misses none).
-    """
+    least as often as there are trees that miss it (a set holding the root misses none)."""
     native = compiled_helper("grown_together")
     if native is not None:
         work = np.ascontiguousarray(left, dtype=np.float64)

@@ -28,8 +28,7 @@ ways, an arc loads its down route and its up route.
 3. **Split** (:meth:`Rounding.trees`). Lovász's construction deals each group's counted arcs
    into ``K`` arborescences (:func:`~.integral_trees.disjoint_arborescences`).
 
-Which ``K``, and how the trees are lowered to chunks and lanes, is :mod:`.trees`' choice.
-"""
+Which ``K``, and how the trees are lowered to chunks and lanes, is :mod:`.trees`' choice."""
 
 from __future__ import annotations
 
@@ -299,8 +298,7 @@ class Rounding:
     every arc for how far its tail is from the root, and every repeat of an arc as one level
     more (in the units of ``z``): among roundings that keep the rate, shallow trees fill their
     pipelines sooner, and the same arc taken by many trees chains them (on a one-hop fabric,
-    ``n - 1`` trees over every arc once are relay trees two levels deep; over one path, chains).
-    """
+    ``n - 1`` trees over every arc once are relay trees two levels deep; over one path, chains)."""
 
     def __init__(self, p: Problem, lp: Packing, level_cost: float = 0.0):
         self.p, self.n = p, len(p.gpus)
@@ -584,8 +582,7 @@ def lifted(p: Problem, trees: tuple) -> tuple:
     is the one its data arrives on, so every level cut is a chunk time the pipeline no longer
     waits. Deepest GPUs first, each to the shallowest parent that fits, until none moves.
     Trees that share a staged copy among children (:func:`use_of`) stay as they are: moving
-    one of those children frees nothing.
-    """
+    one of those children frees nothing."""
     caps = np.asarray(p.caps, dtype=float)
     load = np.zeros(len(caps))
     for t in trees:

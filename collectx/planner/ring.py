@@ -16,8 +16,7 @@ predecessor ``i-1`` (every rank writes only its own buffers, as in :mod:`.direct
 * reduce: a pipelined chain ending at the root, partials in scratch.
 
 Bandwidth: each hop carries ``(n-1)/n`` of the ring's share per phase, so busbw approaches the
-sum of the rings' bandwidths; latency grows with ``n`` (use trees for small messages).
-"""
+sum of the rings' bandwidths; latency grows with ``n`` (use trees for small messages)."""
 
 from __future__ import annotations
 

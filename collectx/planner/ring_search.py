@@ -15,8 +15,7 @@ library does. A ring and its reverse are distinct (links are full duplex), so a 
 typically covered by rings in both directions.
 
 Complexity: per ring, one widest-path search per ordered rank pair (``O(n^2 E log V)``) plus a
-Hamiltonian search bounded by :data:`SEARCH_BUDGET` expansions per threshold.
-"""
+Hamiltonian search bounded by :data:`SEARCH_BUDGET` expansions per threshold."""
 
 from __future__ import annotations
 
@@ -123,8 +122,7 @@ def _best_ring(topo, ranks, residual, cache) -> Ring | None:
     """The widest ring: strict hops first (links and non-rank relays), then GPU-relayed hops.
 
     Relayed hops share their NVLinks with the hops of the relaying rank, so a ring made of
-    them is often thinner than it looks; both candidates are measured and the wider wins.
-    """
+    them is often thinner than it looks; both candidates are measured and the wider wins."""
     n = len(ranks)
     avoid = frozenset(ranks)
     hops = {}

@@ -7,8 +7,7 @@ candidate is scored by :func:`predict` (simulated transfer time plus the cost ta
 latency); ties keep the earlier, simpler one in registry order. Packed trees are planned only
 where their bound lets them beat the best so far: no schedule is faster than its bound allows,
 so below a few hundred kilobytes, where latency decides, the packing program is not run. Where
-they are planned they are handed the time to beat, and round only packings that could.
-"""
+they are planned they are handed the time to beat, and round only packings that could."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: in
 
     ``host`` lets packed trees stage edges through host memory (executors with host
     buffers); ``bound`` (:class:`~.bounds.Bounds` of the allocation) prunes packed trees that
-    cannot win. Raises NoFeasiblePlan when no candidate serves the request.
-    """
+    cannot win. Raises NoFeasiblePlan when no candidate serves the request."""
     names = algorithms if algorithms is not None else registry.candidates(collective)
     rank = {name: i for i, name in enumerate(names)}   # ties go to the earlier, simpler one
     best, failures = None, []
@@ -121,8 +119,7 @@ def predict(schedule: Schedule, topo: nx.DiGraph, nbytes: int, ranks: tuple[str,
     synchronisation with other pieces' transfers, so the two terms overlap rather than add:
     the max is right at both ends (latency-bound small messages, bandwidth-bound large ones)
     and optimistic by at most 2x where they are equal. Bandwidths are recomputed from the
-    total time so that all fields agree.
-    """
+    total time so that all fields agree."""
     sim = simulated(schedule, topo, nbytes, ranks)
     name = algorithm.split("+")[0]
     if sim.time_us >= cost.most_steps_us(schedule, name):

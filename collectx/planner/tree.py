@@ -15,8 +15,7 @@ reduces piece ``p`` as soon as its children have, while its parent works on ``p-
   into interior ranks. Reduce keeps partials in scratch (non-root outputs stay untouched).
 
 Depth is ``O(log n)`` steps per piece (a ring needs ``O(n)``), at the cost of interior ranks
-moving up to three pieces per step; the cost model prefers trees for small messages.
-"""
+moving up to three pieces per step; the cost model prefers trees for small messages."""
 
 from __future__ import annotations
 

@@ -14,8 +14,7 @@ Chu–Liu/Edmonds, or spanning tree, Prim). Columns are added until none improve
 optimum (Edmonds' branching theorem / Nash-Williams–Tutte make it equal the cut values). A
 basic optimal solution has at most one nonzero column per link, so packings stay small.
 
-Rates are GB/s; ``x`` is the rate at which *each* group delivers its data.
-"""
+Rates are GB/s; ``x`` is the rate at which *each* group delivers its data."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ class Tree:
     ``rate`` is the GB/s the packing gives it; ``staged`` the indices of edges whose path is
     the route staged through host memory that the packing was offered for their pair (for
     trees used both ways, :func:`pack_undirected_trees`: their downward transfer, and
-    ``staged_up`` those whose upward one is).
-    """
+    ``staged_up`` those whose upward one is)."""
 
     group: object
     root: object
@@ -73,8 +71,7 @@ class Packing:
     """Result of a packing: ``rate`` per group (GB/s) and the trees with ``rate > 0``.
 
     ``columns`` holds every tree the column generation produced (rates 0 included): the
-    candidates an integral rounding may pick from.
-    """
+    candidates an integral rounding may pick from."""
 
     rate: float
     trees: tuple

@@ -9,8 +9,7 @@ an edge through host memory.
 
 How a packing becomes a schedule: every tree of a group carries the same number of chunks,
 ``m``, on lanes of its own (:class:`~.treesched.TreeEmitter`), and :class:`Pipeline` picks
-``m`` and the tree count with one pipeline model.
-"""
+``m`` and the tree count with one pipeline model."""
 
 from __future__ import annotations
 

@@ -18,8 +18,7 @@ apart (:func:`~._build.staggered`: double buffering, as NCCL keeps several steps
 Instructions are appended in the order of their time in a fluid pipeline model (see
 :class:`TreeEmitter`), one global order that respects every dependency: each lane's list is a
 subsequence of a topological order, so lanes never deadlock, however many trees share a lane
-once the executors' lanes run out.
-"""
+once the executors' lanes run out."""
 
 from __future__ import annotations
 
@@ -71,8 +70,7 @@ class TreeEmitter:
     copies it into a fresh chunk of its ``host`` buffer (PCIe up), then the receiver copies or
     reduces it from there (PCIe down). Each copy waits only for what it moves, and both run on
     lanes of their own (per tree and peer), so a PCIe-paced transfer never queues with NVLink
-    ones and the staged copies of equal trees get their equal shares of PCIe links.
-    """
+    ones and the staged copies of equal trees get their equal shares of PCIe links."""
 
     def __init__(self, builder: ScheduleBuilder, buffers: int = 1, lanes: int = GPU_LANES):
         self.b = builder
@@ -93,8 +91,7 @@ class TreeEmitter:
         edges in order, each on lane key ``("down", parent, number, i % buffers)``.
 
         ``after[root, j]`` (optional) is the ``(token, time)`` of the item that produced the
-        root's piece ``j`` (as :meth:`reduce` returns them).
-        """
+        root's piece ``j`` (as :meth:`reduce` returns them)."""
         after, items = after or {}, self._items
         for number, share in enumerate(shares):
             pieces = self.pieces(share)
