@@ -388,3 +388,19 @@ def test_max_flow_values_are_networkxs_on_random_graphs(seed):
     value = max_flows(G)
     for s, t in itertools.permutations(range(n), 2):
         assert value(s, t) == pytest.approx(nx.maximum_flow_value(G, s, t, capacity="cap"))
+
+
+def test_choosing_reads_an_allreduce_bound_without_its_cut_and_plans_report_it_whole():
+    # DGX-1P GPUs 0, 1, 4, 5: split switches, so the cut is the multicast LP. Choosing a plan
+    # reads the tree bound and the ceiling only; the plan still reports the whole bound.
+    from collectx.planner import plan
+    from collectx.planner._build import forget_remembered
+    G, four = topo.load("dgx1p"), ["GPU0", "GPU1", "GPU4", "GPU5"]
+    forget_remembered()
+    whole, choice = bounds(G, "allreduce", gpus=four), bounds(G, "allreduce", gpus=four, cut=False)
+    assert choice.cut_busbw is None and whole.cut_busbw > 0
+    assert (choice.tree_busbw, choice.ceiling_busbw) == (whole.tree_busbw, whole.ceiling_busbw)
+    assert choice.bound_busbw == choice.tree_busbw
+    forget_remembered()
+    assert plan(G, "allreduce", 1 << 20, gpus=four, verify=False).bound == whole
+    assert bounds(G, "allgather", gpus=four, cut=False) == bounds(G, "allgather", gpus=four)

@@ -2,13 +2,13 @@
 :func:`make_schedule` (the same choice, for the runtime's per-size-class cache).
 
 Stages of :func:`plan`, one line each below: resolve the allocation -> bound -> pick (plan and
-simulate every candidate) or run the algorithm -> verify -> package a frozen :class:`Plan`.
-"""
+simulate every candidate) or run the algorithm -> verify -> package a frozen :class:`Plan`."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 import networkx as nx
@@ -30,8 +30,7 @@ class Plan:
     plan has no bound and no efficiency. ``planning_time_s`` is the wall time of choosing,
     building, simulating and bounding the plan; ``verify_time_s`` that of the symbolic verification after it (0 without one), which
     grows with the instruction count: about 5 s for the 212,000 instructions of a 16-GPU
-    MI250 allreduce, planned in 2 s.
-    """
+    MI250 allreduce, planned in 2 s."""
 
     collective: str
     algorithm: str
@@ -130,9 +129,13 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
     if algo is None and _multi_machine(view, ranks, collective):  # clusters: phases + engine
         algo = "hierarchical"
     idle = no_communication(len(ranks), nbytes)
-    bound = None if idle else _bound(view, collective, ranks, root, host_relays)   # bound
-    name, schedule, predicted = _planned(view, ranks, collective, nbytes, algo, root, inplace,
-                                         nchunks, host_relays, bound)   # pick or run one
+    bound = None if idle else _bound(view, collective, ranks, root, host_relays, cut=False)
+    with ThreadPoolExecutor(1) as beside:   # a cut left out is solved beside planning
+        whole = bound and bound.cut_busbw is None and beside.submit(   # the rest remembered
+            _bound, view, collective, ranks, root, host_relays)
+        name, schedule, predicted = _planned(view, ranks, collective, nbytes, algo, root,
+                                             inplace, nchunks, host_relays, bound)   # pick one
+    bound = whole.result() if whole else bound
     forget_candidates()                                        # free them now, not next plan
     planned = time.perf_counter()
     verified = _verify(schedule) if verify else False           # verify
@@ -188,7 +191,7 @@ def make_schedule(topo: nx.DiGraph | None, collective: str, nranks: int, nbytes:
     if algo is None and _multi_machine(view, ranks, collective):
         algo = "hierarchical"
     bound = None if algo is not None or no_communication(nranks, nbytes) else \
-        _bound(view, collective, ranks, root, host_relays)
+        _bound(view, collective, ranks, root, host_relays, cut=False)
     schedule = _planned(view, ranks, collective, nbytes, algo, root, inplace, nchunks,
                         host_relays, bound)[1]
     forget_candidates()
@@ -209,8 +212,7 @@ def allocation(topo: nx.DiGraph, gpus: Sequence[int | str] | None
     """Resolve ``gpus`` to node ids and the topology view the planners see.
 
     Raises TopologyError for unknown or repeated GPUs and NoFeasiblePlan when the chosen GPUs
-    cannot all reach each other once the other GPUs are removed.
-    """
+    cannot all reach each other once the other GPUs are removed."""
     from ..topology import gpus as all_gpus, subset
     if topo is None or not all_gpus(topo):
         raise TopologyError("the topology has no GPU (rank) nodes; expected nodes of kind "
@@ -286,13 +288,14 @@ def _verify(schedule: Schedule) -> bool:
 
 
 def _bound(view: nx.DiGraph, collective: str, ranks: tuple[str, ...], root: int,
-           host: bool = True):
+           host: bool = True, cut: bool = True):
     try:
         from .bounds import KINDS, Bounds, bounds, max_flows, peer_bounds
     except ImportError:  # the cut-bound module is optional; plans stay valid without it
         return None
     if collective in KINDS:
-        return (bounds if host else peer_bounds)(view, collective, gpus=list(ranks), root=root)
+        return bounds(view, collective, gpus=list(ranks), root=root, cut=cut) if host else \
+            peer_bounds(view, collective, gpus=list(ranks), root=root)
     if collective == "sendrecv" and len(ranks) > 1:
         # One sender, one receiver: the best possible is the max flow between them.
         peer = ranks[(root + 1) % len(ranks)]

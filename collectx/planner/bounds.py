@@ -63,13 +63,12 @@ class Bounds:
 
     ``bound_busbw`` is what plans are measured against: the cut bound (allgather,
     reduce_scatter, alltoall), the max-flow bound (broadcast, reduce), or for allreduce the
-    reference max(cut, tree). ``ceiling_busbw`` (allreduce only) no algorithm can exceed.
-    """
+    reference max(cut, tree). ``ceiling_busbw`` (allreduce only) no algorithm can exceed."""
 
     kind: str
     bound_busbw: float
     ceiling_busbw: float | None
-    cut_busbw: float
+    cut_busbw: float | None
     tree_busbw: float | None
     notes: str
     gpus: tuple = ()
@@ -80,8 +79,10 @@ class Bounds:
         return d
 
 
-def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bounds:
-    """Bandwidth bounds of ``collective`` on the GPUs ``gpus`` of ``topo``.
+def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
+           cut: bool = True) -> Bounds:
+    """Bandwidth bounds of ``collective`` on the GPUs ``gpus`` of ``topo``; ``cut=False``: an
+    allreduce's without the cut (None; choosing a plan reads the tree bound and the ceiling).
 
     Parameters
     ----------
@@ -161,12 +162,16 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bound
     turns = turn_rule(J, G, gpus)
     trees = lambda: pack_undirected_trees(  # noqa: E731
         LinkIndex.of(G), gpus, either_way=G is not J, turns=turns).rate
-    x_rs = (lambda: per_root(reverse=True)) if flipped else (lambda: None)  # None: x_ag's
+    x_rs = (lambda: per_root(reverse=True)) if flipped and cut else (lambda: None)
     x_ag, tree, pair, x_rs = concurrently(   # HiGHS releases the GIL while trees price
-        [per_root, lambda: _memo(f"trees{turns}", G, gpus, trees),
+        [per_root if cut else lambda: None, lambda: _memo(f"trees{turns}", G, gpus, trees),
          lambda: _memo("pair_flow", G, gpus, lambda: min_pair_flow(G, gpus)), x_rs])
-    cut = 2 * (n - 1) / (1 / (x_rs or x_ag) + 1 / x_ag)   # reduce-scatter, then allgather
     tree *= factor
+    if not cut and tree:
+        return Bounds(collective, tree, factor * pair, None, tree, "cut left out", gpus)
+    x_ag = x_ag or per_root()
+    x_rs = x_rs or (per_root(reverse=True) if flipped else x_ag)
+    cut = 2 * (n - 1) / (1 / x_rs + 1 / x_ag)   # reduce-scatter, then allgather
     which = "trees" if tree > cut else "reduce-scatter + allgather"
     return Bounds(collective, max(cut, tree), factor * pair, cut, tree,
                   f"reference = {which}; ceiling = 2(N-1)/N * min pair maxflow", gpus)
@@ -255,8 +260,7 @@ def min_pair_flow(G: nx.DiGraph, gpus) -> float:
     """Min over ordered GPU pairs of maxflow, with 2(N-1) max-flows.
 
     Any cut between GPUs either keeps ``gpus[0]`` inside (then some ``maxflow(g0 -> v)`` meets
-    it) or outside (some ``maxflow(v -> g0)`` does).
-    """
+    it) or outside (some ``maxflow(v -> g0)`` does)."""
     return min(rooted_flow(G, gpus, gpus[0]), rooted_flow(G, gpus, gpus[0], inbound=True))
 
 
@@ -264,8 +268,7 @@ def alltoall_rate(G: nx.DiGraph, gpus) -> float:
     """Largest rate every ordered GPU pair can exchange at once (max concurrent flow LP).
 
     Flows of one source are merged into one commodity (exact for multicommodity flow). Rows:
-    conservation per (source, node), capacity per link. Variables: flow per (source, link), t.
-    """
+    conservation per (source, node), capacity per link. Variables: flow per (source, link), t."""
     index = LinkIndex.of(G)
     m, n_src = len(index.links), len(gpus)
     nvar = n_src * m + 1   # every other GPU absorbs t, the source emits (N-1) t
