@@ -390,9 +390,9 @@ def test_max_flow_values_are_networkxs_on_random_graphs(seed):
         assert value(s, t) == pytest.approx(nx.maximum_flow_value(G, s, t, capacity="cap"))
 
 
-def test_choosing_reads_an_allreduce_bound_without_its_cut_and_plans_report_it_whole():
-    # DGX-1P GPUs 0, 1, 4, 5: split switches, so the cut is the multicast LP. Choosing a plan
-    # reads the tree bound and the ceiling only; the plan still reports the whole bound.
+def test_choosing_reads_bounds_without_their_cut_and_plans_report_them_whole():
+    # DGX-1P GPUs 0, 1, 4, 5: split switches, so the cut is the multicast LP. Choosing an
+    # allreduce reads the tree bound and the ceiling only; the plan still reports the whole bound.
     from collectx.planner import plan
     from collectx.planner._build import forget_remembered
     G, four = topo.load("dgx1p"), ["GPU0", "GPU1", "GPU4", "GPU5"]
@@ -404,3 +404,8 @@ def test_choosing_reads_an_allreduce_bound_without_its_cut_and_plans_report_it_w
     forget_remembered()
     assert plan(G, "allreduce", 1 << 20, gpus=four, verify=False).bound == whole
     assert bounds(G, "allgather", gpus=four, cut=False) == bounds(G, "allgather", gpus=four)
+    # A broadcast is chosen by its rooted flow: the allgather cut beside it is only reported.
+    whole, choice = (bounds(G, "broadcast", gpus=four, cut=c) for c in (True, False))
+    assert choice.cut_busbw is None and choice.bound_busbw == whole.bound_busbw
+    forget_remembered()
+    assert plan(G, "broadcast", 1 << 20, gpus=four, verify=False).bound == whole
