@@ -404,6 +404,7 @@ def test_choosing_reads_bounds_without_their_cut_and_plans_report_them_whole():
     forget_remembered()
     assert plan(G, "allreduce", 1 << 20, gpus=four, verify=False).bound == whole
     assert bounds(G, "allgather", gpus=four, cut=False) == bounds(G, "allgather", gpus=four)
+    assert bounds(topo.line(3, bw=100.0), "allreduce", cut=False).cut_busbw == 100.0   # max-flows
     # A broadcast is chosen by its rooted flow: the allgather cut beside it is only reported.
     whole, choice = (bounds(G, "broadcast", gpus=four, cut=c) for c in (True, False))
     assert choice.cut_busbw is None and choice.bound_busbw == whole.bound_busbw

@@ -81,8 +81,9 @@ class Bounds:
 
 def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
            cut: bool = True) -> Bounds:
-    """Bandwidth bounds of ``collective`` on the GPUs ``gpus`` of ``topo``; ``cut=False``: the
-    cut (None) left out where choosing a plan does not read it (allreduce: trees and ceiling).
+    """Bandwidth bounds of ``collective`` on the GPUs ``gpus`` of ``topo``; ``cut=False``: a
+    multicast LP's cut (None) left out where choosing a plan does not read it (allreduce: trees
+    and ceiling; broadcast, reduce: the rooted flow).
 
     Parameters
     ----------
@@ -131,6 +132,7 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
     # downlinks feed several GPUs): the multicast LP is.
     rate = cut_rate if G is J else lambda H, c: (multicast_rate(H, c),)
     flipped = not _symmetric(J)   # reduce-scatter's rate is not allgather's
+    cut = cut or G is J   # max-flows take milliseconds: only the LP is worth leaving out
 
     def per_root(reverse: bool = False) -> float:   # reverses the graph only on a miss
         flip = reverse and flipped
@@ -152,7 +154,7 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
             rooted = lambda: _memo(f"multicast{root}{collective}", G, gpus,  # noqa: E731
                                    lambda: multicast_rate(H(), gpus, [root]))
             notes = "multicast LP from the root (switches copy nothing)"
-        x_ag, flow = concurrently([per_root if cut else lambda: None, rooted])   # x_ag: reported only
+        x_ag, flow = concurrently([per_root if cut else lambda: None, rooted])   # x_ag: reported
         return Bounds(collective, flow, None, x_ag and (n - 1) * x_ag, None, notes, gpus)
     if collective == "alltoall":
         a2a = (n - 1) * alltoall_rate(G, gpus)
