@@ -15,7 +15,8 @@ b. the dgx1v allocations of 3..8 GPUs with no NVLink ring: chosen busbw / ring-o
 c. at 8 KiB the chosen predicted time is <= ring's and tree's on every preset;
 d. median planning time per allocation size on dgx1v, and for the full dgx2 and mi250_16gcd
    (targets <= 1 s for 8-GPU allocations, <= 5 s for dgx2/mi250); with ``--real-dumps``
-   also every dump of ``topology/real``, whole machine (the same targets by GPU count); with
+   also every dump of ``topology/real``, whole machine (the same targets by GPU count; its
+   allreduce, or ``--dump-collectives``); with
    section a, also the slowest plans of each allocation preset, re-timed.
 
 ``--retime TOPOLOGY:COLLECTIVE:GPUS ...`` re-times named plans alone (median of 5 runs); a
@@ -183,14 +184,17 @@ def planning_time(args, rows, out):
 def real_dumps(args, out):
     """Every dump of topology/real, whole machine: the targets hold on machines the planner
     was not shaped on, or the table shows where not."""
-    print("  real dumps, whole machine:")
+    colls = args.dump_collectives.split(",")
+    print(f"  real dumps, whole machine ({', '.join(colls)}):")
     for path in sorted(p for p in REAL.iterdir() if p.suffix in (".xml", ".txt")):
         G = T.load(path)
-        r = record(G, path.name, None, "allreduce", args.size)
-        out(r)
-        eff = "" if r["efficiency"] is None else f", {r['efficiency']:.3f} of the bound"
-        print(f"    {path.name:<54}{len(T.gpus(G)):>3} GPUs {r['planning_time_s']:8.3f} s "
-              f"({r['algorithm']}{eff})")
+        for coll in colls:
+            r = record(G, path.name, None, coll, args.size)
+            out(r)
+            eff = "" if r["efficiency"] is None else f", {r['efficiency']:.3f} of the bound"
+            what = f"{path.name:<54}" + ("" if len(colls) == 1 else f" {coll:<10}")
+            print(f"    {what}{len(T.gpus(G)):>3} GPUs {r['planning_time_s']:8.3f} s "
+                  f"({r['algorithm']}{eff})")
 
 
 SLOWEST = 5       # plans of section (a) re-timed per preset
@@ -250,6 +254,9 @@ def main(argv=None) -> int:
     ap.add_argument("--real-dumps", action="store_true",
                     help="section d: also every dump of topology/real, whole machine "
                          "(16-GPU dumps take a minute or more each)")
+    ap.add_argument("--dump-collectives", default="allreduce",
+                    help="section d's real dumps: these collectives (comma-separated), each "
+                         "timed as its own first plan")
     ap.add_argument("--retime", nargs="*", default=[], metavar="TOPOLOGY:COLLECTIVE:GPUS",
                     help="also re-time these plans alone, e.g. dgx1p:allreduce:1,2,3,4,5,7, "
                          "dgx1v:broadcast:all or hgx_h100_nccl_topo.xml:allreduce:all")
