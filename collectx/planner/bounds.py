@@ -132,7 +132,7 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
     # downlinks feed several GPUs): the multicast LP is.
     rate = cut_rate if G is J else lambda H, c: (multicast_rate(H, c),)
     flipped = not _symmetric(J)   # reduce-scatter's rate is not allgather's
-    cut = cut or G is J   # max-flows take milliseconds: only the LP is worth leaving out
+    solve_cut = cut or G is J   # max-flows take milliseconds: only the LP is worth leaving out
 
     def per_root(reverse: bool = False) -> float:   # reverses the graph only on a miss
         flip = reverse and flipped
@@ -154,7 +154,7 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
             rooted = lambda: _memo(f"multicast{root}{collective}", G, gpus,  # noqa: E731
                                    lambda: multicast_rate(H(), gpus, [root]))
             notes = "multicast LP from the root (switches copy nothing)"
-        x_ag, flow = concurrently([per_root if cut else lambda: None, rooted])   # x_ag: reported
+        x_ag, flow = concurrently([per_root if solve_cut else lambda: None, rooted])   # x_ag: shown
         return Bounds(collective, flow, None, x_ag and (n - 1) * x_ag, None, notes, gpus)
     if collective == "alltoall":
         a2a = (n - 1) * alltoall_rate(G, gpus)
@@ -164,12 +164,12 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
     turns = turn_rule(J, G, gpus)
     trees = lambda: pack_undirected_trees(  # noqa: E731
         LinkIndex.of(G), gpus, either_way=G is not J, turns=turns).rate
-    x_rs = (lambda: per_root(reverse=True)) if flipped and cut else (lambda: None)
+    x_rs = (lambda: per_root(reverse=True)) if flipped and solve_cut else (lambda: None)
     x_ag, tree, pair, x_rs = concurrently(   # HiGHS releases the GIL while trees price
-        [per_root if cut else lambda: None, lambda: _memo(f"trees{turns}", G, gpus, trees),
+        [per_root if solve_cut else lambda: None, lambda: _memo(f"trees{turns}", G, gpus, trees),
          lambda: _memo("pair_flow", G, gpus, lambda: min_pair_flow(G, gpus)), x_rs])
     tree *= factor
-    if not cut and tree:
+    if not solve_cut and tree:
         return Bounds(collective, tree, factor * pair, None, tree, "cut left out", gpus)
     x_ag = x_ag or per_root()
     x_rs = x_rs or (per_root(reverse=True) if flipped else x_ag)
@@ -364,8 +364,8 @@ def multicast_rate(G: nx.DiGraph, gpus, roots=None) -> float:
     c = np.zeros(x_col + 1)
     c[-1] = -1.0
     # A root's flow back into the root only closes cycles: fixed at 0, the optimum stays, and
-    # HiGHS solves the 16-GPU MI250 dump's LP in half the time (fixing flows out of their sink
-    # instead made it 5x slower: the simplex's path, more than the LP's size, decides)
+    # HiGHS solves the largest 16-GPU split-switch LP in half the time (fixing flows out of their
+    # sink instead made it 5x slower: the simplex's path, more than the LP's size, decides)
     heads = np.array([b for _, b in index.links], dtype=object)
     idle = np.concatenate([heads == gpus[roots[k]] for k, _ in pairs])
     most = np.r_[np.where(idle, 0.0, np.inf), np.full(ny + 1, np.inf)]
