@@ -242,10 +242,7 @@ def _check_connected(view: nx.DiGraph, ranks: tuple[str, ...]) -> None:
 
 
 def _multi_machine(view: nx.DiGraph, ranks: tuple[str, ...], collective: str) -> bool:
-    try:
-        from .hierarchical import suits
-    except ImportError:
-        return False
+    from .hierarchical import suits
     return suits(view, ranks, collective)
 
 
@@ -289,10 +286,7 @@ def _verify(schedule: Schedule) -> bool:
 
 def _bound(view: nx.DiGraph, collective: str, ranks: tuple[str, ...], root: int,
            host: bool = True, cut: bool = True):
-    try:
-        from .bounds import KINDS, Bounds, bounds, max_flows, peer_bounds
-    except ImportError:  # the cut-bound module is optional; plans stay valid without it
-        return None
+    from .bounds import KINDS, Bounds, bounds, max_flows, peer_bounds
     if collective in KINDS:
         return bounds(view, collective, gpus=list(ranks), root=root, cut=cut) if host else \
             peer_bounds(view, collective, gpus=list(ranks), root=root)

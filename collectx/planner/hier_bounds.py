@@ -56,8 +56,7 @@ def symmetric_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0
         x = x_ag if collective == "allgather" or _self_reverse(G) else cut_rate(
             G.reverse(copy=True), gpus, reps)[0]
         return Bounds(collective, (N - 1) * x, None, (N - 1) * x, None,
-                      "ForestColl cut bound, max-flows to machine 0 only (machine symmetry)",
-                      gpus)
+                      "ForestColl cut bound, max-flows to machine 0 only (machine symmetry)", gpus)
     if collective in ("broadcast", "reduce"):
         r = gpus[root]
         home = next(m for m in machines if r in m)
@@ -76,8 +75,7 @@ def symmetric_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0
     pair = min_pair_flow(G, (reps[0], *machines[0][1:], *machines[1]))
     return Bounds(collective, cut, factor * pair, cut, tree_cap,
                   "reference = reduce-scatter + allgather (trees cannot exceed it: every tree "
-                  "edge between machines uses network links both ways); symmetric machines",
-                  gpus)
+                  "edge between machines uses network links both ways); symmetric machines", gpus)
 
 
 def _machines(topo: nx.DiGraph, gpus) -> list[tuple] | None:

@@ -121,15 +121,12 @@ def predict(schedule: Schedule, topo: nx.DiGraph, nbytes: int, ranks: tuple[str,
     and optimistic by at most 2x where they are equal. Bandwidths are recomputed from the
     total time so that all fields agree."""
     sim = simulated(schedule, topo, nbytes, ranks)
-    name = algorithm.split("+")[0]
-    if sim.time_us >= cost.most_steps_us(schedule, name):
-        # Large messages: no chain of steps can outlast the transfers, so the max is the
-        # simulated time, and the chain and route classes need not be computed.
-        t = cost.base_us(topo, ranks) + sim.time_us
-    else:
-        base = cost.base_us(topo, ranks)
+    name, t = algorithm.split("+")[0], cost.base_us(topo, ranks) + sim.time_us
+    # Large messages: no chain of steps can outlast the transfers, so the max is the
+    # simulated time, and the chain and route classes need not be computed.
+    if sim.time_us < cost.most_steps_us(schedule, name):
         alpha = alpha_us(cost.link_class(schedule, topo, ranks), name)
-        t = base + max(sim.time_us, cost.steps(schedule) * alpha)
+        t = max(t, cost.base_us(topo, ranks) + cost.steps(schedule) * alpha)
     if t <= 0:
         return sim
     scale = sim.time_us / t

@@ -191,8 +191,7 @@ def min_spanning_tree(C: np.ndarray) -> list[tuple[int, int]] | None:
     return edges
 
 
-def pack_undirected_trees(index: LinkIndex, gpus, either_way: bool = False,
-                          turns=None) -> Packing:
+def pack_undirected_trees(index: LinkIndex, gpus, either_way: bool = False, turns=None) -> Packing:
     """Pack spanning trees each used in both directions (reduce up, broadcast down), every
     tree edge over its cheapest relay path and the path's reverse (with ``either_way``, the
     cheapest path each way, which need not be reverses: a split PCIe switch climbs through its

@@ -216,8 +216,7 @@ class WordEmitter:
 
     pieces = TreeEmitter.pieces
 
-    def __init__(self, builder: ScheduleBuilder, native, buffers: int = 1,
-                 lanes: int = GPU_LANES):
+    def __init__(self, builder: ScheduleBuilder, native, buffers: int = 1, lanes: int = GPU_LANES):
         self.b, self._native, self.buffers, self.lanes = builder, native, buffers, lanes
         self._phases: list = []
 
