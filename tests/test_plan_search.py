@@ -19,18 +19,30 @@ class _Fake(str):
 
     @property
     def nchunks(self) -> int:
-        return int(self[1:])
+        return int(self[1:].rstrip("'"))
+
+
+class _Try(str):
+    """A fake try of :func:`trees._fastest`: a thunk naming itself, whose twin (one chunk more
+    per tree) is its name with a prime."""
+
+    def __call__(self) -> str:
+        return self
+
+    def nudged(self) -> "_Try":
+        return _Try(self + "'")
 
 
 def _judging(times: dict):
     """``(judge, judged)``: ``judge(name)`` is the thunk that simulates the schedule ``name``
-    (``times[name]`` us) and records it in ``judged``."""
+    (``times[name]`` us; a twin not listed lines up no better: 1000 us) and records it in
+    ``judged``."""
     judged = []
 
     def judge(name):
         def run():
             judged.append(name)
-            return times[name], _Fake(name)
+            return times.get(name, 1000.0), _Fake(name)
         return run
     return judge, judged
 
@@ -39,8 +51,8 @@ def _search(times: dict, firsts: dict, ladders: dict, good_us=None):
     """``trees._fastest`` over fake packings: ``times[name]`` is the simulated time of the
     schedule ``name``; returns (chosen name, names judged in order)."""
     judge, judged = _judging(times)
-    tried = [([lambda n=n: n for n in firsts[k]],   # the ladder climbs from the last try
-              [[]] * (len(firsts[k]) - 1) + [[lambda n=n: n for n in ladders[k]]])
+    tried = [([_Try(n) for n in firsts[k]],   # the ladder climbs from the last try
+              [[]] * (len(firsts[k]) - 1) + [[_Try(n) for n in ladders[k]]])
              for k in firsts]
     return trees._fastest(tried, lambda thunk, beat=None: judge(thunk()), good_us), judged
 
@@ -56,13 +68,14 @@ def test_every_packing_climbs_until_a_rung_loses_by_more_than_the_rise():
 
 def test_each_first_try_climbs_its_own_ladder():
     # One lane per tree edge beats two at the first count (a16 against b16); more chunks
-    # are tried on both, each until its own rung loses: two lanes win at more chunks.
+    # are tried on both, each until its own rung loses: two lanes win at more chunks. Then
+    # each ladder's best is judged at its twin.
     times = {"a16": 95.0, "b16": 100.0, "a32": 90.0, "b32": 80.0, "a64": 97.0, "b64": 79.0}
     judge, judged = _judging(times)
-    thunks = lambda names: [lambda n=n: n for n in names]   # noqa: E731
+    thunks = lambda names: [_Try(n) for n in names]   # noqa: E731
     tried = [(thunks(["a16", "b16"]), [thunks(["a32", "a64"]), thunks(["b32", "b64"])])]
     best = trees._fastest(tried, lambda thunk, beat=None: judge(thunk()), None)
-    assert best == "b64" and judged == ["a16", "b16", "a32", "b32", "a64", "b64"]
+    assert best == "b64" and judged == ["a16", "b16", "a32", "b32", "a64", "b64", "a32'", "b64'"]
 
 
 def test_a_rung_is_judged_only_against_its_own_ladder_so_far():
@@ -71,7 +84,7 @@ def test_a_rung_is_judged_only_against_its_own_ladder_so_far():
     times = {"a1": 100.0, "a2": 90.0, "a3": 99.0, "b1": 95.0, "b2": 96.0}
     beats = {}
     judge, _ = _judging(times)
-    thunks = lambda names: [lambda n=n: n for n in names]   # noqa: E731
+    thunks = lambda names: [_Try(n) for n in names]   # noqa: E731
 
     def judging(thunk, beat=None):
         beats[name := thunk()] = beat
@@ -80,7 +93,27 @@ def test_a_rung_is_judged_only_against_its_own_ladder_so_far():
     assert trees._fastest(tried, judging, None) == "a2"
     noise = 1 + trees.NOISE
     assert beats == {"a1": None, "b1": None, "a2": 100.0 * noise, "b2": 95.0 * noise,
-                     "a3": 90.0 * noise}
+                     "a3": 90.0 * noise, "b1'": 95.0 * noise, "a2'": 90.0 * noise}
+
+
+def test_a_ladder_that_stops_judges_its_best_rungs_twin_once():
+    # b1's pieces line up on a link (a wobble of 3%): its ladder stops at b2, and its twin
+    # wins. Every ladder's twin is judged once, after its rungs; first tries without a
+    # ladder and twins have none.
+    times = {"a1": 100.0, "a2": 99.0, "a2'": 99.2, "b1": 101.0, "b2": 103.0, "b1'": 97.0,
+             "c1": 104.0}
+    judge, judged = _judging(times)
+    tried = [([_Try("a1")], [[_Try("a2")]]), ([_Try("b1"), _Try("c1")], [[_Try("b2")], []])]
+    best = trees._fastest(tried, lambda thunk, beat=None: judge(thunk()), None)
+    assert best == "b1'" and judged == ["a1", "b1", "c1", "a2", "b2", "a2'", "b1'"]
+
+
+def test_a_twin_carries_one_chunk_more_per_tree_on_the_same_lanes():
+    lowered = []
+    first = trees._Try(lambda chunks, buffers: lowered.append((chunks, buffers)), 5, 2, 3)
+    first()
+    first.nudged()()
+    assert lowered == [(15, 2), (18, 2)]
 
 
 def test_a_packing_behind_at_first_may_still_win_at_more_chunks():

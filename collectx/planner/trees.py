@@ -14,7 +14,8 @@ How a packing becomes a schedule: every tree of a group carries the same number 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import networkx as nx
 
@@ -121,17 +122,21 @@ def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
     us, schedule)``, given up past ``beat``): the first tries judged at once, then every ladder
     climbing, a rung of each at once (given up once it loses), until a rung loses by more than
     :data:`~.cost_tables.NOISE` to the best below it (times along a ladder wobble, then may
-    gain again), or until some are good enough (``good_us``: as fast as pipelines get), and
-    then the fewest chunks of those (instructions to ship, decode and run). docs/planner.md
-    has why."""
-    judged = concurrently([judge(lower) for first, _ in tried for lower in first])
+    gain again), then its best rung's twin (:meth:`_Try.nudged`), or until some are good
+    enough (``good_us``: as fast as pipelines get), and then the fewest chunks of those
+    (instructions to ship, decode and run). docs/planner.md has why."""
+    firsts = [thunk for first, _ in tried for thunk in first]
+    judged = concurrently([judge(lower) for lower in firsts])
     best = min(judged, key=lambda r: r[0])
-    climbing = [(r[0], up) for r, up in zip(judged, [up for _, ups in tried for up in ups]) if up]
+    # per ladder: its best time and try, and the rungs left (none left: its best's twin next)
+    climbing = [(r[0], first, up) for r, up, first in
+                zip(judged, [up for _, ups in tried for up in ups], firsts) if up]
     while climbing and best[0] > (good_us or 0.0):
-        judged = concurrently([judge(rung[0], least * (1 + NOISE)) for least, rung in climbing])
-        climbing = [(min(us, least), ladder[1:])
-                    for (least, ladder), (us, _) in zip(climbing, judged)
-                    if us < least * (1 + NOISE) and len(ladder) > 1]
+        asks = [rungs[0] if rungs else at.nudged() for _, at, rungs in climbing]
+        judged = concurrently([judge(ask, c[0] * (1 + NOISE)) for c, ask in zip(climbing, asks)])
+        climbing = [(min(us, least), ask if us < least else at,
+                     rungs[1:] if us < least * (1 + NOISE) else [])
+                    for (least, at, rungs), ask, (us, _) in zip(climbing, asks, judged) if rungs]
         best = min([best] + judged, key=lambda r: r[0])
     good = [r for r in judged + [best] if r[0] <= (good_us or 0.0)]
     return min(good, key=lambda r: (r[1].nchunks, r[0]))[1] if good else best[1]
@@ -150,9 +155,25 @@ def _tries(name, packing, p, pipe, collective, n, root, inplace) -> tuple[list, 
     if most_buffers(packing, p.modes(), p.lanes) > 1:
         first = [(hidden, 1), (hidden, 2)]
     rungs = pipe.rungs(packing, hidden)
-    thunk = lambda c, buffers: lambda: lower(c * k, buffers)   # noqa: E731
-    return ([thunk(c, b) for c, b in first],
-            [[thunk(r, b) for r in rungs] if c == hidden else [] for c, b in first])
+    return ([_Try(lower, c, b, k) for c, b in first],
+            [[_Try(lower, r, b, k) for r in rungs] if c == hidden else [] for c, b in first])
+
+
+@dataclass(frozen=True)
+class _Try:
+    """A schedule to simulate: ``chunks`` per tree (``trees`` per group), ``buffers`` lanes."""
+
+    lower: Callable
+    chunks: int
+    buffers: int
+    trees: int
+
+    def __call__(self):
+        return self.lower(self.chunks * self.trees, self.buffers)
+
+    def nudged(self) -> "_Try":
+        """One chunk more per tree: pieces lined up on links at one count rarely are at the next."""
+        return replace(self, chunks=self.chunks + 1)
 
 
 def _centred(p: P.Problem, packing: Packing) -> Packing:
