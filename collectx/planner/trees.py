@@ -122,16 +122,19 @@ def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
     us, schedule)``, given up past ``beat``): the first tries judged at once, then every ladder
     climbing, a rung of each at once (given up once it loses), until a rung loses by more than
     :data:`~.cost_tables.NOISE` to the best below it (times along a ladder wobble, then may
-    gain again), then its best rung's twin (:meth:`_Try.nudged`), or until some are good
-    enough (``good_us``: as fast as pipelines get), and then the fewest chunks of those
-    (instructions to ship, decode and run). docs/planner.md has why."""
+    gain again), then its best rung's twin (:meth:`_Try.nudged`) if that rung is within the
+    noise of the best, or until some are good enough (``good_us``: as fast as pipelines
+    get), and then the fewest chunks of those (instructions to ship, decode and run).
+    docs/planner.md has why."""
     firsts = [thunk for first, _ in tried for thunk in first]
     judged = concurrently([judge(lower) for lower in firsts])
     best = min(judged, key=lambda r: r[0])
-    # per ladder: its best time and try, and the rungs left (none left: its best's twin next)
+    # per ladder: its best time and try, and the rungs left (none left: its best's twin next,
+    # where that best is within the noise of the best so far: those behind seldom win by it)
     climbing = [(r[0], first, up) for r, up, first in
                 zip(judged, [up for _, ups in tried for up in ups], firsts) if up]
-    while climbing and best[0] > (good_us or 0.0):
+    while (climbing := [c for c in climbing if c[2] or c[0] <= best[0] * (1 + NOISE)]) \
+            and best[0] > (good_us or 0.0):
         asks = [rungs[0] if rungs else at.nudged() for _, at, rungs in climbing]
         judged = concurrently([judge(ask, c[0] * (1 + NOISE)) for c, ask in zip(climbing, asks)])
         climbing = [(min(us, least), ask if us < least else at,
