@@ -15,9 +15,9 @@ b. the dgx1v allocations of 3..8 GPUs with no NVLink ring: chosen busbw / ring-o
 c. at 8 KiB the chosen predicted time is <= ring's and tree's on every preset;
 d. median planning time per allocation size on dgx1v, and for the full dgx2 and mi250_16gcd
    (targets <= 1 s for 8-GPU allocations, <= 5 s for dgx2/mi250); with ``--real-dumps``
-   also every dump of ``topology/real``, whole machine (the same targets by GPU count; its
-   allreduce, or ``--dump-collectives``); with
-   section a, also the slowest plans of each allocation preset, re-timed.
+   also every dump of ``topology/real``, whole machine (the same targets by GPU count), for
+   allreduce or the ``--dump-collectives``; with section a, also the slowest plans of each
+   allocation preset, re-timed.
 
 ``--retime TOPOLOGY:COLLECTIVE:GPUS ...`` re-times named plans alone (median of 5 runs); a
 topology is a preset, a topology file, or a dump of ``topology/real`` by its file name, so

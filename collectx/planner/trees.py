@@ -133,14 +133,14 @@ def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
     # where that best is within the noise of the best so far: those behind seldom win by it)
     climbing = [(r[0], first, up) for r, up, first in
                 zip(judged, [up for _, ups in tried for up in ups], firsts) if up]
-    while (climbing := [c for c in climbing if c[2] or c[0] <= best[0] * (1 + NOISE)]) \
-            and best[0] > (good_us or 0.0):
+    while climbing and best[0] > (good_us or 0.0):
         asks = [rungs[0] if rungs else at.nudged() for _, at, rungs in climbing]
         judged = concurrently([judge(ask, c[0] * (1 + NOISE)) for c, ask in zip(climbing, asks)])
         climbing = [(min(us, least), ask if us < least else at,
                      rungs[1:] if us < least * (1 + NOISE) else [])
                     for (least, at, rungs), ask, (us, _) in zip(climbing, asks, judged) if rungs]
         best = min([best] + judged, key=lambda r: r[0])
+        climbing = [c for c in climbing if c[2] or c[0] <= best[0] * (1 + NOISE)]
     good = [r for r in judged + [best] if r[0] <= (good_us or 0.0)]
     return min(good, key=lambda r: (r[1].nchunks, r[0]))[1] if good else best[1]
 
