@@ -177,7 +177,7 @@ def test_rounding_in_batches_keeps_the_counts_one_by_one_keeps(monkeypatch):
     for batch in (1, P.BATCH):
         monkeypatch.setattr(P, "BATCH", batch)
         found = P._found(p, lp, pipe, P.Rounding(p, lp, pipe.level_cost(lp)), None, False)
-        kept.append([K for _, K, _, _ in found])
+        kept.append([f[1] for f in found])
     assert kept[0] == kept[1] and len(kept[0]) > 1
 
 
@@ -205,3 +205,39 @@ def test_no_rung_cuts_chunks_below_the_smallest_worth_moving():
     p = P.problem(job_graph(T.ring(4), gpus), gpus, "broadcast")
     pipe = trees.Pipeline(p, 64 << 20)   # 1,024 chunks of 64 KiB
     assert pipe.rungs(_deep(18), 80) == [160, 320, 640, 1024]
+
+
+def test_trees_that_share_their_fill_lose_a_kth_of_it():
+    # The model's shared end: k trees of a group fill as one pipeline of k m chunks. One tree
+    # has nothing to share; with more, only the fill term shrinks, by k.
+    gpus = ("GPU0", "GPU1", "GPU2", "GPU3")
+    p = P.problem(job_graph(T.ring(4), gpus), gpus, "broadcast")
+    pipe = trees.Pipeline(p, 1 << 30)
+    pipe.lp_rate, pipe.lp_wait = 10.0, 2.0
+    assert pipe.time(1, 10.0, 6, shared=True) == pipe.time(1, 10.0, 6)
+    k, depth = 4, 6
+    m = pipe._chunks(k, 10.0, depth, pipe.lp_wait, k * pipe.lp_crowd)
+    fill = (depth - 1) / m / 10.0
+    assert pipe.time(k, 10.0, depth) - pipe.time(k, 10.0, depth, shared=True) == \
+        pytest.approx(fill * (1 - 1 / k))
+
+
+def test_the_rounding_keeps_the_best_count_by_each_end_of_the_model():
+    # (time, K, counts, lockstep time, shared time): the best by time is chosen already; the
+    # best by each other end joins it once, and a count already chosen is not added again.
+    rest = [(1.0, 2, None, 3.0, 3.0), (2.0, 1, None, 1.0, 4.0), (3.0, 8, None, 5.0, 0.5)]
+    assert [r[1] for r in P._ended(rest[:1], rest, keep=2)] == [1, 8]
+    assert [r[1] for r in P._ended(rest[1:2], rest, keep=2)] == [8]
+    assert P._ended(rest[:1], rest, keep=1) == []
+
+
+def test_many_deeper_trees_at_a_higher_rate_outrank_one_only_where_they_share_their_fill():
+    # Eight deeper trees per group at a higher rate against one at a lower: filling alone,
+    # the eight lose by their depth; sharing their fill, they win by their rate.
+    gpus = ("GPU0", "GPU1", "GPU2", "GPU3")
+    p = P.problem(job_graph(T.ring(4), gpus), gpus, "allgather")
+    pipe = trees.Pipeline(p, 64 << 20)
+    pipe.lp_rate, pipe.lp_wait, pipe.lp_crowd = 27.5, 2.5, 15
+    few, many = (1, 25.0, 11), (8, 26.0, 15)
+    assert pipe.time(*many) > pipe.time(*few)
+    assert pipe.time(*many, shared=True) < pipe.time(*few, shared=True)

@@ -136,9 +136,8 @@ def _shard_chunks(collective: str, n: int, nbytes: int) -> int:
 
 
 def _copy_lane(offset: int) -> int:
-    """Lane of the copy from the peer ``offset`` ranks ahead (1 <= offset <= n - 1), or of
-    a rank's copy of its own data (offset n: a lane apart, so that it never holds up a
-    peer's copy)."""
+    """Lane of the copy from the peer ``offset`` ranks ahead (1 <= offset <= n - 1), or of a rank's
+    copy of its own data (offset n: a lane apart, so that it never holds up a peer's copy)."""
     return (offset - 1) % MAX_COPY_LANES
 
 

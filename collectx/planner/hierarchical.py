@@ -154,10 +154,9 @@ def machine_of(topo: nx.DiGraph) -> dict:
 
 
 def _default_pieces(topo, ranks, nodes, nbytes: int) -> int:
-    """Pieces per shard: a piece passes three phases (within the node, across the network,
-    within the node again), paced by the network route between the nodes' first ranks; each
-    network step waits out an engine call (the cost table's network step), not only the
-    wire's latency."""
+    """Pieces per shard: a piece passes three phases (within the node, across the network, within
+    the node again), paced by the network route between the nodes' first ranks; each network step
+    waits out an engine call (the cost table's network step), not only the wire's latency."""
     bw, wait = route_terms(topo, ranks, [(nodes[0][0], nodes[1][0])])
     return pipeline_pieces(nbytes / len(nodes[0]), 3, bw, max(wait, alpha_us("net", "ring")))
 

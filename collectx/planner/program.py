@@ -681,16 +681,15 @@ def most_trees(p: Problem) -> int:
 
 def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
                 keep: int = 1, beat: float | None = None) -> list:
-    """Steps 2-3: ``K`` equal trees per group for the ``keep`` counts ``K`` whose predicted
-    times are least, best first; the LP's own trees where no rounding exists. ``cost`` is a
-    :class:`~.trees.Pipeline` (``time``, ``least_rate``, ``most_trees``). How well a count
-    rounds the LP depends on how its rates divide (full DGX-1V allreduce: 14 trees keep 0.97
-    of the LP, 16 keep 0.89, 18 keep 0.998), so every count the lanes hold is tried, judged by
-    the depth its arcs allow; the :data:`BUILT` best are built into trees (and shortened) and
-    judged again by the trees' own depth. ``beat``: a time another plan reaches, less the
-    :data:`~.cost_tables.FILL` pipelines lose at least; counts that cannot beat it are not
-    rounded. Where none can, those that beat it by the model (plus that margin) are; with
-    none left the list is empty."""
+    """Steps 2-3: ``K`` equal trees per group for the ``keep`` counts ``K`` whose predicted times
+    are least, best first; the LP's own trees where no rounding exists. ``cost`` is a
+    :class:`~.trees.Pipeline` (``time``, ``least_rate``, ``most_trees``). How well a count rounds
+    the LP depends on how its rates divide (full DGX-1V allreduce: 14 trees keep 0.97 of the LP, 16
+    keep 0.89, 18 keep 0.998), so every count the lanes hold is tried, judged by the depth its arcs
+    allow; the :data:`BUILT` best are built into trees (and shortened) and judged again by the
+    trees' own depth. ``beat``: a time another plan reaches, less the :data:`~.cost_tables.FILL`
+    pipelines lose at least; counts that cannot beat it are not rounded. Where none can, those that
+    beat it by the model (plus that margin) are; with none left the list is empty."""
     rounding = Rounding(p, lp, level_cost)
     if beat is None:
         return _rounded(p, lp, cost, rounding, keep, None) or [lp]
@@ -706,7 +705,7 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
     found = _found(p, lp, cost, rounding, beat, modelled)
     ranked = sorted(found, key=lambda f: (f[0], f[1]))
     picks = ranked[:BUILT] + _buffered(p, ranked[:BUILT], ranked, keep)
-    picks += _lockstep(picks, ranked, keep)
+    picks += _ended(picks, ranked, keep)
 
     def build(K, x):
         trees = rounding.trees(x, K)
@@ -715,11 +714,11 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
         trees = lifted(p, trees)
         depth, rate = max(t.depth() for t in trees), rounding.rate(x, K)
         return (cost.time(K, rate, depth), K, Packing(rate=rate, trees=trees, columns=lp.columns),
-                cost.time(K, rate, depth, lockstep=True))
-    built = sorted((b for b in (build(K, x) for _, K, x, _ in picks) if b is not None),
+                *_ends(cost, K, rate, depth))
+    built = sorted((b for b in (build(K, x) for _, K, x, *_ in picks) if b is not None),
                    key=lambda b: (b[0], b[1]))
     kept = built[:keep] + _buffered(p, built[:keep], built[keep:], keep)
-    kept += _lockstep(kept, built, keep)
+    kept += _ended(kept, built, keep)
     if keep > 1:
         kept += _fitting(p, ranked, kept, {b[1]: b for b in built}, build, rounding.rate)
     return [b[2] for b in kept]
@@ -727,9 +726,9 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
 
 def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | None,
            modelled: bool) -> list:
-    """``(estimated time, K, counts, lockstep time)`` of the counts that beat ``beat``: per
-    count the LP's trees dealt out (:meth:`Rounding.seeded`), or the program's where it beats
-    all found before it (:data:`BATCH` rounded at once, each kept as if after them)."""
+    """``(estimated time, K, counts, lockstep time, shared time)`` of the counts that beat
+    ``beat``: per count the LP's trees dealt out (:meth:`Rounding.seeded`), or the program's where
+    it beats all found before it (:data:`BATCH` rounded at once, each kept as if after them)."""
     counts = [K for K in range(1, min(most_trees(p), cost.most_trees()) + 1)
               if beat is None or cost.least_rate(K, beat) <= lp.rate]
     d = rounding.least_depth() if modelled else 1
@@ -746,7 +745,7 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
     def keep(K, x):   # as if rounded after every count kept before it
         if x is not None and (rate := rounding.rate(x, K)) >= least(K) * (1 - 1e-9):
             depth = rounding.depth(x)
-            found[K] = (cost.time(K, rate, depth), K, x, cost.time(K, rate, depth, lockstep=True))
+            found[K] = (cost.time(K, rate, depth), K, x, *_ends(cost, K, rate, depth))
     for K in counts:   # the dealt trees first: with the best of them to beat, most programs
         keep(K, rounding.seeded(K))   # are refused at once by the cheap LP
     for at in range(0, len(counts), BATCH):
@@ -768,21 +767,30 @@ def _fitting(p: Problem, ranked: list, kept: list, built: dict, build, rate) -> 
     best = max((b[2].rate for b in kept), default=0.0)
     near = sorted((r for r in ranked if rate(r[2], r[1]) >= best * (1 - FILL)), key=lambda r: r[1])
     half = [] if fits else [r for r in ranked if r[1] <= most_trees(p) // 2][:BUILT]
-    for _, K, x, _ in near[:1] + half:
+    for _, K, x, *_ in near[:1] + half:
         b = built[K] if K in built else build(K, x)
         if b is not None and _buffers_fit(p, b[2]) and all(K < k for k in fits):
             return [b]
     return []
 
 
-def _lockstep(chosen: list, rest: list, keep: int) -> list:
-    """The best of ``rest`` (``(time, K, ..., lockstep time)``) by its lockstep time, where
-    none of ``chosen`` is it and more than one plan is kept: on one lane per edge equal trees
-    wait together and fewer, shallower trees win; the simulator judges between the ends."""
+def _ends(cost, K: int, rate: float, depth: int) -> tuple:
+    """The model's times at its two other ends (:class:`~.trees.Pipeline`): waits paid in
+    lockstep, and fill shared by a group's trees."""
+    return cost.time(K, rate, depth, lockstep=True), cost.time(K, rate, depth, shared=True)
+
+
+def _ended(chosen: list, rest: list, keep: int) -> list:
+    """The best of ``rest`` (``(time, K, ..., lockstep time, shared time)``) by each other end,
+    where none of ``chosen`` is it and more than one plan is kept: trees that wait together favour
+    fewer, shallower trees; trees that share their fill, more trees at a higher rate."""
     if keep < 2 or not rest:
         return []
-    best = min(rest, key=lambda r: (r[-1], r[1]))
-    return [] if any(c[1] == best[1] for c in chosen) else [best]
+    out = []
+    for end in (-2, -1):
+        best = min(rest, key=lambda r: (r[end], r[1]))
+        out += [] if any(c[1] == best[1] for c in chosen + out) else [best]
+    return out
 
 
 def _buffered(p: Problem, chosen: list, rest: list, keep: int) -> list:

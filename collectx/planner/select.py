@@ -1,13 +1,12 @@
-"""Pick the algorithm per message size: every candidate is planned and simulated, the fastest
-wins.
+"""Pick the algorithm per message size: every candidate is planned and simulated, the fastest wins.
 
-Candidates are the registered algorithms that serve the collective: ring and tree, then
-direct (few steps: small messages), then the packed trees (:mod:`.trees`: bandwidth). A
-candidate is scored by :func:`predict` (simulated transfer time plus the cost table's per-step
-latency); ties keep the earlier, simpler one in registry order. Packed trees are planned only
-where their bound lets them beat the best so far: no schedule is faster than its bound allows,
-so below a few hundred kilobytes, where latency decides, the packing program is not run. Where
-they are planned they are handed the time to beat, and round only packings that could."""
+Candidates are the registered algorithms that serve the collective: ring and tree, then direct (few
+steps: small messages), then the packed trees (:mod:`.trees`: bandwidth). A candidate is scored by
+:func:`predict` (simulated transfer time plus the cost table's per-step latency); ties keep the
+earlier, simpler one in registry order. Packed trees are planned only where their bound lets them
+beat the best so far: no schedule is faster than its bound allows, so below a few hundred
+kilobytes, where latency decides, the packing program is not run. Where they are planned they are
+handed the time to beat, and round only packings that could."""
 
 from __future__ import annotations
 
@@ -113,13 +112,12 @@ def predict(schedule: Schedule, topo: nx.DiGraph, nbytes: int, ranks: tuple[str,
             algorithm: str):
     """Simulated result with the cost table's latency terms folded in.
 
-    ``t = base + max(simulated, steps * alpha)``: the simulator models link bandwidth,
-    contention and per-hop wire latency; the per-step synchronisation of real executors (flags,
-    polling) comes from the cost table. Pipelined executors overlap one piece's
-    synchronisation with other pieces' transfers, so the two terms overlap rather than add:
-    the max is right at both ends (latency-bound small messages, bandwidth-bound large ones)
-    and optimistic by at most 2x where they are equal. Bandwidths are recomputed from the
-    total time so that all fields agree."""
+    ``t = base + max(simulated, steps * alpha)``: the simulator models link bandwidth, contention
+    and per-hop wire latency; the per-step synchronisation of real executors (flags, polling) comes
+    from the cost table. Pipelined executors overlap one piece's synchronisation with other pieces'
+    transfers, so the two terms overlap rather than add: the max is right at both ends
+    (latency-bound small messages, bandwidth-bound large ones) and optimistic by at most 2x where
+    they are equal. Bandwidths are recomputed from the total time so that all fields agree."""
     sim = simulated(schedule, topo, nbytes, ranks)
     name, t = algorithm.split("+")[0], cost.base_us(topo, ranks) + sim.time_us
     # Large messages: no chain of steps can outlast the transfers, so the max is the

@@ -37,12 +37,11 @@ _INF = float("inf")
 class Tree:
     """One packed tree: ``edges`` are ``(parent, child)`` GPU pairs, top-down.
 
-    ``paths[i]`` holds the ``(link id, share)`` pairs edge ``i`` loads (for undirected trees:
-    both directions);
-    ``rate`` is the GB/s the packing gives it; ``staged`` the indices of edges whose path is
-    the route staged through host memory that the packing was offered for their pair (for
-    trees used both ways, :func:`pack_undirected_trees`: their downward transfer, and
-    ``staged_up`` those whose upward one is)."""
+    ``paths[i]`` holds the ``(link id, share)`` pairs edge ``i`` loads (for undirected trees: both
+    directions); ``rate`` is the GB/s the packing gives it; ``staged`` the indices of edges whose
+    path is the route staged through host memory that the packing was offered for their pair (for
+    trees used both ways, :func:`pack_undirected_trees`: their downward transfer, and ``staged_up``
+    those whose upward one is)."""
 
     group: object
     root: object
@@ -192,14 +191,13 @@ def min_spanning_tree(C: np.ndarray) -> list[tuple[int, int]] | None:
 
 
 def pack_undirected_trees(index: LinkIndex, gpus, either_way: bool = False, turns=None) -> Packing:
-    """Pack spanning trees each used in both directions (reduce up, broadcast down), every
-    tree edge over its cheapest relay path and the path's reverse (with ``either_way``, the
-    cheapest path each way, which need not be reverses: a split PCIe switch climbs through its
-    upward half and descends through its downward one, :mod:`collectx.topology.view`). The
-    tree optimum of the allreduce bound (:mod:`.bounds`); each tree is rooted at its centre.
-    ``turns`` (:func:`~collectx.topology.view.turn_rule`) keeps linked GPU pairs from turning
-    at the switches it names.
-    """
+    """Pack spanning trees each used in both directions (reduce up, broadcast down), every tree
+    edge over its cheapest relay path and the path's reverse (with ``either_way``, the cheapest
+    path each way, which need not be reverses: a split PCIe switch climbs through its upward half
+    and descends through its downward one, :mod:`collectx.topology.view`). The tree optimum of the
+    allreduce bound (:mod:`.bounds`); each tree is rooted at its centre. ``turns``
+    (:func:`~collectx.topology.view.turn_rule`) keeps linked GPU pairs from turning at the switches
+    it names."""
     gpus = tuple(gpus)
 
     def price(y, exact):
@@ -288,13 +286,12 @@ def usage(paths) -> dict:
 
 
 def column_generation(caps, groups: tuple, price) -> Packing:
-    """The packing LP over the link capacities ``caps`` (GB/s per link id), solved over the
-    columns ``price(y, exact)`` proposes until none improves.
+    """The packing LP over the link capacities ``caps`` (GB/s per link id), solved over the columns
+    ``price(y, exact)`` proposes until none improves.
 
-    ``price`` returns ``[(group, Tree, {link id: uses})]``, the cheapest column of each group
-    under link prices ``y``; ``exact`` is False while it may bias its choice among nearly equal
-    columns (the loop then finishes with exact prices).
-    """
+    ``price`` returns ``[(group, Tree, {link id: uses})]``, the cheapest column of each group under
+    link prices ``y``; ``exact`` is False while it may bias its choice among nearly equal columns
+    (the loop then finishes with exact prices)."""
     caps = np.asarray(caps, dtype=float)
     gid = {g: i for i, g in enumerate(groups)}
     cols: list = []
@@ -329,8 +326,7 @@ def column_generation(caps, groups: tuple, price) -> Packing:
 def _variants(price, y, fresh, exact, seen) -> list:
     """A few more candidate columns per LP solve (multiplicative weights on the new trees' links).
 
-    Degenerate packings (full meshes, rings) otherwise need one LP solve per basic column.
-    """
+    Degenerate packings (full meshes, rings) otherwise need one LP solve per basic column."""
     y = np.array(y, dtype=float)
     scale = float(np.mean(y[y > 0])) if np.any(y > 0) else 1.0
     out = []
@@ -353,8 +349,7 @@ class _Rows:
     """The packing LP's coefficients, extended column by column as columns arrive.
 
     Column generation re-solves the LP after every batch; keeping the coordinate lists saves
-    rebuilding them from every column's link usage each time (hundreds of columns on 16 GPUs).
-    """
+    rebuilding them from every column's link usage each time (hundreds of columns on 16 GPUs)."""
 
     def __init__(self):
         self.rows, self.cix, self.vals = [], [], []   # A_ub: link uses per column

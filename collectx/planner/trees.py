@@ -117,15 +117,14 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
 
 
 def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
-    """The fastest schedule of ``tried`` (per packing, thunks of its first tries and, for each,
-    the ladder of more chunks that climbs from it; ``judge(thunk, beat)()`` is ``(simulated
-    us, schedule)``, given up past ``beat``): the first tries judged at once, then every ladder
+    """The fastest schedule of ``tried`` (per packing, thunks of its first tries and, for each, the
+    ladder of more chunks that climbs from it; ``judge(thunk, beat)()`` is ``(simulated us,
+    schedule)``, given up past ``beat``): the first tries judged at once, then every ladder
     climbing, a rung of each at once (given up once it loses), until a rung loses by more than
-    :data:`~.cost_tables.NOISE` to the best below it (times along a ladder wobble, then may
-    gain again), then its best rung's twin (:meth:`_Try.nudged`) if that rung is within the
-    noise of the best, or until some are good enough (``good_us``: as fast as pipelines
-    get), and then the fewest chunks of those (instructions to ship, decode and run).
-    docs/planner.md has why."""
+    :data:`~.cost_tables.NOISE` to the best below it (times along a ladder wobble, then may gain
+    again), then its best rung's twin (:meth:`_Try.nudged`) if that rung is within the noise of the
+    best, or until some are good enough (``good_us``: as fast as pipelines get), and then the
+    fewest chunks of those (instructions to ship, decode and run). docs/planner.md has why."""
     firsts = [thunk for first, _ in tried for thunk in first]
     judged = concurrently([judge(lower) for lower in firsts])
     best = min(judged, key=lambda r: r[0])
@@ -194,18 +193,21 @@ def _lowering(name, packing, p, collective, n, root, inplace):
 
 
 class Pipeline:
-    """The pipeline model of a packing: each of its trees moves ``m`` chunks, and a chunk
-    crosses one tree level per chunk time.
+    """The pipeline model of a packing: each of its trees moves ``m`` chunks, and a chunk crosses
+    one tree level per chunk time.
 
     A tree of depth ``d`` (a hop staged through host memory counts two; a tree used both ways
-    climbs and descends) finishes ``d - 1`` chunk times after its first level: ``(d - 1) / m``
-    of its run ``T``. Every chunk also waits out its route's latency ``w`` before it moves,
-    one after the other on the tree's lane. How much of that wait idles a link, the model
-    can only bracket: equal trees carrying equal chunks move in lockstep and wait together,
-    so a link loses ``m w`` of the run (:meth:`chunks`); where the other transfers on a link
-    move while a tree waits, only ``m w / c`` with ``c`` of them (:meth:`hidden_chunks`,
-    the rounding's ranking). ``m = sqrt(T (d - 1) c / w)`` balances fill and waits, within
-    :data:`MIN_CHUNK_BYTES` per chunk and :data:`INSTRUCTIONS` per schedule."""
+    climbs and descends) finishes ``d - 1`` chunk times after its first level: ``(d - 1) / m`` of
+    its run ``T``. Every chunk also waits out its route's latency ``w`` before it moves, one after
+    the other on the tree's lane. How much of that wait idles a link, the model can only bracket:
+    equal trees carrying equal chunks move in lockstep and wait together, so a link loses ``m w``
+    of the run (:meth:`chunks`); where the other transfers on a link move while a tree waits, only
+    ``m w / c`` with ``c`` of them (:meth:`hidden_chunks`, the rounding's ranking).
+    ``m = sqrt(T (d - 1) c / w)`` balances fill and waits, within :data:`MIN_CHUNK_BYTES` per chunk
+    and :data:`INSTRUCTIONS` per schedule. The fill is bracketed too: a group's ``k`` trees reach
+    a GPU at different depths, and links one has not reached yet may carry the others (a late
+    tree catches up once they are done: links are shared fairly); they then fill as one pipeline
+    of ``k m`` chunks, ``(d - 1) / (k m)`` of the run (:meth:`time`'s ``shared``)."""
 
     def __init__(self, p: P.Problem, unit: float):
         self.p, self.unit = p, unit
@@ -269,16 +271,17 @@ class Pipeline:
         self.lp_crowd = max(Counter(link for link, _ in meet).values(), default=1)
         self.lp_rate = lp.rate
 
-    def time(self, k: int, rate: float, depth: int, lockstep: bool = False) -> float:
-        """The predicted run time, up to a constant factor, of ``k`` trees per group at
-        ``rate`` per group whose deepest is ``depth`` deep (the rounding's cost), their waits
-        hidden as far as they can be (the ``k`` trees of every group that meets on a link
-        cross it at once, :meth:`hidden_chunks`), or with ``lockstep`` not at all."""
+    def time(self, k: int, rate: float, depth: int, lockstep: bool = False, shared=False) -> float:
+        """The predicted run time, up to a constant factor, of ``k`` trees per group at ``rate``
+        per group whose deepest is ``depth`` deep (the rounding's cost), their waits hidden as far
+        as they can be (the ``k`` trees of every group that meets on a link cross it at once,
+        :meth:`hidden_chunks`), or with ``lockstep`` not at all; ``shared``: their fill too."""
         depth *= self.passes
         crowd = 1 if lockstep else k * self.lp_crowd
         m = self._chunks(k, rate, depth, self.lp_wait, crowd)
         run_us = self.unit / (rate * 1e3)
-        return (1 + (depth - 1) / m + m * self.lp_wait / (crowd * run_us)) / rate
+        fill = (depth - 1) / (m * (k if shared else 1))
+        return (1 + fill + m * self.lp_wait / (crowd * run_us)) / rate
 
     def to_beat(self, beat_us: float | None) -> float | None:
         """A transfer time in microseconds in :meth:`time`'s units (None stays None). A

@@ -113,12 +113,11 @@ class TreeEmitter:
                     ready[c] = (seq, t, ref)
 
     def reduce(self, shares, contrib: RefFn, result: RefFn) -> dict:
-        """Reduce piece ``j`` (``k`` chunks) of ``contrib(v, j, k, share)`` over every tree
-        node into ``result(root, j, k, share)``: piece ``i`` of share ``number`` climbs its
-        tree as ``_ReduceShape.of(share, (number, i % buffers))`` says.
+        """Reduce piece ``j`` (``k`` chunks) of ``contrib(v, j, k, share)`` over every tree node
+        into ``result(root, j, k, share)``: piece ``i`` of share ``number`` climbs its tree as
+        ``_ReduceShape.of(share, (number, i % buffers))`` says.
 
-        Returns ``{(root, j): (token, time)}`` of the item completing piece ``j`` at its root.
-        """
+        Returns ``{(root, j): (token, time)}`` of the item completing piece ``j`` at its root."""
         done: dict = {}
         items, fresh, through_host = self._items, self.b.fresh, self._through_host
         for number, share in enumerate(shares):
