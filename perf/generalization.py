@@ -15,7 +15,8 @@ Families (``--families``, default all), each planned for allreduce, allgather an
 
 Prints one table: per family the plans, the worst and median efficiency (predicted busbw over
 the bound), how many fall below 0.95, how many beat the bound (allreduce: the ceiling; a
-violation means the simulator or the bound is wrong), and the slowest planning time.
+violation means the simulator or the bound is wrong), the median and slowest planning time, and
+how many plans took longer than :func:`time_target` (1 s up to 8 GPUs, 5 s up to 16).
 ``--jsonl FILE`` writes one line per plan.
 
 Run: ``python perf/generalization.py`` (about an hour), or e.g.
@@ -131,9 +132,19 @@ def over(r: dict) -> bool:
     return bool(cap) and r["predicted_busbw_GBps"] > 1.001 * cap
 
 
+def time_target(nranks: int) -> float:
+    """Seconds a plan of ``nranks`` GPUs may take: 1 up to 8, 5 up to 16 (then 5 per 16)."""
+    return 1.0 if nranks <= 8 else 5.0 * -(-nranks // 16)
+
+
+def late(r: dict) -> bool:
+    """Whether plan ``r`` took longer than :func:`time_target` allows."""
+    return r["planning_time_s"] > time_target(len(r["ranks"]))
+
+
 def table(rows: list[dict]) -> str:
     lines = [f"{'family':<10}{'collective':<11}{'plans':>6}{'worst':>8}{'median':>8}"
-             f"{'<0.95':>7}{'over':>6}{'slowest s':>11}  worst plan"]
+             f"{'<0.95':>7}{'over':>6}{'median s':>10}{'slowest s':>11}{'late':>6}  worst plan"]
     for family in FAMILIES:
         for coll in COLLECTIVES:
             sel = [r for r in rows if r["family"] == family and r["collective"] == coll
@@ -141,11 +152,11 @@ def table(rows: list[dict]) -> str:
             if not sel:
                 continue
             worst = min(sel, key=lambda r: r["efficiency"])
-            eff = [r["efficiency"] for r in sel]
+            eff, times = [r["efficiency"] for r in sel], [r["planning_time_s"] for r in sel]
             lines.append(f"{family:<10}{coll:<11}{len(sel):>6}{min(eff):>8.3f}"
                          f"{statistics.median(eff):>8.3f}{sum(e < 0.95 for e in eff):>7}"
-                         f"{sum(map(over, sel)):>6}"
-                         f"{max(r['planning_time_s'] for r in sel):>11.2f}  "
+                         f"{sum(map(over, sel)):>6}{statistics.median(times):>10.2f}"
+                         f"{max(times):>11.2f}{sum(map(late, sel)):>6}  "
                          f"{worst['topology']} {worst['gpus']} ({worst['algorithm']})")
     return "\n".join(lines)
 

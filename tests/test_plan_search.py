@@ -177,7 +177,7 @@ def test_rounding_in_batches_keeps_the_counts_one_by_one_keeps(monkeypatch):
     for batch in (1, P.BATCH):
         monkeypatch.setattr(P, "BATCH", batch)
         found = P._found(p, lp, pipe, P.Rounding(p, lp, pipe.level_cost(lp)), None, False)
-        kept.append([f[1] for f in found])
+        kept.append([f.K for f in found])
     assert kept[0] == kept[1] and len(kept[0]) > 1
 
 
@@ -223,11 +223,12 @@ def test_trees_that_share_their_fill_lose_a_kth_of_it():
 
 
 def test_the_rounding_keeps_the_best_count_by_each_end_of_the_model():
-    # (time, K, counts, lockstep time, shared time): the best by time is chosen already; the
-    # best by each other end joins it once, and a count already chosen is not added again.
-    rest = [(1.0, 2, None, 3.0, 3.0), (2.0, 1, None, 1.0, 4.0), (3.0, 8, None, 5.0, 0.5)]
-    assert [r[1] for r in P._ended(rest[:1], rest, keep=2)] == [1, 8]
-    assert [r[1] for r in P._ended(rest[1:2], rest, keep=2)] == [8]
+    # The best by time is chosen already; the best by each other end joins it once, and a
+    # count already chosen is not added again.
+    rest = [P.Rounded(1.0, 2, None, 3.0, 3.0), P.Rounded(2.0, 1, None, 1.0, 4.0),
+            P.Rounded(3.0, 8, None, 5.0, 0.5)]
+    assert [r.K for r in P._ended(rest[:1], rest, keep=2)] == [1, 8]
+    assert [r.K for r in P._ended(rest[1:2], rest, keep=2)] == [8]
     assert P._ended(rest[:1], rest, keep=1) == []
 
 

@@ -214,22 +214,16 @@ def allocation(topo: nx.DiGraph, gpus: Sequence[int | str] | None
     Raises TopologyError for unknown or repeated GPUs and NoFeasiblePlan when the chosen GPUs
     cannot all reach each other once the other GPUs are removed."""
     from ..topology import gpus as all_gpus, subset
-    if topo is None or not all_gpus(topo):
+    if topo is None or not (order := all_gpus(topo)):
         raise TopologyError("the topology has no GPU (rank) nodes; expected nodes of kind "
                             "'gpu' (CPU ranks are RANK<i> nodes of kind gpu)")
-    wanted = list(all_gpus(topo) if gpus is None else gpus)
+    wanted = list(order if gpus is None else gpus)
     if not wanted:
         raise PlanError("an empty GPU list: a collective needs at least one rank")
     view = subset(topo, wanted)
-    ranks = tuple(g for g in _resolved_order(topo, wanted))
+    ranks = tuple(order[w] if isinstance(w, int) else w for w in wanted)
     _check_connected(view, ranks)
     return ranks, view
-
-
-def _resolved_order(topo: nx.DiGraph, wanted: list) -> list[str]:
-    from ..topology import gpus as all_gpus
-    order = all_gpus(topo)
-    return [order[w] if isinstance(w, int) else w for w in wanted]
 
 
 def _check_connected(view: nx.DiGraph, ranks: tuple[str, ...]) -> None:

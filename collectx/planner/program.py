@@ -36,6 +36,7 @@ import itertools
 import warnings
 from collections import Counter
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -703,7 +704,7 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
     roundings that beat it by the pipeline model's time, fill and waits included, at the
     better of its two ends."""
     found = _found(p, lp, cost, rounding, beat, modelled)
-    ranked = sorted(found, key=lambda f: (f[0], f[1]))
+    ranked = sorted(found, key=lambda f: (f.time, f.K))
     picks = ranked[:BUILT] + _buffered(p, ranked[:BUILT], ranked, keep)
     picks += _ended(picks, ranked, keep)
 
@@ -713,22 +714,21 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
             return None
         trees = lifted(p, trees)
         depth, rate = max(t.depth() for t in trees), rounding.rate(x, K)
-        return (cost.time(K, rate, depth), K, Packing(rate=rate, trees=trees, columns=lp.columns),
-                *_ends(cost, K, rate, depth))
-    built = sorted((b for b in (build(K, x) for _, K, x, *_ in picks) if b is not None),
-                   key=lambda b: (b[0], b[1]))
+        return _modelled(cost, K, rate, depth, Packing(rate=rate, trees=trees, columns=lp.columns))
+    built = sorted((b for b in (build(f.K, f.trees) for f in picks) if b is not None),
+                   key=lambda b: (b.time, b.K))
     kept = built[:keep] + _buffered(p, built[:keep], built[keep:], keep)
     kept += _ended(kept, built, keep)
     if keep > 1:
-        kept += _fitting(p, ranked, kept, {b[1]: b for b in built}, build, rounding.rate)
-    return [b[2] for b in kept]
+        kept += _fitting(p, ranked, kept, {b.K: b for b in built}, build, rounding.rate)
+    return [b.trees for b in kept]
 
 
 def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | None,
            modelled: bool) -> list:
-    """``(estimated time, K, counts, lockstep time, shared time)`` of the counts that beat
-    ``beat``: per count the LP's trees dealt out (:meth:`Rounding.seeded`), or the program's where
-    it beats all found before it (:data:`BATCH` rounded at once, each kept as if after them)."""
+    """The counts that beat ``beat`` (:class:`Rounded`): per count the LP's trees dealt out
+    (:meth:`Rounding.seeded`), or the program's where it beats all found before it
+    (:data:`BATCH` rounded at once, each kept as if after them)."""
     counts = [K for K in range(1, min(most_trees(p), cost.most_trees()) + 1)
               if beat is None or cost.least_rate(K, beat) <= lp.rate]
     d = rounding.least_depth() if modelled else 1
@@ -740,12 +740,12 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
     # a kept count beats the best found one level deep by more than the simulator can tell
     # apart (each one kept costs an integer program), and (modelled) ``beat`` d levels deep
     least = lambda K: max(cost.least_rate(K, min(  # noqa: E731
-        [f[0] * (1 - NOISE) for f in found.values()] + [to_beat])), cost.least_rate(K, to_beat, d))
+        [f.time * (1 - NOISE) for f in found.values()] + [to_beat])),
+        cost.least_rate(K, to_beat, d))
 
     def keep(K, x):   # as if rounded after every count kept before it
         if x is not None and (rate := rounding.rate(x, K)) >= least(K) * (1 - 1e-9):
-            depth = rounding.depth(x)
-            found[K] = (cost.time(K, rate, depth), K, x, *_ends(cost, K, rate, depth))
+            found[K] = _modelled(cost, K, rate, rounding.depth(x), x)
     for K in counts:   # the dealt trees first: with the best of them to beat, most programs
         keep(K, rounding.seeded(K))   # are refused at once by the cheap LP
     for at in range(0, len(counts), BATCH):
@@ -754,57 +754,66 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
         for K, x in zip(batch, xs):
             keep(K, x)
     found = list(found.values())
-    return [f for f in found if min(f[0], f[3]) < beat] if modelled else found
+    return [f for f in found if min(f.time, f.lockstep) < beat] if modelled else found
 
 
 def _fitting(p: Problem, ranked: list, kept: list, built: dict, build, rate) -> list:
-    """A packing of ``ranked`` that fits twice (:func:`_buffers_fit`) in fewer trees than any
+    """A packing of ``ranked`` that fits twice (:func:`fits_twice`) in fewer trees than any
     of ``kept`` that does: the fewest trees within :data:`~.cost_tables.FILL` of the best kept
     rate (double-buffered, waits hide behind the second lane and fewer trees move larger
     pieces), and if none of ``kept`` fits, the best-ranked with at most half the trees the
     lanes hold (:data:`BUILT` tried). ``rate(x, K)``: the rounding's."""
-    fits = [b[1] for b in kept if _buffers_fit(p, b[2])]
-    best = max((b[2].rate for b in kept), default=0.0)
-    near = sorted((r for r in ranked if rate(r[2], r[1]) >= best * (1 - FILL)), key=lambda r: r[1])
-    half = [] if fits else [r for r in ranked if r[1] <= most_trees(p) // 2][:BUILT]
-    for _, K, x, *_ in near[:1] + half:
+    fit = lambda packing: fits_twice(packing.trees, p.modes(), p.lanes)  # noqa: E731
+    fits = [b.K for b in kept if fit(b.trees)]
+    best = max((b.trees.rate for b in kept), default=0.0)
+    near = sorted((r for r in ranked if rate(r.trees, r.K) >= best * (1 - FILL)),
+                  key=lambda r: r.K)
+    half = [] if fits else [r for r in ranked if r.K <= most_trees(p) // 2][:BUILT]
+    for K, x in [(r.K, r.trees) for r in near[:1] + half]:
         b = built[K] if K in built else build(K, x)
-        if b is not None and _buffers_fit(p, b[2]) and all(K < k for k in fits):
+        if b is not None and fit(b.trees) and all(K < k for k in fits):
             return [b]
     return []
 
 
-def _ends(cost, K: int, rate: float, depth: int) -> tuple:
-    """The model's times at its two other ends (:class:`~.trees.Pipeline`): waits paid in
-    lockstep, and fill shared by a group's trees."""
-    return cost.time(K, rate, depth, lockstep=True), cost.time(K, rate, depth, shared=True)
+class Rounded(NamedTuple):
+    """``K`` trees per group the rounding found (``trees``: their counts, or once built their
+    :class:`~.treepack.Packing`), timed at each end of the model (:class:`~.trees.Pipeline`): waits
+    hidden (the ranking), waits paid in ``lockstep``, and fill ``shared`` by a group's trees."""
+
+    time: float
+    K: int
+    trees: object
+    lockstep: float
+    shared: float
+
+
+def _modelled(cost, K: int, rate: float, depth: int, trees) -> Rounded:
+    return Rounded(cost.time(K, rate, depth), K, trees, cost.time(K, rate, depth, lockstep=True),
+                   cost.time(K, rate, depth, shared=True))
 
 
 def _ended(chosen: list, rest: list, keep: int) -> list:
-    """The best of ``rest`` (``(time, K, ..., lockstep time, shared time)``) by each other end,
-    where none of ``chosen`` is it and more than one plan is kept: trees that wait together favour
-    fewer, shallower trees; trees that share their fill, more trees at a higher rate."""
+    """The best of ``rest`` (:class:`Rounded`) by each other end, where none of ``chosen`` is it
+    and more than one plan is kept: trees that wait together favour fewer, shallower trees;
+    trees that share their fill, more trees at a higher rate."""
     if keep < 2 or not rest:
         return []
     out = []
-    for end in (-2, -1):
-        best = min(rest, key=lambda r: (r[end], r[1]))
-        out += [] if any(c[1] == best[1] for c in chosen + out) else [best]
+    for end in ("lockstep", "shared"):
+        best = min(rest, key=lambda r: (getattr(r, end), r.K))
+        out += [] if any(c.K == best.K for c in chosen + out) else [best]
     return out
 
 
 def _buffered(p: Problem, chosen: list, rest: list, keep: int) -> list:
-    """The first of ``rest`` (``(time, K, ...)``, best first) whose ``K`` trees per group leave
+    """The first of ``rest`` (:class:`Rounded`, best first) whose ``K`` trees per group leave
     the lanes two per tree edge, where none of ``chosen`` does and more than one plan is kept:
     two lanes per edge hide a tree's waits behind its own next chunk."""
     half = most_trees(p) // 2
-    if keep < 2 or any(c[1] <= half for c in chosen):
+    if keep < 2 or any(c.K <= half for c in chosen):
         return []
-    return [r for r in rest if r[1] <= half][:1]
-
-
-def _buffers_fit(p: Problem, packing: Packing) -> bool:
-    return fits_twice(packing.trees, p.modes(), p.lanes)
+    return [r for r in rest if r.K <= half][:1]
 
 
 def centred(tree: Tree) -> Tree:

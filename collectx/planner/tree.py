@@ -166,7 +166,7 @@ def _depth(parent) -> int:
 def _up(b: LaneBuilder, lane: int, parent, children, j: int, buf_of) -> dict:
     """Reduce piece ``j`` towards the root; returns rank -> (ref holding its partial, dep)."""
     held: dict[int, tuple[Ref, object]] = {}
-    for r in _bottom_up(parent, children):
+    for r in reversed(_top_down(parent, children)):
         own = Ref(r, "input", j)
         if not children[r]:
             held[r] = (own, None)
@@ -217,10 +217,6 @@ def _top_down(parent, children) -> list[int]:
     for r in order:
         order.extend(children[r])
     return order
-
-
-def _bottom_up(parent, children) -> list[int]:
-    return list(reversed(_top_down(parent, children)))
 
 
 _BUILDERS = {"allreduce": _allreduce, "broadcast": _broadcast, "reduce": _reduce}
