@@ -229,6 +229,9 @@ def test_the_rounding_keeps_the_best_count_by_each_end_of_the_model():
             P.Rounded(3.0, 8, None, 5.0, 0.5)]
     assert [r.K for r in P._ended(rest[:1], rest, keep=2)] == [1, 8]
     assert [r.K for r in P._ended(rest[1:2], rest, keep=2)] == [8]
+    # The two best by each end: 4 trees are second by both, and join once.
+    more = rest + [P.Rounded(4.0, 4, None, 2.0, 1.0)]
+    assert [r.K for r in P._ended(rest[:1], more, keep=2, n=2)] == [1, 4, 8]
     assert P._ended(rest[:1], rest, keep=1) == []
 
 

@@ -687,10 +687,10 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
     :class:`~.trees.Pipeline` (``time``, ``least_rate``, ``most_trees``). How well a count rounds
     the LP depends on how its rates divide (full DGX-1V allreduce: 14 trees keep 0.97 of the LP, 16
     keep 0.89, 18 keep 0.998), so every count the lanes hold is tried, judged by the depth its arcs
-    allow; the :data:`BUILT` best are built into trees (and shortened) and judged again by the
-    trees' own depth. ``beat``: a time another plan reaches, less the :data:`~.cost_tables.FILL`
-    pipelines lose at least; counts that cannot beat it are not rounded. Where none can, those that
-    beat it by the model (plus that margin) are; with none left the list is empty."""
+    allow; the :data:`BUILT` best by each end of the model are built into trees (and shortened),
+    judged again by the trees' own depth. ``beat``: a time another plan reaches, less the
+    :data:`~.cost_tables.FILL` pipelines lose at least; counts that cannot beat it are not rounded.
+    Where none can, those that beat it by the model (plus that margin) are, if any."""
     rounding = Rounding(p, lp, level_cost)
     if beat is None:
         return _rounded(p, lp, cost, rounding, keep, None) or [lp]
@@ -718,7 +718,9 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
     built = sorted((b for b in (build(f.K, f.trees) for f in picks) if b is not None),
                    key=lambda b: (b.time, b.K))
     kept = built[:keep] + _buffered(p, built[:keep], built[keep:], keep)
-    kept += _ended(kept, built, keep)
+    kept += _ended(kept, built, keep)   # then the best built by each, of its BUILT best too:
+    more = [b for b in (build(f.K, f.trees) for f in _ended(picks, ranked, keep, BUILT)) if b]
+    kept += _ended(kept, built + more, keep)
     if keep > 1:
         kept += _fitting(p, ranked, kept, {b.K: b for b in built}, build, rounding.rate)
     return [b.trees for b in kept]
@@ -739,9 +741,8 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
     found: dict = {}
     # a kept count beats the best found one level deep by more than the simulator can tell
     # apart (each one kept costs an integer program), and (modelled) ``beat`` d levels deep
-    least = lambda K: max(cost.least_rate(K, min(  # noqa: E731
-        [f.time * (1 - NOISE) for f in found.values()] + [to_beat])),
-        cost.least_rate(K, to_beat, d))
+    best = lambda: min([f.time * (1 - NOISE) for f in found.values()] + [to_beat])  # noqa: E731
+    least = lambda K: max(cost.least_rate(K, best()), cost.least_rate(K, to_beat, d))  # noqa: E731
 
     def keep(K, x):   # as if rounded after every count kept before it
         if x is not None and (rate := rounding.rate(x, K)) >= least(K) * (1 - 1e-9):
@@ -793,7 +794,7 @@ def _modelled(cost, K: int, rate: float, depth: int, trees) -> Rounded:
                    cost.time(K, rate, depth, shared=True))
 
 
-def _ended(chosen: list, rest: list, keep: int) -> list:
+def _ended(chosen: list, rest: list, keep: int, n: int = 1) -> list:
     """The best of ``rest`` (:class:`Rounded`) by each other end, where none of ``chosen`` is it
     and more than one plan is kept: trees that wait together favour fewer, shallower trees;
     trees that share their fill, more trees at a higher rate."""
@@ -801,8 +802,8 @@ def _ended(chosen: list, rest: list, keep: int) -> list:
         return []
     out = []
     for end in ("lockstep", "shared"):
-        best = min(rest, key=lambda r: (getattr(r, end), r.K))
-        out += [] if any(c.K == best.K for c in chosen + out) else [best]
+        for best in sorted(rest, key=lambda r: (getattr(r, end), r.K))[:n]:
+            out += [] if any(c.K == best.K for c in chosen + out) else [best]
     return out
 
 
