@@ -718,11 +718,11 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
     built = sorted((b for b in (build(f.K, f.trees) for f in picks) if b is not None),
                    key=lambda b: (b.time, b.K))
     kept = built[:keep] + _buffered(p, built[:keep], built[keep:], keep)
-    kept += _ended(kept, built, keep)   # then the best built by each, of its BUILT best too:
+    kept += _ended(kept, built, keep)   # and each end's best once its BUILT best are built:
     more = [b for b in (build(f.K, f.trees) for f in _ended(picks, ranked, keep, BUILT)) if b]
     kept += _ended(kept, built + more, keep)
     if keep > 1:
-        kept += _fitting(p, ranked, kept, {b.K: b for b in built}, build, rounding.rate)
+        kept += _fitting(p, ranked, kept, {b.K: b for b in built + more}, build, rounding.rate)
     return [b.trees for b in kept]
 
 
@@ -795,8 +795,8 @@ def _modelled(cost, K: int, rate: float, depth: int, trees) -> Rounded:
 
 
 def _ended(chosen: list, rest: list, keep: int, n: int = 1) -> list:
-    """The best of ``rest`` (:class:`Rounded`) by each other end, where none of ``chosen`` is it
-    and more than one plan is kept: trees that wait together favour fewer, shallower trees;
+    """The ``n`` best of ``rest`` (:class:`Rounded`) by each other end, those not in ``chosen``,
+    where more than one plan is kept: trees that wait together favour fewer, shallower trees;
     trees that share their fill, more trees at a higher rate."""
     if keep < 2 or not rest:
         return []
