@@ -181,8 +181,7 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
 
 def _symmetric(G: nx.DiGraph) -> bool:
     """Whether every link has a reverse of the same capacity: the reversed graph is then the
-    same graph (split switches too, their halves trading places), and reduce-scatter's rate is
-    allgather's."""
+    same (split switches' halves trade places), and reduce-scatter's rate is allgather's."""
     return all(G.has_edge(v, u) and G.edges[v, u]["cap"] == c for u, v, c in G.edges(data="cap"))
 
 

@@ -75,8 +75,7 @@ def pipeline_pieces(share: float, hops: int, bw_gbps: float = 0.0, wait_us: floa
 
 def route_terms(topo, ranks, pairs) -> tuple[float, float]:
     """``(bandwidth GB/s, latency us)`` of the narrowest and slowest of the rank ``pairs``
-    ``(a, b)`` as the simulator routes them (a striped pair sums its routes); ``(0, 0)``
-    without a topology."""
+    ``(a, b)`` as the simulator routes them (a striped pair sums its routes), or ``(0, 0)``."""
     if topo is None or not ranks or not pairs:
         return 0.0, 0.0
     from ..topology.routes import routes_for

@@ -105,10 +105,9 @@ def _paths_ok(mult: np.ndarray, root: int, k: int, inside: set) -> bool:
 
 
 def disjoint_arborescences(mult: np.ndarray, root: int, k: int) -> list | None:
-    """``k`` out-trees from ``root`` spanning every GPU, together using arc ``(u, v)`` at
-    most ``mult[u, v]`` times: each a list of top-down ``(parent, child)`` pairs, the deepest
-    then shortened by local moves (:func:`_shallower`). None when some GPU has fewer than
-    ``k`` unit paths from the root."""
+    """``k`` out-trees from ``root`` spanning every GPU, together using arc ``(u, v)`` at most
+    ``mult[u, v]`` times: each a list of top-down ``(parent, child)`` pairs, the deepest then
+    shortened by local moves (:func:`_shallower`). None if some GPU has under ``k`` paths."""
     n = len(mult)
     left = mult.copy()
     if not _paths_ok(left, root, k, {root}):

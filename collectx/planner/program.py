@@ -218,8 +218,7 @@ def _way_rows(ways: dict, nlinks: int) -> tuple:
 
 
 def tree_of(p: Problem, g: int, edges, picks, rate: float = 0.0) -> Tree:
-    """Group ``g``'s :class:`~.treepack.Tree` over GPU indices; ``picks[i]`` indexes the way
-    of ``edges[i]``."""
+    """Group ``g``'s :class:`~.treepack.Tree` over GPU indices; ``picks[i]``: ``edges[i]``'s way."""
     root, mode = p.groups[g]
     ways = [p.ways[mode][e][k] for e, k in zip(edges, picks)]
     return Tree(g, root, tuple(edges), tuple(w.load for w in ways), rate,
@@ -403,8 +402,7 @@ class Rounding:
         return [x for x, _ in solved]
 
     def _solved(self, K: int, most: float) -> tuple:
-        """``(counts or None, Edmonds rows it found)``: one ask of :meth:`solve_all`, on the
-        rows found so far."""
+        """``(counts or None, Edmonds rows it found)``: one ask of :meth:`solve_all`."""
         C, H = len(self.cols), len(self.wholes)
         low, high = ((np.floor(self.scaled * K + 1e-9), np.ceil(self.scaled * K - 1e-9))
                      if len(self.p.groups) > 1 else (np.zeros(C + H), np.full(C + H, K)))
@@ -700,9 +698,8 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
 
 def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
              beat: float | None, modelled: bool = False) -> list:
-    """:func:`equal_trees` against one time to beat (None: any); ``modelled``: only the
-    roundings that beat it by the pipeline model's time, fill and waits included, at the
-    better of its two ends."""
+    """:func:`equal_trees` against one time to beat (None: any); ``modelled``: only roundings
+    that beat it by the model's time (fill and waits included) at the better of its ends."""
     found = _found(p, lp, cost, rounding, beat, modelled)
     ranked = sorted(found, key=lambda f: (f.time, f.K))
     picks = ranked[:BUILT] + _buffered(p, ranked[:BUILT], ranked, keep)

@@ -120,28 +120,34 @@ def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
     """The fastest schedule of ``tried`` (per packing, thunks of its first tries and, for each, the
     ladder of more chunks that climbs from it; ``judge(thunk, beat)()`` is ``(simulated us,
     schedule)``, given up past ``beat``): the first tries judged at once, then every ladder
-    climbing, a rung of each at once (given up once it loses), until a rung loses by more than
-    :data:`~.cost_tables.NOISE` to the best below it (times along a ladder wobble, then may gain
-    again), then its best rung's twin (:meth:`_Try.nudged`) if that rung is within the noise of the
-    best, or until some are good enough (``good_us``: as fast as pipelines get), and then the
-    fewest chunks of those (instructions to ship, decode and run). docs/planner.md has why."""
+    climbing, a rung of each at once, while each rung gains more than
+    :data:`~.cost_tables.NOISE` on the best below it (:func:`_climbed`), or until some are good
+    enough (``good_us``: as fast as pipelines get), and then the fewest chunks of those
+    (instructions to ship, decode and run). docs/planner.md has why."""
     firsts = [thunk for first, _ in tried for thunk in first]
     judged = concurrently([judge(lower) for lower in firsts])
     best = min(judged, key=lambda r: r[0])
-    # per ladder: its best time and try, and the rungs left (none left: its best's twin next,
-    # where that best is within the noise of the best so far: those behind seldom win by it)
+    # per ladder: its best time and try, and the rungs left (none: its best's twin next)
     climbing = [(r[0], first, up) for r, up, first in
                 zip(judged, [up for _, ups in tried for up in ups], firsts) if up]
     while climbing and best[0] > (good_us or 0.0):
         asks = [rungs[0] if rungs else at.nudged() for _, at, rungs in climbing]
         judged = concurrently([judge(ask, c[0] * (1 + NOISE)) for c, ask in zip(climbing, asks)])
-        climbing = [(min(us, least), ask if us < least else at,
-                     rungs[1:] if us < least * (1 + NOISE) else [])
-                    for (least, at, rungs), ask, (us, _) in zip(climbing, asks, judged) if rungs]
+        climbing = [_climbed(*c, ask, us)
+                    for c, ask, (us, _) in zip(climbing, asks, judged) if c[2]]
         best = min([best] + judged, key=lambda r: r[0])
-        climbing = [c for c in climbing if c[2] or c[0] <= best[0] * (1 + NOISE)]
+        climbing = [c for c in climbing if c and (c[2] or c[0] <= best[0] * (1 + NOISE))]
     good = [r for r in judged + [best] if r[0] <= (good_us or 0.0)]
     return min(good, key=lambda r: (r[1].nchunks, r[0]))[1] if good else best[1]
+
+
+def _climbed(least: float, at, rungs: list, ask, us: float) -> tuple | None:
+    """A ladder once its rung ``ask`` took ``us`` (``least``: its best, at ``at``): on up while
+    rungs gain more than :data:`~.cost_tables.NOISE`; after a loss by more, its best's twin
+    (:meth:`_Try.nudged`), if near the best so far; flat (noise, not a gain), done (None)."""
+    if us < least * (1 - NOISE):
+        return (us, ask, rungs[1:]) if rungs[1:] else None
+    return (least, at, []) if us >= least * (1 + NOISE) else None
 
 
 def _tries(name, packing, p, pipe, collective, n, root, inplace) -> tuple[list, list]:
