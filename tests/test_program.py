@@ -134,14 +134,19 @@ def _bounds(rounding, K, most):
                     np.r_[high[:C], np.full(C, K), high[C:], most])
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_counts_hold_edmonds_rows_on_random_fabrics(seed):
+def _random_fabric(seed, chords=0.4):
     rng = random.Random(seed)
     n = rng.randint(3, 6)
     G = T.ring(n, bw=25.0)
     for a, b in itertools.combinations(range(n), 2):
-        if rng.random() < 0.4:
+        if rng.random() < chords:
             T.add_link(G, f"GPU{a}", f"GPU{b}", "nvlink", rng.choice((25.0, 50.0)))
+    return G, n
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_counts_hold_edmonds_rows_on_random_fabrics(seed):
+    G, n = _random_fabric(seed)
     p, lp, _, _ = packed(G, "broadcast")
     rounding = P.Rounding(p, lp)
     x = rounding.solve_all([(3, np.inf)])[0]
@@ -151,6 +156,36 @@ def test_counts_hold_edmonds_rows_on_random_fabrics(seed):
                                                  for a in range(n) for b in range(n)
                                                  if mult[a, b]]), 0, v)
         assert flow >= 3
+
+
+@pytest.mark.parametrize("topo, star", [
+    (T.switch(4, bw=25.0), 25.0 / 3),   # the root's one link to the switch carries 3 copies
+    (T.fully_connected(4, bw=25.0), 25.0),   # a link of its own to each GPU
+    (T.line(3, bw=25.0), 0.0)])   # GPU2 is two hops from the root: no star at all
+def test_the_star_rate_is_what_the_roots_links_carry_one_level_deep(topo, star):
+    p, lp, _, _ = packed(topo, "broadcast")
+    assert P.Rounding(p, lp).star_rate() == pytest.approx(star)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("collective", ["broadcast", "allgather", "allreduce"])
+def test_no_trees_one_level_deep_are_faster_than_the_star_rate(seed, collective):
+    p, lp, _, _ = packed(_random_fabric(seed, chords=0.8)[0], collective, host=True)
+    rounding = P.Rounding(p, lp)
+    stars = {}   # per group and GPU, the columns of the root's arc to it, unstaged
+    for c, (g, (a, b), k) in enumerate(rounding.cols):
+        way = p.ways[p.groups[g][1]][a, b][k]
+        if a == p.groups[g][0] and not (way.down or way.up):
+            stars.setdefault((g, b), []).append(c)
+    if len(stars) < len(p.groups) * (rounding.n - 1):
+        assert rounding.star_rate() == 0.0
+        return
+    rng = random.Random(seed)
+    for _ in range(20):   # one way per arc: each group's star
+        x = np.zeros(len(rounding.cols) + len(rounding.wholes), dtype=np.int64)
+        for cols in stars.values():
+            x[rng.choice(cols)] += 1
+        assert rounding.rate(x, 1) <= rounding.star_rate() * (1 + 1e-9)
 
 
 def test_centred_trees_keep_their_edges_and_staging():

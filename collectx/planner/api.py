@@ -297,6 +297,4 @@ def _bound(view: nx.DiGraph, collective: str, ranks: tuple[str, ...], root: int,
 def _efficiency(predicted, bound) -> float | None:
     ref = getattr(bound, "bound_busbw", None)
     got = getattr(predicted, "busbw_GBps", None)
-    if not ref or got is None:
-        return None
-    return got / ref
+    return None if not ref or got is None else got / ref

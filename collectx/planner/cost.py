@@ -60,9 +60,7 @@ def _ranks_named(rank_lanes) -> set:
 
 
 def device_kind(topo: nx.DiGraph | None, ranks: tuple[str, ...]) -> str:
-    if topo is None:
-        return "cpu"
-    return "cpu" if topo.nodes[ranks[0]].get("device") == "cpu" else "gpu"
+    return "cpu" if topo is None or topo.nodes[ranks[0]].get("device") == "cpu" else "gpu"
 
 
 def base_us(topo: nx.DiGraph | None, ranks: tuple[str, ...]) -> float:

@@ -98,9 +98,7 @@ def _machines(topo: nx.DiGraph, gpus) -> list[tuple] | None:
                              for u, v, bw in topo.edges(mine, data="bw_gbps")) |
                    frozenset((str(u).removeprefix(prefix), str(v).removeprefix(prefix), bw)
                              for u, v, bw in topo.in_edges(mine, data="bw_gbps")))
-    if len(shapes) != 1:
-        return None
-    return [tuple(v) for v in by_machine.values()]
+    return [tuple(v) for v in by_machine.values()] if len(shapes) == 1 else None
 
 
 def _self_reverse(G: nx.DiGraph) -> bool:

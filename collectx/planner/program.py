@@ -10,9 +10,8 @@ both ways (a spanning tree can be rooted at any GPU, so one root serves), or one
 down group per GPU (reduce-scatter, then allgather, pipelined chunk by chunk).
 
 A tree *arc* ``a -> b`` between two GPUs is carried in one of a few *ways*: as the hardware
-routes a peer copy (a direct link, the widest route, or stripes over NVSwitch planes: exactly
-the simulator's routes, :func:`~collectx.topology.view.simulator_routes`), or staged through
-the sender's host memory over PCIe where the executor has host buffers
+routes a peer copy (the simulator's routes, :func:`~collectx.topology.view.simulator_routes`),
+or staged through the sender's host memory over PCIe where the executor has host buffers
 (:func:`~collectx.topology.view.host_routes`). A way loads a multiset of links; used both
 ways, an arc loads its down route and its up route.
 
@@ -243,14 +242,12 @@ def shares_uploads(p: Problem, tree: Tree) -> bool:
 
 
 def _staged_children(p: Problem, tree: Tree) -> dict:
-    """``parent -> children staged down from it``, counted where one group moves data down
-    alone (broadcast): a reduction's children stage different partial results, and with a
-    group per root the rounding's box around the LP's point (:meth:`Rounding.solve_all`) cuts
-    the shared copies' weight into fractions of trees that round to none, and then misses
-    the roundings without them."""
-    if not _shared_copies(p, tree.group):
-        return {}
-    return dict(Counter(tree.edges[i][0] for i in tree.staged))
+    """``parent -> children staged down from it``, where one group moves data down alone
+    (broadcast): a reduction's children stage different partial results, and with a group per
+    root the rounding's box (:meth:`Rounding.solve_all`) cuts shared copies into fractions of
+    trees that round to none, and misses the roundings without them."""
+    return dict(Counter(tree.edges[i][0] for i in tree.staged)) if _shared_copies(
+        p, tree.group) else {}
 
 
 def _shared_copies(p: Problem, g: int) -> bool:
@@ -258,11 +255,10 @@ def _shared_copies(p: Problem, g: int) -> bool:
 
 
 def host_stars(p: Problem, g: int, best: dict) -> list:
-    """Group ``g``'s trees that fan out through host memory: for each GPU ``v``, the root
-    feeds ``v`` (its cheapest way, ``best``) and ``v`` stages every chunk once for all the
-    others (``v`` the root itself: the root stages for all). The arc-by-arc pricing never
-    proposes them, as it charges a shared upload once per child. Only where such copies
-    count (:func:`_staged_children`)."""
+    """Group ``g``'s trees that fan out through host memory: for each GPU ``v``, the root feeds
+    ``v`` (its cheapest way, ``best``) and ``v`` stages every chunk once for all the others (or
+    the root for all), where such copies count (:func:`_staged_children`): the arc-by-arc
+    pricing never proposes them, as it charges a shared upload once per child."""
     root, mode = p.groups[g]
     n = len(p.gpus)
     stars = []
@@ -393,9 +389,8 @@ class Rounding:
     def solve_all(self, asks: list) -> list:
         """Per ``(K, most)`` of ``asks``, on threads: counts of ``K`` trees per group (arc
         counts, then whole trees) whose busiest link carries at most ``most`` capacities, the
-        least such load within the node budget, or None; with several groups each count within
-        one of the LP's own scaled to ``K`` (the box around the LP's point). Edmonds' rows: each
-        starts from those found before, and those they find join them after, in order."""
+        least such load within the node budget, or None; with several groups each within one
+        of the LP's own scaled to ``K``. Edmonds' rows found join those known, in order."""
         solved = concurrently([lambda K=K, most=most: self._solved(K, most) for K, most in asks])
         for _, found in solved:
             self.sets += [row for row in found if row not in self.sets]
@@ -432,10 +427,9 @@ class Rounding:
 
     def _short(self, K: int, most: float, bounds: Bounds, sets: list) -> bool:
         """Whether even fractional counts fall short once each link whose loads are whole
-        transfers takes at most ``floor(most * capacity)`` (+1e-5, HiGHS's tolerance) of them,
-        as integer counts do (a Chvatal-Gomory cut): most counts the time to beat leaves fail
-        so, in one LP, where HiGHS's root cuts took ~18 ms to prove each. With Edmonds' rows
-        still to find, on those found so far (fewer rows: what they prove short is short)."""
+        transfers takes at most ``floor(most * capacity)`` (+1e-5, HiGHS's tolerance) of them
+        (a Chvatal-Gomory cut): most counts fail so in one LP, where HiGHS's root cuts took
+        ~18 ms each. Over the Edmonds' rows found so far (what fewer rows refuse is short)."""
         most_load = np.where(self.whole, np.floor(most * self.caps + 1e-5), most * self.caps)
         # Per tree (x / K) only these limits and the box differ between tree counts: limits no
         # looser within a box no wider than a count's found short are short too, without an LP.
@@ -539,6 +533,20 @@ class Rounding:
         arcs = self.depth(np.r_[np.ones(C), np.zeros(H)]) if C else np.inf
         return min([arcs] + [t.depth() for t in self.wholes])
 
+    def star_rate(self) -> float:
+        """At least the most rate per group trees one level deep carry: a group's only such tree
+        is its root's star over unstaged ways, each arc loading a link at least as its lightest
+        way does, so counts at a higher rate have a deeper tree."""
+        if any(t.depth() < 2 for t in self.wholes):
+            return np.inf
+        least = {}
+        for c, (g, (a, b), k) in enumerate(self.cols):
+            if a == self.p.groups[g][0] and not (w := self._way(g, (a, b), k)).down and not w.up:
+                least[g, b] = np.minimum(least.get((g, b), np.inf), self.load[:, c])
+        if len(least) < len(self.p.groups) * (self.n - 1):
+            return 0.0
+        return 1.0 / max(np.max(sum(least.values())), 1e-300)
+
     def rate(self, x, K: int) -> float:
         """The rate per group (GB/s) of counts ``x``: ``K`` trees, their busiest link full."""
         C, H = len(self.cols), len(self.wholes)
@@ -573,15 +581,12 @@ class Rounding:
 def lifted(p: Problem, trees: tuple) -> tuple:
     """``trees`` with GPUs moved closer to their roots wherever the arc that moves them fits
     in what the busiest link leaves every link (its utilisation times the link's capacity):
-    the rate stays, the pipelines shorten.
+    the rate stays, the pipelines shorten (each level cut is a chunk time less to wait).
 
-    Why: the rounding counts arcs, not levels, and where every GPU reaches every other in one
-    hop (NVSwitch, full xGMI meshes) any counts look alike to it: a chain through all 16 GPUs
-    of a DGX-2 carries a broadcast at the same rate as a tree of depth 4. A GPU's last level
-    is the one its data arrives on, so every level cut is a chunk time the pipeline no longer
-    waits. Deepest GPUs first, each to the shallowest parent that fits, until none moves.
-    Trees that share a staged copy among children (:func:`use_of`) stay as they are: moving
-    one of those children frees nothing."""
+    Why: the rounding counts arcs, not levels: where every GPU reaches every other in one hop
+    a chain through all 16 GPUs of a DGX-2 carries a broadcast as fast as a tree of depth 4.
+    Deepest GPUs first, each to the shallowest parent that fits, until none moves. Trees that
+    share a staged copy among children (:func:`use_of`) stay: moving one frees nothing."""
     caps = np.asarray(p.caps, dtype=float)
     load = np.zeros(len(caps))
     for t in trees:
@@ -681,14 +686,13 @@ def most_trees(p: Problem) -> int:
 def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
                 keep: int = 1, beat: float | None = None) -> list:
     """Steps 2-3: ``K`` equal trees per group for the ``keep`` counts ``K`` whose predicted times
-    are least, best first; the LP's own trees where no rounding exists. ``cost`` is a
-    :class:`~.trees.Pipeline` (``time``, ``least_rate``, ``most_trees``). How well a count rounds
-    the LP depends on how its rates divide (full DGX-1V allreduce: 14 trees keep 0.97 of the LP, 16
-    keep 0.89, 18 keep 0.998), so every count the lanes hold is tried, judged by the depth its arcs
-    allow; the :data:`BUILT` best by each end of the model are built into trees (and shortened),
-    judged again by the trees' own depth. ``beat``: a time another plan reaches, less the
-    :data:`~.cost_tables.FILL` pipelines lose at least; counts that cannot beat it are not rounded.
-    Where none can, those that beat it by the model (plus that margin) are, if any."""
+    are least, best first; the LP's own trees where no rounding exists. ``cost``: a
+    :class:`~.trees.Pipeline`. How well a count rounds the LP depends on how its rates divide
+    (full DGX-1V allreduce: 14 trees keep 0.97 of the LP, 16 keep 0.89, 18 keep 0.998), so every
+    count the lanes hold is tried, judged by the depth its arcs allow; the :data:`BUILT` best by
+    each end of the model are built into trees (and shortened), judged by their own depth.
+    ``beat``: a time another plan reaches, less the :data:`~.cost_tables.FILL` pipelines lose at
+    least; counts that cannot beat it are not rounded, unless none can by the model."""
     rounding = Rounding(p, lp, level_cost)
     if beat is None:
         return _rounded(p, lp, cost, rounding, keep, None) or [lp]
@@ -726,8 +730,9 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
 def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | None,
            modelled: bool) -> list:
     """The counts that beat ``beat`` (:class:`Rounded`): per count the LP's trees dealt out
-    (:meth:`Rounding.seeded`), or the program's where it beats all found before it
-    (:data:`BATCH` rounded at once, each kept as if after them)."""
+    (:meth:`Rounding.seeded`), or the program's where it beats all found before it (:data:`BATCH`
+    rounded at once, each kept as if after them), trees one level deep only up to the star's rate
+    (:meth:`Rounding.star_rate`)."""
     counts = [K for K in range(1, min(most_trees(p), cost.most_trees()) + 1)
               if beat is None or cost.least_rate(K, beat) <= lp.rate]
     d = rounding.least_depth() if modelled else 1
@@ -736,10 +741,14 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
             K, lp.rate, d, lockstep=True)) < beat]
     to_beat = np.inf if beat is None else beat
     found: dict = {}
-    # a kept count beats the best found one level deep by more than the simulator can tell
-    # apart (each one kept costs an integer program), and (modelled) ``beat`` d levels deep
+    # a kept count beats the best found one level deep (two past the star's rate) by more than
+    # the simulator tells apart (each costs an integer program), and (modelled) ``beat`` d deep
     best = lambda: min([f.time * (1 - NOISE) for f in found.values()] + [to_beat])  # noqa: E731
-    least = lambda K: max(cost.least_rate(K, best()), cost.least_rate(K, to_beat, d))  # noqa: E731
+    star = rounding.star_rate()
+
+    def least(K):
+        rate = max(cost.least_rate(K, best()), cost.least_rate(K, to_beat, d))
+        return max(rate, cost.least_rate(K, best(), 2)) if rate > star else rate
 
     def keep(K, x):   # as if rounded after every count kept before it
         if x is not None and (rate := rounding.rate(x, K)) >= least(K) * (1 - 1e-9):
@@ -756,11 +765,10 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
 
 
 def _fitting(p: Problem, ranked: list, kept: list, built: dict, build, rate) -> list:
-    """A packing of ``ranked`` that fits twice (:func:`fits_twice`) in fewer trees than any
-    of ``kept`` that does: the fewest trees within :data:`~.cost_tables.FILL` of the best kept
-    rate (double-buffered, waits hide behind the second lane and fewer trees move larger
-    pieces), and if none of ``kept`` fits, the best-ranked with at most half the trees the
-    lanes hold (:data:`BUILT` tried). ``rate(x, K)``: the rounding's."""
+    """A packing of ``ranked`` that fits twice (:func:`fits_twice`) in fewer trees than any of
+    ``kept`` that does: the fewest within :data:`~.cost_tables.FILL` of the best kept rate (waits
+    hide behind the second lane, fewer trees move larger pieces), or if none of ``kept`` fits,
+    the best-ranked with at most half the trees the lanes hold (:data:`BUILT` tried)."""
     fit = lambda packing: fits_twice(packing.trees, p.modes(), p.lanes)  # noqa: E731
     fits = [b.K for b in kept if fit(b.trees)]
     best = max((b.trees.rate for b in kept), default=0.0)
@@ -809,9 +817,8 @@ def _buffered(p: Problem, chosen: list, rest: list, keep: int) -> list:
     the lanes two per tree edge, where none of ``chosen`` does and more than one plan is kept:
     two lanes per edge hide a tree's waits behind its own next chunk."""
     half = most_trees(p) // 2
-    if keep < 2 or any(c.K <= half for c in chosen):
-        return []
-    return [r for r in rest if r.K <= half][:1]
+    return [] if keep < 2 or any(c.K <= half for c in chosen) else [
+        r for r in rest if r.K <= half][:1]
 
 
 def centred(tree: Tree) -> Tree:

@@ -113,9 +113,7 @@ def _arborescence(W: list, root: int) -> list[int] | None:
             if W[p][v] == _INF:
                 return None
     cycle = _find_cycle(parent, root)
-    if cycle is None:
-        return parent
-    return _contract_and_solve(W, root, parent, cycle)
+    return parent if cycle is None else _contract_and_solve(W, root, parent, cycle)
 
 
 def _find_cycle(parent: list[int], root: int) -> list[int] | None:

@@ -203,17 +203,15 @@ class Pipeline:
     one tree level per chunk time.
 
     A tree of depth ``d`` (a hop staged through host memory counts two; a tree used both ways
-    climbs and descends) finishes ``d - 1`` chunk times after its first level: ``(d - 1) / m`` of
-    its run ``T``. Every chunk also waits out its route's latency ``w`` before it moves, one after
-    the other on the tree's lane. How much of that wait idles a link, the model can only bracket:
-    equal trees carrying equal chunks move in lockstep and wait together, so a link loses ``m w``
-    of the run (:meth:`chunks`); where the other transfers on a link move while a tree waits, only
-    ``m w / c`` with ``c`` of them (:meth:`hidden_chunks`, the rounding's ranking).
-    ``m = sqrt(T (d - 1) c / w)`` balances fill and waits, within :data:`MIN_CHUNK_BYTES` per chunk
-    and :data:`INSTRUCTIONS` per schedule. The fill is bracketed too: a group's ``k`` trees reach
-    a GPU at different depths, and links one has not reached yet may carry the others (a late
-    tree catches up once they are done: links are shared fairly); they then fill as one pipeline
-    of ``k m`` chunks, ``(d - 1) / (k m)`` of the run (:meth:`time`'s ``shared``)."""
+    climbs and descends) finishes ``(d - 1) / m`` of its run ``T`` after its first level. Every
+    chunk also waits out its route's latency ``w``, one after the other on the tree's lane; the
+    model brackets how much of that idles a link: ``m w`` of the run where equal trees move in
+    lockstep and wait together (:meth:`chunks`), ``m w / c`` where ``c`` other transfers on the
+    link move meanwhile (:meth:`hidden_chunks`, the rounding's ranking). ``m = sqrt(T (d - 1) c /
+    w)`` balances fill and waits, within :data:`MIN_CHUNK_BYTES` per chunk and
+    :data:`INSTRUCTIONS` per schedule. The fill is bracketed too: a group's ``k`` trees may fill
+    links the others have not reached yet (links are shared fairly), and then fill as one
+    pipeline of ``k m`` chunks, ``(d - 1) / (k m)`` of the run (:meth:`time`'s ``shared``)."""
 
     def __init__(self, p: P.Problem, unit: float):
         self.p, self.unit = p, unit
