@@ -188,6 +188,18 @@ def test_no_trees_one_level_deep_are_faster_than_the_star_rate(seed, collective)
         assert rounding.rate(x, 1) <= rounding.star_rate() * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("name, collective", [("dgx1v", "broadcast"), ("dgx1p", "allgather")])
+def test_no_count_is_rounded_that_must_beat_the_lps_rate(monkeypatch, name, collective):
+    asked, solve_all = [], P.Rounding.solve_all
+    monkeypatch.setattr(P.Rounding, "solve_all",
+                        lambda self, asks: asked.extend(asks) or solve_all(self, asks))
+    G = T.load(name)
+    planner = plan_blink if collective == "broadcast" else plan_forest
+    planner(G, tuple(T.gpus(G)), collective, 1 << 30, host=True)
+    lp = packed(G, collective, host=True)[1]
+    assert asked and all(K / most <= lp.rate * (1 + 1e-6) for K, most in asked)
+
+
 def test_centred_trees_keep_their_edges_and_staging():
     p, lp, _, _ = packed(T.load("dgx1v"), "allreduce", [0, 1, 2, 5], host=True)
     rounding = P.Rounding(p, lp)

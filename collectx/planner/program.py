@@ -755,8 +755,8 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
             found[K] = _modelled(cost, K, rate, rounding.depth(x), x)
     for K in counts:   # the dealt trees first: with the best of them to beat, most programs
         keep(K, rounding.seeded(K))   # are refused at once by the cheap LP
-    for at in range(0, len(counts), BATCH):
-        batch = counts[at:at + BATCH]
+    for at in range(0, len(counts), BATCH):   # none that must beat the LP's rate: none can
+        batch = [K for K in counts[at:at + BATCH] if least(K) <= lp.rate * (1 + 1e-6)]
         xs = rounding.solve_all([(K, K / least(K) if least(K) > 0 else np.inf) for K in batch])
         for K, x in zip(batch, xs):
             keep(K, x)
