@@ -747,8 +747,9 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
     star = rounding.star_rate()
 
     def least(K):
-        rate = max(cost.least_rate(K, best()), cost.least_rate(K, to_beat, d))
-        return max(rate, cost.least_rate(K, best(), 2)) if rate > star else rate
+        now = best()
+        rate = max(cost.least_rate(K, now), cost.least_rate(K, to_beat, d))
+        return max(rate, cost.least_rate(K, now, 2)) if rate > star else rate
 
     def keep(K, x):   # as if rounded after every count kept before it
         if x is not None and (rate := rounding.rate(x, K)) >= least(K) * (1 - 1e-9):
@@ -756,8 +757,9 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
     for K in counts:   # the dealt trees first: with the best of them to beat, most programs
         keep(K, rounding.seeded(K))   # are refused at once by the cheap LP
     for at in range(0, len(counts), BATCH):   # none that must beat the LP's rate: none can
-        batch = [K for K in counts[at:at + BATCH] if least(K) <= lp.rate * (1 + 1e-6)]
-        xs = rounding.solve_all([(K, K / least(K) if least(K) > 0 else np.inf) for K in batch])
+        need = {K: least(K) for K in counts[at:at + BATCH]}
+        batch = [K for K, rate in need.items() if rate <= lp.rate * (1 + 1e-6)]
+        xs = rounding.solve_all([(K, K / need[K] if need[K] > 0 else np.inf) for K in batch])
         for K, x in zip(batch, xs):
             keep(K, x)
     found = list(found.values())
