@@ -227,3 +227,52 @@ def test_transfer_through_nvswitch_planes_uses_every_switch():
     r = simulate(b.build(), g, nbytes=100_000_000)
     assert abs(r.time_us - 1000.0) < 1.0
     assert all(abs(u - 1.0) < 1e-6 for u in r.link_util.values())
+
+
+def planes(bws):
+    """GPUs joined by one switch per plane; ``bws[g][s]``: GPU g's GB/s to and from switch s."""
+    g = nx.DiGraph()
+    for s in range(len(bws[0])):
+        g.add_node(f"SW{s}", kind="nvswitch")
+    for i, row in enumerate(bws):
+        g.add_node(f"GPU{i}", kind="gpu")
+        for s, bw in enumerate(row):
+            for a, b in ((f"GPU{i}", f"SW{s}"), (f"SW{s}", f"GPU{i}")):
+                g.add_edge(a, b, type="nvlink", bw_gbps=bw, count=1, latency_us=0.7)
+    return g
+
+
+def test_switch_planes_fold_only_where_every_gpu_links_them_in_one_ratio():
+    from collectx.topology.routes import twin_planes
+    assert twin_planes(planes([[25, 50, 25]] * 3)) == [("SW0", "SW1", "SW2")]
+    assert twin_planes(planes([[25, 50, 25]] * 2 + [[50, 50, 25]])) == []
+    g = planes([[25, 25]] * 3)
+    g.remove_edge("SW1", "GPU2")   # a plane that cannot reach one GPU
+    assert twin_planes(g) == []
+    g = planes([[25, 25]] * 3)
+    g.edges["GPU1", "SW0"]["latency_us"] = 2.0
+    assert twin_planes(g) == []
+
+
+@pytest.mark.parametrize("name,coll,algo", [("dgx_h100", "allreduce", "forest"),
+                                            ("dgx_a100", "allgather", "ring"),
+                                            ("dgx_h100", "broadcast", "blink")])
+def test_folded_switch_planes_simulate_as_the_striped_planes_do(monkeypatch, name, coll, algo):
+    # Fair shares scale with capacity: stripes over planes in their own proportions end
+    # together, so one flow over the planes' summed links takes the same time and hands each
+    # link the bytes its stripe carried.
+    import collectx.topology.routes as routes
+    from collectx.planner import registry
+    from collectx.planner.api import allocation
+    ranks, view = allocation(topo.load(name), None)
+    s = registry.call(algo, view, ranks, coll, 64 * MB)
+    folded = simulate(s, view, 64 * MB, ranks=list(ranks))
+    assert routes.routes_for(view).folded
+    monkeypatch.setattr(routes, "twin_planes", lambda g: [])
+    monkeypatch.setattr(routes, "_CACHE", {})
+    striped = simulate(s, view, 64 * MB, ranks=list(ranks))
+    assert not routes.routes_for(view).folded
+    assert folded.time_us == pytest.approx(striped.time_us, rel=1e-9)
+    assert folded.link_bytes.keys() == striped.link_bytes.keys()
+    for link, nb in striped.link_bytes.items():
+        assert folded.link_bytes[link] == pytest.approx(nb, rel=1e-9)

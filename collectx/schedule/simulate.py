@@ -6,7 +6,9 @@ another rank (a flow ``e -> dst rank``), so an n-ary reduce of k remote sources 
 an instruction touching only ``e``'s memory is one flow over ``e``'s local memory. A flow of B
 bytes crosses the direct link between the two nodes; through an NVSwitch fabric it is striped over
 every switch route in proportion to the max-flow between the pair (as the hardware stripes
-traffic over all switch planes); otherwise it takes the widest route (fewest hops among equally
+traffic over all switch planes; planes every GPU reaches in one ratio run as one flow over their
+summed links, :meth:`~collectx.topology.routes.Routes.merged`, which shares links as the stripes
+would); otherwise it takes the widest route (fewest hops among equally
 wide ones, see :func:`collectx.topology.paths.widest_path`). A ``host`` buffer sits on its rank's
 host node (the CPU its PCIe path reaches, :meth:`._routes.Routes.host_of`), so staging a chunk
 there is a flow GPU -> CPU over PCIe and reading it back one CPU -> GPU. Each part starts after the route's summed latency, and then shares every link on it max-min fairly with
@@ -191,7 +193,8 @@ def _simulate(s: Schedule, nodes: list, routes, nbytes: int, dtype_size: int,
             s.unpacked(), nodes, _hosts(s, nodes, routes), routes,
             lambda a, b: _parts(routes, a, b), _sizes(s, nbytes, dtype_size), native)
         longest, pairs = -1, None
-    result = _result(s, nbytes, time_us, routes, _link_bytes(class_bytes, route_classes(routes)))
+    result = _result(s, nbytes, time_us, routes,
+                     _link_bytes(class_bytes, route_classes(routes), routes.folded))
     return result, longest, pairs
 
 
@@ -248,13 +251,15 @@ def _simulate_graph(s: Schedule, nodes, hosts, routes, parts, run_bytes, native)
     return time_us, class_bytes
 
 
-def _link_bytes(class_bytes: list, classes) -> dict[int, float]:
-    """Bytes each resource carried: the sum over the route classes that cross it."""
+def _link_bytes(class_bytes: list, classes, folded: dict) -> dict[int, float]:
+    """Bytes each resource carried: the sum over the route classes that cross it (a sum of
+    twin planes' links, ``folded``, handing each link its share)."""
     link_bytes: dict[int, float] = {}
     for cls, nb in enumerate(class_bytes):
         if nb:
-            for link in classes.links[cls]:
-                link_bytes[link] = link_bytes.get(link, 0.0) + nb
+            for res in classes.links[cls]:
+                for link, part in folded.get(res, ((res, 1.0),)):
+                    link_bytes[link] = link_bytes.get(link, 0.0) + nb * part
     return link_bytes
 
 
@@ -393,7 +398,7 @@ def _task_graph(g, groups, parts, nodes: list, hosts: list, size) -> TaskGraph:
 
 def _parts(routes: Routes, a, b) -> list[tuple[float, int, float]]:
     of = route_classes(routes).class_of
-    return [(share, of(route), lat) for route, lat, share in routes.spread(a, b)]
+    return [(share, of(route), lat) for route, lat, share in routes.merged(a, b)]
 
 
 def _check_all_ran(g, started: set, node_task: list) -> None:

@@ -51,6 +51,10 @@ class Routes:
             self._resource((u, v), bw)
         for node in topo.nodes:  # every resource exists up front: the flow loop sizes on them
             self._resource(("local", node), self._local_bw(node))
+        self.folded: dict[int, tuple[tuple[int, float], ...]] = {}
+        self._fold: dict[int, int] = {}
+        for planes in twin_planes(topo):
+            self._fold_planes(planes)
 
     def _resource(self, key: tuple, bw_gbps: float) -> int:
         if not isinstance(bw_gbps, (int, float)) or not bw_gbps > 0:
@@ -95,6 +99,38 @@ class Routes:
         if key not in self._routes:
             self._routes[key] = self._striped(a, b) or ((*self.route(a, b), 1.0),)
         return self._routes[key]
+
+    def merged(self, a, b) -> tuple[tuple[tuple[int, ...], float, float], ...]:
+        """:meth:`spread` with the stripes over twin planes (:func:`twin_planes`) run as one
+        route over the planes' summed links, the resources of :attr:`folded`: what the
+        simulator runs. Fair shares scale with capacity, so stripes in the planes' own
+        proportions end together, as the one flow does; with four planes, a switched machine
+        simulates a quarter of the flows."""
+        key = ("merged", a, b)
+        if key not in self._routes:
+            stripes = self.spread(a, b)
+            routes = {tuple(self._fold.get(r, -1) for r in res) for res, _, _ in stripes}
+            lats = {lat for _, lat, _ in stripes}
+            whole = routes.pop() if len(stripes) > 1 and len(routes) == 1 == len(lats) else ()
+            self._routes[key] = ((whole, lats.pop(), 1.0),) if whole and -1 not in whole \
+                else stripes
+        return self._routes[key]
+
+    def _fold_planes(self, planes: tuple) -> None:
+        """Resources for ``planes``' links summed per neighbour and direction; each member
+        link's part of its sum is its share of the bytes the sum carries."""
+        topo = self.topo
+        for n in sorted(topo.predecessors(planes[0]), key=str):
+            self._fold_links([(n, k) for k in planes], (n, planes))
+        for n in sorted(topo.successors(planes[0]), key=str):
+            self._fold_links([(k, n) for k in planes], (planes, n))
+
+    def _fold_links(self, links: list, key: tuple) -> None:
+        total = sum(self.topo.edges[e]["bw_gbps"] for e in links)
+        at = self._resource(key, total)
+        self.folded[at] = tuple((self._index[e], self.topo.edges[e]["bw_gbps"] / total)
+                                for e in links)
+        self._fold.update((self._index[e], at) for e in links)
 
     def wait_us(self, a, b) -> float:
         """The longest latency (us) among the routes a transfer from ``a`` to ``b`` splits
@@ -194,6 +230,37 @@ class Routes:
         if b not in widths:    # unreachable: widest_path raises the error that says so
             return widest_path(region, a, b).hops
         return _fewest_hops(links, a, {b}, widths[b])[b]
+
+
+def twin_planes(topo: nx.DiGraph) -> list[tuple]:
+    """Groups of switches that every transfer through them stripes over in one fixed
+    proportion: each is joined to every GPU of ``topo`` and to nothing else, and each GPU's
+    links to (and from) the group's switches have one latency and bandwidths in one ratio
+    across the switches (an HGX board's NVSwitch chips). Nothing else can route through them:
+    every GPU pair stripes over all of them.
+
+    >>> from collectx.topology import load
+    >>> twin_planes(load("dgx_h100"))
+    [('NVS0', 'NVS1', 'NVS2', 'NVS3')]
+    """
+    gpus = {n for n, k in topo.nodes(data="kind") if k == "gpu"}
+    planes = tuple(sorted((s for s, kind in topo.nodes(data="kind") if kind in SWITCH_KINDS
+                           and set(topo.predecessors(s)) == set(topo.successors(s)) == gpus),
+                          key=str))
+    return [planes] if len(planes) > 1 and _in_ratio(topo, planes, gpus) else []
+
+
+def _in_ratio(topo: nx.DiGraph, planes: tuple, gpus) -> bool:
+    first = topo.edges[next(iter(gpus)), planes[0]]["bw_gbps"]
+    ratio = [topo.edges[next(iter(gpus)), k]["bw_gbps"] / first for k in planes]
+    for g in gpus:
+        for links in ([(g, k) for k in planes], [(k, g) for k in planes]):
+            edges = [topo.edges[e] for e in links]
+            base = edges[0]["bw_gbps"]
+            if len({_latency(e) for e in edges}) > 1 or any(
+                    abs(e["bw_gbps"] - r * base) > 1e-9 * base for e, r in zip(edges, ratio)):
+                return False
+    return True
 
 
 def _nearest_cpu(topo: nx.DiGraph, node):
