@@ -249,3 +249,25 @@ def test_many_deeper_trees_at_a_higher_rate_outrank_one_only_where_they_share_th
     few, many = (1, 25.0, 11), (8, 26.0, 15)
     assert pipe.time(*many) > pipe.time(*few)
     assert pipe.time(*many, shared=True) < pipe.time(*few, shared=True)
+
+
+def test_shared_threads_serve_calls_made_on_them_and_end_with_their_block(monkeypatch):
+    # Calls made on the shared pool's own threads get pools of their own (waiting on the
+    # shared one from inside it could wait forever), and no thread outlives the block.
+    import threading
+    monkeypatch.setattr(C, "WORKERS", 4)
+    before, got, all_busy = threading.active_count(), [], threading.Barrier(4, timeout=10)
+
+    def nested(i):
+        all_busy.wait()   # every shared thread is busy when the calls on it are made
+        return C.concurrently([lambda: i, lambda: -i])
+
+    def block():
+        with C.shared_threads():
+            got.append(C.concurrently([lambda i=i: nested(i) for i in range(4)]))
+    runner = threading.Thread(target=block, daemon=True)
+    runner.start()
+    runner.join(timeout=30)
+    assert not runner.is_alive(), "nested calls on the shared pool waited on each other"
+    assert got == [[[i, -i] for i in range(4)]]
+    assert threading.active_count() == before

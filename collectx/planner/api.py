@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import networkx as nx
 
+from .._concurrent import shared_threads
 from .._gc import paused
 from ..errors import NoFeasiblePlan, PlanError, TopologyError
 from ..schedule.ir import COLLECTIVES, Schedule
@@ -129,13 +130,14 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
     if algo is None and _multi_machine(view, ranks, collective):  # clusters: phases + engine
         algo = "hierarchical"
     idle = no_communication(len(ranks), nbytes)
-    bound = None if idle else _bound(view, collective, ranks, root, host_relays, cut=False)
-    with ThreadPoolExecutor(1) as beside:   # a cut left out is solved beside planning
-        whole = bound and bound.cut_busbw is None and beside.submit(   # the rest remembered
-            _bound, view, collective, ranks, root, host_relays)
-        name, schedule, predicted = _planned(view, ranks, collective, nbytes, algo, root,
-                                             inplace, nchunks, host_relays, bound)   # pick one
-    bound = whole.result() if whole else bound
+    with shared_threads():
+        bound = None if idle else _bound(view, collective, ranks, root, host_relays, cut=False)
+        with ThreadPoolExecutor(1) as beside:   # a cut left out is solved beside planning
+            whole = bound and bound.cut_busbw is None and beside.submit(   # the rest remembered
+                _bound, view, collective, ranks, root, host_relays)
+            name, schedule, predicted = _planned(view, ranks, collective, nbytes, algo, root,
+                                                 inplace, nchunks, host_relays, bound)
+        bound = whole.result() if whole else bound
     forget_candidates()                                        # free them now, not next plan
     planned = time.perf_counter()
     verified = _verify(schedule) if verify else False           # verify

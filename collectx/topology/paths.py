@@ -221,8 +221,9 @@ def _hop_class(G: nx.DiGraph, a: str, b: str, pci_switches: int) -> PathClass:
     return {"shm": PathClass.PHB, "smp": PathClass.SYS, "net": PathClass.NET}[kind]
 
 
-def _paths_from(G: nx.DiGraph, L: _Links, src: str, targets: list[str]) -> dict[str, Path]:
-    widths = _widest_bottlenecks(L, src)
+def _paths_from(G: nx.DiGraph, L: _Links, src: str, targets: list[str],
+                widths: dict[str, float] | None = None) -> dict[str, Path]:
+    widths = _widest_bottlenecks(L, src) if widths is None else widths
     by_width: dict[float, set[str]] = {}
     for t in targets:
         if t != src and t in widths:
@@ -260,6 +261,7 @@ class Router:
 
     def __init__(self, G: nx.DiGraph):
         self.G, self.links = G, _Links(G)
+        self._widths: dict[str, dict] = {}   # per source, the full-width search's bottlenecks
 
     def widest(self, a: str, b: str, *, widths: dict | None = None, avoid=()) -> Path:
         """:func:`widest_path` from ``a`` to ``b``."""
@@ -284,8 +286,13 @@ class Router:
         if a not in self.G:
             raise TopologyError(f"{a!r} is not a node of "
                                 f"{self.G.graph.get('name', 'the topology')!r}")
-        links = self.links.constrained(widths, avoid) if widths or avoid else self.links
-        return _paths_from(self.G, links, a, list(targets))
+        if widths or avoid:
+            return _paths_from(self.G, self.links.constrained(widths, avoid), a, list(targets))
+        # Over the full widths one search from `a` serves every later question about it
+        # (link classes ask for each rank pair in turn).
+        if a not in self._widths:
+            self._widths[a] = _widest_bottlenecks(self.links, a)
+        return _paths_from(self.G, self.links, a, list(targets), self._widths[a])
 
 
 def path_class(G: nx.DiGraph, a: str, b: str) -> PathClass:
