@@ -276,3 +276,20 @@ def test_folded_switch_planes_simulate_as_the_striped_planes_do(monkeypatch, nam
     assert folded.link_bytes.keys() == striped.link_bytes.keys()
     for link, nb in striped.link_bytes.items():
         assert folded.link_bytes[link] == pytest.approx(nb, rel=1e-9)
+
+
+def test_planes_a_relay_can_cross_alone_stay_striped():
+    # GPU2's plane links are narrow, GPU1 -> GPU2 is a wide NVLink: GPU0 -> GPU2 takes
+    # GPU0 -> SWk -> GPU1 -> GPU2 through one plane, which summed links would mis-share.
+    import collectx.topology.routes as routes
+    g = planes([[100, 100], [100, 100], [10, 10]])
+    g.add_edge("GPU1", "GPU2", type="nvlink", bw_gbps=400.0, count=1, latency_us=0.7)
+    g.add_edge("GPU2", "GPU1", type="nvlink", bw_gbps=400.0, count=1, latency_us=0.7)
+    assert routes.twin_planes(g) == [("SW0", "SW1")]
+    table = routes.Routes(g, None)
+    assert len(table.spread("GPU0", "GPU2")) == 1
+    assert not table.folded
+    g.remove_edge("GPU1", "GPU2")
+    assert not routes.Routes(g, None).folded   # GPU2 -> GPU1 -> SWk -> GPU0 is the wider
+    g.remove_edge("GPU2", "GPU1")
+    assert routes.Routes(g, None).folded

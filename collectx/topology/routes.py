@@ -54,7 +54,8 @@ class Routes:
         self.folded: dict[int, tuple[tuple[int, float], ...]] = {}
         self._fold: dict[int, int] = {}
         for planes in twin_planes(topo):
-            self._fold_planes(planes)
+            if self._all_striped(planes):
+                self._fold_planes(planes)
 
     def _resource(self, key: tuple, bw_gbps: float) -> int:
         if not isinstance(bw_gbps, (int, float)) or not bw_gbps > 0:
@@ -115,6 +116,22 @@ class Routes:
             self._routes[key] = ((whole, lats.pop(), 1.0),) if whole and -1 not in whole \
                 else stripes
         return self._routes[key]
+
+    def _all_striped(self, planes: tuple) -> bool:
+        """Whether every GPU pair without a link of its own stripes over ``planes`` (their
+        summed 2-hop paths are wider than the pair's widest single route): then no route
+        crosses one plane alone, as a relay through another GPU could."""
+        topo = self.topo
+        for a in topo.predecessors(planes[0]):
+            for b in topo.successors(planes[0]):
+                if a == b or topo.has_edge(a, b):
+                    continue
+                width = sum(min(topo.edges[a, k]["bw_gbps"], topo.edges[k, b]["bw_gbps"])
+                            for k in planes)
+                if width <= min(self.capacity[r] for r in self.route(a, b)[0]) / 1e3 * (
+                        1 + 1e-9):
+                    return False
+        return True
 
     def _fold_planes(self, planes: tuple) -> None:
         """Resources for ``planes``' links summed per neighbour and direction; each member
