@@ -128,8 +128,7 @@ class Routes:
                     continue
                 width = sum(min(topo.edges[a, k]["bw_gbps"], topo.edges[k, b]["bw_gbps"])
                             for k in planes)
-                if width <= min(self.capacity[r] for r in self.route(a, b)[0]) / 1e3 * (
-                        1 + 1e-9):
+                if width <= self._narrowest(self.route(a, b)[0]) * (1 + 1e-9):
                     return False
         return True
 
@@ -171,12 +170,15 @@ class Routes:
         if not (sub.has_node(a) and sub.out_degree(a) and sub.in_degree(b)):
             return None
         value, flow = nx.maximum_flow(sub, a, b, capacity="bw_gbps")
-        single = self.route(a, b)
-        if value <= min(self.capacity[i] for i in single[0]) / 1e3 * (1 + 1e-9):
+        if value <= self._narrowest(self.route(a, b)[0]) * (1 + 1e-9):
             return None
         return tuple((tuple(self._index[e] for e in zip(hops, hops[1:])),
                       sum(_latency(self.topo.edges[e]) for e in zip(hops, hops[1:])), amount / value)
                      for hops, amount in _decompose(flow, a, b))
+
+    def _narrowest(self, res: tuple[int, ...]) -> float:
+        """GB/s of the narrowest of the resources ``res``."""
+        return min(self.capacity[r] for r in res) / 1e3
 
     def _local_bw(self, node) -> float:
         data = self.topo.nodes[node]
@@ -253,8 +255,9 @@ def twin_planes(topo: nx.DiGraph) -> list[tuple]:
     """Groups of switches that every transfer through them stripes over in one fixed
     proportion: each is joined to every GPU of ``topo`` and to nothing else, and each GPU's
     links to (and from) the group's switches have one latency and bandwidths in one ratio
-    across the switches (an HGX board's NVSwitch chips). Nothing else can route through them:
-    every GPU pair stripes over all of them.
+    across the switches (an HGX board's NVSwitch chips). :class:`Routes` folds them only where
+    every GPU pair without a link of its own does stripe over them (no relay through a GPU
+    crosses one alone).
 
     >>> from collectx.topology import load
     >>> twin_planes(load("dgx_h100"))
