@@ -410,3 +410,26 @@ def test_choosing_reads_bounds_without_their_cut_and_plans_report_them_whole():
     assert choice.cut_busbw is None and choice.bound_busbw == whole.bound_busbw
     forget_remembered()
     assert plan(G, "broadcast", 1 << 20, gpus=four, verify=False).bound == whole
+
+
+def test_split_switches_solve_the_multicast_lp_only_where_the_max_flow_cut_tops_the_trees(
+        monkeypatch):
+    # The max-flow cut lies above the multicast LP's. DGX-1V GPUs 0-3: even it is below the
+    # trees, so they are the reference, and the LP is not solved. GPUs 0, 1, 4, 5: it is above
+    # them, and the LP's cut is the reference.
+    import collectx.planner.bounds as B
+    from collectx.planner._build import forget_remembered
+    from collectx.topology.view import job_graph, without_turnarounds
+    G, lp, solved = topo.load("dgx1v"), B.multicast_rate, []
+    monkeypatch.setattr(B, "multicast_rate", lambda *a, **k: solved.append(a) or lp(*a, **k))
+    forget_remembered()
+    four = ["GPU0", "GPU1", "GPU2", "GPU3"]
+    b = bounds(G, "allreduce", gpus=four)
+    assert not solved and b.bound_busbw == b.tree_busbw > b.cut_busbw
+    H = without_turnarounds(job_graph(G, four), four)
+    below = B._phases(4, lp(H.reverse(copy=True), four), lp(H, four))
+    assert below <= b.cut_busbw * (1 + 1e-9)
+    forget_remembered()
+    b = bounds(G, "allreduce", gpus=["GPU0", "GPU1", "GPU4", "GPU5"])
+    assert solved and b.bound_busbw == b.cut_busbw >= b.tree_busbw
+    assert b.notes.startswith("reference = reduce-scatter + allgather")

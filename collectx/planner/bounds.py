@@ -26,6 +26,8 @@ multicast LP (:func:`multicast_rate`) instead.
   Nash-Williams–Tutte), ``busbw = 2(N-1)/N * T``, with relays handled by the relay-path LP of
   :mod:`collectx.topology.view`. *Ceiling* = ``2(N-1)/N * min over GPU pairs maxflow``:
   every cut between GPUs carries all M bytes, so no algorithm without in-network reduction beats it.
+  *Split*: the phases at the multicast LP's rates, solved only where the max-flow cut (which
+  lies above them) tops the trees.
 
 >>> G = nx.DiGraph()
 >>> for a, b in [("GPU0", "GPU1"), ("GPU1", "GPU2")]:
@@ -164,19 +166,47 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
     turns = turn_rule(J, G, gpus)
     trees = lambda: pack_undirected_trees(  # noqa: E731
         LinkIndex.of(G), gpus, either_way=G is not J, turns=turns).rate
-    x_rs = (lambda: per_root(reverse=True)) if flipped and solve_cut else (lambda: None)
-    x_ag, tree, pair, x_rs = concurrently(   # HiGHS releases the GIL while trees price
-        [per_root if solve_cut else lambda: None, lambda: _memo(f"trees{turns}", G, gpus, trees),
-         lambda: _memo("pair_flow", G, gpus, lambda: min_pair_flow(G, gpus)), x_rs])
+    # Split switches: the max-flow cut lies above the multicast LP's (every root in S sends
+    # its data out of S at least once, whatever relays copy), so where even it is below the
+    # trees, the trees are the reference and the LP (seconds at 16 GPUs) is not solved.
+    exact, loose = solve_cut and G is J, solve_cut and G is not J
+    x_ag, tree, pair, x_rs, above = concurrently(   # HiGHS releases the GIL while trees price
+        [per_root if exact else _none, lambda: _memo(f"trees{turns}", G, gpus, trees),
+         lambda: _memo("pair_flow", G, gpus, lambda: min_pair_flow(G, gpus)),
+         (lambda: per_root(reverse=True)) if exact and flipped else _none,
+         (lambda: _memo("max_flow_cut", G, gpus, lambda: _max_flow_cut(G, gpus, flipped)))
+         if loose else _none])
     tree *= factor
+    ceiling = "ceiling = 2(N-1)/N * min pair maxflow"
     if not solve_cut and tree:
         return Bounds(collective, tree, factor * pair, None, tree, "cut left out", gpus)
+    if above is not None and above <= tree * (1 + 1e-9):
+        return Bounds(collective, tree, factor * pair, above, tree,
+                      f"reference = trees; cut = max-flow cut, above the multicast LP's and "
+                      f"below the trees; {ceiling}", gpus)
     x_ag = x_ag or per_root()
     x_rs = x_rs or (per_root(reverse=True) if flipped else x_ag)
-    cut = 2 * (n - 1) / (1 / x_rs + 1 / x_ag)   # reduce-scatter, then allgather
+    cut = _phases(n, x_rs, x_ag)
     which = "trees" if tree > cut else "reduce-scatter + allgather"
     return Bounds(collective, max(cut, tree), factor * pair, cut, tree,
-                  f"reference = {which}; ceiling = 2(N-1)/N * min pair maxflow", gpus)
+                  f"reference = {which}; {ceiling}", gpus)
+
+
+def _none() -> None:
+    return None
+
+
+def _phases(n: int, x_rs: float, x_ag: float) -> float:
+    """Allreduce's bus bandwidth as reduce-scatter at per-root rate ``x_rs``, then allgather
+    at ``x_ag``."""
+    return 2 * (n - 1) / (1 / x_rs + 1 / x_ag)
+
+
+def _max_flow_cut(G: nx.DiGraph, gpus, flipped: bool) -> float:
+    """:func:`_phases` at the max-flow cut rates of ``G`` (reduce-scatter's of the reversed
+    graph where it differs): exact without split switches, an upper bound with them."""
+    x_ag = cut_rate(G, gpus)[0]
+    return _phases(len(gpus), cut_rate(G.reverse(copy=True), gpus)[0] if flipped else x_ag, x_ag)
 
 
 def _symmetric(G: nx.DiGraph) -> bool:
@@ -406,6 +436,6 @@ def peer_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> 
     if collective != "allreduce":
         cut = (n - 1) * (x_ag if collective == "allgather" else x_rs)
         return Bounds(collective, cut, None, cut, None, notes, tuple(gpus))
-    cut = 2 * (n - 1) / (1 / x_rs + 1 / x_ag)
+    cut = _phases(n, x_rs, x_ag)
     tree = 2 * (n - 1) / n * rate("allreduce")
     return Bounds(collective, max(cut, tree), None, cut, tree, notes, tuple(gpus))
