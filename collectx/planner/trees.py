@@ -113,6 +113,12 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
              for packing in sorted(packings, key=lambda k: -k.rate)]
     judge = lambda lower, beat=float("inf"): lambda: (  # noqa: E731
         time_within(s := lower(), topo, nbytes, beat, ranks=list(ranks)), s)
+    # no schedule of these trees is faster than their LP's rate: within FILL of it is as
+    # fast as they get, whatever the bound allows (a forest allreduce's ceiling, say);
+    # but one that loses to the plan to beat is not good enough
+    good_us = max(good_us or 0.0, pipe.full_us(lp.rate) * (1 + FILL))
+    if beat_us is not None:
+        good_us = min(good_us, beat_us * (1 + FILL))
     return unpacked(_fastest(tried, judge, good_us))
 
 
@@ -286,6 +292,11 @@ class Pipeline:
         run_us = self.unit / (rate * 1e3)
         fill = (depth - 1) / (m * (k if shared else 1))
         return (1 + fill + m * self.lp_wait / (crowd * run_us)) / rate
+
+    def full_us(self, rate: float) -> float:
+        """The transfer time (us) of a packing at ``rate`` per group whose busiest link is full
+        from start to end: no fill, no waits."""
+        return self.unit / (rate * 1e3)
 
     def to_beat(self, beat_us: float | None) -> float | None:
         """A transfer time in microseconds in :meth:`time`'s units (None stays None). A
