@@ -252,7 +252,7 @@ class Pipeline:
                    for i in range(len(t.edges)))
 
     def _chunks(self, k: int, rate: float, depth: int, wait: float, crowd: int = 1) -> int:
-        run_us = self.unit / (rate * 1e3)
+        run_us = self.full_us(rate)
         best = (run_us * max(depth - 1, 1) * crowd / max(wait, 1e-3)) ** 0.5
         return max(1, int(min(best, self.most_chunks(k))))
 
@@ -289,7 +289,7 @@ class Pipeline:
         depth *= self.passes
         crowd = 1 if lockstep else k * self.lp_crowd
         m = self._chunks(k, rate, depth, self.lp_wait, crowd)
-        run_us = self.unit / (rate * 1e3)
+        run_us = self.full_us(rate)
         fill = (depth - 1) / (m * (k if shared else 1))
         return (1 + fill + m * self.lp_wait / (crowd * run_us)) / rate
 
