@@ -334,6 +334,7 @@ class Rounding:
         self.sets = self._first_sets()
         self._rows_for, self._rows = -1, None   # Edmonds' rows, built for that many sets
         self._shorts: list = []   # per-tree limits and box of counts found short (_short)
+        self._fitted: list = []   # and of counts that fit, with the rows they fit
 
     def _counts(self, t: Tree) -> np.ndarray:
         """Tree ``t`` as counts: its whole column where it is one, else one per arc's way."""
@@ -432,16 +433,22 @@ class Rounding:
         ~18 ms each. Over the Edmonds' rows found so far (what fewer rows refuse is short)."""
         most_load = np.where(self.whole, np.floor(most * self.caps + 1e-5), most * self.caps)
         # Per tree (x / K) only these limits and the box differ between tree counts: limits no
-        # looser within a box no wider than a count's found short are short too, without an LP.
+        # looser within a box no wider than a count's found short are short too, and limits no
+        # tighter than a count's that fit (over as many rows or more) fit too, without an LP.
         per_tree = np.r_[most_load, -bounds.lb, bounds.ub] / K
         if any(np.all(per_tree <= seen + 1e-12) for seen in list(self._shorts)):
             return True
+        if any(rows >= len(sets) and np.all(per_tree >= seen - 1e-12)
+               for seen, rows in list(self._fitted)):
+            return False
         total = K * (self.n - 1)
         short = milp(np.zeros(len(self.cost)), bounds=bounds, constraints=self._rows_of(
             sets, [(self.rows["weights"], -np.inf, most_load), (self.rows["total"], total, total),
                    (None, K, np.inf)])).status == 2
         if short:
             self._shorts.append(per_tree)
+        else:
+            self._fitted.append((per_tree, len(sets)))
         return short
 
     def _rows_of(self, sets: list, blocks: list) -> LinearConstraint:
@@ -585,8 +592,10 @@ def lifted(p: Problem, trees: tuple) -> tuple:
 
     Why: the rounding counts arcs, not levels: where every GPU reaches every other in one hop
     a chain through all 16 GPUs of a DGX-2 carries a broadcast as fast as a tree of depth 4.
-    Deepest GPUs first, each to the shallowest parent that fits, until none moves. Trees that
-    share a staged copy among children (:func:`use_of`) stay: moving one frees nothing."""
+    Deepest GPUs first, each to the shallowest parent that fits, a move per tree in turn, until
+    none moves. A tree that found no move is not searched again until some other tree's move
+    frees a link that stopped it: nothing else it could use got lighter. Trees that share a
+    staged copy among children (:func:`use_of`) stay: moving one frees nothing."""
     caps = np.asarray(p.caps, dtype=float)
     load = np.zeros(len(caps))
     for t in trees:
@@ -595,19 +604,30 @@ def lifted(p: Problem, trees: tuple) -> tuple:
     limit = caps * float(np.max(load / caps)) * (1 + 1e-9)
     out = [t if shares_uploads(p, t) else _Growing(p, t) for t in trees]
     growing = [t for t in out if isinstance(t, _Growing)]
-    while any([tree.lift(load, limit) for tree in growing]):
-        pass   # every move shortens a path to the root: this ends
+    moved = True
+    while moved:   # every move shortens a path to the root: this ends
+        moved = False
+        for tree in growing:
+            if tree.blocked is not None:
+                continue
+            freed = tree.lift(load, limit)
+            moved = moved or freed is not None
+            for other in growing if freed else ():
+                if other.blocked and other.blocked & freed:
+                    other.blocked = None
     return tuple(t.frozen() if isinstance(t, _Growing) else t for t in out)
 
 
 class _Growing:
-    """A tree being shortened: parents, the way of each GPU's arc, and its depth levels."""
+    """A tree being shortened: parents, the way of each GPU's arc, and its depth levels;
+    ``blocked``: once a search found no move, the links that stopped each try (else None)."""
 
     def __init__(self, p: Problem, tree: Tree):
         self.p, self.tree = p, tree
         self.options = p.ways[p.groups[tree.group][1]]
         self.parent = {c: a for a, c in tree.edges}
         self.way = {c: p.way(tree, i) for i, (_, c) in enumerate(tree.edges)}
+        self.blocked: set | None = None
 
     def levels(self) -> dict:
         level = {self.tree.root: 0}
@@ -623,30 +643,46 @@ class _Growing:
             out |= grown
         return out
 
-    def lift(self, load, limit) -> bool:
-        """Move one GPU (the deepest that can) to a shallower parent; whether one moved."""
+    def lift(self, load, limit) -> set | None:
+        """Move one GPU (the deepest that can) to a shallower parent: the links its old way
+        leaves lighter, or None where none moved (:attr:`blocked` then says what stopped it)."""
         level = self.levels()
+        shallow_first = sorted(level, key=level.get)
+        blocked = set()
         for v in sorted(self.parent, key=lambda c: -level[c]):
             banned = self.below(v)
-            for u in sorted(level, key=level.get):
+            for u in shallow_first:
                 if u in banned or level[u] + 1 >= level[v]:
                     continue
                 for way in self.options.get((u, v), ()):
                     hop = 2 if way.down or way.up else 1
-                    if level[u] + hop < level[v] and self._fits(way, v, load, limit):
-                        self.parent[v], self.way[v] = u, way
-                        return True
-        return False
+                    if level[u] + hop >= level[v]:
+                        continue
+                    over = self._over(way, v, load, limit)
+                    if over is None:
+                        return self._moved(v, u, way, load)
+                    blocked.add(over)
+        self.blocked = blocked
+        return None
 
-    def _fits(self, way: Way, v, load, limit) -> bool:
-        """Swap ``v``'s arc for ``way`` in ``load`` if every link stays within ``limit``."""
-        rate = self.tree.rate
-        for link, w in self.way[v].load:
+    def _over(self, way: Way, v, load, limit):
+        """The first link of ``way`` that would exceed ``limit`` with ``v``'s arc moved onto
+        it (its old way's load taken off first), or None if it fits."""
+        rate, old = self.tree.rate, dict(self.way[v].load)
+        for link, w in way.load:
+            base = load[link] - old[link] * rate if link in old else load[link]
+            if base + w * rate > limit[link]:
+                return link
+        return None
+
+    def _moved(self, v, u, way: Way, load) -> set:
+        rate, old = self.tree.rate, self.way[v]
+        for link, w in old.load:
             load[link] -= w * rate
-        fits = all(load[link] + w * rate <= limit[link] for link, w in way.load)
-        for link, w in (way if fits else self.way[v]).load:   # the new way, or the old back
+        for link, w in way.load:
             load[link] += w * rate
-        return fits
+        self.parent[v], self.way[v] = u, way
+        return {link for link, _ in old.load}
 
     def frozen(self) -> Tree:
         parent = [self.parent.get(v, -1) for v in range(len(self.p.gpus))]
