@@ -650,7 +650,7 @@ class _Growing:
         shallow_first = sorted(level, key=level.get)
         blocked = set()
         for v in sorted(self.parent, key=lambda c: -level[c]):
-            banned = self.below(v)
+            banned, old = self.below(v), dict(self.way[v].load)
             for u in shallow_first:
                 if u in banned or level[u] + 1 >= level[v]:
                     continue
@@ -658,17 +658,17 @@ class _Growing:
                     hop = 2 if way.down or way.up else 1
                     if level[u] + hop >= level[v]:
                         continue
-                    over = self._over(way, v, load, limit)
+                    over = self._over(way, old, load, limit)
                     if over is None:
                         return self._moved(v, u, way, load)
                     blocked.add(over)
         self.blocked = blocked
         return None
 
-    def _over(self, way: Way, v, load, limit):
-        """The first link of ``way`` that would exceed ``limit`` with ``v``'s arc moved onto
-        it (its old way's load taken off first), or None if it fits."""
-        rate, old = self.tree.rate, dict(self.way[v].load)
+    def _over(self, way: Way, old: dict, load, limit):
+        """The first link of ``way`` that would exceed ``limit`` with an arc moved onto it from
+        its ``old`` way (that load taken off first), or None if it fits."""
+        rate = self.tree.rate
         for link, w in way.load:
             base = load[link] - old[link] * rate if link in old else load[link]
             if base + w * rate > limit[link]:
