@@ -403,7 +403,13 @@ def test_choosing_reads_bounds_without_their_cut_and_plans_report_them_whole():
     assert choice.bound_busbw == choice.tree_busbw
     forget_remembered()
     assert plan(G, "allreduce", 1 << 20, gpus=four, verify=False).bound == whole
-    assert bounds(G, "allgather", gpus=four, cut=False) == bounds(G, "allgather", gpus=four)
+    # An allgather is chosen by the max-flow cut, above the LP's: no plan beats either.
+    loose, whole = (bounds(G, "allgather", gpus=four, cut=c) for c in (False, True))
+    assert loose.cut_busbw is None and loose.bound_busbw > whole.bound_busbw * (1 + 1e-6)
+    forget_remembered()
+    assert plan(G, "allgather", 1 << 20, gpus=four, verify=False).bound == whole
+    # No split switch: the cut is max-flows, solved either way.
+    assert bounds(topo.ring(4), "allgather", cut=False) == bounds(topo.ring(4), "allgather")
     assert bounds(topo.line(3, bw=100.0), "allreduce", cut=False).cut_busbw == 100.0   # max-flows
     # A broadcast is chosen by its rooted flow: the allgather cut beside it is only reported.
     whole, choice = (bounds(G, "broadcast", gpus=four, cut=c) for c in (True, False))

@@ -85,7 +85,8 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
            cut: bool = True) -> Bounds:
     """Bandwidth bounds of ``collective`` on the GPUs ``gpus`` of ``topo``; ``cut=False``: a
     multicast LP's cut (None) left out where choosing a plan does not read it (allreduce: trees
-    and ceiling; broadcast, reduce: the rooted flow).
+    and ceiling; broadcast, reduce: the rooted flow; allgather, reduce-scatter: the max-flow
+    cut, above the LP's, as the bound to prune by).
 
     Parameters
     ----------
@@ -142,8 +143,15 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
                      lambda: rate(G.reverse(copy=True) if flip else G, gpus)[0])
 
     if collective in ("allgather", "reduce_scatter"):
-        cut = (n - 1) * per_root(reverse=collective == "reduce_scatter")
         graph = "" if collective == "allgather" else " of the reversed graph"
+        if not solve_cut:   # split switches: the max-flow cut (milliseconds) lies above the
+            above = (n - 1) * _memo(  # multicast LP (seconds at 16 GPUs), so it prunes soundly
+                "max_flow_cut_rate" + graph, G, gpus,
+                lambda: cut_rate(G.reverse(copy=True) if graph and flipped else G, gpus)[0])
+            return Bounds(collective, above, None, None, None,
+                          f"cut left out; bound = max-flow cut{graph}, above the multicast LP's",
+                          gpus)
+        cut = (n - 1) * per_root(reverse=collective == "reduce_scatter")
         return Bounds(collective, cut, None, cut, None,
                       f"ForestColl cut bound (N-1)*min_S B+(S)/|S∩C|{graph}", gpus)
     if collective in ("broadcast", "reduce"):
