@@ -145,9 +145,8 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
     if collective in ("allgather", "reduce_scatter"):
         graph = "" if collective == "allgather" else " of the reversed graph"
         if not solve_cut:   # split switches: the max-flow cut (milliseconds) lies above the
-            above = (n - 1) * _memo(  # multicast LP (seconds at 16 GPUs), so it prunes soundly
-                "max_flow_cut_rate" + graph, G, gpus,
-                lambda: cut_rate(G.reverse(copy=True) if graph and flipped else G, gpus)[0])
+            above = (n - 1) * _max_flow_rate(  # multicast LP (seconds at 16 GPUs): it prunes
+                G, gpus, reverse=bool(graph) and flipped)   # soundly
             return Bounds(collective, above, None, None, None,
                           f"cut left out; bound = max-flow cut{graph}, above the multicast LP's",
                           gpus)
@@ -182,8 +181,7 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
         [per_root if exact else _none, lambda: _memo(f"trees{turns}", G, gpus, trees),
          lambda: _memo("pair_flow", G, gpus, lambda: min_pair_flow(G, gpus)),
          (lambda: per_root(reverse=True)) if exact and flipped else _none,
-         (lambda: _memo("max_flow_cut", G, gpus, lambda: _max_flow_cut(G, gpus, flipped)))
-         if loose else _none])
+         (lambda: _max_flow_cut(G, gpus, flipped)) if loose else _none])
     tree *= factor
     ceiling = "ceiling = 2(N-1)/N * min pair maxflow"
     if not solve_cut and tree:
@@ -213,8 +211,15 @@ def _phases(n: int, x_rs: float, x_ag: float) -> float:
 def _max_flow_cut(G: nx.DiGraph, gpus, flipped: bool) -> float:
     """:func:`_phases` at the max-flow cut rates of ``G`` (reduce-scatter's of the reversed
     graph where it differs): exact without split switches, an upper bound with them."""
-    x_ag = cut_rate(G, gpus)[0]
-    return _phases(len(gpus), cut_rate(G.reverse(copy=True), gpus)[0] if flipped else x_ag, x_ag)
+    x_ag = _max_flow_rate(G, gpus)
+    return _phases(len(gpus), _max_flow_rate(G, gpus, reverse=True) if flipped else x_ag, x_ag)
+
+
+def _max_flow_rate(G: nx.DiGraph, gpus, reverse: bool = False) -> float:
+    """:func:`cut_rate` of ``G`` (of the reversed graph with ``reverse``), remembered: the
+    allgather, reduce-scatter and allreduce bounds of an allocation share it."""
+    return _memo("max_flow_rate_reversed" if reverse else "max_flow_rate", G, gpus,
+                 lambda: cut_rate(G.reverse(copy=True) if reverse else G, gpus)[0])
 
 
 def _symmetric(G: nx.DiGraph) -> bool:
