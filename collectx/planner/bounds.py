@@ -49,6 +49,7 @@ from scipy.optimize import linprog
 
 from .._concurrent import concurrently
 from ..errors import ArgumentError, PlanError
+from ..topology.symmetry import orbits
 from ..topology.view import LinkIndex, job_gpus, job_graph, require_connected
 from ..topology.view import turn_rule, without_turnarounds
 from ._build import remembered
@@ -349,7 +350,7 @@ def _conservation(index: LinkIndex, rates: list, nvar: int) -> sp.csr_matrix:
 COPIERS = ("gpu", "cpu")   # nodes that can store what they receive and send it again
 
 
-def multicast_rate(G: nx.DiGraph, gpus, roots=None) -> float:
+def multicast_rate(G: nx.DiGraph, gpus, roots=None, *, symmetric: bool = True) -> float:
     """Largest rate ``x`` at which every root (default: every GPU) can send its data to all
     other GPUs at once: an LP relaxation of the allgather (or, with one root, broadcast)
     optimum in which GPUs and CPUs (host memory) may copy what passes through them and
@@ -381,21 +382,29 @@ def multicast_rate(G: nx.DiGraph, gpus, roots=None) -> float:
     index = LinkIndex.of(G)
     m = len(index.links)
     roots = list(range(len(gpus))) if roots is None else list(roots)
-    pairs = [(k, v) for k, r in enumerate(roots) for v in range(len(gpus)) if v != r]
-    nf, ny = len(pairs) * m, len(roots) * m
+    groups = (_root_orbits(G, index, gpus, roots) if symmetric and len(roots) > 1 else
+              [(k, [list(range(m))]) for k in roots])
+    reps = [k for k, _ in groups]
+    pairs = [(j, v) for j, k in enumerate(reps) for v in range(len(gpus)) if v != k]
+    nf, ny = len(pairs) * m, len(reps) * m
     x_col = nf + ny        # the root emits x, the destination absorbs it
-    A_eq = _conservation(index, [{gpus[roots[k]]: -1.0, gpus[v]: 1.0} for k, v in pairs],
+    A_eq = _conservation(index, [{gpus[reps[j]]: -1.0, gpus[v]: 1.0} for j, v in pairs],
                          x_col + 1)
-    f, y = list(range(nf)), list(range(nf, nf + ny))
-    owner = [nf + k * m + e for k, _ in pairs for e in range(m)]
-    ub_r = f + f + [nf + e for _ in roots for e in range(m)]   # f[p, e] - y[k, e] <= 0, and
-    ub_c, ub_v = f + owner + y, [1.0] * nf + [-1.0] * nf + [1.0] * ny   # sum_k y[k, e] <= cap[e]
+    f = list(range(nf))
+    owner = [nf + j * m + e for j, _ in pairs for e in range(m)]
+    # sum over roots of their usage of e <= cap[e]: a root of an orbit uses link links[e] as
+    # its representative uses e
+    cap_r = [nf + link[e] for _, links in groups for link in links for e in range(m)]
+    cap_c = [nf + j * m + e for j, (_, links) in enumerate(groups) for _ in links
+             for e in range(m)]
+    ub_r, ub_c = f + f + cap_r, f + owner + cap_c       # f[p, e] - y[k, e] <= 0
+    ub_v = [1.0] * nf + [-1.0] * nf + [1.0] * len(cap_r)
     row = nf + m
     kinds = dict(G.nodes(data="kind"))
     for w in (w for w in index.nodes if kinds.get(w) not in COPIERS):
         touching = [(e, 1.0 if a == w else -1.0) for e, (a, b) in enumerate(index.links)
                     if w in (a, b)]
-        for k in range(len(roots)):           # out - in of root k's data at a switch <= 0
+        for k in range(len(reps)):            # out - in of root k's data at a switch <= 0
             ub_r += [row] * len(touching)
             ub_c += [nf + k * m + e for e, _ in touching]
             ub_v += [sign for _, sign in touching]
@@ -409,13 +418,23 @@ def multicast_rate(G: nx.DiGraph, gpus, roots=None) -> float:
     # HiGHS solves the largest 16-GPU split-switch LP in half the time (fixing flows out of their
     # sink instead made it 5x slower: the simplex's path, more than the LP's size, decides)
     heads = np.array([b for _, b in index.links], dtype=object)
-    idle = np.concatenate([heads == gpus[roots[k]] for k, _ in pairs])
+    idle = np.concatenate([heads == gpus[reps[j]] for j, _ in pairs])
     most = np.r_[np.where(idle, 0.0, np.inf), np.full(ny + 1, np.inf)]
     res = linprog(c, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=np.zeros(A_eq.shape[0]),
                   bounds=np.c_[np.zeros(x_col + 1), most], method="highs")
     if res.status != 0:
         raise PlanError(f"multicast flow LP failed: {res.message}")
     return float(res.x[-1])
+
+
+def _root_orbits(G: nx.DiGraph, index: LinkIndex, gpus, roots) -> list:
+    """``roots`` (indices into ``gpus``) in orbits of ``G``'s automorphisms
+    (:func:`~collectx.topology.symmetry.orbits`): per orbit, its representative and, per
+    root of it, the link ids the representative's links are carried onto."""
+    at = {gpus[k]: k for k in roots}
+    return [(at[rep], [[index.ids[carry[a], carry[b]] for a, b in index.links]
+                       for _, carry in members])
+            for rep, members in orbits(G, [gpus[k] for k in roots])]
 
 
 def peer_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bounds:
