@@ -46,6 +46,8 @@ struct ClassState {
   int count = 0;         // active flows of the class
   double served = 0.0;   // bytes each of its flows has moved since the class became active
   MinHeap ends;          // (served at end, flow)
+  double next_end = 0.0;    // ends.top().first, kept beside the heap: read every event
+  double next_slack = 0.0;  // the end test's tolerance for that flow
 };
 
 class Sim {
@@ -58,6 +60,8 @@ class Sim {
         total_(g->nres, 0), busy_at_(g->nres, -1), shared_at_(g->nclasses, -1),
         crowded_(g->nclasses, 0) {
     find_alone_classes();
+    floor_.resize(g->nres);
+    for (int r = 0; r < g->nres; ++r) floor_[r] = kEps * g->capacity[r];
   }
 
   int run(double* time_us, int* start_order, int* nstarted, double give_up_us, int* given_up) {
@@ -83,7 +87,7 @@ class Sim {
       bool first = true;
       for (int c : active_) {
         const ClassState& s = cls_[c];
-        double t = (s.ends.top().first - s.served) / rate_[c];
+        double t = (s.next_end - s.served) / rate_[c];
         if (first || t < step) step = t;
         first = false;
       }
@@ -122,6 +126,12 @@ class Sim {
     }
   }
 
+  // The heap's least end moved (a flow joined, or the least left).
+  void top_changed(ClassState& s) {
+    s.next_end = s.ends.top().first;
+    s.next_slack = 1e-9 * std::max(size_[s.ends.top().second], 1.0);
+  }
+
   void on_done(int f) {
     int t = ftask_[f];
     if (--flows_left_[t] == 0) finish(t);
@@ -148,6 +158,7 @@ class Sim {
         if (!alone_[c]) join(c);
       }
       s.ends.push({s.served + size_[f], f});
+      top_changed(s);
       if (!unmoved_.empty())
         for (const int* r = route_begin(c); r != route_end(c); ++r) unmoved_[*r] -= size_[f];
       count_changed(c, s.count + 1);
@@ -162,10 +173,13 @@ class Sim {
       ClassState& s = cls_[c];
       double served = s.served + rate_[c] * step;
       s.served = served;
-      while (!s.ends.empty() &&
-             s.ends.top().first - served <= 1e-9 * std::max(size_[s.ends.top().second], 1.0)) {
-        done_.push_back(s.ends.top().second);
-        s.ends.pop();
+      if (s.next_end - served <= s.next_slack) {
+        do {
+          done_.push_back(s.ends.top().second);
+          s.ends.pop();
+        } while (!s.ends.empty() &&
+                 s.ends.top().first - served <= 1e-9 * std::max(size_[s.ends.top().second], 1.0));
+        if (!s.ends.empty()) top_changed(s);
       }
       if (s.ends.empty()) {  // the class leaves the active set, keeping the others' order
         s.active = false;
@@ -292,53 +306,68 @@ class Sim {
   // counts (the classes that are always alone keep the rates count_changed gave them).
   [[gnu::noinline]] void fill() {
     shared_dirty_ = false;
-    for (int r : busy_) users_[r] = total_[r];
+    // Raw pointers: the stores into users_ could otherwise alias the graph's arrays, and the
+    // compiler would reload them after every one.
+    int* __restrict users = users_.data();
+    double* __restrict left = left_.data();
+    double* __restrict rate = rate_.data();
+    char* __restrict rated = rated_.data();
+    const int* __restrict total = total_.data();
+    const int* __restrict coff = g_->class_off;
+    const int* __restrict cres = g_->class_res;
+    const double* __restrict cap = g_->capacity;
+    const double* __restrict floor = floor_.data();
+    for (int r : busy_) users[r] = total[r];
     for (int c : shared_) {
-      rated_[c] = 0;
+      rated[c] = 0;
       if (crowded_[c] > 0) continue;
       // A class alone on every resource it crosses gets its bottleneck's capacity.
-      rate_[c] = bottleneck_[c] / cls_[c].count;
-      rated_[c] = 1;
-      for (const int* r = route_begin(c); r != route_end(c); ++r) users_[*r] = 0;
+      rate[c] = bottleneck_[c] / cls_[c].count;
+      rated[c] = 1;
+      for (int k = coff[c]; k < coff[c + 1]; ++k) users[cres[k]] = 0;
     }
     live_.clear();
     double inc = 0.0;  // the water level's next rise: the least room per user
     for (int r : busy_) {
-      if (users_[r] > 0) {
-        left_[r] = g_->capacity[r];
-        double room = left_[r] / users_[r];
+      if (users[r] > 0) {
+        left[r] = cap[r];
+        double room = left[r] / users[r];
         if (live_.empty() || room < inc) inc = room;
         live_.push_back(r);
       }
     }
     double level = 0.0;
-    while (!live_.empty()) {
+    int* live = live_.data();
+    size_t nlive = live_.size();
+    while (nlive > 0) {
       level += inc;
       full_.clear();
-      for (int r : live_) {
-        int n = users_[r];
-        left_[r] -= inc * n;
-        if (left_[r] <= kEps * g_->capacity[r] + 1e-9 * inc * n) full_.push_back(r);
+      for (size_t i = 0; i < nlive; ++i) {
+        int r = live[i];
+        int n = users[r];
+        left[r] -= inc * n;
+        if (left[r] <= floor[r] + 1e-9 * inc * n) full_.push_back(r);
       }
       for (int r : full_) {
         for (int c : crossing_[r]) {
-          if (rated_[c]) continue;
-          rate_[c] = level;
-          rated_[c] = 1;
-          for (const int* o = route_begin(c); o != route_end(c); ++o)
-            users_[*o] -= cls_[c].count;
+          if (rated[c]) continue;
+          rate[c] = level;
+          rated[c] = 1;
+          int count = cls_[c].count;
+          for (int k = coff[c]; k < coff[c + 1]; ++k) users[cres[k]] -= count;
         }
       }
       // Drop the resources whose users are all rated, finding the next rise on the way (one
       // pass over the live resources where there were two).
       size_t k = 0;
-      for (int r : live_) {
-        if (users_[r] <= 0) continue;
-        double room = left_[r] / users_[r];
+      for (size_t i = 0; i < nlive; ++i) {
+        int r = live[i];
+        if (users[r] <= 0) continue;
+        double room = left[r] / users[r];
         if (k == 0 || room < inc) inc = room;
-        live_[k++] = r;
+        live[k++] = r;
       }
-      live_.resize(k);
+      nlive = k;
     }
   }
 
@@ -359,6 +388,7 @@ class Sim {
   std::vector<char> rated_;
   std::vector<char> alone_;          // class never shares a resource with another class
   std::vector<double> bottleneck_;   // least capacity on the class's route
+  std::vector<double> floor_;        // kEps * capacity per resource: a full one's least room
   std::vector<int> total_;           // flows of active shared classes per resource
   std::vector<int> busy_at_;         // index of a resource in busy_, or -1
   std::vector<int> shared_at_;       // index of a class in shared_, or -1
