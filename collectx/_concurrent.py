@@ -56,3 +56,53 @@ def shared_threads():
             yield
         finally:
             _held.pool = None
+
+
+class Ahead:
+    """Keyed calls, each run once, on the threads of the enclosing :func:`shared_threads`
+    block, and started before they are asked for where the caller knows what it may ask
+    next: a call asked for with ``follow`` starts ``follow(result)`` (a ``(key, follow)``
+    pair, or None) as soon as it has its result, without waiting for the others asked for
+    with it. Results are read only where asked for, so what the caller computes does not
+    depend on the thread count; outside a block, or with :data:`WORKERS` < 2, each call runs
+    when asked for.
+
+    >>> with shared_threads():
+    ...     ahead = Ahead(lambda n: n * n)
+    ...     then = lambda r: (r, None) if r < 100 else None   # 4 -> 16 -> 256, started early
+    ...     ahead.results([(2, then), (3, None)]), ahead.results([(4, None)])
+    ([4, 9], [16])
+    """
+
+    def __init__(self, compute):
+        self._compute, self._pool = compute, getattr(_held, "pool", None)
+        self._started: dict = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def results(self, asks: list) -> list:
+        """The result of each ``(key, follow)`` of ``asks``, in order."""
+        if self._pool is None:
+            return [self._compute(key) for key, _ in asks]
+        return [future.result() for future in [self._start(*ask) for ask in asks]]
+
+    def close(self) -> None:
+        """Start nothing more, and drop the calls started ahead that have not begun."""
+        with self._lock:
+            self._closed = True
+            for future in self._started.values():
+                future.cancel()
+
+    def _start(self, key, follow):
+        with self._lock:
+            future = self._started.get(key)
+            if future is None and not self._closed:
+                future = self._started[key] = self._pool.submit(self._run, key, follow)
+        return future
+
+    def _run(self, key, follow):
+        result = self._compute(key)
+        after = follow(result) if follow is not None and not self._closed else None
+        if after is not None:
+            self._start(*after)
+        return result

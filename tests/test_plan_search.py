@@ -3,6 +3,8 @@ that threads change nothing a plan says."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import collectx._concurrent as C
@@ -47,6 +49,16 @@ def _judging(times: dict):
     return judge, judged
 
 
+def _fastest(tried, judge, good_us, workers=1):
+    """``trees._fastest`` on ``workers`` threads: on one, tries are judged in the order the
+    search asks for them (on more, ladders run ahead and the order depends on timing)."""
+    saved, C.WORKERS = C.WORKERS, workers
+    try:
+        return trees._fastest(tried, judge, good_us)
+    finally:
+        C.WORKERS = saved
+
+
 def _search(times: dict, firsts: dict, ladders: dict, good_us=None):
     """``trees._fastest`` over fake packings: ``times[name]`` is the simulated time of the
     schedule ``name``; returns (chosen name, names judged in order)."""
@@ -54,7 +66,7 @@ def _search(times: dict, firsts: dict, ladders: dict, good_us=None):
     tried = [([_Try(n) for n in firsts[k]],   # the ladder climbs from the last try
               [[]] * (len(firsts[k]) - 1) + [[_Try(n) for n in ladders[k]]])
              for k in firsts]
-    return trees._fastest(tried, lambda thunk, beat=None: judge(thunk()), good_us), judged
+    return _fastest(tried, lambda thunk, beat=None: judge(thunk()), good_us), judged
 
 
 def test_every_ladder_climbs_while_each_rung_gains_more_than_the_noise():
@@ -77,7 +89,7 @@ def test_each_first_try_climbs_its_own_ladder():
     judge, judged = _judging(times)
     thunks = lambda names: [_Try(n) for n in names]   # noqa: E731
     tried = [(thunks(["a16", "b16"]), [thunks(["a32", "a64"]), thunks(["b32", "b64"])])]
-    best = trees._fastest(tried, lambda thunk, beat=None: judge(thunk()), None)
+    best = _fastest(tried, lambda thunk, beat=None: judge(thunk()), None)
     assert best == "b64" and judged == ["a16", "b16", "a32", "b32", "a64", "b64"]
 
 
@@ -93,9 +105,10 @@ def test_a_rung_is_judged_only_against_its_own_ladder_so_far():
         beats[name := thunk()] = beat
         return judge(name)
     tried = [(thunks(["a1"]), [thunks(["a2", "a3"])]), (thunks(["b1"]), [thunks(["b2"])])]
-    assert trees._fastest(tried, judging, None) == "a2"
+    assert _fastest(tried, judging, None) == "a2"
     noise = 1 + trees.NOISE
-    assert beats == {"a1": None, "b1": None, "a2": 100.0 * noise, "b2": 95.0 * noise,
+    never = float("inf")   # first tries are judged to the end
+    assert beats == {"a1": never, "b1": never, "a2": 100.0 * noise, "b2": 95.0 * noise,
                      "a3": 90.0 * noise, "a2'": 90.0 * noise}
 
 
@@ -109,9 +122,38 @@ def test_a_ladder_stopped_by_a_loss_judges_its_best_rungs_twin_once_if_it_is_nea
     judge, judged = _judging(times)
     tried = [([_Try("a1")], [[_Try("a2")]]), ([_Try("b1"), _Try("c1")], [[_Try("b2")], []]),
              ([_Try("d1")], [[_Try("d2")]])]
-    best = trees._fastest(tried, lambda thunk, beat=None: judge(thunk()), None)
+    best = _fastest(tried, lambda thunk, beat=None: judge(thunk()), None)
     assert best == "b1'"
     assert judged == ["a1", "b1", "c1", "d1", "a2", "b2", "d2", "b1'"]
+
+
+def test_spare_threads_climb_a_ladder_ahead_and_choose_the_same():
+    # b2 takes long to judge: on one thread a3 waits for it (the next round), on more a3 is
+    # judged as soon as a2 has gained, while b2 runs. The choice is the same, and only rungs
+    # run ahead: twins (b1', after b2's loss) wait for the round that asks for them.
+    times = {"a1": 100.0, "a2": 98.0, "a3": 96.5, "a4": 95.0, "b1": 96.8, "b2": 99.0,
+             "b3": 90.0, "b1'": 97.0}
+    a3_judged = threading.Event()
+
+    def searched(workers):
+        judge, judged = _judging(times)
+        waited = []
+
+        def judging(thunk, beat=None):
+            name = thunk()
+            if name == "b2" and workers > 1:
+                waited.append(a3_judged.wait(timeout=30))
+            run = judge(name)
+            return lambda: (a3_judged.set() if name == "a3" else None, run())[1]
+        tried = [([_Try("a1")], [[_Try(n) for n in ("a2", "a3", "a4")]]),
+                 ([_Try("b1")], [[_Try(n) for n in ("b2", "b3")]])]
+        return _fastest(tried, judging, None, workers), judged, waited
+
+    best, alone, _ = searched(1)
+    assert best == "a4" and alone == ["a1", "b1", "a2", "b2", "a3", "b1'", "a4"]
+    best, judged, waited = searched(4)
+    assert best == "a4" and waited == [True]
+    assert sorted(judged) == sorted(alone)
 
 
 def test_a_twin_carries_one_chunk_more_per_tree_on_the_same_lanes():

@@ -13,6 +13,7 @@ How a packing becomes a schedule: every tree of a group carries the same number 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -26,7 +27,7 @@ from ..schedule.metrics import unit_bytes
 from ..schedule.simulate import time_within, unpacked
 from . import program as P
 from .direct import plan_direct
-from .._concurrent import concurrently
+from .._concurrent import Ahead, shared_threads
 from ._build import check_args
 from .cost_tables import FILL, INSTRUCTIONS, MIN_CHUNK_BYTES, NOISE
 from .treepack import Packing
@@ -129,22 +130,67 @@ def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
     climbing, a rung of each at once, while each rung gains more than
     :data:`~.cost_tables.NOISE` on the best below it (:func:`_climbed`), or until some are good
     enough (``good_us``: as fast as pipelines get), and then the fewest chunks of those
-    (instructions to ship, decode and run). docs/planner.md has why."""
+    (instructions to ship, decode and run). docs/planner.md has why.
+
+    Spare threads run ahead: once a ladder's rung is judged, the rung it asks next starts
+    (:class:`~collectx._concurrent.Ahead`) instead of waiting for the other ladders' rungs,
+    but never past the first round with a good-enough schedule; the rounds read only what
+    they ask for, so the choice is the same on any number of threads."""
+    good_us = good_us or 0.0
+    with shared_threads():
+        ahead = Ahead(lambda key: judge(*key)())
+        try:
+            return _searched(ahead, tried, good_us)
+        finally:
+            ahead.close()
+
+
+def _searched(ahead: Ahead, tried: list, good_us: float) -> Schedule:
     firsts = [thunk for first, _ in tried for thunk in first]
-    judged = concurrently([judge(lower) for lower in firsts])
+    ups = [up for _, ups in tried for up in ups]
+    good_round = [math.inf]   # the first round with a good-enough schedule, as far as known
+
+    def then(climbed, round):   # what the ask of `round` leads to: the next ask, run ahead
+        def after(result):
+            if result[0] <= good_us:
+                good_round[0] = min(good_round[0], round)
+            ladder = climbed(result[0]) if round < good_round[0] else None
+            if ladder is None or not ladder[2]:   # a twin is asked only if near the best
+                return None
+            ask = _asked(ladder)
+            return (ask, ladder[0] * (1 + NOISE)), then(_climbing(ladder, ask), round + 1)
+        return after
+
+    judged = ahead.results([((first, math.inf),
+                             then(lambda us, first=first, up=up: (us, first, up) if up else None, 0))
+                            for first, up in zip(firsts, ups)])
     best = min(judged, key=lambda r: r[0])
     # per ladder: its best time and try, and the rungs left (none: its best's twin next)
-    climbing = [(r[0], first, up) for r, up, first in
-                zip(judged, [up for _, ups in tried for up in ups], firsts) if up]
-    while climbing and best[0] > (good_us or 0.0):
-        asks = [rungs[0] if rungs else at.nudged() for _, at, rungs in climbing]
-        judged = concurrently([judge(ask, c[0] * (1 + NOISE)) for c, ask in zip(climbing, asks)])
+    climbing = [(r[0], first, up) for r, up, first in zip(judged, ups, firsts) if up]
+    round = 0
+    while climbing and best[0] > good_us:
+        round += 1
+        asks = [_asked(c) for c in climbing]
+        judged = ahead.results([((ask, c[0] * (1 + NOISE)), then(_climbing(c, ask), round))
+                                for c, ask in zip(climbing, asks)])
         climbing = [_climbed(*c, ask, us)
                     for c, ask, (us, _) in zip(climbing, asks, judged) if c[2]]
         best = min([best] + judged, key=lambda r: r[0])
         climbing = [c for c in climbing if c and (c[2] or c[0] <= best[0] * (1 + NOISE))]
-    good = [r for r in judged + [best] if r[0] <= (good_us or 0.0)]
+    good = [r for r in judged + [best] if r[0] <= good_us]
     return min(good, key=lambda r: (r[1].nchunks, r[0]))[1] if good else best[1]
+
+
+def _asked(ladder: tuple):
+    """The try a ladder ``(best us, its try, rungs left)`` judges next: its next rung, or once
+    a rung lost, its best's twin."""
+    least, at, rungs = ladder
+    return rungs[0] if rungs else at.nudged()
+
+
+def _climbing(ladder: tuple, ask) -> Callable:
+    """``ladder`` once ``ask`` took ``us`` (:func:`_climbed`; None after its twin)."""
+    return lambda us: _climbed(*ladder, ask, us) if ladder[2] else None
 
 
 def _climbed(least: float, at, rungs: list, ask, us: float) -> tuple | None:
