@@ -10,7 +10,8 @@ import pytest
 
 import collectx.topology as topo
 from collectx.errors import ArgumentError, TopologyError
-from collectx.planner.bounds import Bounds, bounds, cut_rate, max_flows
+from collectx.planner.bounds import Bounds, bounds
+from collectx.topology.flows import cut_rate, max_flows
 from collectx.topology.view import job_graph
 
 # From the topology README: ForestColl cut bound, allgather / reduce-scatter busbw at line rates.
@@ -256,7 +257,7 @@ def _two_level_pcie_on_a_switch_fabric() -> nx.DiGraph:
 
 
 def test_no_turnaround_between_gpus_of_one_nvswitch_fabric_at_any_pcie_level():
-    from collectx.planner.bounds import multicast_rate
+    from collectx.topology.flows import multicast_rate
     from collectx.topology.view import without_turnarounds
     G = _two_level_pcie_on_a_switch_fabric()
     gpus = topo.gpus(G)

@@ -6,7 +6,7 @@ import networkx as nx
 import pytest
 
 import collectx.topology as topo
-from collectx.planner.bounds import multicast_rate
+from collectx.topology.flows import multicast_rate
 from collectx.topology.symmetry import orbits
 from collectx.topology.view import job_graph, without_turnarounds
 

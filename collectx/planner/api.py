@@ -282,7 +282,8 @@ def _verify(schedule: Schedule) -> bool:
 
 def _bound(view: nx.DiGraph, collective: str, ranks: tuple[str, ...], root: int,
            host: bool = True, cut: bool = True):
-    from .bounds import KINDS, Bounds, bounds, max_flows, peer_bounds
+    from ..topology.flows import max_flows
+    from .bounds import KINDS, Bounds, bounds, peer_bounds
     if collective in KINDS:
         return bounds(view, collective, gpus=list(ranks), root=root, cut=cut) if host else \
             peer_bounds(view, collective, gpus=list(ranks), root=root)

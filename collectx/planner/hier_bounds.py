@@ -29,9 +29,10 @@ import re
 
 import networkx as nx
 
-from .bounds import Bounds, cut_rate, min_pair_flow, rooted_flow
+from ..topology.flows import cut_rate, min_pair_flow, rooted_flow
 from ..topology.view import job_gpus, job_graph
 from ..topology.view import without_turnarounds
+from .bounds import Bounds
 
 _PREFIX = re.compile(r"^n(\d+)/")
 

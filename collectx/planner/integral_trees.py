@@ -26,59 +26,7 @@ from functools import lru_cache
 import numpy as np
 
 from .._native import compiled_helper
-
-
-def max_flow(cap, source: int, sink: int, enough: float = float("inf")) -> tuple[float, set]:
-    """Max-flow from ``source`` to ``sink`` over the dense capacities ``cap`` (``n x n``),
-    stopping once it reaches ``enough``; with it, the nodes the source still reaches in the
-    residual graph (the source side of a minimum cut when the flow falls short).
-
-    Shortest augmenting paths (Edmonds–Karp) on Python lists (on a few dozen nodes a library
-    call costs more to set up than the search), or in C where ``collectx._fastpath`` is built
-    (Lovász's construction asks thousands of these per 16-GPU plan).
-
-    >>> max_flow([[0, 2, 1], [0, 0, 1], [0, 0, 0]], 0, 2)
-    (2.0, {0, 1})
-    """
-    native = compiled_helper("max_flow")
-    if native is not None:
-        flow, flags = native(np.ascontiguousarray(cap, dtype=np.float64), int(source), int(sink),
-                             float(enough))
-        return flow, {v for v, f in enumerate(flags) if f}
-    return _max_flow(cap, source, sink, enough)
-
-
-def _max_flow(cap, source: int, sink: int, enough: float) -> tuple[float, set]:
-    n = len(cap)
-    left = [list(map(float, row)) for row in cap]
-    flow = 0.0
-    while flow < enough:
-        back = [-1] * n
-        back[source] = source
-        frontier = [source]
-        while frontier and back[sink] < 0:
-            nxt = []
-            for u in frontier:
-                row = left[u]
-                for v in range(n):
-                    if back[v] < 0 and row[v] > 1e-12:
-                        back[v] = u
-                        nxt.append(v)
-            frontier = nxt
-        if back[sink] < 0:
-            return flow, {v for v in range(n) if back[v] >= 0}
-        push, v = float("inf"), sink
-        while v != source:
-            push = min(push, left[back[v]][v])
-            v = back[v]
-        v = sink
-        while v != source:
-            u = back[v]
-            left[u][v] -= push
-            left[v][u] += push
-            v = u
-        flow += push
-    return flow, set()
+from ..topology.flows import max_flow
 
 
 def _paths_ok(mult: np.ndarray, root: int, k: int, inside: set) -> bool:

@@ -42,13 +42,14 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_array, csr_matrix, hstack as stacked, identity, vstack
 
 from ..schedule.ir import GPU_LANES, MAX_LANES
+from ..topology.flows import max_flow
 from ..topology.routes import fingerprint
 from ..topology.view import (LinkIndex, host_routes, host_uploads, job_graph, require_connected,
                              route_waits, simulator_routes)
 from .._concurrent import concurrently
 from ._build import remembered, weighted_shares
 from .cost_tables import FILL, NOISE
-from .integral_trees import disjoint_arborescences, max_flow
+from .integral_trees import disjoint_arborescences
 from .treepack import (Packing, Tree, centre, column_generation, min_arborescence, orient,
                        top_down, usage)
 

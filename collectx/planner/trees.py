@@ -161,8 +161,8 @@ def _searched(ahead: Ahead, tried: list, good_us: float) -> Schedule:
             return (ask, ladder[0] * (1 + NOISE)), then(_climbing(ladder, ask), round + 1)
         return after
 
-    judged = ahead.results([((first, math.inf),
-                             then(lambda us, first=first, up=up: (us, first, up) if up else None, 0))
+    ladder = lambda first, up: lambda us: (us, first, up) if up else None  # noqa: E731
+    judged = ahead.results([((first, math.inf), then(ladder(first, up), 0))
                             for first, up in zip(firsts, ups)])
     best = min(judged, key=lambda r: r[0])
     # per ladder: its best time and try, and the rungs left (none: its best's twin next)
