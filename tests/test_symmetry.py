@@ -69,3 +69,20 @@ def test_multicast_lp_over_orbits_is_the_lp_over_every_root(machine, gpus):
     assert len(orbits(H, gpus)) < len(gpus)   # the reduction has something to reduce
     assert multicast_rate(H, gpus) == pytest.approx(
         multicast_rate(H, gpus, symmetric=False), rel=1e-9)
+
+
+def test_gpus_refinement_cannot_tell_apart_are_kept_apart_where_no_automorphism_swaps_them():
+    # Every GPU has two equal links: a six-GPU ring and two three-GPU rings look alike to
+    # colour refinement, but no automorphism carries a GPU of the long ring onto a short one.
+    G = nx.DiGraph()
+    for ring in (range(6), range(6, 9), range(9, 12)):
+        ring = [f"GPU{i}" for i in ring]
+        for a, b in zip(ring, ring[1:] + ring[:1]):
+            G.add_edge(a, b, cap=25.0)
+            G.add_edge(b, a, cap=25.0)
+    nx.set_node_attributes(G, "gpu", "kind")
+    found = {rep: sorted(g for g, _ in members) for rep, members in orbits(G, list(G))}
+    assert sorted(map(len, found.values())) == [6, 6]
+    assert sorted(found["GPU0"], key=lambda g: int(g[3:])) == [f"GPU{i}" for i in range(6)]
+    for rep, members in orbits(G, list(G)):
+        assert all(_is_automorphism(G, carry, list(G)) for _, carry in members)
