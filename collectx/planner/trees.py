@@ -157,35 +157,37 @@ def _searched(ahead: Ahead, tried: list, good_us: float) -> Schedule:
             ladder = climbed(result[0]) if round < good_round[0] else None
             if ladder is None or not ladder[2]:   # a twin is asked only if near the best
                 return None
-            ask = _asked(ladder)
-            return (ask, ladder[0] * (1 + NOISE)), then(_climbing(ladder, ask), round + 1)
+            key = _asked(ladder)
+            return key, then(_climbing(ladder, key[0]), round + 1)
         return after
 
-    ladder = lambda first, up: lambda us: (us, first, up) if up else None  # noqa: E731
-    judged = ahead.results([((first, math.inf), then(ladder(first, up), 0))
+    started = lambda first, up: lambda us: (us, first, up) if up else None  # noqa: E731
+    judged = ahead.results([((first, math.inf), then(started(first, up), 0))
                             for first, up in zip(firsts, ups)])
     best = min(judged, key=lambda r: r[0])
     # per ladder: its best time and try, and the rungs left (none: its best's twin next)
-    climbing = [(r[0], first, up) for r, up, first in zip(judged, ups, firsts) if up]
+    climbing = [c for c in (started(first, up)(r[0]) for r, first, up in zip(judged, firsts, ups))
+                if c]
     round = 0
     while climbing and best[0] > good_us:
         round += 1
-        asks = [_asked(c) for c in climbing]
-        judged = ahead.results([((ask, c[0] * (1 + NOISE)), then(_climbing(c, ask), round))
-                                for c, ask in zip(climbing, asks)])
-        climbing = [_climbed(*c, ask, us)
-                    for c, ask, (us, _) in zip(climbing, asks, judged) if c[2]]
+        keys = [_asked(c) for c in climbing]
+        judged = ahead.results([(key, then(_climbing(c, key[0]), round))
+                                for c, key in zip(climbing, keys)])
+        climbing = [_climbed(*c, key[0], us)
+                    for c, key, (us, _) in zip(climbing, keys, judged) if c[2]]
         best = min([best] + judged, key=lambda r: r[0])
         climbing = [c for c in climbing if c and (c[2] or c[0] <= best[0] * (1 + NOISE))]
     good = [r for r in judged + [best] if r[0] <= good_us]
     return min(good, key=lambda r: (r[1].nchunks, r[0]))[1] if good else best[1]
 
 
-def _asked(ladder: tuple):
-    """The try a ladder ``(best us, its try, rungs left)`` judges next: its next rung, or once
-    a rung lost, its best's twin."""
+def _asked(ladder: tuple) -> tuple:
+    """``(try, beat)``: what a ladder ``(best us, its try, rungs left)`` judges next, its next
+    rung or, once a rung lost, its best's twin, given up once it cannot beat the ladder's best
+    by more than :data:`~.cost_tables.NOISE`."""
     least, at, rungs = ladder
-    return rungs[0] if rungs else at.nudged()
+    return rungs[0] if rungs else at.nudged(), least * (1 + NOISE)
 
 
 def _climbing(ladder: tuple, ask) -> Callable:

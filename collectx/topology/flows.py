@@ -191,7 +191,10 @@ def multicast_rate(G: nx.DiGraph, gpus, roots=None, *, symmetric: bool = True) -
 
     Rows: conservation per (root, destination, node); the flow of each (root, destination)
     over a link is at most the root's usage ``y`` of it; the roots' usages share each link; a
-    switch sends on no more of a root's data than it receives (it copies nothing).
+    switch sends on no more of a root's data than it receives (it copies nothing). With
+    ``symmetric``, roots that an automorphism of ``G`` carries onto each other share one root's
+    variables (:func:`~.symmetry.orbits`: some optimum uses the links alike for all of them);
+    ``symmetric=False`` solves for every root, the same rate with more variables.
 
     >>> from collectx.topology import load
     >>> from collectx.topology.view import job_graph, without_turnarounds
