@@ -58,9 +58,11 @@ MODES = {"broadcast": DOWN, "allgather": DOWN, "reduce": UP, "reduce_scatter": U
          "allreduce": BOTH}
 PER_ROOT = ("allgather", "reduce_scatter")
 
-NODES = 20           # branch-and-bound nodes per integer program (one per tree count tried):
+NODES = 5            # branch-and-bound nodes per integer program (one per tree count tried):
                      # a fixed budget, not a time limit, so that every rank plans the same
-                     # trees; 100 found no better roundings on the presets, at twice the time
+                     # trees. HiGHS finds its roundings at the root or the first nodes: 20 and
+                     # 100 found no better ones; at the root alone some fall short of Edmonds'
+                     # rows and cost a program more
 # HiGHS proves a rounding within FILL of the best (no pipeline gets closer to its packing's
 # rate); its feasibility jump took a third of the time and found no better roundings
 MILP_OPTIONS = {"node_limit": NODES, "mip_rel_gap": FILL, "disp": False,
