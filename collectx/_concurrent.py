@@ -14,6 +14,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 WORKERS = min(4, os.cpu_count() or 1)   # threads at once: up to a core each; past 4, few plans
                                         # have that many independent candidates at a time
 _held = threading.local()               # the pool a thread's `shared_threads` block holds
@@ -58,6 +60,17 @@ def shared_threads():
             _held.pool = None
 
 
+def stop_flag() -> np.ndarray | None:
+    """The stop flag of the call this thread runs for an :class:`Ahead`, else None: one int32,
+    set once the call's result will not be read, which long native loops poll
+    (``cx_sim_fairshare_stoppable``) to stop early. A call stopped so raises; nobody sees it.
+
+    >>> stop_flag() is None
+    True
+    """
+    return getattr(_held, "stop", None)
+
+
 class Ahead:
     """Keyed calls, each run once, on the threads of the enclosing :func:`shared_threads`
     block, and started before they are asked for where the caller knows what it may ask
@@ -79,6 +92,7 @@ class Ahead:
         self._started: dict = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._stop = np.zeros(1, dtype=np.int32)   # what stop_flag() gives the calls
 
     def results(self, asks: list) -> list:
         """The result of each ``(key, follow)`` of ``asks``, in order."""
@@ -87,9 +101,11 @@ class Ahead:
         return [future.result() for future in [self._start(*ask) for ask in asks]]
 
     def close(self) -> None:
-        """Start nothing more, and drop the calls started ahead that have not begun."""
+        """Start nothing more, drop the calls started ahead that have not begun, and set the
+        stop flag of those running (:func:`stop_flag`): their results will not be read."""
         with self._lock:
             self._closed = True
+            self._stop[0] = 1
             for future in self._started.values():
                 future.cancel()
 
@@ -101,7 +117,11 @@ class Ahead:
         return future
 
     def _run(self, key, follow):
-        result = self._compute(key)
+        outer, _held.stop = stop_flag(), self._stop
+        try:
+            result = self._compute(key)
+        finally:
+            _held.stop = outer
         after = follow(result) if follow is not None and not self._closed else None
         if after is not None:
             self._start(*after)

@@ -330,3 +330,24 @@ def test_shared_threads_serve_calls_made_on_them_and_end_with_their_block(monkey
     assert not runner.is_alive(), "nested calls on the shared pool waited on each other"
     assert got == [[[i, -i] for i in range(4)]]
     assert threading.active_count() == before
+
+
+def test_closing_a_search_tells_the_calls_it_started_ahead_to_stop(monkeypatch):
+    # A rung started ahead that no round asks for is still running when the search ends: its
+    # stop flag is set then, so a long native simulation stops instead of holding the plan.
+    monkeypatch.setattr(C, "WORKERS", 2)
+    started, closed, seen = threading.Event(), threading.Event(), []
+
+    def compute(key):
+        if key == "ahead":
+            started.set()
+            closed.wait(timeout=30)
+            seen.append(int(C.stop_flag()[0]))
+        return key
+    with C.shared_threads():
+        ahead = C.Ahead(compute)
+        assert ahead.results([("asked", lambda result: ("ahead", None))]) == ["asked"]
+        assert started.wait(timeout=30)
+        ahead.close()
+        closed.set()
+    assert seen == [1] and C.stop_flag() is None

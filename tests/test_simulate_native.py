@@ -17,7 +17,7 @@ from collectx.schedule._taskloop import TaskGraph, native_available, run_native,
 from collectx.schedule.simulate import forget, time_within
 
 needs_native = pytest.mark.skipif(not native_available(),
-                                  reason="libcollectx without cx_sim_fairshare_within")
+                                  reason="libcollectx without cx_sim_fairshare_stoppable")
 
 CASES = [("dgx1v", None, "allreduce", "blink"), ("dgx1v", None, "allgather", "forest"),
          ("dgx1v", [0, 1, 3, 4, 5, 6, 7], "allreduce", "forest"),
@@ -66,6 +66,24 @@ def test_a_run_given_up_returns_a_lower_bound_past_the_time_to_beat():
     bound = time_within(s, view, 1 << 30, 0.5 * full, ranks=list(ranks))
     assert 0.5 * full < bound < full
     assert time_within(s, view, 1 << 30, 2 * full, ranks=list(ranks)) == full
+
+
+@needs_native
+def test_a_run_whose_stop_flag_is_set_stops_and_leaves_nothing_remembered(monkeypatch):
+    # A planner that no longer wants a result sets the flag; the run then raises, and a later
+    # run of the same schedule is simulated in full.
+    import numpy as np
+
+    from collectx.schedule import _taskloop
+    ranks, view = allocation(topo.load("dgx1v"), None)
+    s = registry.call("blink", view, ranks, "allreduce", 1 << 30, nchunks=64)
+    forget()
+    with monkeypatch.context() as m:
+        m.setattr(_taskloop, "stop_flag", lambda: np.ones(1, dtype=np.int32))
+        with pytest.raises(_taskloop.Stopped):
+            time_within(s, view, 1 << 30, float("inf"), ranks=list(ranks))
+    assert time_within(s, view, 1 << 30, float("inf"), ranks=list(ranks)) == \
+        simulate(s, view, 1 << 30, ranks=list(ranks)).time_us > 0
 
 
 needs_flat = pytest.mark.skipif(compiled_helper("schedule_arrays") is None

@@ -17,6 +17,7 @@ import functools
 
 import numpy as np
 
+from .._concurrent import stop_flag
 from ..errors import NativeError
 from ._fairshare import FlowLoop, RouteClasses
 
@@ -90,7 +91,8 @@ def run_python(tg: TaskGraph, capacity: list[float],
 
 
 def native_available() -> bool:
-    """Whether libcollectx loads and has ``cx_sim_fairshare_within`` (an older build may not)."""
+    """Whether libcollectx loads and has ``cx_sim_fairshare_stoppable`` (an older build may
+    not)."""
     try:
         _library()
     except Exception:  # no library, no cffi, or one that fails to load: use Python
@@ -120,7 +122,7 @@ def _library():
     ffi = cffi.FFI()
     ffi.cdef(text[start:end])
     lib = ffi.dlopen(str(path))
-    lib.cx_sim_fairshare_within  # noqa: B018  (raises AttributeError when the build lacks it)
+    lib.cx_sim_fairshare_stoppable  # noqa: B018  (raises AttributeError when the build lacks it)
     return ffi, lib
 
 
@@ -130,13 +132,19 @@ def run_native(tg: TaskGraph, capacity: list[float],
     return run_arrays(_flatten(tg), len(tg.parts), len(tg.node_task), capacity, classes)
 
 
+class Stopped(Exception):
+    """A run stopped by its stop flag (:func:`collectx._concurrent.stop_flag`): its result is
+    no longer wanted, and nothing of it is."""
+
+
 def run_arrays(tasks: dict, ntasks: int, nnodes: int, capacity: list[float],
                classes: RouteClasses,
                give_up_us: float | None = None) -> tuple[float, list[int] | None]:
     """:func:`run_native` on a task graph already in ``cx_sim_graph``'s arrays (``part_*``,
     ``member*``, ``node_task``, ``succ*``, ``npreds``; see :mod:`._flat`). ``give_up_us``: the
-    loop may stop once the run is sure to end later (``cx_sim_fairshare_within``); the time
-    is then a lower bound above it, and the order None."""
+    loop may stop once the run is sure to end later (``cx_sim_fairshare_stoppable``); the time
+    is then a lower bound above it, and the order None. Raises :class:`Stopped` where the
+    calling thread's stop flag was set meanwhile (a planner no longer wants the result)."""
     ffi, lib = _library()
     arrays = dict(tasks, **_class_arrays(capacity, classes))
     g = ffi.new("cx_sim_graph*")
@@ -151,11 +159,16 @@ def run_arrays(tasks: dict, ntasks: int, nnodes: int, capacity: list[float],
     nstarted = ffi.new("int*")
     order = np.zeros(max(ntasks, 1), dtype=np.int32)
     given_up = ffi.new("int*")
-    rc = lib.cx_sim_fairshare_within(g, np.inf if give_up_us is None else give_up_us, time_us,
-                                     ffi.cast("int*", ffi.from_buffer(order)), nstarted, given_up)
+    stop = stop_flag()
+    rc = lib.cx_sim_fairshare_stoppable(
+        g, np.inf if give_up_us is None else give_up_us,
+        ffi.NULL if stop is None else ffi.cast("int*", ffi.from_buffer(stop)), time_us,
+        ffi.cast("int*", ffi.from_buffer(order)), nstarted, given_up)
     if rc != 0:
-        raise NativeError(f"cx_sim_fairshare_within returned {rc} for a {ntasks}-task graph; "
-                          "expected 0 (the task graph is malformed: report this as a bug)")
+        raise NativeError(f"cx_sim_fairshare_stoppable returned {rc} for a {ntasks}-task "
+                          "graph; expected 0 (the task graph is malformed: report this as a bug)")
+    if given_up[0] == 2:
+        raise Stopped(f"a {ntasks}-task simulation stopped at {time_us[0]:.1f} us")
     return time_us[0], None if given_up[0] else order[:nstarted[0]].tolist()
 
 

@@ -366,6 +366,13 @@ int cx_sim_fairshare(const cx_sim_graph* graph, double* time_us, int* start_orde
 int cx_sim_fairshare_within(const cx_sim_graph* graph, double give_up_us, double* time_us,
                             int* start_order, int* nstarted, int* given_up);
 
+/* cx_sim_fairshare_within that also stops once *stop is non-zero (another thread sets it when
+ * the result is no longer wanted; read every few dozen events): *given_up is then 2 and
+ * *time_us the time reached, which says nothing of the last completion. stop may be NULL. */
+int cx_sim_fairshare_stoppable(const cx_sim_graph* graph, double give_up_us,
+                               const volatile int* stop, double* time_us, int* start_order,
+                               int* nstarted, int* given_up);
+
 /* ---- end flow simulator ---------------------------------------------------------------------- */
 
 #ifdef __cplusplus

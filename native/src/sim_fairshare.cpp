@@ -66,13 +66,20 @@ class Sim {
     for (int r = 0; r < g->nres; ++r) floor_[r] = kEps * g->capacity[r];
   }
 
-  int run(double* time_us, int* start_order, int* nstarted, double give_up_us, int* given_up) {
+  int run(double* time_us, int* start_order, int* nstarted, double give_up_us,
+          const volatile int* stop, int* given_up) {
     *given_up = 0;
     order_out_ = start_order;
     if (give_up_us < kNever) count_link_bytes();
     for (int v = 0; v < g_->nnodes; ++v)
       if (waiting_[v] == 0) start(g_->node_task[v]);
     for (long events = 1; !pending_.empty() || !active_.empty(); ++events) {
+      if (events % kGiveUpEvery == 0 && stop && *stop) {  // its result is no longer wanted
+        *time_us = now_;
+        *nstarted = nstarted_;
+        *given_up = 2;
+        return CX_OK;
+      }
       if (give_up_us < kNever && events % kGiveUpEvery == 0 && sure_later(give_up_us)) {
         *time_us = least_end_;
         *nstarted = nstarted_;
@@ -440,12 +447,19 @@ extern "C" int cx_sim_fairshare(const cx_sim_graph* graph, double* time_us, int*
 extern "C" int cx_sim_fairshare_within(const cx_sim_graph* graph, double give_up_us,
                                        double* time_us, int* start_order, int* nstarted,
                                        int* given_up) {
+  return cx_sim_fairshare_stoppable(graph, give_up_us, nullptr, time_us, start_order, nstarted,
+                                    given_up);
+}
+
+extern "C" int cx_sim_fairshare_stoppable(const cx_sim_graph* graph, double give_up_us,
+                                          const volatile int* stop, double* time_us,
+                                          int* start_order, int* nstarted, int* given_up) {
   if (!valid(graph) || !time_us || !nstarted || !given_up ||
       (graph->ntasks > 0 && !start_order))
     return CX_ERR_ARG;
   try {
     Sim sim(graph);
-    return sim.run(time_us, start_order, nstarted, give_up_us, given_up);
+    return sim.run(time_us, start_order, nstarted, give_up_us, stop, given_up);
   } catch (const std::bad_alloc&) {
     return CX_ERR_NOMEM;
   } catch (...) {
