@@ -141,6 +141,38 @@ def test_simulated_schedules_know_the_rank_pairs_their_instructions_name(name, g
 
 
 @needs_flat
+@pytest.mark.skipif(compiled_helper("shape_groups") is None,
+                    reason="collectx._fastpath without shape_groups")
+def test_shapes_grouped_in_c_are_numbered_as_sorted_rows(monkeypatch):
+    # Hashing instructions into shapes gives the ids and rows that sorting them gave, on a
+    # hand-made set (equal shapes far apart, sources of different counts) and a planned one.
+    import numpy as np
+
+    import collectx._native as native
+    i32 = lambda xs: np.asarray(xs, dtype=np.int32)  # noqa: E731
+    hand = (i32([0, 1, 0, 0, 1]), i32([2, 2, 2, 2, 0]), np.asarray([8, 8, 8, 16, 8]),
+            i32([0, 1, 3, 4, 5, 5]), i32([1, 0, 2, 1, 2]))
+    ids, first = compiled_helper("shape_groups")(*hand)
+    assert np.frombuffer(ids, dtype=np.int32).tolist() == [0, 1, 0, 2, 3]
+    assert np.frombuffer(first, dtype=np.int64).tolist() == [0, 1, 3, 4]
+    with pytest.raises(ValueError, match="src_off"):
+        compiled_helper("shape_groups")(*hand[:3], i32([0, 1]), hand[4])
+    ranks, view = allocation(topo.load("dgx1v"), None)
+    s = registry.call("blink", view, ranks, "allreduce", 1 << 24)
+    seen, shapes = [], _flat._shapes
+    monkeypatch.setattr(_flat, "_shapes", lambda *a: seen.append(a) or shapes(*a))
+    forget()
+    simulate(s, view, 1 << 24, ranks=list(ranks))
+    grouped = shapes(*seen[0])
+    monkeypatch.setattr(native, "compiled_helper",
+                        lambda name, f=native.compiled_helper: None if name == "shape_groups"
+                        else f(name))
+    ids, rows = shapes(*seen[0])
+    assert np.array_equal(grouped[0], ids) and np.array_equal(grouped[1], rows)
+    assert len(rows) < len(ids)
+
+
+@needs_flat
 def test_flat_walk_numbers_nodes_and_edges_as_build_graph():
     import numpy as np
     from collectx import _native

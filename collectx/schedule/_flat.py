@@ -101,19 +101,44 @@ def _places(nodes: list, hosts: list) -> tuple[list, np.ndarray, np.ndarray]:
 def _shapes(rank, dst_rank, dst_host, dst_chunk, dst_count, src_off, src_rank, src_host,
             dev, host, size) -> tuple[np.ndarray, np.ndarray]:
     """Per instruction its shape id, and per shape ``[me, dst node, bytes, src nodes...]``
-    (node indices into the places list, ``-1`` padding the sources)."""
-    n = len(rank)
-    nbytes = size(dst_chunk.astype(np.int64), dst_count.astype(np.int64))
-    nsrc = np.diff(src_off)
+    (node indices into the places list, ``-1`` padding the sources), the shapes in the order
+    of their rows (as numpy's ``unique`` sorts them)."""
+    nbytes = size(dst_chunk.astype(np.int64), dst_count.astype(np.int64)).astype(np.int64)
+    me = dev[rank]
+    dst = np.where(dst_host != 0, host[dst_rank], dev[dst_rank]).astype(np.int32)
+    src = np.where(src_host != 0, host[src_rank], dev[src_rank]).astype(np.int32)
+    from .._native import compiled_helper
+    grouped = compiled_helper("shape_groups")
+    if grouped is None:   # an older build: sort the rows
+        return _sorted_shapes(_table(me, dst, nbytes, src_off, src), dev, host)
+    ids, first = grouped(me, dst, nbytes, src_off, src)
+    width = int(np.diff(src_off).max()) if len(me) else 0
+    rows = np.full((len(first) // 8, 3 + width), -1, dtype=np.int64)
+    for row, i in zip(rows, np.frombuffer(first, dtype=np.int64).tolist()):   # a few dozen
+        row[:3] = me[i], dst[i], nbytes[i]
+        row[3:3 + src_off[i + 1] - src_off[i]] = src[src_off[i]:src_off[i + 1]]
+    order = np.lexsort(rows.T[::-1])   # the first column first: the rows' own order
+    number = np.empty(len(order), dtype=np.int64)
+    number[order] = np.arange(len(order))
+    return number[np.frombuffer(ids, dtype=np.int32)], rows[order]
+
+
+def _table(me, dst, nbytes, src_off, src) -> np.ndarray:
+    """One row ``[me, dst, bytes, sources..., -1...]`` per instruction, as wide as the most
+    sources any instruction has."""
+    n, nsrc = len(me), np.diff(src_off)
     width = int(nsrc.max()) if n else 0
     table = np.full((n, 3 + width), -1, dtype=np.int64)
-    table[:, 0] = dev[rank]
-    table[:, 1] = np.where(dst_host != 0, host[dst_rank], dev[dst_rank])
-    table[:, 2] = nbytes
-    if width:
+    table[:, 0], table[:, 1], table[:, 2] = me, dst, nbytes
+    if width and len(src):
         row = np.repeat(np.arange(n), nsrc)
-        col = np.arange(len(src_rank)) - np.repeat(src_off[:-1], nsrc)
-        table[row, 3 + col] = np.where(src_host != 0, host[src_rank], dev[src_rank])
+        col = np.arange(len(src)) - np.repeat(src_off[:-1], nsrc)
+        table[row, 3 + col] = src
+    return table
+
+
+def _sorted_shapes(table: np.ndarray, dev, host) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_shapes` by sorting ``table``'s rows (:func:`_table`)."""
     key = _row_keys(table, int(max(dev.max(), host.max())) + 2)
     if key is None:   # too many places and sources for one int64: sort the rows themselves
         shapes, shape_ids = np.unique(table, axis=0, return_inverse=True)

@@ -16,7 +16,8 @@
  * words; max_flow and paths_ok (cx_maxflow.c), Lovász's construction's max-flows;
  * min_arborescence (cx_arborescence.c), the packing LP's pricing; grown_together (cx_grown.c)
  * and shallower (cx_shallower.c), Lovász's trees grown at once and then shortened;
- * pack_words and unpack_words (cx_unpack.c), a schedule's instructions as words and back.
+ * pack_words and unpack_words (cx_unpack.c), a schedule's instructions as words and back;
+ * shape_groups (cx_shapes.c), the simulator's instructions grouped by shape.
  *
  * Contract of reduce() and copy(): True when the call ran; False when nothing was touched and the
  * caller must take the fully checked Python path, which raises the precise, typed error. So every
@@ -40,6 +41,7 @@
 #include "cx_arborescence.h"
 #include "cx_grown.h"
 #include "cx_shallower.h"
+#include "cx_shapes.h"
 #include "cx_lower.h"
 #include "cx_unpack.h"
 
@@ -785,6 +787,8 @@ static PyMethodDef methods[] = {
     {"grown_together", (PyCFunction)(void (*)(void))cx_grown_together, METH_FASTCALL,
      CX_GROWN_TOGETHER_DOC},
     {"shallower", (PyCFunction)(void (*)(void))cx_shallower, METH_FASTCALL, CX_SHALLOWER_DOC},
+    {"shape_groups", (PyCFunction)(void (*)(void))cx_shape_groups, METH_FASTCALL,
+     CX_SHAPE_GROUPS_DOC},
     {"pack_words", cx_pack_words, METH_VARARGS, CX_PACK_WORDS_DOC},
     {"unpack_words", cx_unpack_words, METH_VARARGS, CX_UNPACK_WORDS_DOC},
     {NULL, NULL, 0, NULL},
