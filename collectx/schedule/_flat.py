@@ -3,8 +3,9 @@
 :func:`.simulate.simulate` runs every planner candidate; numbering a schedule's instructions,
 resolving their dependencies and working out each one's flows in Python took longer than the
 native event loop took to play them. Here ``collectx._fastpath.schedule_arrays`` (C) reads the
-instructions in one pass, and numpy groups them by *shape*: executing node, destination node,
-bytes and source nodes, which is all that decides an instruction's flows. Flows are worked out
+instructions in one pass, and ``shape_groups`` (C, a hash pass; numpy's row sort where the
+build lacks it) groups them by *shape*: executing node, destination node, bytes and source
+nodes, which is all that decides an instruction's flows. Flows are worked out
 once per shape (a pipelined schedule of thousands of instructions has tens of shapes) and
 gathered per instruction into the CSR arrays of ``cx_sim_graph``.
 
