@@ -113,11 +113,13 @@ def _shapes(rank, dst_rank, dst_host, dst_chunk, dst_count, src_off, src_rank, s
     if grouped is None:   # an older build: sort the rows
         return _sorted_shapes(_table(me, dst, nbytes, src_off, src), dev, host)
     ids, first = grouped(me, dst, nbytes, src_off, src)
-    width = int(np.diff(src_off).max()) if len(me) else 0
-    rows = np.full((len(first) // 8, 3 + width), -1, dtype=np.int64)
-    for row, i in zip(rows, np.frombuffer(first, dtype=np.int64).tolist()):   # a few dozen
-        row[:3] = me[i], dst[i], nbytes[i]
-        row[3:3 + src_off[i + 1] - src_off[i]] = src[src_off[i]:src_off[i + 1]]
+    first = np.frombuffer(first, dtype=np.int64)
+    # each group's first instruction as a row (every instruction's source count is some
+    # group's, so the rows are as wide as the whole table's)
+    starts, counts = src_off[first], src_off[first + 1] - src_off[first]
+    off = np.concatenate(([0], np.cumsum(counts)))
+    picks = np.repeat(starts - off[:-1], counts) + np.arange(off[-1])
+    rows = _table(me[first], dst[first], nbytes[first], off, src[picks])
     order = np.lexsort(rows.T[::-1])   # the first column first: the rows' own order
     number = np.empty(len(order), dtype=np.int64)
     number[order] = np.arange(len(order))

@@ -74,17 +74,14 @@ class Sim {
     for (int v = 0; v < g_->nnodes; ++v)
       if (waiting_[v] == 0) start(g_->node_task[v]);
     for (long events = 1; !pending_.empty() || !active_.empty(); ++events) {
-      if (events % kGiveUpEvery == 0 && stop && *stop) {  // its result is no longer wanted
-        *time_us = now_;
-        *nstarted = nstarted_;
-        *given_up = 2;
-        return CX_OK;
-      }
-      if (give_up_us < kNever && events % kGiveUpEvery == 0 && sure_later(give_up_us)) {
-        *time_us = least_end_;
-        *nstarted = nstarted_;
-        *given_up = 1;
-        return CX_OK;
+      if (events % kGiveUpEvery == 0) {
+        bool unwanted = stop && *stop;  // another thread no longer wants the result
+        if (unwanted || (give_up_us < kNever && sure_later(give_up_us))) {
+          *time_us = unwanted ? now_ : least_end_;
+          *nstarted = nstarted_;
+          *given_up = unwanted ? 2 : 1;
+          return CX_OK;
+        }
       }
       start_due();
       if (active_.empty()) {
