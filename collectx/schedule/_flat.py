@@ -18,6 +18,7 @@ C pass does not recognise (a malformed one, which the Python path then names) re
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import numpy as np
@@ -32,13 +33,15 @@ PartsFn = Callable[[object, object], list]
 class FlatTasks:
     """One task per instruction: ``arrays`` as ``cx_sim_graph`` takes them (CSR, int32 and
     float64; ``part_bytes`` / ``part_class`` also serve link accounting), ``longest``: the
-    instructions on the longest chain of dependent ones (-1: a cycle), and ``pairs``:
-    ``(other, rank)`` wherever an instruction of ``rank`` names a buffer of another rank."""
+    instructions on the longest chain of dependent ones (-1: a cycle), and ``pairs()``:
+    ``(other, rank)`` wherever an instruction of ``rank`` names a buffer of another rank,
+    worked out when first asked (the planner prices only the candidate it keeps, and the
+    unique over every instruction's ranks was a tenth of the front end)."""
 
     ntasks: int
     arrays: dict
     longest: int
-    pairs: frozenset = frozenset()
+    pairs: Callable[[], frozenset] = frozenset
 
 
 def flat_tasks(s: Schedule | PackedSchedule, nodes: list, hosts: list, parts: PartsFn,
@@ -65,7 +68,8 @@ def flat_tasks(s: Schedule | PackedSchedule, nodes: list, hosts: list, parts: Pa
         "part_latency": part_latency, "member_off": every, "members": every[:n],
         "node_task": every[:n], "succ_off": succ_off, "succs": succs,
         "npreds": np.diff(pred_off).astype(np.int32)}, got[-1],
-        _pairs(rank, dst_rank, np.repeat(rank, np.diff(src_off)), src_rank, len(nodes)))
+        functools.cache(lambda: _pairs(rank, dst_rank, np.repeat(rank, np.diff(src_off)),
+                                       src_rank, len(nodes))))
 
 
 def _pairs(rank, dst_rank, src_of, src_rank, nranks: int) -> frozenset:

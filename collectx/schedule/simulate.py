@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from typing import Callable
 
 import networkx as nx
 import numpy as np
@@ -176,10 +177,11 @@ def forget() -> None:
 
 def _simulate(s: Schedule, nodes: list, routes, nbytes: int, dtype_size: int,
               native: bool | None, give_up_us: float | None = None
-              ) -> tuple[SimResult, int, frozenset | None]:
-    """The result, and where the native front end worked them out (else -1 and None) the
-    longest chain of dependent instructions and the rank pairs of :func:`known_pairs`;
-    raises _GaveUp where the native loop gave up at ``give_up_us``."""
+              ) -> tuple[SimResult, int, Callable[[], frozenset] | None]:
+    """The result, and where the native front end read the schedule (else -1 and None) the
+    longest chain of dependent instructions and what gives the rank pairs of
+    :func:`known_pairs` when asked; raises _GaveUp where the native loop gave up at
+    ``give_up_us``."""
     ran = _ran_flat(s, nodes, routes, nbytes, dtype_size, give_up_us) \
         if native is not False else None
     if ran is not None:
@@ -285,7 +287,8 @@ def known_pairs(s: Schedule) -> frozenset | None:
     ``other``, when one of the last :data:`_SEEN_LIMIT` simulations read ``s`` flat, else None
     (:func:`collectx.planner.cost.link_class` prices the routes between them; walking a cut
     schedule's 70,000 instructions for them cost 0.01 s)."""
-    return _seen(s, 3)
+    pairs = _seen(s, 3)
+    return None if pairs is None else pairs()
 
 
 def _seen(s: Schedule, field: int):
