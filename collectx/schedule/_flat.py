@@ -36,7 +36,7 @@ class FlatTasks:
     instructions on the longest chain of dependent ones (-1: a cycle), and ``pairs()``:
     ``(other, rank)`` wherever an instruction of ``rank`` names a buffer of another rank,
     worked out when first asked (the planner prices only the candidate it keeps, and the
-    unique over every instruction's ranks was a tenth of the front end)."""
+    unique over every instruction's ranks was an eighth of the front end)."""
 
     ntasks: int
     arrays: dict
