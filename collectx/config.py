@@ -39,6 +39,8 @@ class Config:
     cache_dir: str | None = None  # COLLECTX_CACHE_DIR: the plan cache (runtime/plan_cache.py);
                                   # unset: $XDG_CACHE_HOME/collectx or ~/.cache/collectx; "" or
                                   # "off": none (a Config built in code has none)
+    cuda_channels: int | None = None  # COLLECTX_CUDA_CHANNELS: blocks per lane of a CUDA call
+                                      # (the same on every rank); unset: from size and SMs
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Config":
@@ -61,6 +63,8 @@ class Config:
             native_lib=get("COLLECTX_NATIVE_LIB"),
             cma=_flag(get, "COLLECTX_CMA", True),
             cache_dir=_cache_dir(env),
+            cuda_channels=(_positive(get, "COLLECTX_CUDA_CHANNELS", 1, int)
+                           if get("COLLECTX_CUDA_CHANNELS") else None),
         )
 
 

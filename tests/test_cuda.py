@@ -60,7 +60,7 @@ def test_build_with_nvcc_has_the_cuda_executor():
 def test_control_block_size_matches_the_header():
     from collectx.runtime.cuda.window import ctl_bytes
     from collectx.runtime.segment import set_bytes_for
-    assert ctl_bytes() == 16384
+    assert ctl_bytes() == 65536
     assert set_bytes_for(8 << 20) == 4 << 20 and set_bytes_for(0) == 1 << 16
 
 
@@ -279,6 +279,8 @@ def fake_engine(monkeypatch):
     monkeypatch.setattr(_rt, "host_free", lambda p: None)
     win = SimpleNamespace(rank=1, size=2, device=0, set_bytes=1 << 20, self_base=4096,
                           d_windows=8192, shared_gpu=True,
+                          peers=[{"pid": 1, "bus": "0000:01:00.0", "sms": 132},
+                                 {"pid": 2, "bus": "0000:01:00.0", "sms": 132}],
                           read_words=lambda r, off, n: [0, 1, 6, 0, 100 + r, 0])
     from collectx.config import get_config
     eng = E.CudaEngine(win, get_config(), None, timeout=5.0)
@@ -290,11 +292,14 @@ def test_engine_fills_the_launch_struct_the_library_checks(fake_engine):
     from collectx.runtime.cuda.arrays import DeviceBuffer
     eng, ring, E = fake_engine
     flat = FlatPlan(make_schedule(None, "allreduce", 2, 400), 1)
-    plan = type("P", (), {"native": eng._ffi.NULL, "flat": flat})()
+    plan = type("P", (), {"native": eng._ffi.NULL, "flat": flat, "stride": 1, "in_place": False})()
     buf = DeviceBuffer(1 << 20, 100, 6, 4, 0, 0, "cai")
-    a = eng._fill(plan, flat.tile_count(1 << 20, 4), "allreduce", buf, buf, 100, 6, 4, 0, True, 3)
+    a = eng._fill(plan, "allreduce", buf, buf, 100, 6, 4, 4, 0, True, 3)
     assert (a.count, a.dtype, a.op, a.coll, a.scale, a.epoch, a.seq) == (100, 6, 4, 1, 0.5, 1, 0)
     assert a.in_private == 0 and a.timeout_ns == 5_000_000_000
+    # Ranks as processes on one GPU: staged, one channel for 400 bytes, flags for its one lane.
+    assert (a.direct, a.copy_input, a.channels, a.lane_stride) == (0, 0, 1, 1)
+    assert a.tile_count == flat.tile_count(1 << 20, 4)
     assert int(eng._ffi.cast("uintptr_t", a.status_host)) == ring.ctypes.data + 3 * 16
     assert eng._lib.cx_cuda_exec_launch(a, eng._ffi.NULL) == -3   # no uploaded plan: refused
 
@@ -356,12 +361,13 @@ def test_a_rank_without_its_plan_posts_its_call_and_raises_the_mismatch(fake_eng
     eng, ring, E = fake_engine
     eng.win.read_words = _rank_zero_posting(E, 0, "allgather", 100)
     flat = FlatPlan(barrier_schedule(2), 1)
-    barrier = type("P", (), {"native": eng._ffi.NULL, "flat": flat})()
+    barrier = type("P", (), {"native": eng._ffi.NULL, "flat": flat, "stride": 1,
+                             "in_place": False})()
 
     def plan(coll, dtype, itemsize, count, root):
         if coll != "barrier":
             raise RankZeroElsewhere()
-        return barrier, flat.tile_count(1 << 20, itemsize)
+        return barrier
     launched = []
 
     def launch(a, stream):   # the kernel: the descriptors differ, so status MISMATCH
@@ -415,6 +421,7 @@ def test_a_thread_rank_that_closes_early_keeps_its_window_until_peers_close(monk
     for name, fn in {"malloc": lambda n: next(allocated), "free": freed.append,
                      "memset": lambda *a, **k: None, "stream_synchronize": lambda s: None,
                      "set_device": lambda d: None, "pci_bus_id": lambda d: "0000:01:00.0",
+                     "sm_count": lambda d: 132,
                      "ipc_handle": lambda p: b"h" * 64}.items():
         monkeypatch.setattr(_rt, name, fn)
     monkeypatch.setattr(window, "ctl_bytes", lambda: 4096)

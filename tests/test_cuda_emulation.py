@@ -18,7 +18,10 @@ from collectx.errors import CudaUnavailable
 from collectx.planner import make_schedule
 from collectx.runtime.arrays import DTYPE_CODES, OP_CODES
 from collectx.runtime.engine import COLL_CODES, barrier_schedule
+from collectx.runtime.cuda.geometry import lane_stride, reads_precede_writes, tile_count
+from collectx.runtime.engine import _PUSHED
 from collectx.runtime.executor import FlatPlan
+from collectx.schedule.push import push_copies
 from collectx.topology import generators as G
 
 
@@ -45,12 +48,16 @@ def _aligned(nbytes: int, align: int = 64) -> np.ndarray:
 
 
 class Emulator:
-    """``nranks`` host windows and the call sequence state every rank agrees on."""
+    """``nranks`` host windows and the call sequence state every rank agrees on; calls run on
+    ``channels`` blocks per lane, ``direct`` ones with the user's buffers used in place on every
+    rank (the CUDA engine's calls among ranks of one process)."""
 
-    def __init__(self, nranks: int, set_bytes: int = 1 << 16):
+    def __init__(self, nranks: int, set_bytes: int = 1 << 16, channels: int = 1,
+                 direct: bool = False):
         from collectx.runtime.cuda.window import ctl_bytes
         self.ffi, self.lib = _lib()
         self.nranks, self.set_bytes = nranks, set_bytes
+        self.channels, self.direct = channels, direct
         self.windows = [_aligned(ctl_bytes() + 2 * set_bytes) for _ in range(nranks)]
         self.table = self.ffi.new("void*[]", [self.ffi.cast("void*", w.ctypes.data)
                                               for w in self.windows])
@@ -64,12 +71,20 @@ class Emulator:
         ranks = range(self.nranks) if ranks is None else ranks
         status = {r: self.ffi.new("cx_cuda_exec_status*") for r in ranks}
         keep, threads, ntiles = [], [], 1
+        plans = schedule if isinstance(schedule, dict) else {r: schedule for r in ranks}
+        stride = max(lane_stride(s) for s in plans.values())
         for r in ranks:
-            fp = FlatPlan(schedule[r] if isinstance(schedule, dict) else schedule, r)
+            fp = FlatPlan(plans[r], r)
             itemsize = np.dtype("uint16" if dtype == "bfloat16" else dtype).itemsize
-            tile = fp.tile_count(self.set_bytes, itemsize)
+            tile = tile_count(fp, self.set_bytes, itemsize, max(counts), self.direct)
             a = self._args(fp, r, (colls or {}).get(r, coll), ins[r], outs[r], counts[r], tile,
                            dtype, op, root, timeout_s, status[r])
+            a.channels, a.lane_stride, a.direct = self.channels, stride, int(self.direct)
+            overlap = ins[r] is not None and outs[r] is not None and \
+                np.shares_memory(ins[r], outs[r])
+            same = overlap and ins[r].ctypes.data == outs[r].ctypes.data
+            a.copy_input = int(self.direct and overlap and
+                               not (same and reads_precede_writes(plans[r], r)))
             keep.append((fp, a))
             ntiles = max(ntiles, -(-counts[r] // tile) if counts[r] else 1)
             threads.append(threading.Thread(target=self.lib.cx_cuda_exec_emulate,
@@ -115,6 +130,8 @@ def run_collective(emu, coll, dtype, op, n, root, seed=3, schedule=None, inplace
         outs = [o if r == root else None for r, o in enumerate(outs)]
     itemsize = np.dtype(dtype).itemsize
     schedule = schedule or make_schedule(None, coll, size, n * itemsize, root=root)
+    if emu.direct and coll in _PUSHED:
+        schedule = push_copies(schedule)   # as the CUDA engine runs them among thread ranks
     reduces = coll in ("allreduce", "reduce_scatter", "reduce")
     status = emu.call(coll, schedule, ins, outs, [count] * size, dtype, op if reduces else "sum",
                       root)
@@ -155,6 +172,64 @@ def test_multi_lane_schedules_with_cross_rank_dependencies(algo):
 def test_in_place_allreduce_reads_and_writes_the_user_buffer():
     emu = Emulator(3)
     assert run_collective(emu, "allreduce", "int64", "sum", 1000, 0, inplace=True) == []
+
+
+CASES = (("float32", "sum"), ("int32", "max"), ("float64", "avg"), ("int8", "prod"),
+         ("float16", "min"), ("uint8", "max"))
+
+
+@pytest.mark.parametrize("nranks, channels", [(2, 3), (3, 2), (4, 5)])
+def test_every_collective_on_several_channels(nranks, channels):
+    # Each lane runs on several blocks, each over its own share of every tile with flags of its
+    # own; shares are whole 64-element blocks, so small counts leave some blocks nothing to do.
+    emu = Emulator(nranks, channels=channels)
+    bad = []
+    for coll in COLLS:
+        for dtype, op in CASES:
+            for n in (0, 1, 17, 30001):
+                bad += run_collective(emu, coll, dtype, op, n, root=nranks - 1)
+    assert bad == []
+
+
+@pytest.mark.parametrize("nranks, channels", [(2, 1), (2, 4), (3, 3), (4, 2)])
+def test_direct_calls_use_every_ranks_buffers_in_place(nranks, channels):
+    # Ranks of one process: peers read each rank's input and write its output where the user
+    # keeps them (published in the control block), reductions push their results into the
+    # peers' outputs in the same pass, and every rank leaves only once all are done.
+    emu = Emulator(nranks, channels=channels, direct=True)
+    bad = []
+    for coll in COLLS:
+        for dtype, op in CASES:
+            for n in (0, 1, 17, 30001):
+                bad += run_collective(emu, coll, dtype, op, n, root=nranks - 1)
+    for coll in ("allreduce", "broadcast", "reduce"):
+        bad += run_collective(emu, coll, "float32", "sum", 5000, 0, inplace=True)
+    assert bad == []
+
+
+def test_a_direct_in_place_allgather_reads_a_copy_of_its_input():
+    # torch's all_gather_into_tensor in place: each input is its rank's slot of its output, so
+    # peers would read it while other slots are written; the call reads a copy made first.
+    emu = Emulator(3, channels=2, direct=True)
+    n, inputs = 1001, [W.rank_input(9, r, 1001, "int32") for r in range(3)]
+    outs = [np.full(3 * n, -1, np.int32) for _ in range(3)]
+    for r in range(3):
+        outs[r][r * n:(r + 1) * n] = inputs[r]
+    ins = [outs[r][r * n:(r + 1) * n] for r in range(3)]
+    status = emu.call("allgather", make_schedule(None, "allgather", 3, 4 * n), ins, outs,
+                      [n] * 3, "int32")
+    assert status == {r: (0, 0) for r in range(3)}
+    assert all(np.array_equal(o, np.concatenate(inputs)) for o in outs)
+
+
+def test_direct_scratch_schedules_tile_on_their_scratch_alone():
+    # A ring allreduce has scratch: a direct call's tiles hold scratch only, several per call.
+    emu = Emulator(4, set_bytes=1 << 14, channels=2, direct=True)
+    bad = []
+    for algo in ("ring", "tree"):
+        s = make_schedule(G.ring(4), "allreduce", 4, 100_003 * 4, algo=algo)
+        bad += run_collective(emu, "allreduce", "float32", "sum", 100_003, 0, schedule=s)
+    assert bad == []
 
 
 def test_mismatched_counts_are_reported_by_every_rank():
@@ -202,12 +277,13 @@ def test_dgx1v_tree_packings_run_exactly(coll):
     view = subset(load("dgx1v"), [0, 1, 2, 5])
     schedules = [cuda_schedule(view, coll, 4, 4 << 20, root=1)]
     schedules += [cuda_schedule(view, coll, 4, 4 << 20, root=1, algo=a) for a in PACKED[coll]]
-    emu = Emulator(4, set_bytes=1 << 18)
     bad = []
-    for s in schedules:
-        assert not s.uses_host
-        for n in (7, 100_003):
-            bad += [f"{s.algorithm}: {b}" for b in
-                    run_collective(emu, coll, "float32", "sum", n, root=1, schedule=s)]
+    for emu in (Emulator(4, set_bytes=1 << 18), Emulator(4, set_bytes=1 << 18, channels=2,
+                                                         direct=True)):
+        for s in schedules:
+            assert not s.uses_host
+            for n in (7, 100_003):
+                bad += [f"{s.algorithm}: {b}" for b in
+                        run_collective(emu, coll, "float32", "sum", n, root=1, schedule=s)]
     assert bad == []
     assert all(max(len(lanes) for lanes in s.lanes) > 1 for s in schedules[1:])

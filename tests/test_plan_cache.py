@@ -323,7 +323,8 @@ def _cuda_engines(monkeypatch, cfg, nranks=2):
     except collectx.CollectXError as e:
         pytest.skip(f"no CUDA entry points in the library: {e}")
     monkeypatch.setattr(_rt, "host_alloc", lambda n: 0)
-    monkeypatch.setattr(E, "GpuPlan", lambda flat: SimpleNamespace(flat=flat, free=lambda: 0))
+    monkeypatch.setattr(E, "GpuPlan", lambda flat, direct=False: SimpleNamespace(
+        flat=flat, free=lambda: 0, stride=E.lane_stride(flat.schedule), in_place=False))
     store, topo = HashStore(), load("dgx1v")
 
     def engine(rank):
@@ -346,7 +347,7 @@ def test_the_cuda_engine_shares_and_caches_cuda_schedule(tmp_path, monkeypatch, 
         for source in ("planned", "disk cache"):
             engines = _cuda_engines(monkeypatch, cfg)
             got = _threads(2, lambda r: engines[r]._plan("broadcast", 6, 4, 16 << 20, 0))
-            assert all(flat.flat.schedule == want for flat, _ in got)
+            assert all(plan.flat.schedule == want for plan in got)
             assert engines[0]._shared.known("broadcast", 64 << 20, 0).source == source
     finally:
         logging.getLogger("collectx").setLevel(logging.NOTSET)

@@ -46,12 +46,14 @@
 #include "collectx.h"
 #include "cx_chunk.h"
 #include "cx_cuda_exec.h"
+#include "cx_instr.h"
 #include "cx_ops.h"
 
 namespace {
 
 constexpr int kDefaultThreads = 512;
 constexpr unsigned kCheckEvery = 256;  // polls between deadline / abort checks
+constexpr int kUnroll = 4;             // 16-byte packs per thread in flight per source
 
 // Everything a kernel needs, by value (well under the 4 KiB parameter limit).
 struct KArgs {
@@ -64,8 +66,10 @@ struct KArgs {
   long long tile_count, count, tile_off, tile_len;
   const char* user_in;         // when in_private: the user's input (whole message)
   char* user_out;              // when out_private: the user's output
-  int wait_fin;                // 1: block 0 waits for fin_deps (this rank has an output)
+  int wait_fin;                // 1: each channel waits for fin_deps (a staged call's output)
   int first;                   // tile 0: write and compare call descriptors
+  int nchannels, lane_stride;  // blocks per lane; flags per channel
+  int direct;                  // ranks use each other's user buffers in place (one process)
   unsigned long long epoch, seq;
   unsigned long long desc[CX_CUDA_DESC_COMPARED];
   long long timeout_ns;
@@ -77,19 +81,28 @@ template <> struct raw_of<2> { typedef unsigned short type; };
 template <> struct raw_of<4> { typedef unsigned int type; };
 template <> struct raw_of<8> { typedef unsigned long long type; };
 
+// A block's share of every tile (elements [off, off + len) of it) and its first lane flag.
+struct Chan {
+  long long off, len;
+  int flag0;
+};
+
 struct Piece {
   char* addr[CX_CUDA_MAX_SRCS + 1];  // [0] destination, then sources
+  char* push[CX_CUDA_MAX_PUSH];      // the pushed copies' destinations
   long long len;
   long long head;  // leading elements done one by one before the 16-byte packs
-  int nsrc;
+  int nsrc, npush;
   int packed;      // 1: every pointer is equally misaligned, so packs start at `head`
 };
 
-// Per-block scratch: __shared__ on the GPU, a local of the lane's thread in the emulation.
+// Per-block scratch: __shared__ on the GPU, a local of the block's thread in the emulation.
 struct Shared {
   Piece piece;
+  Chan chan;
   int rc;
   int bad;
+  int npush;
 };
 
 // The interpreter as device code (see interp.inc for the platform contract).
@@ -104,6 +117,7 @@ namespace gpu {
   cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*(p)).store((v), cuda::memory_order_release)
 #define CX_FENCE() __threadfence_system()
 #define CX_CAS(p, c, v) atomicCAS((p), (c), (v))
+#define CX_ADD(p, v) atomicAdd((p), (v))
 #define CX_NOW() gpu_ns()
 #define CX_NAP(polls) \
   do { if ((polls) > 64) __nanosleep((polls) > 4096 ? 2000 : 200); } while (0)
@@ -116,7 +130,7 @@ __device__ __forceinline__ uint64_t gpu_ns() {
 #include "interp.inc"  // undefines the CX_* platform macros at its end
 }  // namespace gpu
 
-// The same interpreter as host code, for cx_cuda_exec_emulate: one CPU thread per lane and one
+// The same interpreter as host code, for cx_cuda_exec_emulate: one CPU thread per block and one
 // "thread" per block, so the barriers are no-ops and every loop runs whole in that thread.
 namespace host {
 #define CX_FN inline
@@ -127,6 +141,7 @@ namespace host {
 #define CX_STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #define CX_FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 #define CX_CAS(p, c, v) host_cas((p), (c), (v))
+#define CX_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_ACQ_REL)
 #define CX_NOW() host_ns()
 #define CX_NAP(polls) do { if ((polls) > 64) sched_yield(); } while (0)
 #define CX_LDCG(p) (*(p))
@@ -168,8 +183,12 @@ struct GpuBackend {
     return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream) == cudaSuccess
                ? CX_OK : CX_ERR_CUDA;
   }
+  int alloc(void** p, size_t n) {
+    return cudaMallocAsync(p, std::max<size_t>(n, 1), stream) == cudaSuccess ? CX_OK : CX_ERR_CUDA;
+  }
+  int release(void* p) { return cudaFreeAsync(p, stream) == cudaSuccess ? CX_OK : CX_ERR_CUDA; }
   template <class T, class Op> int tile(const KArgs& k) {
-    interpret<T, Op><<<std::max(k.nlanes, 1), threads, 0, stream>>>(k);
+    interpret<T, Op><<<std::max(k.nlanes, 1) * k.nchannels, threads, 0, stream>>>(k);
     return cudaGetLastError() == cudaSuccess ? CX_OK : CX_ERR_CUDA;
   }
   template <class T> int scale(T* x, long long n, double factor, long long divisor) {
@@ -179,20 +198,28 @@ struct GpuBackend {
   }
 };
 
-// The CPU emulation: the same steps on host memory, one std::thread per lane per tile.
+// The CPU emulation: the same steps on host memory, one std::thread per block per tile.
 struct HostBackend {
   int copy(void* dst, const void* src, size_t n) {
     memcpy(dst, src, n);
     return CX_OK;
   }
+  int alloc(void** p, size_t n) {
+    *p = malloc(std::max<size_t>(n, 1));
+    return *p ? CX_OK : CX_ERR_ARG;
+  }
+  int release(void* p) {
+    free(p);
+    return CX_OK;
+  }
   template <class T, class Op> int tile(const KArgs& k) {
-    std::vector<std::thread> lanes;
-    for (int lane = 0; lane < std::max(k.nlanes, 1); ++lane)
-      lanes.emplace_back([&k, lane] {
+    std::vector<std::thread> blocks;
+    for (int b = 0; b < std::max(k.nlanes, 1) * k.nchannels; ++b)
+      blocks.emplace_back([&k, b] {
         Shared sh;
-        host::run_block<T, Op>(k, lane, sh);
+        host::run_block<T, Op>(k, b, sh);
       });
-    for (auto& t : lanes) t.join();
+    for (auto& t : blocks) t.join();
     return CX_OK;
   }
   template <class T> int scale(T* x, long long n, double factor, long long divisor) {
@@ -217,6 +244,25 @@ struct Launch {
   template <class T, class Op> int run() {
     const cx_cuda_exec_args* c = args;
     long long ntiles = c->count == 0 ? 1 : (c->count + c->tile_count - 1) / c->tile_count;
+    if (c->copy_input && c->user_in && c->count > 0) return run_on_copy<T, Op>(ntiles);
+    return run_tiles<T, Op>(ntiles);
+  }
+
+  // A direct call whose input overlaps its output: the kernel reads a copy of the input, made on
+  // the stream in memory the stream allocates and frees in order.
+  template <class T, class Op> int run_on_copy(long long ntiles) {
+    size_t nbytes = size_t(h[CX_PK_UNITS0] * args->count) * es;
+    void* copy = nullptr;
+    if (int rc = backend.alloc(&copy, nbytes)) return rc;
+    int rc = backend.copy(copy, args->user_in, nbytes);
+    k.user_in = static_cast<const char*>(copy);
+    if (rc == CX_OK) rc = run_tiles<T, Op>(ntiles);
+    int freed = backend.release(copy);
+    return rc != CX_OK ? rc : freed;
+  }
+
+  template <class T, class Op> int run_tiles(long long ntiles) {
+    const cx_cuda_exec_args* c = args;
     for (long long t = 0; t < ntiles; ++t) {
       k.epoch = c->epoch + uint64_t(t);
       k.first = t == 0;
@@ -237,7 +283,8 @@ struct Launch {
   int stage(int buf, bool out) {
     const cx_cuda_exec_args* c = args;
     const char* user = static_cast<const char*>(out ? c->user_out : c->user_in);
-    if (!user || (out ? c->out_private : c->in_private) || k.tile_len == 0) return CX_OK;
+    if (!user || k.direct || (out ? c->out_private : c->in_private) || k.tile_len == 0)
+      return CX_OK;
     char* slot = static_cast<char*>(c->self_window) + CX_CUDA_CTL_BYTES + k.set_off + k.slot_off[buf];
     size_t nbytes = size_t(k.tile_len) * es;
     for (long long u = 0; u < h[CX_PK_UNITS0 + buf]; ++u) {
@@ -311,16 +358,28 @@ __global__ void abort_kernel(cx_cuda_ctl* me, unsigned long long seq, unsigned l
   ref(me->ready).store(epoch, cuda::memory_order_release);
 }
 
+// Channels and flags per channel of a call (0 means the default).
+int channels_of(const cx_cuda_exec_args* c) { return c->channels > 0 ? c->channels : 1; }
+int lane_stride_of(const cx_cuda_exec_args* c) {
+  return c->lane_stride > 0 ? c->lane_stride : CX_CUDA_MAX_LANES;  // the same on every rank
+}
+
 // Argument checks shared by the launch and the emulation; sets the element size.
 int check_call(const cx_cuda_exec_args* c, const int* h, int* es) {
   if (!c->self_window || !c->d_windows || c->tile_count <= 0 || c->count < 0 ||
-      c->set_bytes <= 0 || c->timeout_ns <= 0 || c->threads < 0 || c->threads > kDefaultThreads)
+      c->set_bytes <= 0 || c->timeout_ns <= 0 || c->threads < 0 || c->threads > kDefaultThreads ||
+      c->channels < 0 || c->lane_stride < 0 || (c->copy_input && !c->direct))
+    return CX_ERR_ARG;
+  if (h[CX_PK_NLANES] > lane_stride_of(c) ||
+      (long long)channels_of(c) * lane_stride_of(c) > CX_CUDA_MAX_FLAGS)
     return CX_ERR_ARG;
   if (c->op < 0 || c->op >= CX_NUM_OPS) return CX_ERR_OP;
   *es = int(cx_dtype_size_of(c->dtype));
   if (*es == 0) return CX_ERR_DTYPE;
-  long long units = (long long)h[CX_PK_UNITS0] + h[CX_PK_UNITS1] + h[CX_PK_UNITS2];
-  if (units * c->tile_count * *es > c->set_bytes) return CX_ERR_ARG;  // a tile must fit a set
+  // A tile's slots must fit a set: all three staged, the scratch alone in a direct call.
+  long long units = c->direct ? (long long)h[CX_PK_UNITS2]
+                              : (long long)h[CX_PK_UNITS0] + h[CX_PK_UNITS1] + h[CX_PK_UNITS2];
+  if (units * c->tile_count * *es > c->set_bytes) return CX_ERR_ARG;
   return CX_OK;
 }
 
@@ -333,13 +392,15 @@ KArgs make_kargs(const cx_cuda_exec_args* c, const int* h, const int* words, int
   k.off_lane = h[CX_PK_OFF_LANE], k.off_instrs = h[CX_PK_OFF_INSTRS];
   k.off_srcs = h[CX_PK_OFF_SRCS], k.off_deps = h[CX_PK_OFF_DEPS], k.off_fin = h[CX_PK_OFF_FIN];
   k.win = reinterpret_cast<char* const*>(c->d_windows);
-  long long tb = c->tile_count * es;
+  long long tb = c->direct ? 0 : c->tile_count * es;  // direct: the scratch slot alone
   k.slot_off[0] = 0, k.slot_off[1] = h[CX_PK_UNITS0] * tb;
   k.slot_off[2] = (long long)(h[CX_PK_UNITS0] + h[CX_PK_UNITS1]) * tb;
   k.tile_count = c->tile_count, k.count = c->count;
-  k.user_in = c->in_private ? static_cast<const char*>(c->user_in) : nullptr;
-  k.user_out = c->out_private ? static_cast<char*>(c->user_out) : nullptr;
-  k.wait_fin = c->user_out != nullptr;
+  k.direct = c->direct != 0;
+  k.nchannels = channels_of(c), k.lane_stride = lane_stride_of(c);
+  k.user_in = c->direct || c->in_private ? static_cast<const char*>(c->user_in) : nullptr;
+  k.user_out = c->direct || c->out_private ? static_cast<char*>(c->user_out) : nullptr;
+  k.wait_fin = c->user_out != nullptr && !c->direct;  // a direct call waits in leave_direct
   k.seq = c->seq;
   unsigned long long desc[CX_CUDA_DESC_COMPARED] = {
       c->seq, (unsigned long long)c->coll, (unsigned long long)c->dtype,

@@ -65,6 +65,13 @@ int cx_cuda_device_pci_bus_id(int device, char* buf, int len) {
   return check(cudaDeviceGetPCIBusId(buf, len, device), "cudaDeviceGetPCIBusId");
 }
 
+int cx_cuda_device_sms(int device, int* count) {
+  if (!count) return bad_arg("cudaDeviceGetAttribute");
+  *count = 0;
+  return check(cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
+}
+
 int cx_cuda_can_access_peer(int device, int peer, int* can) {
   if (!can) return bad_arg("cudaDeviceCanAccessPeer");
   *can = 0;

@@ -230,6 +230,8 @@ int cx_cuda_get_device(int* device);
 int cx_cuda_device_synchronize(void);
 /* PCI bus id text ("0000:07:00.0") of a device: which ranks share one GPU. */
 int cx_cuda_device_pci_bus_id(int device, char* buf, int len);
+/* Streaming multiprocessors of a device: how many blocks of every rank on it run at once. */
+int cx_cuda_device_sms(int device, int* count);
 int cx_cuda_can_access_peer(int device, int peer, int* can);
 /* Enables access from the current device to peer's memory; already enabled counts as success. */
 int cx_cuda_enable_peer_access(int peer);
@@ -307,8 +309,17 @@ typedef struct {
   unsigned long long seq;
   unsigned long long epoch;     /* epoch of the first tile; tile t uses epoch + t */
   long long timeout_ns;   /* per tile, measured on the GPU's global timer */
-  int threads;            /* threads per block (one block per lane), at most 512; 0: 512 */
+  int threads;            /* threads per block, at most 512; 0: 512 */
   cx_cuda_exec_status* status_host; /* pinned host record, or NULL */
+  int channels;           /* blocks per lane, each running the lane over its share of every
+                           * tile (equal on every rank); 0: 1 */
+  int lane_stride;        /* the most lanes any rank of the schedule has (equal on every rank);
+                           * channels * lane_stride <= 504; 0: 64 */
+  int direct;             /* 1 (equal on every rank): ranks address each other's user buffers
+                           * (one process), so nothing is staged and tiles hold scratch only */
+  int copy_input;         /* direct calls: 1 to read the input from a copy made first on the
+                           * stream (cudaMallocAsync), where it overlaps the output in a way
+                           * the schedule's order does not make safe */
 } cx_cuda_exec_args;
 
 /* Queues this rank's part of a collective on stream and returns without waiting. */

@@ -4,11 +4,17 @@
  * Window layout (per rank, one cudaMalloc allocation, exported to peers by CUDA IPC):
  *   [0, CX_CUDA_CTL_BYTES)        control block, struct cx_cuda_ctl below
  *   [CX_CUDA_CTL_BYTES, +2*set)   two staging sets (double buffer by epoch parity), each holding
- *                                 the input | output | scratch slots of one tile
+ *                                 the input | output | scratch slots of one tile (only the
+ *                                 scratch slot when the call is direct: see user_ptr)
  *
  * The words mean what they mean in the CPU executor (cx_executor.h): flags are
  * (epoch << 32 | instruction index + 1), `ready` is the epoch whose tile this rank has staged,
  * `abort_word` is seq+1 of a call this rank rejected or CX_ABORT_FATAL|rank after a failure.
+ * A direct call (ranks of one process, which address each other's memory) publishes the user's
+ * input and output in `user_ptr` before `ready`, so peers read and write them in place; its
+ * blocks count themselves out in `exit_count`, the last one publishes `done` = epoch and waits
+ * for every peer's, so no kernel returns while a peer may still touch its user's buffers.
+ * Lane flags are per channel: flag ch * lane_stride + lane.
  * Each hot word sits on its own 128-byte line (the GPU's cache line and NVLink request size).
  */
 #ifndef CX_CUDA_EXEC_H
@@ -18,8 +24,11 @@
 
 #include "collectx.h"
 
-#define CX_CUDA_CTL_BYTES 16384
+#define CX_CUDA_CTL_BYTES 65536
 #define CX_CUDA_MAX_LANES 64
+#define CX_CUDA_FLAGS_OFFSET 1024
+#define CX_CUDA_MAX_FLAGS ((CX_CUDA_CTL_BYTES - CX_CUDA_FLAGS_OFFSET) / 128) /* channels x lanes */
+#define CX_CUDA_MAX_PUSH 16        /* pushed copies fused into one instruction */
 #define CX_CUDA_MAX_SRCS 64        /* sources of one reduce instruction (CPU executor: 64) */
 #define CX_CUDA_MAX_RANKS 1024
 #define CX_CUDA_DESC_WORDS 8
@@ -36,7 +45,13 @@ struct cx_cuda_ctl {
   uint64_t desc[2][CX_CUDA_DESC_WORDS]; /* slot = seq parity */
   int32_t status[4];                    /* cx_cuda_exec_status of the current call */
   uint64_t pad2[14];
-  uint64_t lane_flag[CX_CUDA_MAX_LANES][16]; /* [lane][0] used */
+  uint64_t user_ptr[2];                 /* direct calls: the user's input and output */
+  uint64_t pad3[14];
+  uint64_t done;                        /* direct calls: epoch this rank is done with */
+  uint64_t pad4[15];
+  uint32_t exit_count;                  /* direct calls: blocks of this rank that finished */
+  uint32_t pad5[63];
+  uint64_t lane_flag[CX_CUDA_MAX_FLAGS][16]; /* [channel * lane_stride + lane][0] used */
 };
 
 /* Header words of a packed plan (cx_cuda_plan_pack). */
@@ -57,7 +72,9 @@ struct cx_cuda_plan {
 #ifdef __cplusplus
 #include <cstddef>
 static_assert(offsetof(cx_cuda_ctl, abort_word) == 128 && offsetof(cx_cuda_ctl, desc) == 256 &&
-                  offsetof(cx_cuda_ctl, status) == 384 && offsetof(cx_cuda_ctl, lane_flag) == 512 &&
+                  offsetof(cx_cuda_ctl, status) == 384 && offsetof(cx_cuda_ctl, user_ptr) == 512 &&
+                  offsetof(cx_cuda_ctl, done) == 640 && offsetof(cx_cuda_ctl, exit_count) == 768 &&
+                  offsetof(cx_cuda_ctl, lane_flag) == CX_CUDA_FLAGS_OFFSET &&
                   sizeof(cx_cuda_ctl) <= CX_CUDA_CTL_BYTES,
               "cx_cuda_ctl layout: the kernel and the abort path address these words");
 #endif

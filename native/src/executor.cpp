@@ -29,6 +29,7 @@
 // words and the deadline.
 
 #include "cx_executor.h"
+#include "cx_instr.h"
 #include "cx_kernels.h"
 
 #include <errno.h>
@@ -329,19 +330,8 @@ int run_instr(Ctx& c, const int32_t* in) {
     return CX_EXEC_OK;
 }
 
-// The destination of `next` when it is a copy that pushes exactly the chunks `in` writes in my
-// output or scratch (a reduce's shard) into the same chunks of a peer's output, with no deps
-// of its own (collectx/schedule/push.py places such copies right after `in`): running it piece
-// by piece inside `in` writes each piece while it is still in cache. NULL otherwise.
 const int32_t* fusable_push(const Ctx& c, const int32_t* in, const int32_t* next) {
-    const int32_t* to = next + 1;
-    bool mine = in[1] == c.plan->rank && (in[2] == 1 || in[2] == 2);  // my output or scratch
-    if (next[0] != 0 || next[6] != 1 || next[8] != 0 || !mine || to[0] == c.plan->rank ||
-        to[1] != 1 || to[2] != in[3] || to[3] != in[4])
-        return nullptr;
-    const int32_t* src = c.plan->srcs + 4 * next[5];
-    if (src[0] != in[1] || src[1] != in[2] || src[2] != in[3] || src[3] != in[4]) return nullptr;
-    return to;
+    return cx_fusable_push(in, next, c.plan->srcs, c.plan->rank);
 }
 
 int fail(Ctx& c, int status, int rank) {

@@ -99,6 +99,14 @@ def pci_bus_id(device: int) -> str:
     return ffi.string(buf).decode().lower()
 
 
+def sm_count(device: int) -> int:
+    """The device's streaming multiprocessors."""
+    ffi, lib_ = _loaded()
+    n = ffi.new("int*")
+    check(lib_.cx_cuda_device_sms(int(device), n), "cudaDeviceGetAttribute")
+    return int(n[0])
+
+
 def enable_peer_access(peer: int) -> bool:
     """Enable access to ``peer``'s memory from the current device; False when impossible."""
     ffi, lib_ = _loaded()

@@ -23,12 +23,15 @@ import threading
 from ...errors import CollectiveMismatch, NativeError, PeerAborted, PeerFailure, Timeout
 from ...log import logger, tracing
 from ...schedule.ir import GPU_LANES, Schedule
-from ..engine import (COLL_CODES, RankZeroElsewhere, barrier_schedule, posted_call, trace_call,
-                      unusable)
+from ...schedule.push import push_copies
+from ..engine import (_PUSHED, COLL_CODES, RankZeroElsewhere, barrier_schedule, posted_call,
+                      trace_call, unusable)
 from ..executor import FlatPlan
 from ..plan_share import Planned, SharedPlans
 from ..window import _alive
 from . import _rt
+from .geometry import (blocks_per_rank, channels, in_process, lane_stride, reads_precede_writes,
+                       tile_count)
 from .planning import cuda_schedule
 
 RING = 256             # status records in flight before the oldest call is waited for
@@ -40,13 +43,17 @@ _NAMES = {v: k for k, v in COLL_CODES.items()}
 
 
 class GpuPlan:
-    """A :class:`FlatPlan` uploaded to the device (``cx_cuda_plan_upload``), freed on close."""
+    """A :class:`FlatPlan` uploaded to the device (``cx_cuda_plan_upload``), freed on close, with
+    what each call of it needs: the schedule's lane stride (flags per channel) and whether a
+    direct call may run it with the input and output at the same address."""
 
-    def __init__(self, flat: FlatPlan):
+    def __init__(self, flat: FlatPlan, direct: bool = False):
         ffi, lib = _rt.lib()
         out = ffi.new("cx_cuda_plan**")
         _rt.check(lib.cx_cuda_plan_upload(flat.native, out), "cx_cuda_plan_upload")
         self.flat, self.native = flat, out[0]
+        self.stride = lane_stride(flat.schedule)
+        self.in_place = direct and reads_precede_writes(flat.schedule, flat.rank)
 
     def free(self) -> None:
         if self.native is not None:
@@ -76,7 +83,10 @@ class CudaEngine:
         self.win, self.rank, self.size = window, window.rank, window.size
         self.config, self.timeout = config, timeout
         self._topology = topology
-        self._plans: dict[tuple, tuple[GpuPlan, int]] = {}
+        self._plans: dict[tuple, GpuPlan] = {}
+        # Ranks of one process use each other's buffers in place (geometry.py).
+        self.direct = in_process(window.peers)
+        self._blocks = blocks_per_rank(window.peers)
         self._shared = SharedPlans("cuda", self.rank, self.size, store, key_prefix, timeout,
                                    config.cache_dir, config.algo)
         self._seq, self._epoch = 0, 1
@@ -88,7 +98,7 @@ class CudaEngine:
         self._args = self._ffi.new("cx_cuda_exec_args*")
 
     # -- planning -------------------------------------------------------------------------------
-    def _plan(self, coll: str, dtype: int, itemsize: int, count: int, root: int):
+    def _plan(self, coll: str, dtype: int, itemsize: int, count: int, root: int) -> GpuPlan:
         nbytes = count * itemsize
         key = (coll, dtype, nbytes.bit_length(), root)
         hit = self._plans.get(key)
@@ -101,11 +111,15 @@ class CudaEngine:
                                            lambda topo: self._schedule(coll, nbytes, root),
                                            lambda: self._watch_rank_zero(coll, nbytes, root))
                 schedule = planned.schedule
+                if self.direct and coll in _PUSHED:
+                    # Rewritten after the sharing, as on the CPU: a rank that reduced a chunk
+                    # writes it into its peers' outputs itself, in the same pass.
+                    schedule = push_copies(schedule)
                 self._dump(nbytes, schedule)
             flat = FlatPlan(schedule, self.rank, GPU_LANES, "CUDA")
-            hit = self._plans[key] = (GpuPlan(flat), flat.tile_count(self.win.set_bytes, itemsize))
+            hit = self._plans[key] = GpuPlan(flat, self.direct)
             if planned is not None and self.rank == 0 and logger.isEnabledFor(logging.INFO):
-                self._log_plan(coll, nbytes, planned, hit[1])
+                self._log_plan(coll, nbytes, planned, hit)
         return hit
 
     def _schedule(self, coll: str, nbytes: int, root: int) -> Schedule:
@@ -121,14 +135,17 @@ class CudaEngine:
                 f.write(json.dumps({"nbytes": nbytes, "device": "cuda",
                                     "schedule": schedule.to_dict()}) + "\n")
 
-    def _log_plan(self, coll: str, nbytes: int, planned: Planned, tile_count: int) -> None:
+    def _log_plan(self, coll: str, nbytes: int, planned: Planned, plan: GpuPlan) -> None:
         s = planned.schedule
         low = 1 << (nbytes.bit_length() - 1) if nbytes else 0
+        how = ("direct: user buffers used in place" if self.direct else
+               f"staged: tiles of up to {plan.flat.tile_count(self.win.set_bytes, 1)} bytes")
         logger.info("rank 0/%d (GPU %d): %s of %d-%d bytes per rank: %s schedule (%s), %d "
-                    "chunks, %d lanes, tiles of up to %d elements; %s", self.size,
+                    "chunks, %d lanes, up to %d channels; %s; %s", self.size,
                     self.win.device, coll, low, max(2 * low - 1, 0), s.algorithm,
-                    s.meta_dict().get("pattern", "-"), s.nchunks,
-                    max(len(lanes) for lanes in s.lanes), tile_count, planned.describe())
+                    s.meta_dict().get("pattern", "-"), s.nchunks, plan.stride,
+                    channels(2 * low, plan.stride, self._blocks, self.config.cuda_channels), how,
+                    planned.describe())
 
     def _watch_rank_zero(self, coll: str, nbytes: int, root: int) -> None:
         """Raises while this rank waits for a plan that rank 0 will not publish: it rejected
@@ -171,26 +188,26 @@ class CudaEngine:
             self._poll_locked(block=False)
             _rt.set_device(self.win.device)  # the current device is per thread (torch workers)
             try:
-                plan, tile = self._plan(coll, dtype, itemsize, count, root)
+                plan = self._plan(coll, dtype, itemsize, count, root)
             except RankZeroElsewhere:
                 raise self._mismatch_locked(coll, dtype, itemsize, count, op, root,
                                             stream) from None
-            seq, slot, event = self._launch_locked(plan, tile, coll, src, dst, count, dtype, op,
-                                                   root, overlap, stream)
+            seq, slot, event = self._launch_locked(plan, coll, src, dst, count, dtype, itemsize,
+                                                   op, root, overlap, stream)
             self._pending.append((seq, coll, slot, event))
             return event
 
-    def _launch_locked(self, plan, tile, coll, src, dst, count, dtype, op, root, overlap,
+    def _launch_locked(self, plan, coll, src, dst, count, dtype, itemsize, op, root, overlap,
                        stream) -> tuple:
         """Queue ``plan`` as this rank's next call: its (seq, status slot, event)."""
         slot = self._free_slot()
-        a = self._fill(plan, tile, coll, src, dst, count, dtype, op, root, overlap, slot)
+        a = self._fill(plan, coll, src, dst, count, dtype, itemsize, op, root, overlap, slot)
         rc = self._lib.cx_cuda_exec_launch(a, self._ffi.cast("void*", stream))
         if rc != 0:
             self.poison(f"launch failed ({rc})")
             _rt.check(rc, f"cx_cuda_exec_launch({coll})")
         ntiles = self._ffi.new("long long*")
-        self._lib.cx_cuda_exec_ntiles(count, tile, ntiles)
+        self._lib.cx_cuda_exec_ntiles(count, a.tile_count, ntiles)
         seq = self._seq
         self._seq += 1
         self._epoch += int(ntiles[0])
@@ -202,8 +219,8 @@ class CudaEngine:
         """Rank 0 makes another call in this one's place, so this rank has no plan: post this
         call's descriptor behind the barrier's plan (no transfers), so that every rank's
         kernel finds the mismatch as if this rank had had a plan; the error to raise."""
-        plan, tile = self._plan("barrier", dtype, itemsize, 0, 0)
-        seq, slot, event = self._launch_locked(plan, tile, coll, None, None, count, dtype, op,
+        plan = self._plan("barrier", dtype, itemsize, 0, 0)
+        seq, slot, event = self._launch_locked(plan, coll, None, None, count, dtype, itemsize, op,
                                                root, False, stream)
         self._poll_locked(block=True)   # earlier calls first: a failure there comes first
         event.synchronize()
@@ -212,12 +229,18 @@ class CudaEngine:
         return self._failure(coll, seq, rec.status or _EXEC["MISMATCH"], rec.rank, rec.lane,
                              rec.index)
 
-    def _fill(self, plan, tile, coll, src, dst, count, dtype, op, root, overlap, slot):
+    def _fill(self, plan, coll, src, dst, count, dtype, itemsize, op, root, overlap, slot):
         a, ffi, win = self._args, self._ffi, self.win
         a.plan, a.self_window = plan.native, ffi.cast("void*", win.self_base)
         a.d_windows = ffi.cast("void**", win.d_windows)
         a.set_bytes, a.coll, a.root, a.dtype, a.op = win.set_bytes, COLL_CODES[coll], root, dtype, op
-        a.count, a.tile_count = count, tile
+        a.count = count
+        a.tile_count = tile_count(plan.flat, win.set_bytes, itemsize, count, self.direct)
+        a.direct, a.lane_stride = int(self.direct), plan.stride
+        a.channels = channels(count * itemsize, plan.stride, self._blocks,
+                              self.config.cuda_channels)
+        same = src is not None and dst is not None and src.ptr == dst.ptr
+        a.copy_input = int(self.direct and overlap and not (same and plan.in_place))
         a.user_in = ffi.cast("void*", src.ptr if src is not None else 0)
         a.user_out = ffi.cast("void*", dst.ptr if dst is not None else 0)
         a.in_private = int(plan.flat.in_private and not overlap)
@@ -315,7 +338,7 @@ class CudaEngine:
                 event.synchronize()
                 event.destroy()
             self._pending.clear()
-            for plan, _ in self._plans.values():
+            for plan in self._plans.values():
                 plan.free()
             self._plans.clear()
             if self._status:

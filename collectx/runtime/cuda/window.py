@@ -108,7 +108,8 @@ class CudaWindow:
         _rt.memset(self.self_base, 0, self.ctl_bytes)
         _rt.stream_synchronize(0)  # zeroed flags before any peer can look at them
         me = {"pid": os.getpid(), "device": self.device, "bus": _rt.pci_bus_id(self.device),
-              "base": self.self_base, "handle": _rt.ipc_handle(self.self_base).hex()}
+              "sms": _rt.sm_count(self.device), "base": self.self_base,
+              "handle": _rt.ipc_handle(self.self_base).hex()}
         store.set(f"{prefix}/cuda/{self.rank}", json.dumps(me))
         self.peers = [json.loads(store.get(f"{prefix}/cuda/{r}", timeout))
                       for r in range(self.size)]
