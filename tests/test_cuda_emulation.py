@@ -21,7 +21,7 @@ from collectx.runtime.engine import COLL_CODES, barrier_schedule
 from collectx.runtime.cuda.geometry import lane_stride, reads_precede_writes, tile_count
 from collectx.runtime.engine import _PUSHED
 from collectx.runtime.executor import FlatPlan
-from collectx.schedule.push import push_copies
+from collectx.schedule.push import drop_empty_lanes, push_copies
 from collectx.topology import generators as G
 
 
@@ -131,7 +131,8 @@ def run_collective(emu, coll, dtype, op, n, root, seed=3, schedule=None, inplace
     itemsize = np.dtype(dtype).itemsize
     schedule = schedule or make_schedule(None, coll, size, n * itemsize, root=root)
     if emu.direct and coll in _PUSHED:
-        schedule = push_copies(schedule)   # as the CUDA engine runs them among thread ranks
+        # as the CUDA engine runs them among thread ranks
+        schedule = drop_empty_lanes(push_copies(schedule))
     reduces = coll in ("allreduce", "reduce_scatter", "reduce")
     status = emu.call(coll, schedule, ins, outs, [count] * size, dtype, op if reduces else "sum",
                       root)
@@ -205,6 +206,15 @@ def test_direct_calls_use_every_ranks_buffers_in_place(nranks, channels):
     for coll in ("allreduce", "broadcast", "reduce"):
         bad += run_collective(emu, coll, "float32", "sum", 5000, 0, inplace=True)
     assert bad == []
+
+
+@pytest.mark.parametrize("coll", ["allreduce", "reduce_scatter", "reduce"])
+@pytest.mark.parametrize("nranks", [2, 3, 8])
+def test_pushed_schedules_without_their_empty_lanes_verify(coll, nranks):
+    from collectx.schedule.verify import verify
+    s = drop_empty_lanes(push_copies(make_schedule(None, coll, nranks, 1 << 20)))
+    verify(s)   # raises on a race, a deadlock or a wrong result
+    assert all(lane.instrs for lanes in s.lanes for lane in lanes)
 
 
 def test_a_direct_in_place_allgather_reads_a_copy_of_its_input():

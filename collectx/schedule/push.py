@@ -97,6 +97,28 @@ def share_copies(schedule: Schedule) -> Schedule:
     return _relocate(schedule, {}, first, keep_lane_order=False)
 
 
+def drop_empty_lanes(schedule: Schedule) -> Schedule:
+    """``schedule`` without the lanes that moving copies left empty, deps renumbered: an
+    executor that gives every lane its own blocks would leave theirs idle.
+
+    >>> from collectx.planner import make_schedule
+    >>> p = push_copies(make_schedule(None, "allreduce", 4, 1 << 20))
+    >>> [len(lanes) for lanes in p.lanes], [len(lanes) for lanes in drop_empty_lanes(p).lanes]
+    ([3, 3, 3, 3], [1, 1, 1, 1])
+    """
+    kept = [[li for li, lane in enumerate(lanes) if lane.instrs] for lanes in schedule.lanes]
+    if all(len(k) == len(lanes) for k, lanes in zip(kept, schedule.lanes)):
+        return schedule
+    new_lane = {(r, old): new for r, olds in enumerate(kept) for new, old in enumerate(olds)}
+
+    def moved(ins: Instr) -> Instr:
+        deps = tuple(Dep(d.rank, new_lane[(d.rank, d.lane)], d.index) for d in ins.deps)
+        return ins._replace(deps=deps)
+    lanes = tuple(tuple(Lane(tuple(moved(ins) for ins in schedule.lanes[r][old].instrs))
+                        for old in olds) for r, olds in enumerate(kept))
+    return dataclasses.replace(schedule, lanes=lanes)
+
+
 def _relocate(schedule: Schedule, after: dict[Dep, list[Dep]],
               first: dict[tuple[int, int], list[Dep]], keep_lane_order: bool,
               folds: dict[Dep, Dep] | None = None) -> Schedule:

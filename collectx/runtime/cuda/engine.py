@@ -23,7 +23,7 @@ import threading
 from ...errors import CollectiveMismatch, NativeError, PeerAborted, PeerFailure, Timeout
 from ...log import logger, tracing
 from ...schedule.ir import GPU_LANES, Schedule
-from ...schedule.push import push_copies
+from ...schedule.push import drop_empty_lanes, push_copies
 from ..engine import (_PUSHED, COLL_CODES, RankZeroElsewhere, barrier_schedule, posted_call,
                       trace_call, unusable)
 from ..executor import FlatPlan
@@ -114,7 +114,7 @@ class CudaEngine:
                 if self.direct and coll in _PUSHED:
                     # Rewritten after the sharing, as on the CPU: a rank that reduced a chunk
                     # writes it into its peers' outputs itself, in the same pass.
-                    schedule = push_copies(schedule)
+                    schedule = drop_empty_lanes(push_copies(schedule))
                 self._dump(nbytes, schedule)
             flat = FlatPlan(schedule, self.rank, GPU_LANES, "CUDA")
             hit = self._plans[key] = GpuPlan(flat, self.direct)
