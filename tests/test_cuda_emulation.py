@@ -18,10 +18,9 @@ from collectx.errors import CudaUnavailable
 from collectx.planner import make_schedule
 from collectx.runtime.arrays import DTYPE_CODES, OP_CODES
 from collectx.runtime.engine import COLL_CODES, barrier_schedule
-from collectx.runtime.cuda.geometry import lane_stride, reads_precede_writes, tile_count
-from collectx.runtime.engine import _PUSHED
+from collectx.runtime.cuda.geometry import (for_direct_calls, lane_stride, reads_precede_writes,
+                                            tile_count)
 from collectx.runtime.executor import FlatPlan
-from collectx.schedule.push import drop_empty_lanes, push_copies
 from collectx.topology import generators as G
 
 
@@ -130,9 +129,9 @@ def run_collective(emu, coll, dtype, op, n, root, seed=3, schedule=None, inplace
         outs = [o if r == root else None for r, o in enumerate(outs)]
     itemsize = np.dtype(dtype).itemsize
     schedule = schedule or make_schedule(None, coll, size, n * itemsize, root=root)
-    if emu.direct and coll in _PUSHED:
-        # as the CUDA engine runs them among thread ranks
-        schedule = drop_empty_lanes(push_copies(schedule))
+    if emu.direct:
+        schedule = for_direct_calls(schedule)   # as the CUDA engine runs them
+
     reduces = coll in ("allreduce", "reduce_scatter", "reduce")
     status = emu.call(coll, schedule, ins, outs, [count] * size, dtype, op if reduces else "sum",
                       root)
@@ -208,11 +207,11 @@ def test_direct_calls_use_every_ranks_buffers_in_place(nranks, channels):
     assert bad == []
 
 
-@pytest.mark.parametrize("coll", ["allreduce", "reduce_scatter", "reduce"])
+@pytest.mark.parametrize("coll", ["allreduce", "reduce_scatter", "reduce", "allgather"])
 @pytest.mark.parametrize("nranks", [2, 3, 8])
 def test_pushed_schedules_without_their_empty_lanes_verify(coll, nranks):
     from collectx.schedule.verify import verify
-    s = drop_empty_lanes(push_copies(make_schedule(None, coll, nranks, 1 << 20)))
+    s = for_direct_calls(make_schedule(None, coll, nranks, 1 << 20))
     verify(s)   # raises on a race, a deadlock or a wrong result
     assert all(lane.instrs for lanes in s.lanes for lane in lanes)
 

@@ -97,6 +97,39 @@ def share_copies(schedule: Schedule) -> Schedule:
     return _relocate(schedule, {}, first, keep_lane_order=False)
 
 
+def read_own_copies(schedule: Schedule) -> Schedule:
+    """``schedule`` with every copy of a peer's input chunks that the peer also copies, as they
+    are, into its own output (and nothing else writes there) reading that output instead, once
+    written: :func:`push_copies` can then move it into the peer's lane, so the peer reads its
+    input once and writes it into every output in the same pass (an allgather's one hop).
+
+    >>> from collectx.planner import make_schedule
+    >>> s = make_schedule(None, "allgather", 2, 1 << 10)
+    >>> [[(ins.srcs[0].rank, ins.srcs[0].buf, len(ins.deps)) for ins in lane.instrs]
+    ...  for lane in read_own_copies(s).lanes[0]]
+    [[(1, 'output', 1)], [(0, 'input', 0)]]
+    """
+    if schedule.inplace:
+        return schedule
+    uses = _accesses(schedule)
+    own: dict = {}      # input ref -> (its owner's verbatim copy, the output ref it writes)
+    for d, ins in schedule.instructions():
+        (src, *more), dst = ins.srcs, ins.dst
+        if (ins.op == "copy" and not more and src.buf == "input" and src.rank == d.rank
+                and dst.rank == d.rank and dst.buf == "output"
+                and all(w == d for j in dst.chunks() for w, writes in uses[d.rank, j] if writes)):
+            own[src] = (d, dst)
+
+    def rewired(r: int, ins: Instr) -> Instr:
+        hit = own.get(ins.srcs[0]) if ins.op == "copy" and len(ins.srcs) == 1 else None
+        if hit is None or ins.srcs[0].rank == r or ins.deps:
+            return ins
+        return ins._replace(srcs=(hit[1],), deps=(hit[0],))
+    lanes = tuple(tuple(Lane(tuple(rewired(r, ins) for ins in lane.instrs)) for lane in lanes)
+                  for r, lanes in enumerate(schedule.lanes))
+    return dataclasses.replace(schedule, lanes=lanes) if own else schedule
+
+
 def drop_empty_lanes(schedule: Schedule) -> Schedule:
     """``schedule`` without the lanes that moving copies left empty, deps renumbered: an
     executor that gives every lane its own blocks would leave theirs idle.

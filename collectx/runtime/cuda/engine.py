@@ -23,15 +23,14 @@ import threading
 from ...errors import CollectiveMismatch, NativeError, PeerAborted, PeerFailure, Timeout
 from ...log import logger, tracing
 from ...schedule.ir import GPU_LANES, Schedule
-from ...schedule.push import drop_empty_lanes, push_copies
-from ..engine import (_PUSHED, COLL_CODES, RankZeroElsewhere, barrier_schedule, posted_call,
-                      trace_call, unusable)
+from ..engine import (COLL_CODES, RankZeroElsewhere, barrier_schedule, posted_call, trace_call,
+                      unusable)
 from ..executor import FlatPlan
 from ..plan_share import Planned, SharedPlans
 from ..window import _alive
 from . import _rt
-from .geometry import (blocks_per_rank, channels, in_process, lane_stride, reads_precede_writes,
-                       tile_count)
+from .geometry import (blocks_per_rank, channels, for_direct_calls, in_process, lane_stride,
+                       reads_precede_writes, tile_count)
 from .planning import cuda_schedule
 
 RING = 256             # status records in flight before the oldest call is waited for
@@ -111,10 +110,8 @@ class CudaEngine:
                                            lambda topo: self._schedule(coll, nbytes, root),
                                            lambda: self._watch_rank_zero(coll, nbytes, root))
                 schedule = planned.schedule
-                if self.direct and coll in _PUSHED:
-                    # Rewritten after the sharing, as on the CPU: a rank that reduced a chunk
-                    # writes it into its peers' outputs itself, in the same pass.
-                    schedule = drop_empty_lanes(push_copies(schedule))
+                if self.direct:   # rewritten after the sharing, as on the CPU
+                    schedule = for_direct_calls(schedule)
                 self._dump(nbytes, schedule)
             flat = FlatPlan(schedule, self.rank, GPU_LANES, "CUDA")
             hit = self._plans[key] = GpuPlan(flat, self.direct)

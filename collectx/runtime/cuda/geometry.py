@@ -24,6 +24,8 @@
 from __future__ import annotations
 
 from ...schedule.ir import Dep, Instr, Ref, Schedule
+from ...schedule.push import drop_empty_lanes, push_copies, read_own_copies
+from ..engine import _PUSHED
 
 CHANNEL_BYTES = 128 << 10   # the least a channel moves: below it, a block's waits cost more
                             # than the bytes it would take over from the others
@@ -105,3 +107,20 @@ def _after(w: Dep, ins: Instr, reader: Dep) -> bool:
         return True
     return any((d.rank, d.lane) == (reader.rank, reader.lane) and d.index >= reader.index
                for d in ins.deps)
+
+
+def for_direct_calls(schedule: Schedule) -> Schedule:
+    """``schedule`` as ranks that write each other's outputs run it: a rank that reduced a
+    chunk, or an allgather's owner of an input, writes it into every peer's output itself in the
+    same pass (one read, every write), and the lanes this empties are dropped.
+
+    >>> from collectx.planner import make_schedule
+    >>> s = for_direct_calls(make_schedule(None, "allgather", 4, 1 << 20))
+    >>> [len(lanes) for lanes in s.lanes], [ins.dst.rank for ins in s.lanes[1][0].instrs]
+    ([1, 1, 1, 1], [1, 0, 2, 3])
+    """
+    if schedule.collective == "allgather":
+        schedule = read_own_copies(schedule)
+    elif schedule.collective not in _PUSHED:
+        return schedule
+    return drop_empty_lanes(push_copies(schedule))
