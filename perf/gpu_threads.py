@@ -76,7 +76,7 @@ def on_thread_ranks(k: int, job) -> list:
         try:
             torch.cuda.set_device(0)
             with torch.cuda.stream(torch.cuda.Stream()):
-                with CudaCommunicator(r, k, store, device=0, timeout=60.0) as comm:
+                with CudaCommunicator(r, k, store, device=0, timeout=20.0) as comm:
                     results[r] = job(comm, barrier)
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
@@ -162,6 +162,16 @@ def latency_job(iters: int):
     return job
 
 
+def profile(torch, k: int, trace: str) -> None:
+    """k thread ranks' back-to-back 8-byte allreduces under torch.profiler: where device time
+    goes per call (kernels, copies, the gaps between them in the trace)."""
+    from torch.profiler import ProfilerActivity
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        on_thread_ranks(k, latency_job(200))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12), flush=True)
+    prof.export_chrome_trace(trace)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default="2,4,8", help="thread ranks per run (comma list)")
@@ -170,6 +180,9 @@ def main(argv=None) -> int:
     ap.add_argument("--collectives", default="allreduce,allgather,reduce_scatter")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--latency", action="store_true", help="8-byte allreduce latency instead")
+    ap.add_argument("--profile", metavar="TRACE",
+                    help="with --latency: profile the first k's calls (torch.profiler), print its "
+                         "device table and write a Chrome trace here")
     ap.add_argument("--json", help="append one JSON line per row here")
     args = ap.parse_args(argv)
     import torch
@@ -181,6 +194,8 @@ def main(argv=None) -> int:
     rows = []
     if args.latency:
         print(f"{'k':>3} {'device us/call':>15} {'host us/call':>13}")
+        if args.profile:
+            profile(torch, ranks[0], args.profile)
         for k in ranks:
             got = on_thread_ranks(k, latency_job(1000))
             dev, host = max(g[0] for g in got), max(g[1] for g in got)

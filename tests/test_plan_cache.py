@@ -323,6 +323,7 @@ def _cuda_engines(monkeypatch, cfg, nranks=2):
     except collectx.CollectXError as e:
         pytest.skip(f"no CUDA entry points in the library: {e}")
     monkeypatch.setattr(_rt, "host_alloc", lambda n: 0)
+    monkeypatch.setattr(_rt, "set_device", lambda d: None)
     monkeypatch.setattr(E, "GpuPlan", lambda flat, direct=False: SimpleNamespace(
         flat=flat, free=lambda: 0, stride=E.lane_stride(flat.schedule), in_place=False))
     store, topo = HashStore(), load("dgx1v")

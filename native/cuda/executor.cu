@@ -53,7 +53,10 @@ namespace {
 
 constexpr int kDefaultThreads = 512;
 constexpr unsigned kCheckEvery = 256;  // polls between deadline / abort checks
-constexpr int kUnroll = 4;             // 16-byte packs per thread in flight per source
+// 16-byte packs per thread in flight per source: fewer for 1-byte types, whose 16 values per
+// pack would otherwise spill the accumulators out of the registers.
+template <class T> constexpr int kUnroll = sizeof(T) == 1 ? 2 : 4;
+constexpr int kGroup = 2;              // sources loaded together before they are added up
 
 // Everything a kernel needs, by value (well under the 4 KiB parameter limit).
 struct KArgs {
@@ -70,6 +73,8 @@ struct KArgs {
   int first;                   // tile 0: write and compare call descriptors
   int nchannels, lane_stride;  // blocks per lane; flags per channel
   int direct;                  // ranks use each other's user buffers in place (one process)
+  int last;                    // the call's last tile: a direct call reports its status then
+  cx_cuda_exec_status* status_host;  // pinned (mapped) host record of the call, or NULL
   unsigned long long epoch, seq;
   unsigned long long desc[CX_CUDA_DESC_COMPARED];
   long long timeout_ns;
@@ -266,6 +271,7 @@ struct Launch {
     for (long long t = 0; t < ntiles; ++t) {
       k.epoch = c->epoch + uint64_t(t);
       k.first = t == 0;
+      k.last = t == ntiles - 1;
       k.tile_off = t * c->tile_count;
       k.tile_len = std::min(c->tile_count, c->count - k.tile_off);
       k.set_off = c->set_bytes * (long long)(k.epoch & 1);
@@ -401,6 +407,7 @@ KArgs make_kargs(const cx_cuda_exec_args* c, const int* h, const int* words, int
   k.user_in = c->direct || c->in_private ? static_cast<const char*>(c->user_in) : nullptr;
   k.user_out = c->direct || c->out_private ? static_cast<char*>(c->user_out) : nullptr;
   k.wait_fin = c->user_out != nullptr && !c->direct;  // a direct call waits in leave_direct
+  k.status_host = c->status_host;
   k.seq = c->seq;
   unsigned long long desc[CX_CUDA_DESC_COMPARED] = {
       c->seq, (unsigned long long)c->coll, (unsigned long long)c->dtype,
@@ -513,9 +520,18 @@ int cx_cuda_exec_launch(const cx_cuda_exec_args* c, void* stream) {
   const int* h = c->plan->header;
   int es = 0;
   if (int rc = check_call(c, h, &es)) return rc;
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess ||
+      (current != c->device && cudaSetDevice(c->device) != cudaSuccess)) {
+    cudaGetLastError();
+    return CX_ERR_CUDA;
+  }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   cx_cuda_ctl* me = static_cast<cx_cuda_ctl*>(c->self_window);
-  if (cudaMemsetAsync(me->status, 0, sizeof me->status, s) != cudaSuccess) {
+  // A direct call's last block writes the status record straight into status_host (pinned host
+  // memory is mapped for the device) and leaves a clean one for the next call: two stream
+  // operations fewer per call. A staged call has no last block, so the stream does it.
+  if (!c->direct && cudaMemsetAsync(me->status, 0, sizeof me->status, s) != cudaSuccess) {
     cudaGetLastError();
     return CX_ERR_CUDA;
   }
@@ -523,9 +539,12 @@ int cx_cuda_exec_launch(const cx_cuda_exec_args* c, void* stream) {
                        make_kargs(c, h, c->plan->d_words, es), es};
   LaunchByDtype<GpuBackend> by_dtype{&l, c->op};
   int rc = cx_dispatch_dtype(c->dtype, by_dtype);
-  if (rc == CX_OK && c->status_host &&
+  if (rc == CX_OK && c->status_host && !c->direct &&
       cudaMemcpyAsync(c->status_host, me->status, sizeof me->status, cudaMemcpyDeviceToHost, s) !=
           cudaSuccess)
+    rc = CX_ERR_CUDA;
+  if (rc == CX_OK && c->done_event &&
+      cudaEventRecord(static_cast<cudaEvent_t>(c->done_event), s) != cudaSuccess)
     rc = CX_ERR_CUDA;
   if (rc != CX_OK) cudaGetLastError();
   return rc;

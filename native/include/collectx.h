@@ -320,6 +320,8 @@ typedef struct {
   int copy_input;         /* direct calls: 1 to read the input from a copy made first on the
                            * stream (cudaMallocAsync), where it overlaps the output in a way
                            * the schedule's order does not make safe */
+  int device;             /* the rank's GPU: made current first if it is not */
+  void* done_event;       /* NULL, or a CUDA event recorded on the stream after the call */
 } cx_cuda_exec_args;
 
 /* Queues this rank's part of a collective on stream and returns without waiting. */

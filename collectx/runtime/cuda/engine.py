@@ -94,6 +94,7 @@ class CudaEngine:
         self._ffi, self._lib = _rt.lib()
         self._status = _rt.host_alloc(RING * STATUS_BYTES)
         self._pending: collections.deque = collections.deque()  # (seq, coll, slot, event)
+        self._events: list = [None] * RING   # one per status slot, reused
         self._args = self._ffi.new("cx_cuda_exec_args*")
 
     # -- planning -------------------------------------------------------------------------------
@@ -102,6 +103,7 @@ class CudaEngine:
         key = (coll, dtype, nbytes.bit_length(), root)
         hit = self._plans.get(key)
         if hit is None:
+            _rt.set_device(self.win.device)  # the current device is per thread (torch workers)
             planned = None
             if coll == "barrier":
                 schedule = self._schedule(coll, nbytes, root)
@@ -183,7 +185,6 @@ class CudaEngine:
         with self._lock:
             self._check_usable()
             self._poll_locked(block=False)
-            _rt.set_device(self.win.device)  # the current device is per thread (torch workers)
             try:
                 plan = self._plan(coll, dtype, itemsize, count, root)
             except RankZeroElsewhere:
@@ -198,19 +199,25 @@ class CudaEngine:
                        stream) -> tuple:
         """Queue ``plan`` as this rank's next call: its (seq, status slot, event)."""
         slot = self._free_slot()
+        event = self._events[slot] or self._new_event(slot)
         a = self._fill(plan, coll, src, dst, count, dtype, itemsize, op, root, overlap, slot)
+        a.done_event = self._ffi.cast("void*", event.handle)
+        # One library call per collective (it sets the device and records the event too):
+        # ranks as threads of one process take turns at the GIL at every call into C.
         rc = self._lib.cx_cuda_exec_launch(a, self._ffi.cast("void*", stream))
         if rc != 0:
             self.poison(f"launch failed ({rc})")
             _rt.check(rc, f"cx_cuda_exec_launch({coll})")
-        ntiles = self._ffi.new("long long*")
-        self._lib.cx_cuda_exec_ntiles(count, a.tile_count, ntiles)
         seq = self._seq
         self._seq += 1
-        self._epoch += int(ntiles[0])
-        event = _rt.Event()
-        event.record(stream)
+        self._epoch += 1 if count == 0 else -(-count // a.tile_count)  # tiles (epochs) used
         return seq, slot, event
+
+    def _new_event(self, slot: int):
+        """The event of status slot ``slot``, made on its first use and kept: a call's event is
+        recorded again RING calls later, by when the call is long done (its slot was polled)."""
+        self._events[slot] = _rt.Event()
+        return self._events[slot]
 
     def _mismatch_locked(self, coll, dtype, itemsize, count, op, root, stream) -> Exception:
         """Rank 0 makes another call in this one's place, so this rank has no plan: post this
@@ -221,7 +228,6 @@ class CudaEngine:
                                                root, False, stream)
         self._poll_locked(block=True)   # earlier calls first: a failure there comes first
         event.synchronize()
-        event.destroy()
         rec = self._status_record(slot)
         return self._failure(coll, seq, rec.status or _EXEC["MISMATCH"], rec.rank, rec.lane,
                              rec.index)
@@ -233,7 +239,7 @@ class CudaEngine:
         a.set_bytes, a.coll, a.root, a.dtype, a.op = win.set_bytes, COLL_CODES[coll], root, dtype, op
         a.count = count
         a.tile_count = tile_count(plan.flat, win.set_bytes, itemsize, count, self.direct)
-        a.direct, a.lane_stride = int(self.direct), plan.stride
+        a.direct, a.lane_stride, a.device = int(self.direct), plan.stride, win.device
         a.channels = channels(count * itemsize, plan.stride, self._blocks,
                               self.config.cuda_channels)
         same = src is not None and dst is not None and src.ptr == dst.ptr
@@ -284,7 +290,6 @@ class CudaEngine:
             elif not event.query():
                 return
             self._pending.popleft()
-            event.destroy()
             done += 1
             rec = self._status_record(slot)
             if rec.status:
@@ -333,8 +338,11 @@ class CudaEngine:
         with self._lock:
             for *_, event in self._pending:
                 event.synchronize()
-                event.destroy()
             self._pending.clear()
+            for event in self._events:
+                if event is not None:
+                    event.destroy()
+            self._events = [None] * RING
             for plan in self._plans.values():
                 plan.free()
             self._plans.clear()
