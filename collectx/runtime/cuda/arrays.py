@@ -66,21 +66,38 @@ def as_device_buffer(x, what: str, writable: bool = False) -> DeviceBuffer:
     return _from_cai(cai, what, writable)
 
 
+_TORCH_CODES: dict = {}   # torch dtype -> cx_dtype code, filled as dtypes are seen
+
+
 def _from_torch(t, what: str) -> DeviceBuffer:
-    import torch
-    if t.device.type != "cuda":
+    # Every call parses its tensors, so this takes the cheapest accessors: a Python-level
+    # microsecond here is one per rank and call, and thread ranks take turns at the GIL.
+    if not t.is_cuda:
         raise ArgumentError(f"{what}: tensor on {t.device}; the CUDA communicator takes CUDA "
                             f"tensors (use collectx.init() for CPU tensors)")
     if not t.is_contiguous():
         raise ArgumentError(f"{what}: got a non-contiguous tensor (strides {t.stride()}); "
                             f"expected a contiguous one; pass x.contiguous()")
-    name = _TORCH_NAMES.get(str(t.dtype))
-    if name is None:
-        raise DTypeError(f"{what}: torch dtype {t.dtype} is not supported; expected one of "
-                         f"{', '.join(DTYPE_CODES)}")
-    stream = torch.cuda.current_stream(t.device).cuda_stream
-    return DeviceBuffer(int(t.data_ptr()), int(t.numel()), DTYPE_CODES[name], t.element_size(),
-                        int(stream), int(t.device.index or 0), "torch")
+    code = _TORCH_CODES.get(t.dtype)
+    if code is None:
+        name = _TORCH_NAMES.get(str(t.dtype))
+        if name is None:
+            raise DTypeError(f"{what}: torch dtype {t.dtype} is not supported; expected one of "
+                             f"{', '.join(DTYPE_CODES)}")
+        code = _TORCH_CODES[t.dtype] = DTYPE_CODES[name]
+    device = t.get_device()
+    return DeviceBuffer(t.data_ptr(), t.numel(), code, t.element_size(), _torch_stream(device),
+                        device, "torch")
+
+
+def _torch_stream(device: int) -> int:
+    """torch's current stream on ``device``, as a raw handle (without making a Stream object
+    where this torch has the raw accessor)."""
+    import torch
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return int(raw(device))
+    return int(torch.cuda.current_stream(device).cuda_stream)
 
 
 def _from_cai(cai: dict, what: str, writable: bool) -> DeviceBuffer:

@@ -67,8 +67,10 @@ class CudaCommunicator:
         def prepare():
             src = self._input(x)
             res = x if out is None else out
-            return ("allreduce", src, self._output(res, src.count, src, "out"), src.count,
-                    self._op(op), 0, res)
+            # In place, a tensor is parsed once (an array interface may be read-only: check it)
+            dst = src if res is x and src.kind == "torch" else self._output(res, src.count, src,
+                                                                            "out")
+            return "allreduce", src, dst, src.count, self._op(op), 0, res
         return self._submit(prepare, x, async_op)
 
     def reduce_scatter(self, x, out=None, op: str = "sum", async_op: bool = False):
@@ -245,7 +247,7 @@ def require_gpu() -> int:
 def _on_host(x) -> bool:
     """numpy arrays and CPU tensors (not device arrays)."""
     if type(x).__module__.startswith("torch"):
-        return x.device.type == "cpu"
+        return x.is_cpu
     return hasattr(x, "__array_interface__") and not hasattr(x, "__cuda_array_interface__")
 
 

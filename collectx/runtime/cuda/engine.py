@@ -96,6 +96,7 @@ class CudaEngine:
         self._pending: collections.deque = collections.deque()  # (seq, coll, slot, event)
         self._events: list = [None] * RING   # one per status slot, reused
         self._args = self._ffi.new("cx_cuda_exec_args*")
+        self._filled = None   # the plan whose fixed fields _args holds
 
     # -- planning -------------------------------------------------------------------------------
     def _plan(self, coll: str, dtype: int, itemsize: int, count: int, root: int) -> GpuPlan:
@@ -234,12 +235,15 @@ class CudaEngine:
 
     def _fill(self, plan, coll, src, dst, count, dtype, itemsize, op, root, overlap, slot):
         a, ffi, win = self._args, self._ffi, self.win
-        a.plan, a.self_window = plan.native, ffi.cast("void*", win.self_base)
-        a.d_windows = ffi.cast("void**", win.d_windows)
-        a.set_bytes, a.coll, a.root, a.dtype, a.op = win.set_bytes, COLL_CODES[coll], root, dtype, op
-        a.count = count
+        if self._filled is not plan:   # what stays the same from call to call of one plan
+            a.plan, a.self_window = plan.native, ffi.cast("void*", win.self_base)
+            a.d_windows = ffi.cast("void**", win.d_windows)
+            a.set_bytes, a.threads, a.timeout_ns = win.set_bytes, 0, int(self.timeout * 1e9)
+            a.direct, a.lane_stride, a.device = int(self.direct), plan.stride, win.device
+            a.out_private = int(plan.flat.out_private)
+            self._filled = plan
+        a.coll, a.root, a.dtype, a.op, a.count = COLL_CODES[coll], root, dtype, op, count
         a.tile_count = tile_count(plan.flat, win.set_bytes, itemsize, count, self.direct)
-        a.direct, a.lane_stride, a.device = int(self.direct), plan.stride, win.device
         a.channels = channels(count * itemsize, plan.stride, self._blocks,
                               self.config.cuda_channels)
         same = src is not None and dst is not None and src.ptr == dst.ptr
@@ -247,11 +251,8 @@ class CudaEngine:
         a.user_in = ffi.cast("void*", src.ptr if src is not None else 0)
         a.user_out = ffi.cast("void*", dst.ptr if dst is not None else 0)
         a.in_private = int(plan.flat.in_private and not overlap)
-        a.out_private = int(plan.flat.out_private)
         a.scale = 1.0 / self.size if op == 4 else 1.0
         a.seq, a.epoch = self._seq, self._epoch
-        a.timeout_ns = int(self.timeout * 1e9)
-        a.threads = 0
         a.status_host = ffi.cast("cx_cuda_exec_status*", self._status + slot * STATUS_BYTES)
         self._status_record(slot).status = 0
         return a
