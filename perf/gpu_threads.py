@@ -107,6 +107,20 @@ def buffers(torch, comm, coll: str, n: int, dtype):
                                                                      device="cuda")
 
 
+def load_kernels(torch, dtypes: list[str], colls: list[str]) -> None:
+    """Runs every torch kernel the ranks use once, here, before any rank starts. Kernels load
+    lazily by default, and a first launch waits for the context to go idle, which it never does
+    while a peer thread's collective kernel spins waiting for this one (docs/cuda.md)."""
+    from types import SimpleNamespace
+    fake = SimpleNamespace(size=2, rank=0)
+    for name in dtypes:
+        for coll in colls:
+            x, out, want = buffers(torch, fake, coll, 64, getattr(torch, name))
+            torch.equal(out, want)
+    torch.ones(2, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+
+
 def call(comm, coll: str, x, out):
     if coll == "allreduce":
         comm.allreduce(x)
@@ -187,6 +201,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
     torch.cuda.set_device(0)
+    load_kernels(torch, args.dtypes.split(","), args.collectives.split(","))
     rate = copy_rate(torch)
     print(f"device-to-device copy (torch, 1 GiB): {rate / 1e9:.0f} GB/s, reads plus writes",
           flush=True)
