@@ -96,10 +96,11 @@ def _framework(name: str | None = None):
 
 
 def run_ranks(nranks: int, body, *, timeout: float = 60, window_bytes: int | None = None,
-              fw=None, topology=None, algo: str | None = None):
+              fw=None, topology=None, algo: str | None = None, channels: int | None = None):
     """``body(comm, fw)`` on every rank (threads, GPU 0, own stream each); results by rank.
     ``topology``: the machine the ranks plan on (its first ``nranks`` GPUs; else one hop),
-    ``algo``: the planner algorithm they are made to use (COLLECTX_ALGO)."""
+    ``algo``: the planner algorithm they are made to use (COLLECTX_ALGO), ``channels``: blocks
+    per lane (COLLECTX_CUDA_CHANNELS)."""
     from collectx.runtime.cuda import CudaCommunicator
     from collectx.runtime.store import HashStore
     fw = fw or _framework()
@@ -108,6 +109,8 @@ def run_ranks(nranks: int, body, *, timeout: float = 60, window_bytes: int | Non
         cfg = dataclasses.replace(cfg, window_bytes=window_bytes)
     if algo:
         cfg = dataclasses.replace(cfg, algo=algo)
+    if channels:
+        cfg = dataclasses.replace(cfg, cuda_channels=channels)
     store, results, errors = HashStore(), [None] * nranks, []
 
     def rank_main(r):
@@ -206,6 +209,42 @@ def test_framework_inputs_are_used_in_place(name):
         return same, fw.to_host(out, "float32")[:3].tolist()
     results = run_ranks(2, body, fw=fw)
     assert results == [(True, [3.0, 3.0, 3.0])] * 2
+
+
+# ---- direct calls: ranks of one process use each other's buffers in place ----------------------
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_collectives_whose_input_lies_inside_their_output(nranks):
+    # torch's all_gather_into_tensor and reduce_scatter_tensor in place: the input is this rank's
+    # slot of the output, or the output this rank's slot of the input. Peers read inputs where
+    # they lie, so such a call reads a copy of its input, made first on the stream.
+    n = 10_001
+
+    def body(comm, fw):
+        k, r = comm.size, comm.rank
+        whole = np.full(k * n, -1.0, np.float32)
+        whole[r * n:(r + 1) * n] = r + 1
+        out = fw.to_device(whole, "float32")
+        comm.allgather(out[r * n:(r + 1) * n], out)
+        gathered = fw.to_host(out, "float32")
+        slots = np.repeat(np.arange(k, dtype=np.float32), n) + 10 * r   # slot s holds 10r + s
+        x = fw.to_device(slots, "float32")
+        comm.reduce_scatter(x, x[r * n:(r + 1) * n])
+        reduced = fw.to_host(x, "float32")[r * n:(r + 1) * n]
+        want = np.float32(10 * k * (k - 1) // 2 + k * r)
+        return (np.array_equal(gathered, np.repeat(np.arange(1, k + 1, dtype=np.float32), n)),
+                bool((reduced == want).all()))
+    assert run_ranks(nranks, body) == [(True, True)] * nranks
+
+
+@pytest.mark.parametrize("channels", [1, 3, 64])
+def test_any_channel_count_gives_the_exact_result(channels):
+    # COLLECTX_CUDA_CHANNELS: every lane on that many blocks (capped by the control block's
+    # flags), each over its own share of the message.
+    def body(comm, fw):
+        return [run_case(comm, fw, c, "int32", "sum", 300_007, 0, 3)
+                for c in ("allreduce", "allgather", "reduce_scatter", "broadcast")]
+    bad = [m for per_rank in run_ranks(3, body, channels=channels) for m in per_rank if m]
+    assert bad == []
 
 
 # ---- stream semantics -------------------------------------------------------------------------------

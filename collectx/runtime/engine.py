@@ -38,8 +38,9 @@ _DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
 _ITEMSIZE = {c: 2 if n == "bfloat16" else np.dtype(n).itemsize for n, c in DTYPE_CODES.items()}
 _OP_NAMES = {v: k for k, v in OP_CODES.items()}
 _AVG = OP_CODES["avg"]
-_EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "CMA": 7,
-         "INTERRUPTED": 8}
+# cx_exec_status (collectx.h), the one status table of both executors' failure records.
+EXEC_STATUS = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "BADARG": 5,
+               "KERNEL": 6, "CMA": 7, "INTERRUPTED": 8}
 # Per-unit message size from which peers use user buffers across processes (cma_in/cma_out)
 # rather than staged copies in the window (see cma_min_bytes). A remote source of a reduce goes
 # through a bounce buffer, piece by piece, and numpy arrays below 4 MiB sit on 4 KiB pages that
@@ -71,7 +72,7 @@ _EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "CM
 CMA_PUSH_MIN_BYTES = 256 << 10
 CMA_PUSH_MIN_BYTES_OVERSUBSCRIBED = 1 << 20
 CMA_REDUCE_MIN_BYTES_OVERSUBSCRIBED = 2 << 20
-_PUSHED = frozenset(("allreduce", "reduce_scatter", "reduce"))
+PUSHED = frozenset(("allreduce", "reduce_scatter", "reduce"))
 # For collectives that only copy (allgather, broadcast, alltoall) a read across processes lands
 # straight in the reader's output: one copy instead of the owner's staging copy and the reader's
 # copy out. On 2 ranks it won from 16 KiB (allgather 4.3 -> 3.3 us at 16 KiB, 42.6 -> 16.5 us at
@@ -230,7 +231,7 @@ class Engine:
         else:
             s = self._planned(coll, nbytes, root).schedule
             # Rewritten here, after the sharing: only the planner's output is shared and cached
-            if coll in _PUSHED and self._cma(coll, nbytes):
+            if coll in PUSHED and self._cma(coll, nbytes):
                 s = push_copies(s)  # peers' outputs are written across processes, from cache
             elif (coll == "broadcast" and not self._crowded and self._cma(coll, nbytes)
                   and nbytes >= SHARED_BROADCAST_MIN_BYTES):
@@ -258,9 +259,9 @@ class Engine:
         if word == self._seq + 1:
             raise _RankZeroAborted()
         if word & (ABORT_FATAL | ABORT_CLOSED):
-            raise self._failure(coll, self._seq, _EXEC["ABORTED"], 0, -1, -1)
+            raise self._failure(coll, self._seq, EXEC_STATUS["ABORTED"], 0, -1, -1)
         if not _alive(self.win.pids[0]):
-            raise self._failure(coll, self._seq, _EXEC["PEER_DEAD"], 0, -1, -1)
+            raise self._failure(coll, self._seq, EXEC_STATUS["PEER_DEAD"], 0, -1, -1)
         theirs = self._rank_zero_call()
         if theirs is not None and theirs != (coll, nbytes, root):
             raise RankZeroElsewhere()
@@ -309,13 +310,13 @@ class Engine:
                     # the ranks stay in step and the communicator usable.
                     seq = self._seq
                     self._abort_locked()
-                    raise self._failure(coll, seq, _EXEC["ABORTED"], 0, -1, -1) from None
+                    raise self._failure(coll, seq, EXEC_STATUS["ABORTED"], 0, -1, -1) from None
                 except RankZeroElsewhere:
                     # Post this call's descriptor against rank 0's: every rank then finds
                     # the mismatch, as if this rank had had a plan.
                     seq = self._seq
                     res = self._mismatch_locked(coll, dtype, count, op, root)
-                    raise self._failure(coll, seq, res.status or _EXEC["MISMATCH"], res.rank,
+                    raise self._failure(coll, seq, res.status or EXEC_STATUS["MISMATCH"], res.rank,
                                         res.lane, res.index) from None
             fp, c, _ = prepared
             keep_in = c.user_in = self._null if src is None else self._ffi.from_buffer(src)
@@ -426,7 +427,7 @@ class Engine:
             deadline = self._lib.cx_exec_now_ns() + int(self.timeout * 1e9)
             fn(self.win.native, peer, self._ffi.from_buffer(arr), arr.nbytes, deadline, self._res)
             res = self._res
-            if res.status == _EXEC["MISMATCH"]:
+            if res.status == EXEC_STATUS["MISMATCH"]:
                 raise CollectiveMismatch(f"rank {self.rank}: recv of {arr.nbytes} bytes from rank "
                                          f"{peer}, which sent {res.epochs_used} bytes; expected "
                                          f"matching sizes on both sides")
@@ -462,7 +463,7 @@ class Engine:
         self._epoch += max(1, res.epochs_used)
         # Peers' descriptors differ from ours by design; a dead or stuck peer (or a fatal
         # abort) still poisons the communicator, but the caller raises its own error.
-        if res.status not in (_EXEC["OK"], _EXEC["MISMATCH"]):
+        if res.status not in (EXEC_STATUS["OK"], EXEC_STATUS["MISMATCH"]):
             self._failure("<aborted>", seq, res.status, res.rank, res.lane, res.index)
 
     def _mismatch_locked(self, coll: str, dtype: int, count: int, op: int, root: int):
@@ -522,17 +523,17 @@ class Engine:
 
     def _failure(self, coll, seq, status, peer, lane, index) -> Exception:
         me = f"rank {self.rank}, {coll} #{seq}"
-        if status == _EXEC["MISMATCH"]:
+        if status == EXEC_STATUS["MISMATCH"]:
             return CollectiveMismatch(f"{me}: ranks called different collectives: "
                                       f"{self._describe_all(seq)}; expected every rank to make "
                                       f"the same call (collective, dtype, op, count, root) in the "
                                       f"same order")
-        if status == _EXEC["ABORTED"]:
+        if status == EXEC_STATUS["ABORTED"]:
             word = int(self.win.ctl[peer][W_ABORT])
             fatal = bool(word & ABORT_FATAL)
             dead = ((word >> 16) & 0xFFFF) - 1 if fatal else -1
             if dead >= 0:  # the peer gave up because a rank died: report the death
-                status, peer = _EXEC["PEER_DEAD"], dead
+                status, peer = EXEC_STATUS["PEER_DEAD"], dead
             elif fatal:
                 self.poison(f"rank {peer} failed")
             elif word & ABORT_CLOSED:
@@ -541,30 +542,30 @@ class Engine:
                                    f"calls; expected every rank to make the same calls in the "
                                    f"same order; check which rank makes this call and the others "
                                    f"do not", rank=peer)
-        if status == _EXEC["ABORTED"]:
+        if status == EXEC_STATUS["ABORTED"]:
             return PeerAborted(f"{me}: rank {peer} aborted "
                                f"{'the communicator after a failure' if fatal else 'this call'}"
                                f" (see the error raised on rank {peer}); expected it to run the "
                                f"collective; fix the error there", rank=peer)
-        if status == _EXEC["PEER_DEAD"]:
+        if status == EXEC_STATUS["PEER_DEAD"]:
             self.poison(f"rank {peer} died", dead=peer)
             return PeerFailure(f"{me}: rank {peer} (pid {self.win.pids[peer]}) died during the "
                                f"collective; expected it alive; check its log for the crash",
                                rank=peer)
-        if status == _EXEC["CMA"]:
+        if status == EXEC_STATUS["CMA"]:
             self.poison(f"reading rank {peer} across processes failed")
             return CommError(f"{me}: reading rank {peer}'s buffer across processes "
                              f"(process_vm_readv) failed; expected it to be readable as the "
                              f"probe at setup found it; set COLLECTX_CMA=0 to stage through "
                              f"shared memory instead")
-        if status == _EXEC["INTERRUPTED"]:
+        if status == EXEC_STATUS["INTERRUPTED"]:
             self.poison(f"interrupted by a signal in {coll} #{seq}")
             where = f" (lane {lane}, instruction {index})" if lane >= 0 else ""
             return Interrupted(f"{me}: a signal (Ctrl-C or SIGTERM) came while the call had "
                                f"waited{where} a second or more for a peer; the communicator is "
                                f"aborted and its peers raise PeerAborted; expected every rank to "
                                f"reach the call; create a new communicator to go on")
-        if status == _EXEC["TIMEOUT"]:
+        if status == EXEC_STATUS["TIMEOUT"]:
             self.poison(f"timeout in {coll} #{seq}")
             return Timeout(f"{me}: no progress within {self.timeout:g} s (waiting in lane "
                            f"{lane}, instruction {index}); expected every rank to call {coll}; "
@@ -630,7 +631,7 @@ def cma_min_bytes(coll: str, crowded: bool) -> int:
         return CMA_COPY_MIN_BYTES_OVERSUBSCRIBED if crowded else CMA_COPY_MIN_BYTES
     if coll == "reduce" and crowded:
         return CMA_REDUCE_MIN_BYTES_OVERSUBSCRIBED
-    if coll in _PUSHED:
+    if coll in PUSHED:
         return CMA_PUSH_MIN_BYTES_OVERSUBSCRIBED if crowded else CMA_PUSH_MIN_BYTES
     return _NO_DATA    # barrier
 

@@ -338,7 +338,7 @@ int check_plan(const cx_exec_plan* p, long long* nsrcs, long long* ndeps) {
     return d[0] >= 0 && d[0] < p->nranks && d[1] >= 0 && d[1] < CX_CUDA_MAX_LANES && d[2] >= 0;
   };
   for (long long i = 0; i < ninstr; ++i) {
-    const int* in = p->instrs + 9 * i;
+    const int* in = p->instrs + CX_IN_WORDS * i;
     if ((in[0] != 0 && in[0] != 1) || !ref_ok(in + 1) || in[6] < 1 ||
         in[6] > CX_CUDA_MAX_SRCS || in[5] < 0 || in[7] < 0 || in[8] < 0)
       return CX_ERR_ARG;
@@ -466,7 +466,8 @@ int cx_cuda_plan_pack(const cx_exec_plan* plan, int* out, long long cap, long lo
   if (!needed) return CX_ERR_ARG;
   if (int rc = check_plan(plan, &nsrcs, &ndeps)) return rc;
   long long ninstr = plan->lane_off[plan->nlanes];
-  long long sizes[5] = {plan->nlanes + 1, 9 * ninstr, 4 * nsrcs, 3 * ndeps, 3LL * plan->nfin};
+  long long sizes[5] = {plan->nlanes + 1, CX_IN_WORDS * ninstr, 4 * nsrcs, 3 * ndeps,
+                        3LL * plan->nfin};
   const int* arrays[5] = {plan->lane_off, plan->instrs, plan->srcs, plan->deps, plan->fin_deps};
   long long total = CX_CUDA_PLAN_HEADER;
   for (long long s : sizes) total += s;

@@ -350,7 +350,7 @@ bool any_ready(const Ctx& c, const int* pc) {
     const cx_exec_plan* p = c.plan;
     for (int l = 0; l < p->nlanes; ++l) {
         if (pc[l] >= p->lane_off[l + 1]) continue;
-        const int32_t* in = p->instrs + 9 * pc[l];
+        const int32_t* in = p->instrs + CX_IN_WORDS * pc[l];
         const int32_t* deps = p->deps + 3 * in[7];
         bool ok = true;
         for (int d = 0; d < in[8] && ok; ++d) ok = dep_met(c, deps + 3 * d);
@@ -369,7 +369,7 @@ int run_lanes(Ctx& c) {
         bool progressed = false, left = false;
         for (int l = 0; l < p->nlanes; ++l) {
             for (; pc[l] < p->lane_off[l + 1]; ++pc[l]) {
-                const int32_t* in = p->instrs + 9 * pc[l];
+                const int32_t* in = p->instrs + CX_IN_WORDS * pc[l];
                 const int32_t* deps = p->deps + 3 * in[7];
                 bool ok = true;
                 for (int d = 0; d < in[8] && ok; ++d) ok = dep_met(c, deps + 3 * d);
@@ -377,7 +377,8 @@ int run_lanes(Ctx& c) {
                 // The pushed copies that follow it run inside it.
                 c.npush = 0;
                 while (c.npush < kMaxPush && pc[l] + 1 + c.npush < p->lane_off[l + 1] &&
-                       (c.push_ref[c.npush] = fusable_push(c, in, in + 9 * (1 + c.npush))))
+                       (c.push_ref[c.npush] =
+                            fusable_push(c, in, in + CX_IN_WORDS * (1 + c.npush))))
                     ++c.npush;
                 int rc = run_instr(c, in);
                 int fused = c.npush;

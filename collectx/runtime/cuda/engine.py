@@ -23,8 +23,8 @@ import threading
 from ...errors import CollectiveMismatch, NativeError, PeerAborted, PeerFailure, Timeout
 from ...log import logger, tracing
 from ...schedule.ir import GPU_LANES, Schedule
-from ..engine import (COLL_CODES, RankZeroElsewhere, barrier_schedule, posted_call, trace_call,
-                      unusable)
+from ..engine import (COLL_CODES, EXEC_STATUS, RankZeroElsewhere, barrier_schedule, posted_call,
+                      trace_call, unusable)
 from ..executor import FlatPlan
 from ..plan_share import Planned, SharedPlans
 from ..window import _alive
@@ -36,8 +36,6 @@ from .planning import cuda_schedule
 RING = 256             # status records in flight before the oldest call is waited for
 STATUS_BYTES = 16      # cx_cuda_exec_status
 DESC_OFFSET = 256      # byte offset of desc[2][8] in cx_cuda_ctl
-_EXEC = {"OK": 0, "TIMEOUT": 1, "PEER_DEAD": 2, "ABORTED": 3, "MISMATCH": 4, "BADARG": 5,
-         "KERNEL": 6}
 _NAMES = {v: k for k, v in COLL_CODES.items()}
 
 
@@ -230,7 +228,7 @@ class CudaEngine:
         self._poll_locked(block=True)   # earlier calls first: a failure there comes first
         event.synchronize()
         rec = self._status_record(slot)
-        return self._failure(coll, seq, rec.status or _EXEC["MISMATCH"], rec.rank, rec.lane,
+        return self._failure(coll, seq, rec.status or EXEC_STATUS["MISMATCH"], rec.rank, rec.lane,
                              rec.index)
 
     def _fill(self, plan, coll, src, dst, count, dtype, itemsize, op, root, overlap, slot):
@@ -308,19 +306,19 @@ class CudaEngine:
     def _failure(self, coll, seq, status, peer, lane, index) -> Exception:
         self.poison(f"{coll} #{seq} failed with executor status {status}")
         me = f"rank {self.rank} (GPU {self.win.device}), {coll} #{seq}"
-        if status == _EXEC["MISMATCH"]:
+        if status == EXEC_STATUS["MISMATCH"]:
             return CollectiveMismatch(f"{me}: ranks called different collectives: "
                                       f"{self._describe(seq)}; expected every rank to make the "
                                       f"same call (collective, dtype, op, count, root) in order")
-        if status == _EXEC["ABORTED"]:
+        if status == EXEC_STATUS["ABORTED"]:
             return PeerAborted(f"{me}: rank {peer} aborted this call or failed (see the error "
                                f"raised there); expected it to run the collective", rank=peer)
-        if status == _EXEC["TIMEOUT"]:
+        if status == EXEC_STATUS["TIMEOUT"]:
             return Timeout(f"{me}: no progress within {self.timeout:g} s waiting on rank {peer} "
                            f"(lane {lane}, instruction {index}); expected every rank to call "
                            f"{coll}; a rank may be missing, dead or stuck, or raise "
                            f"COLLECTX_TIMEOUT")
-        if status == _EXEC["PEER_DEAD"]:
+        if status == EXEC_STATUS["PEER_DEAD"]:
             return PeerFailure(f"{me}: rank {peer} died; expected it alive", rank=peer)
         return NativeError(f"{me}: the CUDA executor rejected the plan (status {status}, lane "
                            f"{lane}, instruction {index}); expected a valid schedule; report "

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from ...schedule.ir import Dep, Instr, Ref, Schedule
 from ...schedule.push import drop_empty_lanes, push_copies, read_own_copies
-from ..engine import _PUSHED
+from ..engine import PUSHED
 
 CHANNEL_BYTES = 128 << 10   # the least a channel moves: below it, a block's waits cost more
                             # than the bytes it would take over from the others
@@ -121,6 +121,6 @@ def for_direct_calls(schedule: Schedule) -> Schedule:
     """
     if schedule.collective == "allgather":
         schedule = read_own_copies(schedule)
-    elif schedule.collective not in _PUSHED:
+    elif schedule.collective not in PUSHED:
         return schedule
     return drop_empty_lanes(push_copies(schedule))
