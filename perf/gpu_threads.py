@@ -15,6 +15,7 @@ checked once against the exact answer before it is timed (``ok``).
 
     python perf/gpu_threads.py --ranks 2,4,8 --sizes 64M,512M --dtypes float32,bfloat16
     python perf/gpu_threads.py --latency --ranks 2,8     # 8-byte allreduce, back to back
+    python perf/gpu_threads.py --latency --graphs        # ... and replayed from a CUDA graph
 
 Needs torch with CUDA and a libcollectx with CUDA objects.
 """
@@ -186,6 +187,35 @@ def profile(torch, k: int, trace: str) -> None:
     prof.export_chrome_trace(trace)
 
 
+def graph_job(calls: int = 100, replays: int = 10):
+    """A job: ``calls`` 8-byte allreduces captured into one CUDA graph, replayed ``replays``
+    times; device seconds per call of a rank. torch.cuda.graph synchronizes the device as it
+    begins, so every rank captures between barriers (no peer spins in a collective then)."""
+    def job(comm, barrier):
+        import torch
+        x = torch.ones(2, dtype=torch.float32, device="cuda")
+        comm.allreduce(x, op="max")
+        comm.synchronize()
+        barrier.wait()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=torch.cuda.current_stream(),
+                              capture_error_mode="thread_local"):
+            for _ in range(calls):
+                comm.allreduce(x, op="max")
+        barrier.wait()
+        graph.replay()
+        torch.cuda.current_stream().synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        stop.record()
+        stop.synchronize()
+        comm.synchronize()
+        return start.elapsed_time(stop) / 1e3 / (calls * replays)
+    return job
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default="2,4,8", help="thread ranks per run (comma list)")
@@ -194,6 +224,8 @@ def main(argv=None) -> int:
     ap.add_argument("--collectives", default="allreduce,allgather,reduce_scatter")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--latency", action="store_true", help="8-byte allreduce latency instead")
+    ap.add_argument("--graphs", action="store_true",
+                    help="with --latency: also time calls captured into a CUDA graph, replayed")
     ap.add_argument("--profile", metavar="TRACE",
                     help="with --latency: profile the first k's calls (torch.profiler), print its "
                          "device table and write a Chrome trace here")
@@ -208,14 +240,17 @@ def main(argv=None) -> int:
     ranks = [int(k) for k in args.ranks.split(",")]
     rows = []
     if args.latency:
-        print(f"{'k':>3} {'device us/call':>15} {'host us/call':>13}")
+        print(f"{'k':>3} {'device us/call':>15} {'host us/call':>13} {'graph us/call':>14}")
         if args.profile:
             profile(torch, ranks[0], args.profile)
         for k in ranks:
             got = on_thread_ranks(k, latency_job(1000))
             dev, host = max(g[0] for g in got), max(g[1] for g in got)
-            rows.append({"k": k, "bytes": 8, "device_us": dev * 1e6, "host_us": host * 1e6})
-            print(f"{k:>3} {dev * 1e6:>15.1f} {host * 1e6:>13.1f}", flush=True)
+            graph = max(on_thread_ranks(k, graph_job())) if args.graphs else float("nan")
+            rows.append({"k": k, "bytes": 8, "device_us": dev * 1e6, "host_us": host * 1e6,
+                         "graph_us": graph * 1e6})
+            print(f"{k:>3} {dev * 1e6:>15.1f} {host * 1e6:>13.1f} {graph * 1e6:>14.1f}",
+                  flush=True)
     else:
         print(f"{'collective':<15} {'k':>2} {'dtype':<9} {'S':>6} {'ms/call':>9} "
               f"{'GB/s':>7} {'frac':>5}  ok")

@@ -274,7 +274,7 @@ def fake_engine(monkeypatch):
     """A CudaEngine whose pinned status ring is a numpy array and whose window is a stub."""
     from types import SimpleNamespace
     from collectx.runtime.cuda import _rt, engine as E
-    ring = np.zeros(E.RING * E.STATUS_BYTES // 4, dtype=np.int32)
+    ring = np.zeros((E.RING + 1) * E.STATUS_BYTES // 4, dtype=np.int32)
     monkeypatch.setattr(_rt, "host_alloc", lambda n: ring.ctypes.data)
     monkeypatch.setattr(_rt, "host_free", lambda p: None)
     win = SimpleNamespace(rank=1, size=2, device=0, set_bytes=1 << 20, self_base=4096,
@@ -364,7 +364,7 @@ def test_a_rank_without_its_plan_posts_its_call_and_raises_the_mismatch(fake_eng
     barrier = type("P", (), {"native": eng._ffi.NULL, "flat": flat, "stride": 1,
                              "in_place": False})()
 
-    def plan(coll, dtype, itemsize, count, root):
+    def plan(coll, dtype, itemsize, count, root, stream=None):
         if coll != "barrier":
             raise RankZeroElsewhere()
         return barrier

@@ -247,6 +247,39 @@ def test_any_channel_count_gives_the_exact_result(channels):
     assert bad == []
 
 
+# ---- CUDA graphs --------------------------------------------------------------------------------
+def test_a_captured_allreduce_replays_exactly_every_time():
+    # Each replay is a new call to the kernels: they take the call's epoch and sequence number
+    # from the device's counters, not from numbers fixed when the graph was captured.
+    fw = _framework("torch")
+    t = fw.t
+    probe = t.ones(4, device="cuda")   # the kernels the ranks use, loaded before any collective
+    bool((probe == 2.0).all())
+    probe.fill_(3.0)
+    # torch.cuda.graph synchronizes the device as it begins: no rank may be in a collective
+    # (spinning for its peer) while another begins its capture.
+    together = threading.Barrier(2)
+
+    def body(comm, fw):
+        x = t.full((1 << 20,), float(comm.rank + 1), device="cuda")
+        comm.allreduce(x)               # planned outside the capture, as a warm-up
+        comm.synchronize()
+        together.wait()
+        graph = t.cuda.CUDAGraph()
+        with t.cuda.graph(graph, stream=t.cuda.current_stream(),
+                          capture_error_mode="thread_local"):
+            comm.allreduce(x)
+        together.wait()
+        wrong = 0
+        for i in range(100):
+            x.fill_(float(comm.rank + 1 + i))
+            graph.replay()
+            wrong += not bool((x == float(sum(r + 1 + i for r in range(comm.size)))).all())
+        comm.synchronize()
+        return wrong
+    assert run_ranks(2, body, fw=fw) == [0, 0]
+
+
 # ---- stream semantics -------------------------------------------------------------------------------
 def test_async_work_orders_the_current_stream_without_a_host_wait():
     fw = _framework("torch") if _has("torch") else _framework()

@@ -322,7 +322,9 @@ def _cuda_engines(monkeypatch, cfg, nranks=2):
         _rt.lib()
     except collectx.CollectXError as e:
         pytest.skip(f"no CUDA entry points in the library: {e}")
-    monkeypatch.setattr(_rt, "host_alloc", lambda n: 0)
+    records = np.zeros((E.RING + 1) * E.STATUS_BYTES, np.uint8)   # the pinned status ring
+    monkeypatch.setattr(_rt, "host_alloc", lambda n: records.ctypes.data)
+    monkeypatch.setattr(_rt, "host_free", lambda p: None)
     monkeypatch.setattr(_rt, "set_device", lambda d: None)
     monkeypatch.setattr(E, "GpuPlan", lambda flat, direct=False: SimpleNamespace(
         flat=flat, free=lambda: 0, stride=E.lane_stride(flat.schedule), in_place=False))

@@ -65,7 +65,8 @@ struct KArgs {
   int off_lane, off_instrs, off_srcs, off_deps, off_fin;
   char* const* win;            // [nranks] window bases mapped here
   long long slot_off[3];       // byte offset of the input/output/scratch slot in a set
-  long long set_off;           // byte offset of set e%2 after the control block
+  long long set_bytes;         // bytes of one staging set
+  long long set_off;           // staged calls: byte offset of the set the host staged into
   long long tile_count, count, tile_off, tile_len;
   const char* user_in;         // when in_private: the user's input (whole message)
   char* user_out;              // when out_private: the user's output
@@ -75,8 +76,8 @@ struct KArgs {
   int direct;                  // ranks use each other's user buffers in place (one process)
   int last;                    // the call's last tile: a direct call reports its status then
   cx_cuda_exec_status* status_host;  // pinned (mapped) host record of the call, or NULL
-  unsigned long long epoch, seq;
-  unsigned long long desc[CX_CUDA_DESC_COMPARED];
+  int tile;                    // index of this tile in the call
+  unsigned long long desc[CX_CUDA_DESC_COMPARED];  // [0], the sequence number, is the device's
   long long timeout_ns;
 };
 
@@ -86,10 +87,14 @@ template <> struct raw_of<2> { typedef unsigned short type; };
 template <> struct raw_of<4> { typedef unsigned int type; };
 template <> struct raw_of<8> { typedef unsigned long long type; };
 
-// A block's share of every tile (elements [off, off + len) of it) and its first lane flag.
+// A block's view of a call (interp.inc, channel_of): its share of every tile (elements
+// [off, off + len) of it), its first lane flag, the call's epoch and sequence number as the
+// device counts them, and the staging set's byte offset.
 struct Chan {
   long long off, len;
   int flag0;
+  unsigned long long epoch, seq;
+  long long set_off;
 };
 
 struct Piece {
@@ -269,12 +274,12 @@ struct Launch {
   template <class T, class Op> int run_tiles(long long ntiles) {
     const cx_cuda_exec_args* c = args;
     for (long long t = 0; t < ntiles; ++t) {
-      k.epoch = c->epoch + uint64_t(t);
+      k.tile = int(t);
       k.first = t == 0;
       k.last = t == ntiles - 1;
       k.tile_off = t * c->tile_count;
       k.tile_len = std::min(c->tile_count, c->count - k.tile_off);
-      k.set_off = c->set_bytes * (long long)(k.epoch & 1);
+      k.set_off = c->set_bytes * (long long)((c->epoch + uint64_t(t)) & 1);
       if (int rc = stage(0, false)) return rc;
       if (int rc = backend.template tile<T, Op>(k)) return rc;
       if (int rc = stage(1, true)) return rc;
@@ -354,7 +359,10 @@ int check_plan(const cx_exec_plan* p, long long* nsrcs, long long* ndeps) {
   return CX_OK;
 }
 
-__global__ void abort_kernel(cx_cuda_ctl* me, unsigned long long seq, unsigned long long epoch) {
+// Rejects the call after this rank's last: its sequence number and epoch from the device's
+// counters, as the call's own kernel would have taken them.
+__global__ void abort_kernel(cx_cuda_ctl* me) {
+  unsigned long long seq = me->calls_done, epoch = me->epochs_used + 1;
   int slot = int(seq & 1);
   me->desc[slot][0] = seq;
   me->desc[slot][1] = CX_CUDA_ABORTED_CALL;
@@ -408,7 +416,7 @@ KArgs make_kargs(const cx_cuda_exec_args* c, const int* h, const int* words, int
   k.user_out = c->direct || c->out_private ? static_cast<char*>(c->user_out) : nullptr;
   k.wait_fin = c->user_out != nullptr && !c->direct;  // a direct call waits in leave_direct
   k.status_host = c->status_host;
-  k.seq = c->seq;
+  k.set_bytes = c->set_bytes;
   unsigned long long desc[CX_CUDA_DESC_COMPARED] = {
       c->seq, (unsigned long long)c->coll, (unsigned long long)c->dtype,
       (unsigned long long)c->op, (unsigned long long)c->count, (unsigned long long)c->root};
@@ -529,6 +537,18 @@ int cx_cuda_exec_launch(const cx_cuda_exec_args* c, void* stream) {
   }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   cx_cuda_ctl* me = static_cast<cx_cuda_ctl*>(c->self_window);
+  // Captured into a graph, the call runs at every replay: only a direct call can, since its
+  // kernels take epochs and sets from the device's counters, where a staged call's copies were
+  // aimed at the set of the epoch the host counted at capture.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &capture) != cudaSuccess) {
+    cudaGetLastError();
+    return CX_ERR_CUDA;
+  }
+  cx_cuda_exec_args* out = const_cast<cx_cuda_exec_args*>(c);
+  out->captured = capture == cudaStreamCaptureStatusActive;
+  if (c->captured && !c->direct) return CX_ERR_ARG;
+  cx_cuda_exec_status* status_host = c->captured ? c->capture_status : c->status_host;
   // A direct call's last block writes the status record straight into status_host (pinned host
   // memory is mapped for the device) and leaves a clean one for the next call: two stream
   // operations fewer per call. A staged call has no last block, so the stream does it.
@@ -538,17 +558,38 @@ int cx_cuda_exec_launch(const cx_cuda_exec_args* c, void* stream) {
   }
   Launch<GpuBackend> l{c, h, {s, c->threads > 0 ? c->threads : kDefaultThreads},
                        make_kargs(c, h, c->plan->d_words, es), es};
+  l.k.status_host = status_host;
   LaunchByDtype<GpuBackend> by_dtype{&l, c->op};
   int rc = cx_dispatch_dtype(c->dtype, by_dtype);
   if (rc == CX_OK && c->status_host && !c->direct &&
       cudaMemcpyAsync(c->status_host, me->status, sizeof me->status, cudaMemcpyDeviceToHost, s) !=
           cudaSuccess)
     rc = CX_ERR_CUDA;
-  if (rc == CX_OK && c->done_event &&
+  if (rc == CX_OK && c->done_event && !c->captured &&
       cudaEventRecord(static_cast<cudaEvent_t>(c->done_event), s) != cudaSuccess)
     rc = CX_ERR_CUDA;
   if (rc != CX_OK) cudaGetLastError();
   return rc;
+}
+
+int cx_cuda_exec_poll(void* event, void* stream, int* state) {
+  if (!state) return CX_ERR_ARG;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture) != cudaSuccess) {
+    cudaGetLastError();
+    return CX_ERR_CUDA;
+  }
+  if (capture == cudaStreamCaptureStatusActive || !event) {
+    *state = capture == cudaStreamCaptureStatusActive ? 2 : 0;
+    return CX_OK;
+  }
+  cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (e != cudaSuccess && e != cudaErrorNotReady) {
+    cudaGetLastError();
+    return CX_ERR_CUDA;
+  }
+  *state = e == cudaSuccess ? 0 : 1;
+  return CX_OK;
 }
 
 int cx_cuda_exec_emulate(const cx_exec_plan* plan, const cx_cuda_exec_args* c) {
@@ -571,8 +612,9 @@ int cx_cuda_exec_emulate(const cx_exec_plan* plan, const cx_cuda_exec_args* c) {
 int cx_cuda_exec_abort(void* self_window, unsigned long long seq, unsigned long long epoch,
                        void* stream) {
   if (!self_window) return CX_ERR_ARG;
+  (void)seq, (void)epoch;  // the device counts them (abort_kernel)
   abort_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<cx_cuda_ctl*>(self_window), seq, epoch);
+      static_cast<cx_cuda_ctl*>(self_window));
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? CX_OK : CX_ERR_CUDA;
 }

@@ -322,10 +322,16 @@ typedef struct {
                            * the schedule's order does not make safe */
   int device;             /* the rank's GPU: made current first if it is not */
   void* done_event;       /* NULL, or a CUDA event recorded on the stream after the call */
+  cx_cuda_exec_status* capture_status; /* pinned record of calls captured into a CUDA graph,
+                           * which every replay writes (status_host is per eager call) */
+  int captured;           /* out: 1 when the stream was capturing (the call is in the graph) */
 } cx_cuda_exec_args;
 
 /* Queues this rank's part of a collective on stream and returns without waiting. */
 int cx_cuda_exec_launch(const cx_cuda_exec_args* args, void* stream);
+/* Before a call: *state is 2 when stream is capturing a graph (then the event is not asked),
+ * else 0 when event's work is done (or event is NULL) and 1 while it runs. */
+int cx_cuda_exec_poll(void* event, void* stream, int* state);
 /* CPU emulation of cx_cuda_exec_launch, for tests without a GPU: the same interpreter code
  * compiled for the host, one thread per lane (one "thread" per block), on host-memory windows
  * (self_window, d_windows and the user pointers are host pointers; args->plan is not used).

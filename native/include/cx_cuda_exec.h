@@ -14,7 +14,8 @@
  * input and output in `user_ptr` before `ready`, so peers read and write them in place; its
  * blocks count themselves out in `exit_count`, the last one publishes `done` = epoch and waits
  * for every peer's, so no kernel returns while a peer may still touch its user's buffers.
- * Lane flags are per channel: flag ch * lane_stride + lane.
+ * Lane flags are per channel: flag ch * lane_stride + lane. A call's epoch and sequence number
+ * are counted on the device (`epochs_used`, `calls_done`), so graph replays count as calls.
  * Each hot word sits on its own 128-byte line (the GPU's cache line and NVLink request size).
  */
 #ifndef CX_CUDA_EXEC_H
@@ -49,8 +50,11 @@ struct cx_cuda_ctl {
   uint64_t pad3[14];
   uint64_t done;                        /* direct calls: epoch this rank is done with */
   uint64_t pad4[15];
-  uint32_t exit_count;                  /* direct calls: blocks of this rank that finished */
-  uint32_t pad5[63];
+  uint32_t exit_count;                  /* blocks of this rank that finished the tile */
+  uint32_t pad5[31];
+  uint64_t epochs_used;                 /* epochs (tiles) of this rank's finished calls */
+  uint64_t calls_done;                  /* this rank's finished calls: the next call's seq */
+  uint64_t pad6[14];
   uint64_t lane_flag[CX_CUDA_MAX_FLAGS][16]; /* [channel * lane_stride + lane][0] used */
 };
 
@@ -74,6 +78,7 @@ struct cx_cuda_plan {
 static_assert(offsetof(cx_cuda_ctl, abort_word) == 128 && offsetof(cx_cuda_ctl, desc) == 256 &&
                   offsetof(cx_cuda_ctl, status) == 384 && offsetof(cx_cuda_ctl, user_ptr) == 512 &&
                   offsetof(cx_cuda_ctl, done) == 640 && offsetof(cx_cuda_ctl, exit_count) == 768 &&
+                  offsetof(cx_cuda_ctl, epochs_used) == 896 &&
                   offsetof(cx_cuda_ctl, lane_flag) == CX_CUDA_FLAGS_OFFSET &&
                   sizeof(cx_cuda_ctl) <= CX_CUDA_CTL_BYTES,
               "cx_cuda_ctl layout: the kernel and the abort path address these words");

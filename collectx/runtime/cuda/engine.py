@@ -20,7 +20,8 @@ import logging
 import os
 import threading
 
-from ...errors import CollectiveMismatch, NativeError, PeerAborted, PeerFailure, Timeout
+from ...errors import (ArgumentError, CollectiveMismatch, NativeError, PeerAborted, PeerFailure,
+                       Timeout)
 from ...log import logger, tracing
 from ...schedule.ir import GPU_LANES, Schedule
 from ..engine import (COLL_CODES, EXEC_STATUS, RankZeroElsewhere, barrier_schedule, posted_call,
@@ -90,18 +91,27 @@ class CudaEngine:
         self._poisoned: str | None = None
         self._lock = threading.Lock()
         self._ffi, self._lib = _rt.lib()
-        self._status = _rt.host_alloc(RING * STATUS_BYTES)
+        self._status = _rt.host_alloc((RING + 1) * STATUS_BYTES)   # + captured calls' record
+        capture = self._ffi.cast("cx_cuda_exec_status*", self._status + RING * STATUS_BYTES)
+        capture.status = capture.rank = capture.lane = capture.index = 0
         self._pending: collections.deque = collections.deque()  # (seq, coll, slot, event)
         self._events: list = [None] * RING   # one per status slot, reused
         self._args = self._ffi.new("cx_cuda_exec_args*")
         self._filled = None   # the plan whose fixed fields _args holds
 
     # -- planning -------------------------------------------------------------------------------
-    def _plan(self, coll: str, dtype: int, itemsize: int, count: int, root: int) -> GpuPlan:
+    def _plan(self, coll: str, dtype: int, itemsize: int, count: int, root: int,
+              stream: int | None = None) -> GpuPlan:
         nbytes = count * itemsize
         key = (coll, dtype, nbytes.bit_length(), root)
         hit = self._plans.get(key)
         if hit is None:
+            if stream is not None and self._state(0, stream) == 2:
+                raise ArgumentError(
+                    f"rank {self.rank}: the first {coll} of {nbytes} bytes per rank was called "
+                    f"while its stream captures a CUDA graph; planning it copies the plan to the "
+                    f"GPU, which a capture forbids; expected each collective and size class to "
+                    f"run once before the capture (a warm-up, as NCCL's users do)")
             _rt.set_device(self.win.device)  # the current device is per thread (torch workers)
             planned = None
             if coll == "barrier":
@@ -183,15 +193,16 @@ class CudaEngine:
             trace_call(self, coll, count, dtype, op, root)
         with self._lock:
             self._check_usable()
-            self._poll_locked(block=False)
+            self._poll_locked(block=False, stream=stream)
             try:
-                plan = self._plan(coll, dtype, itemsize, count, root)
+                plan = self._plan(coll, dtype, itemsize, count, root, stream)
             except RankZeroElsewhere:
                 raise self._mismatch_locked(coll, dtype, itemsize, count, op, root,
                                             stream) from None
             seq, slot, event = self._launch_locked(plan, coll, src, dst, count, dtype, itemsize,
                                                    op, root, overlap, stream)
-            self._pending.append((seq, coll, slot, event))
+            if seq is not None:
+                self._pending.append((seq, coll, slot, event))
             return event
 
     def _launch_locked(self, plan, coll, src, dst, count, dtype, itemsize, op, root, overlap,
@@ -204,9 +215,17 @@ class CudaEngine:
         # One library call per collective (it sets the device and records the event too):
         # ranks as threads of one process take turns at the GIL at every call into C.
         rc = self._lib.cx_cuda_exec_launch(a, self._ffi.cast("void*", stream))
+        if rc != 0 and a.captured:
+            raise ArgumentError(
+                f"rank {self.rank}: {coll} called while its stream captures a CUDA graph, but "
+                f"this communicator's ranks are separate processes, whose calls stage through "
+                f"windows a replay cannot follow; expected ranks of one process (threads) for "
+                f"captured collectives; call it outside the capture")
         if rc != 0:
             self.poison(f"launch failed ({rc})")
             _rt.check(rc, f"cx_cuda_exec_launch({coll})")
+        if a.captured:   # runs at every replay, reports to the capture record (RING)
+            return None, RING, _rt.Event(handle=0)
         seq = self._seq
         self._seq += 1
         self._epoch += 1 if count == 0 else -(-count // a.tile_count)  # tiles (epochs) used
@@ -239,6 +258,7 @@ class CudaEngine:
             a.set_bytes, a.threads, a.timeout_ns = win.set_bytes, 0, int(self.timeout * 1e9)
             a.direct, a.lane_stride, a.device = int(self.direct), plan.stride, win.device
             a.out_private = int(plan.flat.out_private)
+            a.capture_status = ffi.cast("cx_cuda_exec_status*", self._status + RING * STATUS_BYTES)
             self._filled = plan
         a.coll, a.root, a.dtype, a.op, a.count = COLL_CODES[coll], root, dtype, op, count
         a.tile_count = tile_count(plan.flat, win.set_bytes, itemsize, count, self.direct)
@@ -280,12 +300,21 @@ class CudaEngine:
         with self._lock:
             self._poll_locked(block)
 
-    def _poll_locked(self, block: bool, upto: int | None = None) -> None:
+    def _poll_locked(self, block: bool, upto: int | None = None, stream: int | None = None):
+        """Raise the first failure among finished calls, oldest first (``block``: wait for
+        them). Before a call on ``stream``, asks nothing while that stream captures a graph."""
+        rec = self._status_record(RING)
+        if rec.status:   # a replay of a captured call failed
+            raise self._failure("a collective captured into a CUDA graph", -1, rec.status,
+                                rec.rank, rec.lane, rec.index)
         done = 0
         while self._pending and (upto is None or done < upto):
             seq, coll, slot, event = self._pending[0]
             if block:
                 event.synchronize()
+            elif stream is not None and done == 0:
+                if self._state(event.handle, stream) != 0:   # running, or capturing
+                    return
             elif not event.query():
                 return
             self._pending.popleft()
@@ -293,6 +322,14 @@ class CudaEngine:
             rec = self._status_record(slot)
             if rec.status:
                 raise self._failure(coll, seq, rec.status, rec.rank, rec.lane, rec.index)
+
+    def _state(self, event: int, stream: int) -> int:
+        """0: ``event`` (0: none) is done, 1: it is not, 2: ``stream`` captures a graph."""
+        state = self._ffi.new("int*")
+        _rt.check(self._lib.cx_cuda_exec_poll(self._ffi.cast("void*", event),
+                                              self._ffi.cast("void*", stream), state),
+                  "cx_cuda_exec_poll")
+        return state[0]
 
     def poison(self, why: str) -> None:
         if self._poisoned is None:
