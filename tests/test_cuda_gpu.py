@@ -277,7 +277,7 @@ def test_a_captured_allreduce_replays_exactly_every_time():
             wrong += not bool((x == float(sum(r + 1 + i for r in range(comm.size)))).all())
         comm.synchronize()
         return wrong
-    assert run_ranks(2, body, fw=fw) == [0, 0]
+    assert run_ranks(2, body, fw=fw, timeout=20) == [0, 0]
 
 
 # ---- stream semantics -------------------------------------------------------------------------------
