@@ -238,8 +238,8 @@ def test_collectives_whose_input_lies_inside_their_output(nranks):
 
 @pytest.mark.parametrize("channels", [1, 3, 64])
 def test_any_channel_count_gives_the_exact_result(channels):
-    # COLLECTX_CUDA_CHANNELS: every lane on that many blocks (capped by the control block's
-    # flags), each over its own share of the message.
+    # COLLECTX_CUDA_CHANNELS: every lane on that many blocks, each over its own share of the
+    # message; capped where the blocks of all ranks would not fit the SMs at once (64 did not).
     def body(comm, fw):
         return [run_case(comm, fw, c, "int32", "sum", 300_007, 0, 3)
                 for c in ("allreduce", "allgather", "reduce_scatter", "broadcast")]

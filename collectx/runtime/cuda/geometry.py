@@ -49,13 +49,17 @@ def lane_stride(schedule: Schedule) -> int:
 
 
 def channels(nbytes: int, lane_stride: int, blocks: int, override: int | None = None) -> int:
-    """Blocks per lane for a call moving ``nbytes`` per rank: one per CHANNEL_BYTES, at most
-    ``blocks`` (this rank's share of the GPU's SMs) over all its lanes and what the control
-    block has flags for. ``override``: COLLECTX_CUDA_CHANNELS, still capped by the flags."""
+    """Blocks per lane for a call moving ``nbytes`` per rank: one per CHANNEL_BYTES (or
+    ``override``, COLLECTX_CUDA_CHANNELS), at most ``blocks`` (this rank's share of the GPU's
+    SMs) over all its lanes and what the control block has flags for. The SM cap holds for the
+    override too: blocks that wait on each other must all be resident at once, and 64 channels of
+    3 thread ranks' broadcast on one H200 (far more blocks than SMs) waited until the timeout.
+
+    >>> channels(1 << 30, lane_stride=3, blocks=44, override=64)
+    14
+    """
     most = max(1, MAX_FLAGS // max(1, lane_stride))
-    if override is not None:
-        return max(1, min(override, most))
-    wanted = max(1, nbytes // CHANNEL_BYTES)
+    wanted = max(1, nbytes // CHANNEL_BYTES) if override is None else override
     return max(1, min(wanted, blocks // max(1, lane_stride), most))
 
 
