@@ -1,37 +1,48 @@
 // CUDA executor: the GPU interpreter of the schedule IR, the same flat plan (cx_exec_plan) the
 // CPU executor runs (native/src/executor.cpp), over IPC-mapped windows (layout cx_cuda_exec.h).
 //
-// How it works. A call is cut into tiles exactly as on the CPU. Per tile (epoch e), all queued on
-// the caller's stream with no host wait:
-//   1. stage: cudaMemcpyAsync of this tile of the user's input into my staging set e%2 (skipped
-//      when no peer reads my input: the kernel then reads the user's buffer in place);
-//   2. one interpreter kernel, one thread block per lane of my rank. Thread 0 of block 0 writes
-//      my call descriptor (tile 0) and publishes ready=e; thread 0 of every block waits until
-//      every peer's ready >= e and, on tile 0, compares the descriptors. Then each block walks its
-//      lane: thread 0 waits for the instruction's deps (epoch-stamped flags of any rank, read
-//      with system-scope acquire loads over IPC-mapped memory), __syncthreads, the whole block
-//      copies / reduces (16-byte packs once every pointer is aligned), __syncthreads, thread 0
-//      publishes the lane flag with a system-scope release store. Block 0 finally waits for the
-//      instructions that write my output (fin_deps);
-//   3. copy the tile out of my staging set into the user's output, then scale (avg).
+// How it works. A call is cut into tiles exactly as on the CPU, and each tile into channels: every
+// lane of my rank runs on `channels` thread blocks, each over its own contiguous share of the
+// tile with lane flags of its own (NCCL's channels). Per tile (epoch e), all queued on the
+// caller's stream with no host wait:
+//   1. stage (staged calls only): cudaMemcpyAsync of this tile of the user's input into my
+//      staging set e%2 (skipped when no peer reads my input);
+//   2. one interpreter kernel, lanes x channels blocks. Thread 0 of block 0 writes my call
+//      descriptor (tile 0), for a direct call where my user's buffers are, and publishes
+//      ready=e; thread 0 of every block waits until every peer's ready >= e and, on tile 0,
+//      compares the descriptors. Then each block walks its lane over its share: thread 0 waits
+//      for the instruction's deps (epoch-stamped flags of its channel on any rank, read with
+//      system-scope acquire loads), __syncthreads, the whole block copies / reduces (several
+//      16-byte packs per thread in flight) and writes the pushed copies that follow in the lane
+//      from the same registers, __syncthreads, thread 0 publishes the lane flag with a
+//      system-scope release store. The last block to finish counts the call's epochs and
+//      sequence number on the device (so a CUDA graph's replays are new calls);
+//   3. staged calls: copy the tile out of my staging set into the user's output; then scale.
 //
-// Cross-epoch safety is the CPU executor's argument, with stream order standing in for program
-// order: kernel e starts only after kernel e-1 and its copy-out finished, so ready=e still means
-// "done with e-1"; with the double buffer nobody writes set e%2 before everyone left e-2.
+// Direct calls (ranks of one process: threads on one GPU, or GPUs with peer access) stage
+// nothing: the kernel reads every rank's input and writes every rank's output where the users
+// keep them, so a call without scratch is one tile and one launch. Since peers use my user's
+// buffers, the last of my blocks waits for every peer's `done` before my kernel returns, and
+// writes the call's status straight into the pinned host record.
+//
+// Cross-epoch safety of staged calls is the CPU executor's argument, with stream order standing
+// in for program order: kernel e starts only after kernel e-1 and its copy-out finished, so
+// ready=e still means "done with e-1"; with the double buffer nobody writes set e%2 before
+// everyone left e-2. A direct call's done barrier ends every tile with every rank out of it.
 //
 // Waits are bounded: a spin polls with __nanosleep back-off, and every few hundred polls checks
 // the deadline (the GPU's global nanosecond timer), the abort word of the rank waited on, and my
 // own status word (another block of mine failed). A failure is written to my window's status
 // record (first writer wins) and, unless it is a per-call condition (mismatch, aborted call),
-// to my abort word so peers stop too; the stream copies the record to pinned host memory.
+// to my abort word so peers stop too.
 //
-// The interpreter itself (steps 2's waits, descriptor checks, pieces, copy/reduce, lane walk)
+// The interpreter itself (waits, descriptor checks, pieces, copy/reduce, lane walk, the way out)
 // lives in interp.inc and is compiled twice: for the device (namespace gpu, the kernel) and for
-// the host (namespace host, cx_cuda_exec_emulate: one CPU thread per lane), so the CPU tests run
+// the host (namespace host, cx_cuda_exec_emulate: one CPU thread per block), so the CPU tests run
 // the kernel's own logic over host-memory windows.
 //
-// Several ranks may share one GPU (ranks as processes, or threads on separate streams): the
-// grid is at most 32 blocks, so the kernels of all ranks fit on the device at once.
+// Blocks wait on blocks of other ranks, so all must be resident at once: the engine gives each
+// rank at most its share of the GPU's SMs, one 512-thread block per SM (runtime/cuda/geometry.py).
 #include <cuda/atomic>
 #include <cuda_runtime.h>
 #include <stdint.h>
