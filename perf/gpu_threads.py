@@ -216,6 +216,15 @@ def graph_job(calls: int = 100, replays: int = 10):
     return job
 
 
+def keep(row: dict, rows: list, path: str | None) -> None:
+    """Adds ``row`` to ``rows`` and appends it to the JSON-lines file ``path`` at once, so a run
+    cut short by a time limit keeps what it measured."""
+    rows.append(row)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default="2,4,8", help="thread ranks per run (comma list)")
@@ -247,8 +256,8 @@ def main(argv=None) -> int:
             got = on_thread_ranks(k, latency_job(1000))
             dev, host = max(g[0] for g in got), max(g[1] for g in got)
             graph = max(on_thread_ranks(k, graph_job())) if args.graphs else float("nan")
-            rows.append({"k": k, "bytes": 8, "device_us": dev * 1e6, "host_us": host * 1e6,
-                         "graph_us": graph * 1e6})
+            keep({"k": k, "bytes": 8, "device_us": dev * 1e6, "host_us": host * 1e6,
+                  "graph_us": graph * 1e6}, rows, args.json)
             print(f"{k:>3} {dev * 1e6:>15.1f} {host * 1e6:>13.1f} {graph * 1e6:>14.1f}",
                   flush=True)
     else:
@@ -265,14 +274,10 @@ def main(argv=None) -> int:
                         row = {"collective": coll, "k": k, "dtype": dtype, "bytes": nbytes,
                                "ms": t * 1e3, "GBps": moved / 1e9, "frac": moved / rate,
                                "ok": all(g[0] for g in got), "copy_GBps": rate / 1e9}
-                        rows.append(row)
+                        keep(row, rows, args.json)
                         print(f"{coll:<15} {k:>2} {dtype:<9} {size:>6} {t * 1e3:>9.3f} "
                               f"{moved / 1e9:>7.0f} {moved / rate:>5.2f}  "
                               f"{'yes' if row['ok'] else 'NO'}", flush=True)
-    if args.json:
-        with open(args.json, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
     return 0
 
 
