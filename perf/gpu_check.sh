@@ -2,8 +2,12 @@
 # GPU check of collectx's CUDA executor, in one command on a machine with an NVIDIA GPU:
 #   1. install the package with its CUDA extras (CuPy) and test tools;
 #   2. run the GPU tests (pytest -m gpu) and the CPU-side CUDA tests;
-#   3. print a collectx-perf sweep on the GPU (NRANKS ranks, several per GPU if needed);
-#   4. print the kernel roofline: copy / reduce GB/s against the same run's D2D memcpy;
+#   3. print a collectx-perf sweep on the GPU (NRANKS ranks, several per GPU if needed), under
+#      MPS when nvidia-cuda-mps-control exists and may start (ranks as processes sharing a GPU
+#      are otherwise time-sliced by the driver); it says which;
+#   4. print the thread-rank table (perf/gpu_threads.py: collectives and 8-byte latency against
+#      the same run's device-to-device copy) and the kernel roofline (copy / reduce GB/s against
+#      the same run's D2D memcpy);
 #   5. if torch with NCCL is installed, the same sweep through NCCL beside ours
 #      (NCCL_MULTI_RANK_GPU_ENABLE=1 lets NCCL try several ranks per GPU; a refusal is reported,
 #      not fatal).
@@ -56,9 +60,24 @@ timeout "$STEP_TIMEOUT" "$PY" -m pytest -q -m gpu -rs tests/test_cuda_gpu.py tes
 status=${PIPESTATUS[0]}
 
 section "collectx sweep (--device cuda, $NRANKS ranks)"
+MPS=0
+if command -v nvidia-cuda-mps-control >/dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/collectx-mps}"
+    export CUDA_MPS_LOG_DIRECTORY="${CUDA_MPS_LOG_DIRECTORY:-/tmp/collectx-mps-log}"
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d 2>/dev/null && MPS=1
+fi
+echo "ranks as processes: $([[ $MPS == 1 ]] && echo "under MPS" || echo "without MPS (time-sliced)")"
 timeout "$STEP_TIMEOUT" "${PERF[@]}" --device cuda -n "$NRANKS" -b 8 -e "$MAX_BYTES" -f 4 --collective all \
     --json "$OUT_DIR/sweep_collectx.json" --no-progress \
     || echo "collectx-perf --device cuda failed (see above)" >&2
+[[ $MPS == 1 ]] && echo quit | nvidia-cuda-mps-control
+
+section "thread ranks on GPU 0 (perf/gpu_threads.py)"
+timeout "$STEP_TIMEOUT" "$PY" perf/gpu_threads.py --ranks 2,4,8 --sizes 64M,512M \
+    --json "$OUT_DIR/gpu_threads.jsonl" || echo "gpu_threads.py failed (see above)" >&2
+timeout "$STEP_TIMEOUT" "$PY" perf/gpu_threads.py --latency --graphs --ranks 2,8 \
+    --json "$OUT_DIR/gpu_threads.jsonl" || echo "gpu_threads.py --latency failed" >&2
 
 section "kernel roofline (copy / reduce vs D2D memcpy)"
 timeout "$STEP_TIMEOUT" "$PY" perf/gpu_roofline.py --max-bytes "$MAX_BYTES" --json "$OUT_DIR/roofline.json" \
