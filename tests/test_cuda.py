@@ -387,6 +387,44 @@ def test_a_rank_without_its_plan_posts_its_call_and_raises_the_mismatch(fake_eng
         eng._check_usable()
 
 
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_the_watchdog_stops_a_rank_whose_peer_process_died():
+    from types import SimpleNamespace
+    from collectx.runtime.cuda.watchdog import ABORT_OFFSET, STATUS_OFFSET, Watchdog
+    writes = []
+    win = SimpleNamespace(rank=0, device=0, peers=[{"pid": os.getpid()}, {"pid": os.getpid()},
+                                                   {"pid": _dead_pid()}],
+                          write_words=lambda r, off, words: writes.append((r, off, words)))
+    dog = Watchdog(win, busy=lambda: True)
+    assert dog.look() == 2 and dog.dead == 2
+    assert writes == [(0, STATUS_OFFSET, [2 | 2 << 32, (1 << 64) - 1]),
+                      (0, ABORT_OFFSET, [(1 << 63) | 0])]
+    assert Watchdog(SimpleNamespace(rank=0, device=0, peers=[{"pid": 7}] * 2),
+                    busy=lambda: True)._watched == []     # ranks of one process: none to watch
+
+
+@needs_objects
+def test_calls_after_a_peer_died_raise_peer_failure(fake_engine):
+    import collectx.errors as errors
+    eng, ring, E = fake_engine
+    eng.win.peers = [{"pid": os.getpid()}, {"pid": _dead_pid()}]
+    eng.win.rank = 0
+    eng._watchdog = E.Watchdog(eng.win, busy=lambda: True)
+    eng.win.write_words = lambda r, off, words: None
+    eng._watchdog.look()
+    with pytest.raises(errors.PeerFailure, match="rank 1 .* died"):
+        eng.run("allreduce", None, None, 100, 6, 4, 0, 0, False, 0)
+    with pytest.raises(errors.CommError, match="unusable"):
+        eng._check_usable()
+
+
 # ---- ranks as threads on one GPU: checks that need no device ----------------------------------
 def test_too_many_thread_ranks_per_gpu_for_the_hardware_queues_is_refused(monkeypatch):
     from collectx.runtime.cuda import window

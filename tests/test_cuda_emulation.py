@@ -271,6 +271,24 @@ def test_a_missing_rank_is_a_timeout_not_a_hang():
     assert status[0][0] == 1    # CX_EXEC_TIMEOUT
 
 
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_status_written_from_outside_stops_a_waiting_kernel(direct):
+    # The watchdog's way to stop a rank whose peer process died: it writes PEER_DEAD and the dead
+    # rank into the rank's status record; the kernel's waits see it within a few hundred polls.
+    from collectx.runtime.cuda.watchdog import STATUS_OFFSET, death_words
+    emu = Emulator(2, direct=direct)
+    s = make_schedule(None, "allreduce", 2, 400)
+    x = [np.ones(100, np.float32)] * 2
+    status_words, _ = death_words(1, 0)
+    timer = threading.Timer(0.3, lambda: emu.windows[0][STATUS_OFFSET:STATUS_OFFSET + 16]
+                            .view(np.uint64).__setitem__(slice(None), status_words))
+    timer.start()
+    status = emu.call("allreduce", s, x, [a.copy() for a in x], [100, 100], "float32",
+                      ranks=[0], timeout_s=30.0)
+    timer.join()
+    assert status[0] == (2, 1)    # CX_EXEC_PEER_DEAD, rank 1, long before the 30 s deadline
+
+
 PACKED = {"allreduce": ("blink", "forest"), "broadcast": ("blink",), "reduce": ("blink",),
           "allgather": ("forest",), "reduce_scatter": ("forest",), "alltoall": ()}
 

@@ -33,6 +33,7 @@ from . import _rt
 from .geometry import (blocks_per_rank, channels, for_direct_calls, in_process, lane_stride,
                        reads_precede_writes, tile_count)
 from .planning import cuda_schedule
+from .watchdog import Watchdog
 
 RING = 256             # status records in flight before the oldest call is waited for
 STATUS_BYTES = 16      # cx_cuda_exec_status
@@ -98,6 +99,7 @@ class CudaEngine:
         self._events: list = [None] * RING   # one per status slot, reused
         self._args = self._ffi.new("cx_cuda_exec_args*")
         self._filled = None   # the plan whose fixed fields _args holds
+        self._watchdog = Watchdog(window, lambda: bool(self._pending))
 
     # -- planning -------------------------------------------------------------------------------
     def _plan(self, coll: str, dtype: int, itemsize: int, count: int, root: int,
@@ -193,6 +195,8 @@ class CudaEngine:
             trace_call(self, coll, count, dtype, op, root)
         with self._lock:
             self._check_usable()
+            if self._watchdog.dead is not None:
+                self._peer_died_locked(coll)
             self._poll_locked(block=False, stream=stream)
             try:
                 plan = self._plan(coll, dtype, itemsize, count, root, stream)
@@ -203,7 +207,18 @@ class CudaEngine:
                                                    op, root, overlap, stream)
             if seq is not None:
                 self._pending.append((seq, coll, slot, event))
+                self._watchdog.start()
             return event
+
+    def _peer_died_locked(self, coll: str) -> None:
+        """The watchdog saw a peer process die: raise what the stopped calls report, or, with
+        none left, PeerFailure for this call."""
+        self._poll_locked(block=True)
+        dead = self._watchdog.dead
+        self.poison(f"rank {dead} died")
+        raise PeerFailure(f"rank {self.rank} (GPU {self.win.device}), {coll} #{self._seq}: rank "
+                          f"{dead} (pid {self.win.peers[dead]['pid']}) died; expected it alive",
+                          rank=dead)
 
     def _launch_locked(self, plan, coll, src, dst, count, dtype, itemsize, op, root, overlap,
                        stream) -> tuple:
@@ -371,6 +386,7 @@ class CudaEngine:
 
     def close(self) -> None:
         """Wait for queued calls, free plans and status memory (errors are not raised here)."""
+        self._watchdog.stop()
         with self._lock:
             for *_, event in self._pending:
                 event.synchronize()

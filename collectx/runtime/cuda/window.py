@@ -91,6 +91,7 @@ class CudaWindow:
         self._opened: list[bytes] = []
         self._held: list[int] = []  # in-process peers' windows this rank keeps alive
         self._stream = 0            # read_words' stream, made on first use
+        self._write_stream = 0      # write_words' (the watchdog's thread), likewise
         try:
             self._rendezvous(store, prefix, window_bytes, timeout)
         except BaseException:
@@ -159,12 +160,25 @@ class CudaWindow:
         _rt.stream_synchronize(self._stream)
         return [int(v) for v in out]
 
+    def write_words(self, rank: int, offset: int, words: list[int]) -> None:
+        """Writes uint64 words into rank's control block, synchronously, on a non-blocking
+        stream of its own: it runs beside a kernel that spins on other streams."""
+        ffi, _ = _rt.lib()
+        if not self._write_stream:
+            self._write_stream = _rt.stream_create()
+        data = ffi.new("unsigned long long[]", [w & (1 << 64) - 1 for w in words])
+        _rt.memcpy(self.bases[rank] + offset, int(ffi.cast("uintptr_t", data)), 8 * len(words),
+                   self._write_stream)
+        _rt.stream_synchronize(self._write_stream)
+
     def close(self) -> None:
         """Unmap the peers' windows and free this rank's (once no rank of this process that
         mapped it still holds it). Idempotent."""
-        if self._stream:
-            stream, self._stream = self._stream, 0
-            _rt.stream_destroy(stream)
+        for name in ("_stream", "_write_stream"):
+            if getattr(self, name):
+                stream = getattr(self, name)
+                setattr(self, name, 0)
+                _rt.stream_destroy(stream)
         for handle in self._opened:
             _OPENED.drop((self.device, handle))
         self._opened = []
