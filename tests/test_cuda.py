@@ -387,6 +387,37 @@ def test_a_rank_without_its_plan_posts_its_call_and_raises_the_mismatch(fake_eng
         eng._check_usable()
 
 
+# ---- how a call is cut (runtime/cuda/geometry.py) ---------------------------------------------
+def test_channels_follow_the_size_and_stay_within_the_sms_and_the_flags():
+    from collectx.runtime.cuda.geometry import MAX_FLAGS, channels
+    assert channels(64 << 10, lane_stride=1, blocks=66) == 1           # under 128 KiB: one
+    assert channels(1 << 20, lane_stride=1, blocks=66) == 8            # one per 128 KiB
+    assert channels(1 << 30, lane_stride=1, blocks=66) == 66           # one block per SM
+    assert channels(1 << 30, lane_stride=7, blocks=16) == 2            # lanes share the SMs
+    assert channels(1 << 30, lane_stride=1, blocks=1000) == MAX_FLAGS  # the control block's flags
+    assert channels(8, lane_stride=2, blocks=66, override=20) == 20    # COLLECTX_CUDA_CHANNELS
+    assert channels(8, lane_stride=4, blocks=44, override=64) == 11    # ... within the SMs
+
+
+def test_direct_tiles_hold_scratch_alone():
+    from collectx.runtime.cuda.geometry import tile_count
+    from collectx.topology import generators as G
+    one_hop = FlatPlan(make_schedule(None, "allreduce", 4, 1 << 20), 0)
+    ring = FlatPlan(make_schedule(G.ring(4), "allreduce", 4, 1 << 20, algo="ring"), 0)
+    assert tile_count(one_hop, 1 << 16, 4, 1000, direct=True) == 1000     # no scratch: one tile
+    staged = tile_count(ring, 1 << 16, 4, 1 << 20)
+    direct = tile_count(ring, 1 << 16, 4, 1 << 20, direct=True)
+    assert direct > staged and direct * 4 * ring.units[2] <= 1 << 16
+
+
+def test_blocks_per_rank_share_each_gpu_among_its_ranks():
+    from collectx.runtime.cuda.geometry import blocks_per_rank, in_process
+    one_gpu = [{"pid": 5, "bus": "a", "sms": 132}] * 4
+    assert blocks_per_rank(one_gpu) == 33 and in_process(one_gpu)
+    two = [{"pid": p, "bus": b, "sms": 132} for p, b in ((1, "a"), (2, "a"), (3, "a"), (4, "b"))]
+    assert blocks_per_rank(two) == 44 and not in_process(two)          # the fullest GPU decides
+
+
 def _dead_pid() -> int:
     import subprocess
     import sys
