@@ -100,19 +100,21 @@ def _torch_stream(device: int) -> int:
     return int(torch.cuda.current_stream(device).cuda_stream)
 
 
+_CAI_TYPES: dict = {}   # typestr -> (cx_dtype code, item size), filled as typestrs are seen
+
+
 def _from_cai(cai: dict, what: str, writable: bool) -> DeviceBuffer:
     shape = tuple(int(s) for s in cai["shape"])
-    try:
-        dtype = np.dtype(cai["typestr"])
-    except TypeError:
-        raise DTypeError(f"{what}: CUDA array typestr {cai['typestr']!r} is not a numpy dtype; "
-                         f"expected one of {', '.join(DTYPE_CODES)}") from None
-    if dtype.name not in DTYPE_CODES:
-        raise DTypeError(f"{what}: dtype {dtype.name} is not supported; expected one of "
-                         f"{', '.join(DTYPE_CODES)}")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    typestr = cai["typestr"]
+    known = _CAI_TYPES.get(typestr)
+    if known is None:
+        known = _CAI_TYPES[typestr] = _cai_type(typestr, what)
+    code, itemsize = known
+    count = 1
+    for n in shape:
+        count *= n
     strides = cai.get("strides")
-    if strides is not None and count > 1 and tuple(strides) != _c_strides(shape, dtype.itemsize):
+    if strides is not None and count > 1 and tuple(strides) != _c_strides(shape, itemsize):
         raise ArgumentError(f"{what}: got strides {tuple(strides)} for shape {shape}; expected a "
                             f"C-contiguous array; pass cupy.ascontiguousarray(x)")
     ptr, readonly = cai["data"]
@@ -120,8 +122,21 @@ def _from_cai(cai: dict, what: str, writable: bool) -> DeviceBuffer:
         raise ArgumentError(f"{what}: got a read-only CUDA array; expected a writable one for the "
                             f"result; pass a copy")
     stream = cai.get("stream")
-    return DeviceBuffer(int(ptr or 0), count, DTYPE_CODES[dtype.name], dtype.itemsize,
+    return DeviceBuffer(int(ptr or 0), count, code, itemsize,
                         LEGACY_STREAM if stream is None else int(stream), -1, "cai")
+
+
+def _cai_type(typestr, what: str) -> tuple[int, int]:
+    """(cx_dtype code, item size) of a CUDA Array Interface typestr, or the error of one."""
+    try:
+        dtype = np.dtype(typestr)
+    except TypeError:
+        raise DTypeError(f"{what}: CUDA array typestr {typestr!r} is not a numpy dtype; "
+                         f"expected one of {', '.join(DTYPE_CODES)}") from None
+    if dtype.name not in DTYPE_CODES:
+        raise DTypeError(f"{what}: dtype {dtype.name} is not supported; expected one of "
+                         f"{', '.join(DTYPE_CODES)}")
+    return DTYPE_CODES[dtype.name], dtype.itemsize
 
 
 def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:

@@ -93,10 +93,14 @@ class CudaEngine:
         self._lock = threading.Lock()
         self._ffi, self._lib = _rt.lib()
         self._status = _rt.host_alloc((RING + 1) * STATUS_BYTES)   # + captured calls' record
-        capture = self._ffi.cast("cx_cuda_exec_status*", self._status + RING * STATUS_BYTES)
+        # The records as cffi pointers, made once: a cast costs about a microsecond per call.
+        self._records = [self._ffi.cast("cx_cuda_exec_status*", self._status + i * STATUS_BYTES)
+                         for i in range(RING + 1)]
+        capture = self._records[RING]
         capture.status = capture.rank = capture.lane = capture.index = 0
         self._pending: collections.deque = collections.deque()  # (seq, coll, slot, event)
         self._events: list = [None] * RING   # one per status slot, reused
+        self._event_ptrs: list = [None] * RING
         self._args = self._ffi.new("cx_cuda_exec_args*")
         self._filled = None   # the plan whose fixed fields _args holds
         self._watchdog = Watchdog(window, lambda: bool(self._pending))
@@ -226,7 +230,7 @@ class CudaEngine:
         slot = self._free_slot()
         event = self._events[slot] or self._new_event(slot)
         a = self._fill(plan, coll, src, dst, count, dtype, itemsize, op, root, overlap, slot)
-        a.done_event = self._ffi.cast("void*", event.handle)
+        a.done_event = self._event_ptrs[slot]
         # One library call per collective (it sets the device and records the event too):
         # ranks as threads of one process take turns at the GIL at every call into C.
         rc = self._lib.cx_cuda_exec_launch(a, self._ffi.cast("void*", stream))
@@ -250,6 +254,7 @@ class CudaEngine:
         """The event of status slot ``slot``, made on its first use and kept: a call's event is
         recorded again RING calls later, by when the call is long done (its slot was polled)."""
         self._events[slot] = _rt.Event()
+        self._event_ptrs[slot] = self._ffi.cast("void*", self._events[slot].handle)
         return self._events[slot]
 
     def _mismatch_locked(self, coll, dtype, itemsize, count, op, root, stream) -> Exception:
@@ -273,7 +278,7 @@ class CudaEngine:
             a.set_bytes, a.threads, a.timeout_ns = win.set_bytes, 0, int(self.timeout * 1e9)
             a.direct, a.lane_stride, a.device = int(self.direct), plan.stride, win.device
             a.out_private = int(plan.flat.out_private)
-            a.capture_status = ffi.cast("cx_cuda_exec_status*", self._status + RING * STATUS_BYTES)
+            a.capture_status = self._records[RING]
             self._filled = plan
         a.coll, a.root, a.dtype, a.op, a.count = COLL_CODES[coll], root, dtype, op, count
         a.tile_count = tile_count(plan.flat, win.set_bytes, itemsize, count, self.direct)
@@ -286,12 +291,12 @@ class CudaEngine:
         a.in_private = int(plan.flat.in_private and not overlap)
         a.scale = 1.0 / self.size if op == 4 else 1.0
         a.seq, a.epoch = self._seq, self._epoch
-        a.status_host = ffi.cast("cx_cuda_exec_status*", self._status + slot * STATUS_BYTES)
-        self._status_record(slot).status = 0
+        a.status_host = self._records[slot]
+        self._records[slot].status = 0
         return a
 
     def _status_record(self, slot: int):
-        return self._ffi.cast("cx_cuda_exec_status*", self._status + slot * STATUS_BYTES)
+        return self._records[slot]
 
     def _free_slot(self) -> int:
         slot = self._seq % RING
@@ -394,7 +399,7 @@ class CudaEngine:
             for event in self._events:
                 if event is not None:
                     event.destroy()
-            self._events = [None] * RING
+            self._events, self._event_ptrs = [None] * RING, [None] * RING
             for plan in self._plans.values():
                 plan.free()
             self._plans.clear()
