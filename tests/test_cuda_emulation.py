@@ -275,6 +275,38 @@ def test_a_missing_rank_is_a_timeout_not_a_hang():
     assert status[0][0] == 1    # CX_EXEC_TIMEOUT
 
 
+@pytest.mark.parametrize("algo", ["direct", "ring"])
+def test_the_same_launch_arguments_run_again_as_new_calls(algo):
+    # What a CUDA graph replays: every rank's call with the very arguments it was captured with
+    # (host sequence number and epoch included). The kernels count calls on the device, so each
+    # run is a new call -- with scratch too, whose staging set alternates with the device epoch.
+    emu = Emulator(3, set_bytes=1 << 14, channels=2, direct=True)
+    n = 20_000
+    s = for_direct_calls(make_schedule(G.ring(3) if algo == "ring" else None, "allreduce", 3,
+                                       4 * n, algo=algo))
+    bufs = [np.zeros(n, np.float32) for _ in range(3)]
+    plans = [FlatPlan(s, r) for r in range(3)]
+    tile = tile_count(plans[0], emu.set_bytes, 4, n, direct=True)
+    status = [emu.ffi.new("cx_cuda_exec_status*") for _ in range(3)]
+    args = [emu._args(plans[r], r, "allreduce", bufs[r], bufs[r], n, tile, "float32", "sum", 0,
+                      30.0, status[r]) for r in range(3)]
+    for a in args:
+        a.channels, a.lane_stride, a.direct = 2, lane_stride(s), 1
+        a.copy_input = int(not reads_precede_writes(s, 0))
+    for replay in range(4):
+        for r in range(3):
+            bufs[r][:] = np.arange(n, dtype=np.float32) % 97 + 10 * r + replay
+        threads = [threading.Thread(target=emu.lib.cx_cuda_exec_emulate,
+                                    args=(plans[r].native, args[r])) for r in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        want = 3 * (np.arange(n, dtype=np.float32) % 97 + replay) + 30
+        assert [st.status for st in status] == [0, 0, 0]
+        assert all(np.array_equal(b, want) for b in bufs), replay
+
+
 @pytest.mark.parametrize("direct", [False, True])
 def test_a_status_written_from_outside_stops_a_waiting_kernel(direct):
     # The watchdog's way to stop a rank whose peer process died: it writes PEER_DEAD and the dead
