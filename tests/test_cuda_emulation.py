@@ -19,7 +19,7 @@ from collectx.planner import make_schedule
 from collectx.runtime.arrays import DTYPE_CODES, OP_CODES
 from collectx.runtime.engine import COLL_CODES, barrier_schedule
 from collectx.runtime.cuda.geometry import (for_direct_calls, lane_stride, reads_precede_writes,
-                                            tile_count)
+                                            tile_count, tiles)
 from collectx.runtime.executor import FlatPlan
 from collectx.topology import generators as G
 
@@ -85,7 +85,7 @@ class Emulator:
             a.copy_input = int(self.direct and overlap and
                                not (same and reads_precede_writes(plans[r], r)))
             keep.append((fp, a))
-            ntiles = max(ntiles, -(-counts[r] // tile) if counts[r] else 1)
+            ntiles = max(ntiles, tiles(counts[r], tile))
             threads.append(threading.Thread(target=self.lib.cx_cuda_exec_emulate,
                                             args=(fp.native, a)))
         for t in threads:

@@ -31,7 +31,7 @@ from ..plan_share import Planned, SharedPlans
 from ..window import _alive
 from . import _rt
 from .geometry import (blocks_per_rank, channels, for_direct_calls, in_process, lane_stride,
-                       reads_precede_writes, tile_count)
+                       reads_precede_writes, tile_count, tiles)
 from .planning import cuda_schedule
 from .watchdog import Watchdog
 
@@ -247,7 +247,7 @@ class CudaEngine:
             return None, RING, _rt.Event(handle=0)
         seq = self._seq
         self._seq += 1
-        self._epoch += 1 if count == 0 else -(-count // a.tile_count)  # tiles (epochs) used
+        self._epoch += tiles(count, a.tile_count)
         return seq, slot, event
 
     def _new_event(self, slot: int):

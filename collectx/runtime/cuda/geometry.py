@@ -43,6 +43,16 @@ def tile_count(flat, set_bytes: int, itemsize: int, count: int, direct: bool = F
     return max(64, (set_bytes // (scratch * itemsize)) // 64 * 64)
 
 
+def tiles(count: int, tile: int) -> int:
+    """Tiles (epochs) a call of ``count`` elements per unit takes, ``tile`` per tile; a call of
+    none takes one (cx_cuda_exec_ntiles, which the launch itself follows).
+
+    >>> tiles(10, 4), tiles(0, 4)
+    (3, 1)
+    """
+    return 1 if count == 0 else -(-count // tile)
+
+
 def lane_stride(schedule: Schedule) -> int:
     """Lane flags per channel: the most lanes any rank has (the same on every rank)."""
     return max([len(lanes) for lanes in schedule.lanes] + [1])
