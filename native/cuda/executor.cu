@@ -425,7 +425,7 @@ KArgs make_kargs(const cx_cuda_exec_args* c, const int* h, const int* words, int
   k.nchannels = channels_of(c), k.lane_stride = lane_stride_of(c);
   k.user_in = c->direct || c->in_private ? static_cast<const char*>(c->user_in) : nullptr;
   k.user_out = c->direct || c->out_private ? static_cast<char*>(c->user_out) : nullptr;
-  k.wait_fin = c->user_out != nullptr && !c->direct;  // a direct call waits in leave_direct
+  k.wait_fin = c->user_out != nullptr && !c->direct;  // a direct call waits in leave (done)
   k.status_host = c->status_host;
   k.set_bytes = c->set_bytes;
   unsigned long long desc[CX_CUDA_DESC_COMPARED] = {
@@ -561,8 +561,9 @@ int cx_cuda_exec_launch(const cx_cuda_exec_args* c, void* stream) {
   if (c->captured && !c->direct) return CX_ERR_ARG;
   cx_cuda_exec_status* status_host = c->captured ? c->capture_status : c->status_host;
   // A direct call's last block writes the status record straight into status_host (pinned host
-  // memory is mapped for the device) and leaves a clean one for the next call: two stream
-  // operations fewer per call. A staged call has no last block, so the stream does it.
+  // memory is mapped for the device), and its status stays 0 unless it fails: two stream
+  // operations fewer per call. A staged call's tiles are separate launches, so the stream clears
+  // the status before them and copies it out after them.
   if (!c->direct && cudaMemsetAsync(me->status, 0, sizeof me->status, s) != cudaSuccess) {
     cudaGetLastError();
     return CX_ERR_CUDA;
