@@ -263,6 +263,29 @@ def test_deep_trees_climb_past_four_times_the_first_count():
     assert pipe.rungs(_deep(3), 80) == [160, 320, most]
 
 
+def test_one_lane_is_tried_only_where_it_can_win(monkeypatch):
+    # Where a packing's lanes fit twice, each piece's wait hides behind the other lane's and
+    # the one-lane try only pays them: it is made where lanes are shared or trees are deep.
+    gpus = ("GPU0", "GPU1", "GPU2", "GPU3")
+    p, lp = P.solved(job_graph(T.ring(4), gpus), gpus, "broadcast")
+    pipe = trees.Pipeline(p, 1 << 30)
+    pipe.fit(lp)
+    packing = P.equal_trees(p, lp, pipe, keep=1)[0]
+
+    def lanes():
+        first, ladders = trees._tries("blink", packing, p, pipe, "broadcast", 4, 0, False)
+        assert all(ladders)   # every first try climbs
+        return [t.buffers for t in first]
+    hidden = pipe.hidden_chunks(packing)
+    assert P.fits_twice(packing.trees, p.modes(), p.lanes) and not pipe.deep(packing, 4 * hidden)
+    assert lanes() == [2]
+    with monkeypatch.context() as m:
+        m.setattr(trees.Pipeline, "deep", lambda self, packing, chunks: True)
+        assert lanes() == [1, 2]
+    monkeypatch.setattr(P, "fits_twice", lambda trees, modes, lanes: False)
+    assert lanes() == [1, 2]
+
+
 def test_no_rung_cuts_chunks_below_the_smallest_worth_moving():
     gpus = ("GPU0", "GPU1", "GPU2", "GPU3")
     p = P.problem(job_graph(T.ring(4), gpus), gpus, "broadcast")

@@ -208,14 +208,20 @@ def _tries(name, packing, p, pipe, collective, n, root, inplace) -> tuple[list, 
     """``packing``'s schedules worth simulating, as thunks: at the pipeline model's chunk
     counts (on one lane per edge, waits paid in lockstep, :meth:`Pipeline.chunks`, hidden,
     :meth:`Pipeline.hidden_chunks`, and their geometric mean; where two lanes per edge fit,
-    the hidden count on one lane and double-buffered), and from each try at the hidden count
-    a ladder of more chunks on as many lanes (:meth:`Pipeline.rungs`, :func:`_fastest`)."""
+    the hidden count double-buffered, and on one lane as well where the trees are deep,
+    :meth:`Pipeline.deep` at four times it), and from each try at the hidden count a ladder
+    of more chunks on as many lanes (:meth:`Pipeline.rungs`, :func:`_fastest`)."""
     packing = _centred(p, packing)
     lower = _lowering(name, packing, p, collective, n, root, inplace)
     m, hidden, k = pipe.chunks(packing), pipe.hidden_chunks(packing), pipe.trees(packing)
     first = list(dict.fromkeys([(m, 1), (round((m * hidden) ** 0.5), 1), (hidden, 1)]))
     if most_buffers(packing, p.modes(), p.lanes) > 1:
-        first = [(hidden, 1), (hidden, 2)]
+        # a second lane of its own hides each piece's wait behind the other's; one lane can
+        # still win where the lanes are shared, or where the fill of many levels outweighs
+        # the waits it pays
+        alone = P.fits_twice(packing.trees, p.modes(), p.lanes)
+        first = [(hidden, 2)] if alone and not pipe.deep(packing, 4 * hidden) else \
+            [(hidden, 1), (hidden, 2)]
     rungs = pipe.rungs(packing, hidden)
     return ([_Try(lower, c, b, k) for c, b in first],
             [[_Try(lower, r, b, k) for r in rungs] if c == hidden else [] for c, b in first])
@@ -308,12 +314,17 @@ class Pipeline:
         """The chunk counts a ladder climbs from ``hidden``: twice and four times it, doubling on
         while the fill, ``(d - 1) / m`` of a run, exceeds :data:`FILL` (deep trees) and chunks
         stay at least :data:`MIN_CHUNK_BYTES`, then the most :meth:`most_chunks` allows."""
-        k, fill = self.trees(packing), self.depth(packing) - 1
+        k = self.trees(packing)
         rungs = [2 * hidden, 4 * hidden]
-        while fill > FILL * rungs[-1] and 2 * rungs[-1] <= self.unit / k / MIN_CHUNK_BYTES:
+        while self.deep(packing, rungs[-1]) and 2 * rungs[-1] <= self.unit / k / MIN_CHUNK_BYTES:
             rungs.append(2 * rungs[-1])
         most = int(self.most_chunks(k))
         return rungs + [most] * (most > rungs[-1])
+
+    def deep(self, packing: Packing, chunks: int) -> bool:
+        """Whether ``packing``'s pipeline fills for more than :data:`FILL` of a run at
+        ``chunks`` per tree: ``(d - 1) / m`` of it."""
+        return self.depth(packing) - 1 > FILL * chunks
 
     def most_chunks(self, k: int) -> float:
         """The most chunks each of ``k`` trees per group may carry."""
