@@ -68,6 +68,9 @@ NODES = 5            # branch-and-bound nodes per integer program (one per tree 
 MILP_OPTIONS = {"node_limit": NODES, "mip_rel_gap": FILL, "disp": False,
                 "mip_heuristic_run_feasibility_jump": False}
 warnings.filterwarnings("ignore", ".*mip_heuristic_run_feasibility_jump")   # scipy: passed on
+# presolve takes a third of these LPs' time and proves nothing they do not (936 of the
+# slowest 8-GPU plans' LPs: the same answers)
+SHORT_OPTIONS = {"presolve": False}
 BATCH = 4            # tree counts rounded at once (on threads): fixed, so all ranks agree
 BUILT = 3            # tree counts built into trees: the depth their arcs allow misjudges some
 PROGRAM_ROWS = 256   # Edmonds rows written out up front (2^(n-1) - 1 per group): past a few
@@ -338,6 +341,7 @@ class Rounding:
         self._rows_for, self._rows = -1, None   # Edmonds' rows, built for that many sets
         self._shorts: list = []   # per-tree limits and box of counts found short (_short)
         self._fitted: list = []   # and of counts that fit, with the rows they fit
+        self._short_rows: dict = {}   # their LPs' rows, per number of Edmonds rows
 
     def _counts(self, t: Tree) -> np.ndarray:
         """Tree ``t`` as counts: its whole column where it is one, else one per arc's way."""
@@ -445,9 +449,16 @@ class Rounding:
                for seen, rows in list(self._fitted)):
             return False
         total = K * (self.n - 1)
-        short = milp(np.zeros(len(self.cost)), bounds=bounds, constraints=self._rows_of(
-            sets, [(self.rows["weights"], -np.inf, most_load), (self.rows["total"], total, total),
-                   (None, K, np.inf)])).status == 2
+        # rows as these LPs all have them, over the rows found so far (those only grow)
+        matrix = self._short_rows.get(len(sets))
+        if matrix is None:
+            matrix = self._short_rows[len(sets)] = self._rows_of(
+                sets, [(self.rows["weights"], 0, 0), (self.rows["total"], 0, 0), (None, 0, 0)]).A
+        groups = np.full(len(self.p.groups), float(total))
+        lower = np.r_[np.full(len(most_load), -np.inf), groups, np.full(len(sets), K)]
+        upper = np.r_[most_load, groups, np.full(len(sets), np.inf)]
+        short = milp(np.zeros(len(self.cost)), bounds=bounds, options=dict(SHORT_OPTIONS),
+                     constraints=LinearConstraint(matrix, lower, upper)).status == 2
         if short:
             self._shorts.append(per_tree)
         else:
