@@ -449,31 +449,35 @@ class Rounding:
                for seen, rows in list(self._fitted)):
             return False
         total = K * (self.n - 1)
-        # rows as these LPs all have them, over the rows found so far (those only grow)
+        blocks = [(self.rows["weights"], -np.inf, most_load), (self.rows["total"], total, total),
+                  (None, K, np.inf)]
+        # only the limits differ from count to count, over the rows found so far (which grow)
         matrix = self._short_rows.get(len(sets))
         if matrix is None:
-            matrix = self._short_rows[len(sets)] = self._rows_of(
-                sets, [(self.rows["weights"], 0, 0), (self.rows["total"], 0, 0), (None, 0, 0)]).A
-        groups = np.full(len(self.p.groups), float(total))
-        lower = np.r_[np.full(len(most_load), -np.inf), groups, np.full(len(sets), K)]
-        upper = np.r_[most_load, groups, np.full(len(sets), np.inf)]
+            matrix = self._short_rows[len(sets)] = self._stacked(sets, blocks)
         short = milp(np.zeros(len(self.cost)), bounds=bounds, options=dict(SHORT_OPTIONS),
-                     constraints=LinearConstraint(matrix, lower, upper)).status == 2
+                     constraints=self._rows_of(sets, blocks, matrix)).status == 2
         if short:
             self._shorts.append(per_tree)
         else:
             self._fitted.append((per_tree, len(sets)))
         return short
 
-    def _rows_of(self, sets: list, blocks: list) -> LinearConstraint:
+    def _rows_of(self, sets: list, blocks: list, matrix=None) -> LinearConstraint:
         """``blocks`` of rows (``(matrix, lower, upper)``, the matrix None for Edmonds' rows
         over ``sets``) as one sparse constraint: scipy checks a list or a dense block where
-        every warning on every thread is an error (:data:`MILP_OPTIONS`' warns)."""
+        every warning on every thread is an error (:data:`MILP_OPTIONS`' warns). ``matrix``:
+        the blocks already stacked (:meth:`_stacked`)."""
+        heights = [len(sets) if m is None else m.shape[0] for m, _, _ in blocks]
+        lower, upper = (np.concatenate([np.broadcast_to(np.asarray(b[i], dtype=float), (h,))
+                                        for b, h in zip(blocks, heights)]) for i in (1, 2))
+        return LinearConstraint(self._stacked(sets, blocks) if matrix is None else matrix,
+                                lower, upper)
+
+    def _stacked(self, sets: list, blocks: list):
+        """The matrices of ``blocks`` (:meth:`_rows_of`) stacked, as the solver takes them."""
         mats = [self._entering(sets) if m is None else m for m, _, _ in blocks]
-        lower, upper = (np.concatenate([np.broadcast_to(np.asarray(b[i], dtype=float), m.shape[:1])
-                                        for b, m in zip(blocks, mats)]) for i in (1, 2))
-        rows = vstack([csr_array(m) for m in mats], format="csr")   # CSR stacks without COO
-        return LinearConstraint(rows.tocsc(), lower, upper)
+        return vstack([csr_array(m) for m in mats], format="csr").tocsc()   # CSR: without COO
 
     def _entering(self, sets: list) -> csr_matrix:
         """Edmonds' rows: per (group, set) of ``sets``, the columns whose arcs enter it (a
