@@ -11,7 +11,9 @@ Families (``--families``, default all), each planned for allreduce, allgather an
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
 * ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, four real
-  dumps kept aside: never used while developing the planner, reported on their own.
+  dumps kept aside: never used while developing the planner, reported on their own;
+* ``files``: as many random allocations of each topology file named by ``--files`` (any
+  format ``collectx.topology.load`` reads): machines from outside this repository.
 
 Prints one table: per family the plans, the worst and median efficiency (predicted busbw over
 the bound), how many fall below 0.95, how many beat the bound (allreduce: the ceiling; a
@@ -51,7 +53,7 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "rtx_a6000_8gpu_nvlink_pairs_2nic_nvidia-smi-topo.txt",
             "a800_8gpu_4nic_nvidia-smi-topo.txt")
 DGX1 = ("dgx1v", "dgx1p")
-FAMILIES = ("presets", "dgx1", "subsets", "generated", "real", "held-out")
+FAMILIES = ("presets", "dgx1", "subsets", "generated", "real", "held-out", "files")
 
 
 def presets(args, rng):
@@ -106,6 +108,12 @@ def held_out(args, rng):
                                        rng)
 
 
+def files(args, rng):
+    for path in args.files:
+        yield from _random_allocations("files", Path(path).name, T.load(path), args.held_out,
+                                       rng)
+
+
 def _random_allocations(family, name, G, count, rng):
     """``count`` random allocations of 2 GPUs or more (the whole machine among them)."""
     n = len(T.gpus(G))
@@ -116,7 +124,7 @@ def _random_allocations(family, name, G, count, rng):
 
 
 SOURCES = {"presets": presets, "dgx1": dgx1, "subsets": subsets, "generated": generated,
-           "real": real, "held-out": held_out}
+           "real": real, "held-out": held_out, "files": files}
 
 
 def record(family, name, G, gpus, collective, nbytes) -> dict:
@@ -167,7 +175,10 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int, default=1 << 30)
     ap.add_argument("--samples", type=int, default=10, help="allocations per machine")
     ap.add_argument("--limit", type=int, default=0, help="dgx1 allocations per size (0: all)")
-    ap.add_argument("--held-out", type=int, default=50, help="allocations per held-out dump")
+    ap.add_argument("--held-out", type=int, default=50,
+                    help="allocations per held-out dump and per --files file")
+    ap.add_argument("--files", nargs="+", default=[], metavar="TOPOLOGY",
+                    help="topology files for the files family (e.g. dumps from other sources)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jsonl", help="write one JSON line per plan")
     ap.add_argument("--collectives", default=",".join(COLLECTIVES),
