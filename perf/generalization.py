@@ -97,21 +97,23 @@ def generated(args, rng):
 
 
 def real(args, rng):
-    for path in sorted(REAL.iterdir()):
-        if path.suffix in (".xml", ".txt") and path.name not in HELD_OUT:
-            yield from _random_allocations("real", path.name, T.load(path), args.samples, rng)
+    paths = [path for path in sorted(REAL.iterdir())
+             if path.suffix in (".xml", ".txt") and path.name not in HELD_OUT]
+    yield from _of_files("real", paths, args.samples, rng)
 
 
 def held_out(args, rng):
-    for name in HELD_OUT:
-        yield from _random_allocations("held-out", name, T.load(REAL / name), args.held_out,
-                                       rng)
+    yield from _of_files("held-out", [REAL / name for name in HELD_OUT], args.held_out, rng)
 
 
 def files(args, rng):
-    for path in args.files:
-        yield from _random_allocations("files", Path(path).name, T.load(path), args.held_out,
-                                       rng)
+    yield from _of_files("files", [Path(path) for path in args.files], args.held_out, rng)
+
+
+def _of_files(family, paths, count, rng):
+    """:func:`_random_allocations` of each topology file of ``paths``, named by file name."""
+    for path in paths:
+        yield from _random_allocations(family, path.name, T.load(path), count, rng)
 
 
 def _random_allocations(family, name, G, count, rng):
