@@ -135,6 +135,17 @@ def test_space_separated_matrix_without_affinity_columns():
     assert path_class(G, "GPU0", "GPU2") == PathClass.SYS
 
 
+@pytest.mark.parametrize("underline", ["\x1b[4m", "[4m"])
+def test_header_underlined_by_a_terminal_is_read(underline):
+    end = underline.replace("4", "0")
+    text = (f"\t{underline}GPU0\tGPU1\tCPU Affinity\tNUMA Affinity{end}\n"
+            "GPU0\t X \tNV18\t0-63\t0\n"
+            "GPU1\tNV18\t X \t0-63\t0\n")
+    G = from_nvidia_smi(text)
+    assert topo.gpus(G) == ["GPU0", "GPU1"]
+    assert G.edges["GPU0", "GPU1"]["count"] == 18
+
+
 def test_matrix_with_a_missing_row_names_it():
     with pytest.raises(TopologyError, match="row for GPU2 is missing"):
         topo.load(FIXTURES / "smi_missing_row.txt")

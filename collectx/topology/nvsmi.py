@@ -48,7 +48,9 @@ _MULTIWORD = (("CPU Affinity", "CPU_Affinity"), ("NUMA Affinity", "NUMA_Affinity
 _EXTRA_COLUMNS = {"CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID"}
 _RELATIONS = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _GPU = re.compile(r"^GPU\d+$")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# nvidia-smi underlines its header on a terminal; text copied from logs keeps the codes, or
+# (pasted where the escape byte is dropped) their visible remnants "[4m" ... "[0m"
+_ANSI = re.compile(r"\x1b?\[[0-9;]*m")
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 # No GPU has more NVLink ports than this (H100, B200: 18); a row adding up to more is switched.
 MAX_NVLINKS_PER_GPU = 18
