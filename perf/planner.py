@@ -19,6 +19,10 @@ d. median planning time per allocation size on dgx1v, and for the full dgx2 and 
    allreduce or the ``--dump-collectives``; with section a, also the slowest plans of each
    allocation preset, re-timed.
 
+``--no-host-relays`` plans every section as the CUDA engine does (``plan(...,
+host_relays=False)``: no tree edge staged through host memory, against bounds without host
+staging); by default plans may stage through host memory, as the CPU executor's do.
+
 ``--retime TOPOLOGY:COLLECTIVE:GPUS ...`` re-times named plans alone (median of 5 runs); a
 topology is a preset, a topology file, or a dump of ``topology/real`` by its file name, so
 that machines outside the presets (switched ones with host staging plan slowest) are timed
@@ -77,10 +81,10 @@ def has_nvlink_ring(G, gpus) -> bool:
     return len(ids) < 3 or _hamiltonian(len(ids), hops) is not None
 
 
-def record(G, name, gpus, coll, nbytes, algo=None, verify=False) -> dict:
+def record(G, name, gpus, coll, nbytes, algo=None, verify=False, host_relays=True) -> dict:
     forget_remembered()   # timed as a first plan of its allocation: nothing remembered
     p = plan(G, coll, nbytes, gpus=list(gpus) if gpus is not None else None, algo=algo,
-             verify=verify)
+             verify=verify, host_relays=host_relays)
     d = p.summary()
     d.update(topology=name, gpus=list(gpus) if gpus is not None else "all")
     return d
@@ -94,7 +98,8 @@ def quality(args, out) -> list[dict]:
     for name, gpus in jobs:
         G = T.load(name)
         for coll in COLLECTIVES:
-            rows.append(record(G, name, gpus, coll, args.size, verify=args.verify))
+            rows.append(record(G, name, gpus, coll, args.size, verify=args.verify,
+                               host_relays=args.host_relays))
             out(rows[-1])
     print("\n(a) quality at %d bytes (simulated), efficiency = predicted busbw / bound" % args.size)
     print(f"{'topology':<16}{'collective':<11}{'plans':>6}{'min':>8}{'median':>8}{'<0.95':>7}"
@@ -131,9 +136,11 @@ def ring_only(args, rows, out):
     for coll in COLLECTIVES:
         ratios = {"ring": [], "fallback": []}
         for g in allocs:
-            chosen = by_key.get((g, coll)) or record(G, "dgx1v", g, coll, args.size)
+            chosen = by_key.get((g, coll)) or record(G, "dgx1v", g, coll, args.size,
+                                                     host_relays=args.host_relays)
             for base, algo in (("ring", "ring"), ("fallback", plan_fallback_ring)):
-                ring = record(G, "dgx1v", g, coll, args.size, algo=algo)
+                ring = record(G, "dgx1v", g, coll, args.size, algo=algo,
+                              host_relays=args.host_relays)
                 out(ring)
                 ratios[base].append(chosen["predicted_busbw_GBps"] / ring["predicted_busbw_GBps"])
         for base, what in (("fallback", "NCCL-style fallback ring"),
@@ -150,13 +157,14 @@ def small_messages(args, out):
     for name in ALLOC_PRESETS + FULL_PRESETS:
         G = T.load(name)
         for coll in COLLECTIVES:
-            chosen = record(G, name, None, coll, SMALL)
+            chosen = record(G, name, None, coll, SMALL, host_relays=args.host_relays)
             line = [f"  {name:<15}{coll:<10} chosen {chosen['algorithm']:<7}"
                     f"{chosen['predicted_time_us']:9.1f} us"]
             for base in ("ring", "tree"):
                 if base == "tree" and coll == "allgather":
                     continue
-                b = record(G, name, None, coll, SMALL, algo=base)
+                b = record(G, name, None, coll, SMALL, algo=base,
+                           host_relays=args.host_relays)
                 out(b)
                 ok = chosen["predicted_time_us"] <= b["predicted_time_us"] * (1 + 1e-9)
                 worse += not ok
@@ -169,11 +177,13 @@ def planning_time(args, rows, out):
     print("\n(d) median planning time (plan(), simulation of every candidate included)")
     G = T.load("dgx1v")
     for k in range(2, 9):
-        times = [record(G, "dgx1v", g, "allreduce", args.size)["planning_time_s"]
+        times = [record(G, "dgx1v", g, "allreduce", args.size,
+                         host_relays=args.host_relays)["planning_time_s"]
                  for g in allocations(G, [k], args.limit or 8)]
         print(f"  dgx1v {k} GPUs: {statistics.median(times):7.3f} s over {len(times)}")
     for name in ("dgx2", "mi250_16gcd"):
-        r = record(T.load(name), name, None, "allreduce", args.size)
+        r = record(T.load(name), name, None, "allreduce", args.size,
+                   host_relays=args.host_relays)
         out(r)
         print(f"  {name} full: {r['planning_time_s']:7.3f} s ({r['algorithm']})")
     if args.real_dumps:
@@ -189,7 +199,7 @@ def real_dumps(args, out):
     for path in sorted(p for p in REAL.iterdir() if p.suffix in (".xml", ".txt")):
         G = T.load(path)
         for coll in colls:
-            r = record(G, path.name, None, coll, args.size)
+            r = record(G, path.name, None, coll, args.size, host_relays=args.host_relays)
             out(r)
             eff = "" if r["efficiency"] is None else f", {r['efficiency']:.3f} of the bound"
             what = f"{path.name:<54}" + ("" if len(colls) == 1 else f" {coll:<10}")
@@ -212,7 +222,7 @@ def slowest_allocations(args, rows):
         print(f"  {name}: the {SLOWEST} slowest of {len(mine)} plans in (a), median of "
               f"{RETIMES} runs each")
         for r in sorted(mine, key=lambda r: -r["planning_time_s"])[:SLOWEST]:
-            print(_retimed(G, name, r["gpus"], r["collective"], args.size))
+            print(_retimed(G, name, r["gpus"], r["collective"], args.size, args.host_relays))
 
 
 def retime(args):
@@ -223,7 +233,7 @@ def retime(args):
         name, coll, gpus = spec.split(":")
         G = T.load(_topology(name))
         chosen = [int(g) for g in gpus.split(",")] if gpus != "all" else None
-        print(_retimed(G, name, chosen, coll, args.size))
+        print(_retimed(G, name, chosen, coll, args.size, args.host_relays))
 
 
 def _topology(name: str) -> str:
@@ -236,8 +246,9 @@ def _known(name: str) -> bool:
     return name in T.presets() or Path(_topology(name)).is_file()
 
 
-def _retimed(G, name, gpus, coll, nbytes) -> str:
-    times = [record(G, name, gpus, coll, nbytes)["planning_time_s"] for _ in range(RETIMES)]
+def _retimed(G, name, gpus, coll, nbytes, host_relays=True) -> str:
+    times = [record(G, name, gpus, coll, nbytes, host_relays=host_relays)["planning_time_s"]
+             for _ in range(RETIMES)]
     shown = ",".join(map(str, gpus)) if gpus else "all"
     return (f"    {name:<6} {coll:<10} GPUs {shown:<16}{statistics.median(times):7.3f} s "
             f"(max {max(times):.3f})")
@@ -260,6 +271,9 @@ def main(argv=None) -> int:
     ap.add_argument("--retime", nargs="*", default=[], metavar="TOPOLOGY:COLLECTIVE:GPUS",
                     help="also re-time these plans alone, e.g. dgx1p:allreduce:1,2,3,4,5,7, "
                          "dgx1v:broadcast:all or hgx_h100_nccl_topo.xml:allreduce:all")
+    ap.add_argument("--no-host-relays", dest="host_relays", action="store_false",
+                    help="plan as runtimes without host buffers do (the CUDA engine): no tree "
+                         "edge staged through host memory, bounds without host staging")
     args = ap.parse_args(argv)
     for spec in args.retime:
         if spec.count(":") != 2 or not _known(spec.split(":")[0]):
