@@ -293,3 +293,30 @@ def test_planes_a_relay_can_cross_alone_stay_striped():
     assert not routes.Routes(g, None).folded   # GPU2 -> GPU1 -> SWk -> GPU0 is the wider
     g.remove_edge("GPU2", "GPU1")
     assert routes.Routes(g, None).folded
+
+
+def test_a_plane_that_misses_a_gpu_never_counts_a_folded_link_twice():
+    # SW0-SW2 join every GPU in one ratio and fold; SW3 misses GPU0, so GPU1 -> GPU2 also
+    # stripes over SW3. Its other stripes must take the summed links, as GPU1 -> GPU0's do:
+    # over the members themselves, a link would carry both at its full capacity.
+    import collectx.topology.routes as routes
+    g = planes([[50, 50, 50, 50]] * 3)
+    g.remove_edge("GPU0", "SW3")
+    g.remove_edge("SW3", "GPU0")
+    table = routes.Routes(g, None)
+    assert table.folded
+    members = {link for parts in table.folded.values() for link, _ in parts}
+    for a, b in [("GPU1", "GPU2"), ("GPU1", "GPU0"), ("GPU0", "GPU2")]:
+        stripes = table.merged(a, b)
+        assert not members & {r for res, _, _ in stripes for r in res}
+        assert sum(share for _, _, share in stripes) == pytest.approx(1.0)
+    assert len(table.merged("GPU1", "GPU2")) == 2   # the summed planes, and SW3
+
+
+def test_trees_on_a_machine_with_a_missing_nvlink_stay_under_their_bound():
+    from collectx.planner import plan
+    g = topo.load("dgx_a100")
+    g.remove_edge("GPU0", "NVS3")
+    g.remove_edge("NVS3", "GPU0")
+    p = plan(g, "allreduce", 1 << 30, algo="blink", verify=False)
+    assert p.predicted.busbw_GBps <= p.bound.tree_busbw * 1.001

@@ -109,13 +109,24 @@ class Routes:
         simulates a quarter of the flows."""
         key = ("merged", a, b)
         if key not in self._routes:
-            stripes = self.spread(a, b)
-            routes = {tuple(self._fold.get(r, -1) for r in res) for res, _, _ in stripes}
-            lats = {lat for _, lat, _ in stripes}
-            whole = routes.pop() if len(stripes) > 1 and len(routes) == 1 == len(lats) else ()
-            self._routes[key] = ((whole, lats.pop(), 1.0),) if whole and -1 not in whole \
-                else stripes
+            self._routes[key] = self._merged(self.spread(a, b))
         return self._routes[key]
+
+    def _merged(self, stripes: tuple) -> tuple:
+        """``stripes`` with those over the twin planes as one stripe over the summed links.
+        Every stripe that crosses a folded link must take the summed one, or that link's
+        bytes would be counted twice: a pair that also stripes over a switch outside the
+        twins (a plane that misses some GPU) keeps that stripe apart."""
+        twins: dict = {}
+        rest = []
+        for res, lat, share in stripes:
+            folded = tuple(self._fold.get(r, -1) for r in res)
+            if len(stripes) > 1 and -1 not in folded:
+                twins[folded, lat] = twins.get((folded, lat), 0.0) + share
+            else:
+                rest.append((res, lat, share))
+        return tuple((res, lat, share) for (res, lat), share in twins.items()) + tuple(rest) \
+            if twins else stripes
 
     def _all_striped(self, planes: tuple) -> bool:
         """Whether every GPU pair without a link of its own stripes over ``planes`` (their
