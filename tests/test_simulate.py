@@ -320,3 +320,17 @@ def test_trees_on_a_machine_with_a_missing_nvlink_stay_under_their_bound():
     g.remove_edge("NVS3", "GPU0")
     p = plan(g, "allreduce", 1 << 30, algo="blink", verify=False)
     assert p.predicted.busbw_GBps <= p.bound.tree_busbw * 1.001
+
+
+def test_gpus_joined_through_a_switch_copy_over_it_even_where_pcie_is_wider():
+    # CUDA copies between GPUs that share an NVSwitch over NVLink; the PCIe switch above them
+    # (63 GB/s) is wider than their 50 GB/s plane, but it is not the peer route.
+    import collectx.topology.routes as routes
+    g = planes([[50.0], [50.0]])
+    g.add_node("PLX0", kind="pci_switch")
+    for gpu in ("GPU0", "GPU1"):
+        for a, b in ((gpu, "PLX0"), ("PLX0", gpu)):
+            g.add_edge(a, b, type="pcie", bw_gbps=63.0, count=1, latency_us=1.0)
+    table = routes.Routes(g, None)
+    (res, _, share), = table.spread("GPU0", "GPU1")
+    assert [table.names[r] for r in res] == [("GPU0", "SW0"), ("SW0", "GPU1")] and share == 1.0

@@ -25,6 +25,7 @@ from .model import DEFAULT_LATENCY_US
 
 LOCAL_BW_GBPS = {"gpu": 1000.0, "cpu": 10.0}
 SWITCH_KINDS = ("nvswitch",)
+FABRIC_LINKS = ("nvlink", "xgmi")   # GPU links: a peer copy takes them before PCIe
 _FALLBACK_LATENCY_US = 1.0
 
 _CACHE: dict = {}
@@ -139,7 +140,7 @@ class Routes:
                     continue
                 width = sum(min(topo.edges[a, k]["bw_gbps"], topo.edges[k, b]["bw_gbps"])
                             for k in planes)
-                if width <= self._narrowest(self.route(a, b)[0]) * (1 + 1e-9):
+                if self._wider_detour(a, b, width):
                     return False
         return True
 
@@ -181,11 +182,19 @@ class Routes:
         if not (sub.has_node(a) and sub.out_degree(a) and sub.in_degree(b)):
             return None
         value, flow = nx.maximum_flow(sub, a, b, capacity="bw_gbps")
-        if value <= self._narrowest(self.route(a, b)[0]) * (1 + 1e-9):
+        if value <= 0 or self._wider_detour(a, b, value):
             return None
         return tuple((tuple(self._index[e] for e in zip(hops, hops[1:])),
                       sum(_latency(self.topo.edges[e]) for e in zip(hops, hops[1:])), amount / value)
                      for hops, amount in _decompose(flow, a, b))
+
+    def _wider_detour(self, a, b, width: float) -> bool:
+        """Whether the widest single route from ``a`` to ``b`` is at least ``width`` GB/s wide
+        and stays on GPU links (NVLink, xGMI), relaying through another GPU. A wider PCIe
+        route does not count: GPUs joined through switches copy to each other over them."""
+        res = self.route(a, b)[0]
+        return width <= self._narrowest(res) * (1 + 1e-9) and all(
+            self.topo.edges[self.names[r]].get("type") in FABRIC_LINKS for r in res)
 
     def _narrowest(self, res: tuple[int, ...]) -> float:
         """GB/s of the narrowest of the resources ``res``."""
