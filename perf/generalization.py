@@ -8,6 +8,10 @@ Families (``--families``, default all), each planned for allreduce, allgather an
 * ``subsets``: random allocations of the other presets (``--samples`` each);
 * ``generated``: switches, rings, full meshes and multi-socket PCIe trees with and without
   NVLink bridge pairs, of random sizes and bandwidths;
+* ``irregular``: PCIe trees with random GPU link meshes, or with NVSwitch planes that some
+  GPUs reach over fewer links (``--samples`` machines, two allocations each);
+* ``degraded``: presets and real dumps with one or two GPU links narrowed or gone
+  (``--samples`` machines);
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
 * ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, four real
@@ -53,7 +57,9 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "rtx_a6000_8gpu_nvlink_pairs_2nic_nvidia-smi-topo.txt",
             "a800_8gpu_4nic_nvidia-smi-topo.txt")
 DGX1 = ("dgx1v", "dgx1p")
-FAMILIES = ("presets", "dgx1", "subsets", "generated", "real", "held-out", "files")
+FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",
+            "held-out", "files")
+FABRIC = ("nvlink", "xgmi")
 
 
 def presets(args, rng):
@@ -96,6 +102,58 @@ def generated(args, rng):
         yield "generated", f"pcie_tree{shape}{' bridged' if bridged else ''}", G, None
 
 
+def irregular(args, rng):
+    """Shapes the generated family lacks: PCIe trees with GPU links drawn at random (each
+    pair linked with probability ``p``, one to four links), or with NVSwitch planes that some
+    GPUs reach over fewer links than others, or not at all."""
+    for _ in range(args.samples):
+        shape = rng.choice(((1, 2, 2), (2, 1, 2), (2, 2, 2), (1, 1, 4), (1, 2, 3), (1, 4, 2)))
+        pcie, smp = rng.choice((15.75, 31.5, 63.0)), rng.choice((20.0, 40.0, 64.0))
+        G = T.pcie_tree(*shape, pcie_bw=pcie, smp_bw=smp)
+        n, unit = len(T.gpus(G)), rng.choice((25.0, 50.0))
+        if rng.random() < 0.5:
+            kind, p = rng.choice(FABRIC), rng.choice((0.3, 0.5, 0.8))
+            for a, b in itertools.combinations(range(n), 2):
+                if rng.random() < p:
+                    T.add_link(G, f"GPU{a}", f"GPU{b}", kind, unit * rng.randint(1, 4))
+            name = f"pcie_tree{shape} {kind} mesh p={p}"
+        else:
+            planes = rng.randint(1, 6)
+            for k in range(planes):
+                T.add_node(G, f"NVS{k}", "nvswitch")
+                for g in range(n):   # most GPUs reach every plane over two links
+                    links = rng.choice((0, 1, 2)) if rng.random() < 0.3 else 2
+                    if links:
+                        T.add_link(G, f"GPU{g}", f"NVS{k}", "nvlink", unit * links)
+            name = f"pcie_tree{shape} {planes} uneven planes"
+        yield from _random_allocations("irregular", f"{name} pcie={pcie}", G, 2, rng)
+
+
+def degraded(args, rng):
+    """Presets and real dumps with one or two GPU links narrowed (to a half or three
+    quarters) or gone, as a board with a failed NVLink or xGMI lane reports."""
+    sources = list(T.presets()) + [path for path in sorted(REAL.iterdir())
+                                   if path.suffix in (".xml", ".txt")
+                                   and path.name not in HELD_OUT]
+    for _ in range(args.samples):
+        source = rng.choice(sources)
+        G = T.load(source)
+        gpus = set(T.gpus(G))
+        links = sorted((u, v) for u, v, kind in G.edges(data="type")
+                       if kind in FABRIC and u in gpus and (v not in gpus or u < v))
+        changes = []
+        for u, v in rng.sample(links, min(len(links), rng.choice((1, 1, 2)))):
+            factor = rng.choice((0.0, 0.5, 0.75))
+            for a, b in ((u, v), (v, u)):
+                if not factor:
+                    G.remove_edge(a, b)
+                else:
+                    G.edges[a, b]["bw_gbps"] *= factor
+            changes.append(f"{u}-{v} x{factor}")
+        name = f"{getattr(source, 'name', source)} {', '.join(changes)}"
+        yield from _random_allocations("degraded", name, G, 1 + (rng.random() < 0.6), rng)
+
+
 def real(args, rng):
     paths = [path for path in sorted(REAL.iterdir())
              if path.suffix in (".xml", ".txt") and path.name not in HELD_OUT]
@@ -126,7 +184,8 @@ def _random_allocations(family, name, G, count, rng):
 
 
 SOURCES = {"presets": presets, "dgx1": dgx1, "subsets": subsets, "generated": generated,
-           "real": real, "held-out": held_out, "files": files}
+           "irregular": irregular, "degraded": degraded, "real": real, "held-out": held_out,
+           "files": files}
 
 
 def record(family, name, G, gpus, collective, nbytes) -> dict:

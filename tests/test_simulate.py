@@ -245,7 +245,8 @@ def planes(bws):
 def test_switch_planes_fold_only_where_every_gpu_links_them_in_one_ratio():
     from collectx.topology.routes import twin_planes
     assert twin_planes(planes([[25, 50, 25]] * 3)) == [("SW0", "SW1", "SW2")]
-    assert twin_planes(planes([[25, 50, 25]] * 2 + [[50, 50, 25]])) == []
+    assert twin_planes(planes([[25, 50, 25]] * 2 + [[50, 50, 25]])) == [("SW1", "SW2")]
+    assert twin_planes(planes([[25, 50, 25]] * 2 + [[50, 25, 25]])) == []
     g = planes([[25, 25]] * 3)
     g.remove_edge("SW1", "GPU2")   # a plane that cannot reach one GPU
     assert twin_planes(g) == []
@@ -254,17 +255,26 @@ def test_switch_planes_fold_only_where_every_gpu_links_them_in_one_ratio():
     assert twin_planes(g) == []
 
 
-@pytest.mark.parametrize("name,coll,algo", [("dgx_h100", "allreduce", "forest"),
-                                            ("dgx_a100", "allgather", "ring"),
-                                            ("dgx_h100", "broadcast", "blink")])
-def test_folded_switch_planes_simulate_as_the_striped_planes_do(monkeypatch, name, coll, algo):
+@pytest.mark.parametrize("name,coll,algo,narrowed", [
+    ("dgx_h100", "allreduce", "forest", None), ("dgx_a100", "allgather", "ring", None),
+    ("dgx_h100", "broadcast", "blink", None),
+    ("dgx_h100", "allreduce", "blink", ("GPU1", "NVS0")),    # three planes fold, one apart
+    ("dgx_a100", "allgather", "forest", ("GPU0", "NVS3"))])  # five fold, one misses GPU0
+def test_folded_switch_planes_simulate_as_the_striped_planes_do(monkeypatch, name, coll, algo,
+                                                                narrowed):
     # Fair shares scale with capacity: stripes over planes in their own proportions end
     # together, so one flow over the planes' summed links takes the same time and hands each
     # link the bytes its stripe carried.
     import collectx.topology.routes as routes
     from collectx.planner import registry
     from collectx.planner.api import allocation
-    ranks, view = allocation(topo.load(name), None)
+    G = topo.load(name)
+    if narrowed == ("GPU0", "NVS3"):
+        G.remove_edges_from([narrowed, narrowed[::-1]])
+    elif narrowed:
+        for a, b in (narrowed, narrowed[::-1]):
+            G.edges[a, b]["bw_gbps"] /= 2
+    ranks, view = allocation(G, None)
     s = registry.call(algo, view, ranks, coll, 64 * MB)
     folded = simulate(s, view, 64 * MB, ranks=list(ranks))
     assert routes.routes_for(view).folded

@@ -275,19 +275,30 @@ def twin_planes(topo: nx.DiGraph) -> list[tuple]:
     """Groups of switches that every transfer through them stripes over in one fixed
     proportion: each is joined to every GPU of ``topo`` and to nothing else, and each GPU's
     links to (and from) the group's switches have one latency and bandwidths in one ratio
-    across the switches (an HGX board's NVSwitch chips). :class:`Routes` folds them only where
-    every GPU pair without a link of its own does stripe over them (no relay through a GPU
-    crosses one alone).
+    across the switches (an HGX board's NVSwitch chips). A board with one link narrowed or
+    down keeps the planes whose links still are in one ratio as a group, the others apart.
+    :class:`Routes` folds them only where every GPU pair without a link of its own does stripe
+    over them (no relay through a GPU crosses one alone).
 
     >>> from collectx.topology import load
-    >>> twin_planes(load("dgx_h100"))
+    >>> G = load("dgx_h100")
+    >>> twin_planes(G)
     [('NVS0', 'NVS1', 'NVS2', 'NVS3')]
+    >>> G.edges["GPU1", "NVS0"]["bw_gbps"] /= 2
+    >>> twin_planes(G)
+    [('NVS1', 'NVS2', 'NVS3')]
     """
     gpus = {n for n, k in topo.nodes(data="kind") if k == "gpu"}
-    planes = tuple(sorted((s for s, kind in topo.nodes(data="kind") if kind in SWITCH_KINDS
-                           and set(topo.predecessors(s)) == set(topo.successors(s)) == gpus),
-                          key=str))
-    return [planes] if len(planes) > 1 and _in_ratio(topo, planes, gpus) else []
+    joined = sorted((s for s, kind in topo.nodes(data="kind") if kind in SWITCH_KINDS
+                     and set(topo.predecessors(s)) == set(topo.successors(s)) == gpus), key=str)
+    groups: list[list] = []
+    for plane in joined:   # being in one ratio is an equivalence: one pass sorts the planes
+        group = next((g for g in groups if _in_ratio(topo, (g[0], plane), gpus)), None)
+        if group is None:
+            groups.append([plane])
+        else:
+            group.append(plane)
+    return [tuple(g) for g in groups if len(g) > 1]
 
 
 def _in_ratio(topo: nx.DiGraph, planes: tuple, gpus) -> bool:
