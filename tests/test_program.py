@@ -49,6 +49,16 @@ def test_broadcast_lp_reaches_the_roots_links_and_with_host_ways_the_bound():
     assert staged.rate == pytest.approx(bounds(G, "broadcast").bound_busbw)
 
 
+@pytest.mark.parametrize("collective", ["allgather", "reduce_scatter"])
+def test_among_optimal_packings_the_lp_keeps_the_shallowest(collective):
+    # On a full mesh every arborescence loads as many links, and column generation used to
+    # stop at chains up to four hops deep: each root's star carries the same rate in one hop.
+    ranks, view = allocation(T.fully_connected(5), None)
+    p, lp = P.solved(view, ranks, collective)
+    assert lp.rate == pytest.approx(bounds(view, collective).bound_busbw / (len(ranks) - 1))
+    assert {t.depth() for t in lp.trees} == {1}
+
+
 def test_a_line_of_three_packs_trees_both_ways_at_its_link_rate():
     p, lp, _, _ = packed(T.line(3, bw=100.0), "allreduce")
     assert lp.rate == pytest.approx(100.0)   # busbw 133: beyond reduce-scatter + allgather

@@ -208,7 +208,30 @@ def fractional(p: Problem) -> Packing:
                     cols += [(g, t, use_of(p, t)) for t in host_stars(p, g, best)]
         return cols
 
-    return column_generation(p.caps, tuple(range(len(p.groups))), price)
+    seed = [(g, t, use_of(p, t)) for g in range(len(p.groups)) for staged in (False, True)
+            if (t := _star(p, g, staged))]
+    return column_generation(p.caps, tuple(range(len(p.groups))), price, seed, _levels_of)
+
+
+def _levels_of(tree: Tree) -> float:
+    """How deep ``tree`` holds its GPUs, summed (a staged edge two levels): what the LP's
+    tie-break minimises, as every level is a chunk time of pipeline fill."""
+    return float(sum(tree.levels(staged_twice=True).values()))
+
+
+def _star(p: Problem, g: int, staged: bool) -> Tree | None:
+    """Group ``g``'s star, each arc over its way through the fewest links, staged through host
+    memory or not (None where some arc has no such way): the shallowest trees, which pricing by
+    link duals alone rarely proposes where every tree loads as many links (a full mesh)."""
+    root, mode = p.groups[g]
+    edges = [(root, v) for v in range(len(p.gpus)) if v != root]
+    picks = []
+    for e in edges:
+        options = [k for k, w in enumerate(p.ways[mode].get(e, ())) if (w.down or w.up) == staged]
+        if not options:
+            return None
+        picks.append(min(options, key=lambda k: len(p.ways[mode][e][k].load)))
+    return tree_of(p, g, edges, picks)
 
 
 def _way_rows(ways: dict, nlinks: int) -> tuple:

@@ -283,13 +283,15 @@ def usage(paths) -> dict:
     return use
 
 
-def column_generation(caps, groups: tuple, price) -> Packing:
+def column_generation(caps, groups: tuple, price, seed=(), cost=None) -> Packing:
     """The packing LP over the link capacities ``caps`` (GB/s per link id), solved over the columns
     ``price(y, exact)`` proposes until none improves.
 
     ``price`` returns ``[(group, Tree, {link id: uses})]``, the cheapest column of each group under
     link prices ``y``; ``exact`` is False while it may bias its choice among nearly equal columns
-    (the loop then finishes with exact prices)."""
+    (the loop then finishes with exact prices). ``cost(tree)``: among the packings at the
+    optimal rate, the trees returned are those of least total ``cost`` (weighted by rate) over
+    the columns found and the columns ``seed`` (of the same form)."""
     caps = np.asarray(caps, dtype=float)
     gid = {g: i for i, g in enumerate(groups)}
     cols: list = []
@@ -315,6 +317,14 @@ def column_generation(caps, groups: tuple, price) -> Packing:
     else:
         raise PlanError(f"tree packing did not converge in {_MAX_ROUNDS} rounds on "
                         f"{len(caps)} links; report this topology")
+    if cost is not None:   # the seeds join last: the optimum over every column is x already
+        for c in seed:
+            if _key(c) not in seen:
+                seen.add(_key(c))
+                cols.append(c)
+                lp.add(gid[c[0]], c[2])
+        lam = _least_cost(caps, len(gid), lp, x, [cost(t) for _, t, _ in cols],
+                          np.r_[lam, np.zeros(len(cols) - len(lam))])
     every = tuple(replace(t, rate=max(float(v), 0.0))
                   for (g, t, _), v in zip(cols, lam))
     trees = tuple(t for t in every if t.rate > 1e-9 * max(x, 1e-300))
@@ -360,6 +370,17 @@ class _Rows:
             self.rows.append(e)
             self.cix.append(j)
             self.vals.append(cnt)
+
+
+def _least_cost(caps, ng: int, lp: _Rows, rate: float, cost: list, lam):
+    """Column rates of least ``cost`` that still give every group ``rate`` (less a hair for
+    the solver's tolerance) within ``caps``; ``lam`` where that LP fails."""
+    m, k = len(caps), len(lp.group)
+    A_ub = sp.csr_matrix((lp.vals, (lp.rows, lp.cix)), shape=(m, k))
+    A_eq = sp.csr_matrix(([1.0] * k, (lp.group, list(range(k)))), shape=(ng, k))
+    res = linprog(np.asarray(cost, dtype=float), A_ub=A_ub, b_ub=caps, A_eq=A_eq,
+                  b_eq=np.full(ng, rate * (1 - 1e-9)), bounds=(0, None), method="highs")
+    return res.x if res.status == 0 else lam
 
 
 def _solve(caps, ng: int, lp: _Rows):
