@@ -214,8 +214,7 @@ def fractional(p: Problem) -> Packing:
 
 
 def _levels_of(tree: Tree) -> float:
-    """How deep ``tree`` holds its GPUs, summed (a staged edge two levels): what the LP's
-    tie-break minimises, as every level is a chunk time of pipeline fill."""
+    """Its GPUs' levels summed (staged hops two): each level is a chunk time of fill."""
     return float(sum(tree.levels(staged_twice=True).values()))
 
 
@@ -225,13 +224,9 @@ def _star(p: Problem, g: int, staged: bool) -> Tree | None:
     link duals alone rarely proposes where every tree loads as many links (a full mesh)."""
     root, mode = p.groups[g]
     edges = [(root, v) for v in range(len(p.gpus)) if v != root]
-    picks = []
-    for e in edges:
-        options = [k for k, w in enumerate(p.ways[mode].get(e, ())) if (w.down or w.up) == staged]
-        if not options:
-            return None
-        picks.append(min(options, key=lambda k: len(p.ways[mode][e][k].load)))
-    return tree_of(p, g, edges, picks)
+    options = [[(len(w.load), k) for k, w in enumerate(p.ways[mode].get(e, ()))
+                if (w.down or w.up) == staged] for e in edges]
+    return tree_of(p, g, edges, [min(o)[1] for o in options]) if all(options) else None
 
 
 def _way_rows(ways: dict, nlinks: int) -> tuple:

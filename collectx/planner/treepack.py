@@ -297,6 +297,13 @@ def column_generation(caps, groups: tuple, price, seed=(), cost=None) -> Packing
     cols: list = []
     lp = _Rows()
     seen: set = set()
+
+    def take(columns):   # the new ones join the LP
+        for c in columns:
+            if _key(c) not in seen:
+                seen.add(_key(c))
+                cols.append(c)
+                lp.add(gid[c[0]], c[2])
     y = 1.0 / caps                       # start from short, fat paths
     mu = None                            # no duals before the first solve: take every column
     exact = False
@@ -308,21 +315,13 @@ def column_generation(caps, groups: tuple, price, seed=(), cost=None) -> Packing
                 break
             exact = True          # biased pricing converged; finish at the exact optimum
             continue
-        for c in fresh + _variants(price, y, fresh, exact, seen):
-            if _key(c) not in seen:
-                seen.add(_key(c))
-                cols.append(c)
-                lp.add(gid[c[0]], c[2])
+        take(fresh + _variants(price, y, fresh, exact, seen))
         x, lam, y, mu = _solve(caps, len(gid), lp)
     else:
         raise PlanError(f"tree packing did not converge in {_MAX_ROUNDS} rounds on "
                         f"{len(caps)} links; report this topology")
     if cost is not None:   # the seeds join last: the optimum over every column is x already
-        for c in seed:
-            if _key(c) not in seen:
-                seen.add(_key(c))
-                cols.append(c)
-                lp.add(gid[c[0]], c[2])
+        take(seed)
         lam = _least_cost(caps, len(gid), lp, x, [cost(t) for _, t, _ in cols],
                           np.r_[lam, np.zeros(len(cols) - len(lam))])
     every = tuple(replace(t, rate=max(float(v), 0.0))
