@@ -48,6 +48,7 @@ import collectx.topology as T
 from collectx.errors import NoFeasiblePlan
 from collectx.planner import plan
 from collectx.planner._build import forget_remembered
+from collectx.topology.model import GPU_LINK_TYPES
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
 REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
@@ -59,7 +60,6 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
 DGX1 = ("dgx1v", "dgx1p")
 FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",
             "held-out", "files")
-FABRIC = ("nvlink", "xgmi")
 
 
 def presets(args, rng):
@@ -112,7 +112,7 @@ def irregular(args, rng):
         G = T.pcie_tree(*shape, pcie_bw=pcie, smp_bw=smp)
         n, unit = len(T.gpus(G)), rng.choice((25.0, 50.0))
         if rng.random() < 0.5:
-            kind, p = rng.choice(FABRIC), rng.choice((0.3, 0.5, 0.8))
+            kind, p = rng.choice(GPU_LINK_TYPES), rng.choice((0.3, 0.5, 0.8))
             for a, b in itertools.combinations(range(n), 2):
                 if rng.random() < p:
                     T.add_link(G, f"GPU{a}", f"GPU{b}", kind, unit * rng.randint(1, 4))
@@ -140,7 +140,7 @@ def degraded(args, rng):
         G = T.load(source)
         gpus = set(T.gpus(G))
         links = sorted((u, v) for u, v, kind in G.edges(data="type")
-                       if kind in FABRIC and u in gpus and (v not in gpus or u < v))
+                       if kind in GPU_LINK_TYPES and u in gpus and (v not in gpus or u < v))
         changes = []
         for u, v in rng.sample(links, min(len(links), rng.choice((1, 1, 2)))):
             factor = rng.choice((0.0, 0.5, 0.75))

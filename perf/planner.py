@@ -54,6 +54,7 @@ from collectx.planner import plan
 from collectx.planner._build import forget_remembered
 from fallback_ring import plan_fallback_ring
 from collectx.planner.ring_search import _hamiltonian
+from collectx.topology.model import GPU_LINK_TYPES
 
 ALLOC_PRESETS = ("dgx1v", "dgx1p")
 FULL_PRESETS = ("dgx2", "dgx_a100", "dgx_h100", "mi250_16gcd", "mi300x", "pcie_gen4_8gpu")
@@ -77,7 +78,7 @@ def has_nvlink_ring(G, gpus) -> bool:
     """Whether the GPUs can be ordered in a ring of direct NVLink/xGMI links."""
     ids = [T.gpus(G)[g] for g in gpus]
     hops = {(i, j): 1.0 for i, a in enumerate(ids) for j, b in enumerate(ids)
-            if i != j and G.has_edge(a, b) and G.edges[a, b]["type"] in ("nvlink", "xgmi")}
+            if i != j and G.has_edge(a, b) and G.edges[a, b]["type"] in GPU_LINK_TYPES}
     return len(ids) < 3 or _hamiltonian(len(ids), hops) is not None
 
 

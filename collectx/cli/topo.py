@@ -19,7 +19,7 @@ import networkx as nx
 
 from ..errors import ArgumentError
 from ..topology import load, local_topology, nodes_of_kind, subset, to_json
-from ..topology.model import gpus
+from ..topology.model import GPU_LINK_TYPES, gpus
 from ..topology.paths import PathClass, paths
 
 LEGEND = """\
@@ -60,7 +60,7 @@ def _cell(G: nx.DiGraph, a: str, b: str, P: dict) -> str:
     if a == b:
         return "X"
     edge = G.get_edge_data(a, b)
-    if edge and edge["type"] in ("nvlink", "xgmi"):
+    if edge and edge["type"] in GPU_LINK_TYPES:
         tag = "NV" if edge["type"] == "nvlink" else "XG"
         return f"{tag}{edge['count']} {edge['bw_gbps']:g}"
     count, bw = _via_shared_nvswitches(G, a, b)

@@ -34,6 +34,7 @@ UNITS = {"bw_gbps": "GB/s per direction, all links of the bundle together "
 
 NODE_KINDS = ("gpu", "cpu", "nvswitch", "pci_switch", "nic", "net_switch", "host")
 LINK_TYPES = ("nvlink", "xgmi", "pcie", "smp", "net", "shm")
+GPU_LINK_TYPES = ("nvlink", "xgmi")   # GPU-to-GPU links: CUDA/HIP peer copies take them first
 
 # Per-hop latency defaults in microseconds. NVLink, PCIe and network values are NCCL's LL
 # per-hop hardware latencies (tuning.cc hwLat: NVLink 0.6, PCI 1.0, NET 2.7 for rings, rounded);

@@ -47,9 +47,9 @@ from itertools import count
 import networkx as nx
 
 from ..errors import TopologyError
-from .model import gpus, natural_key
+from .model import GPU_LINK_TYPES, gpus, natural_key
 
-_NVLINK_TYPES = ("nvlink", "xgmi")
+_NVLINK_TYPES = GPU_LINK_TYPES
 
 
 class PathClass(enum.IntEnum):

@@ -21,11 +21,10 @@ from __future__ import annotations
 import networkx as nx
 
 from ..errors import TopologyError
-from .model import DEFAULT_LATENCY_US
+from .model import DEFAULT_LATENCY_US, GPU_LINK_TYPES
 
 LOCAL_BW_GBPS = {"gpu": 1000.0, "cpu": 10.0}
 SWITCH_KINDS = ("nvswitch",)
-FABRIC_LINKS = ("nvlink", "xgmi")   # GPU links: a peer copy takes them before PCIe
 _FALLBACK_LATENCY_US = 1.0
 
 _CACHE: dict = {}
@@ -194,7 +193,7 @@ class Routes:
         route does not count: GPUs joined through switches copy to each other over them."""
         res = self.route(a, b)[0]
         return width <= self._narrowest(res) * (1 + 1e-9) and all(
-            self.topo.edges[self.names[r]].get("type") in FABRIC_LINKS for r in res)
+            self.topo.edges[self.names[r]].get("type") in GPU_LINK_TYPES for r in res)
 
     def _narrowest(self, res: tuple[int, ...]) -> float:
         """GB/s of the narrowest of the resources ``res``."""

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from ..errors import ArgumentError, TopologyError
-from .model import natural_key
+from .model import GPU_LINK_TYPES, natural_key
 from .routes import routes_for
 
 _HOP_EPS = 1e-9   # tie-break: among equal-price paths prefer fewer hops
@@ -315,7 +315,7 @@ def require_connected(G: nx.DiGraph, gpus) -> None:
                             f"(no path both ways); check the links or choose another allocation")
 
 
-DIRECT_TYPES = ("nvlink", "xgmi")   # GPU-to-GPU links CUDA peer copies always take
+DIRECT_TYPES = GPU_LINK_TYPES   # GPU-to-GPU links CUDA peer copies always take
 
 
 def without_turnarounds(G: nx.DiGraph, gpus) -> nx.DiGraph:
