@@ -104,6 +104,27 @@ def _assert_equal_trees(p, lp, rounding, x, K):
     assert rounding.rate(x, K) <= lp.rate * (1 + 1e-9)
 
 
+def test_a_batch_of_counts_shares_the_rows_it_finds_and_rounds_each_count(monkeypatch):
+    # A forest on eight GPUs: Edmonds' rows are found as they bind. Each count of one batch
+    # rounds into its own equal trees, its first integer program over the rows every count's
+    # relaxation found, and a count whose relaxation fails gets no integer program.
+    p, lp, _, _ = packed(T.load("dgx1v"), "allgather", None, host=True)
+    rounding = P.Rounding(p, lp)
+    assert not rounding.enumerated
+    known, rows, milp = len(rounding.sets), [], P.milp
+    monkeypatch.setattr(P, "milp", lambda c, **kw: "integrality" in kw and rows.append(
+        (bool(np.any(kw["integrality"])), kw["constraints"].A.shape[0])) or milp(c, **kw))
+    asks = [(1, np.inf), (2, np.inf), (3, np.inf), (2, 1.0 / lp.rate)]   # twice the LP's rate
+    xs = rounding.solve_all(asks)
+    relaxed = [n for integral, n in rows if not integral]
+    first = rows.index(next(r for r in rows if r[0]))
+    assert all(not integral for integral, _ in rows[:first])   # every relaxation first
+    assert min(n for _, n in rows[first:]) >= max(relaxed)
+    for (K, _), x in zip(asks[:3], xs):
+        _assert_equal_trees(p, lp, rounding, x, K)
+    assert xs[3] is None and len(rounding.sets) > known
+
+
 def test_rounding_refuses_a_load_it_cannot_keep():
     p, lp, _, _ = packed(T.load("dgx1v"), "broadcast", [0, 1, 2, 5])
     rounding = P.Rounding(p, lp)
