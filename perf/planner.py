@@ -16,7 +16,8 @@ c. at 8 KiB the chosen predicted time is <= ring's and tree's on every preset;
 d. median planning time per allocation size on dgx1v, and for the full dgx2 and mi250_16gcd
    (targets <= 1 s for 8-GPU allocations, <= 5 s for dgx2/mi250); with ``--real-dumps``
    also every dump of ``topology/real``, whole machine (the same targets by GPU count), for
-   allreduce or the ``--dump-collectives``; with section a, also the slowest plans of each
+   allreduce or the ``--dump-collectives``, then per GPU count the median, the slowest and
+   how many plans miss their target; with section a, also the slowest plans of each
    allocation preset, re-timed.
 
 ``--no-host-relays`` plans every section as the CUDA engine does (``plan(...,
@@ -197,15 +198,23 @@ def real_dumps(args, out):
     was not shaped on, or the table shows where not."""
     colls = args.dump_collectives.split(",")
     print(f"  real dumps, whole machine ({', '.join(colls)}):")
+    timed = []
     for path in sorted(p for p in REAL.iterdir() if p.suffix in (".xml", ".txt")):
         G = T.load(path)
         for coll in colls:
             r = record(G, path.name, None, coll, args.size, host_relays=args.host_relays)
             out(r)
+            timed.append((len(T.gpus(G)), r["planning_time_s"]))
             eff = "" if r["efficiency"] is None else f", {r['efficiency']:.3f} of the bound"
             what = f"{path.name:<54}" + ("" if len(colls) == 1 else f" {coll:<10}")
             print(f"    {what}{len(T.gpus(G)):>3} GPUs {r['planning_time_s']:8.3f} s "
                   f"({r['algorithm']}{eff})")
+    for label, sizes, goal in (("2-7 GPUs", range(2, 8), 1.0), ("8 GPUs", (8,), 1.0),
+                               ("9-16 GPUs", range(9, 17), 5.0)):
+        times = [t for n, t in timed if n in sizes]
+        if times:
+            print(f"  {label}: median {statistics.median(times):.2f} s, slowest {max(times):.2f}"
+                  f" s, {sum(t > goal for t in times)} of {len(times)} over {goal:g} s")
 
 
 SLOWEST = 5       # plans of section (a) re-timed per preset
