@@ -201,13 +201,14 @@ def real_dumps(args, out):
     timed = []
     for path in sorted(p for p in REAL.iterdir() if p.suffix in (".xml", ".txt")):
         G = T.load(path)
+        n = len(T.gpus(G))
         for coll in colls:
             r = record(G, path.name, None, coll, args.size, host_relays=args.host_relays)
             out(r)
-            timed.append((len(T.gpus(G)), r["planning_time_s"]))
+            timed.append((n, r["planning_time_s"]))
             eff = "" if r["efficiency"] is None else f", {r['efficiency']:.3f} of the bound"
             what = f"{path.name:<54}" + ("" if len(colls) == 1 else f" {coll:<10}")
-            print(f"    {what}{len(T.gpus(G)):>3} GPUs {r['planning_time_s']:8.3f} s "
+            print(f"    {what}{n:>3} GPUs {r['planning_time_s']:8.3f} s "
                   f"({r['algorithm']}{eff})")
     for label, sizes, goal in (("2-7 GPUs", range(2, 8), 1.0), ("8 GPUs", (8,), 1.0),
                                ("9-16 GPUs", range(9, 17), 5.0)):
