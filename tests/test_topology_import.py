@@ -146,6 +146,20 @@ def test_header_underlined_by_a_terminal_is_read(underline):
     assert G.edges["GPU0", "GPU1"]["count"] == 18
 
 
+def test_columns_run_together_by_fixed_width_output_are_split():
+    # past a few dozen NICs nvidia-smi's columns overflow into each other (an 8x H20 node
+    # with 36 NICs printed NIC12's and NIC13's cells as "NODENODE", "PIXPIX", "SYSSYS")
+    text = ("        GPU0    GPU1    NIC0NIC1    CPU Affinity    NUMA Affinity\n"
+            "GPU0     X      NV18    PIXNODE     0-47    0\n"
+            "GPU1    NV18     X      NODEPIX     0-47    0\n"
+            "NIC0    PIX     NODE     XNODE\n"
+            "NIC1    NODE    PIX     NODEX\n")
+    G = from_nvidia_smi(text)
+    assert topo.gpus(G) == ["GPU0", "GPU1"] and G.edges["GPU0", "GPU1"]["count"] == 18
+    switch = {n: [p for p in G[n] if G.nodes[p]["kind"] == "pci_switch"] for n in G}
+    assert switch["NIC0"] == switch["GPU0"] != switch["NIC1"] == switch["GPU1"] != []
+
+
 def test_matrix_with_a_missing_row_names_it():
     with pytest.raises(TopologyError, match="row for GPU2 is missing"):
         topo.load(FIXTURES / "smi_missing_row.txt")

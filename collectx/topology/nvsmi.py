@@ -46,8 +46,12 @@ from .model import add_link, add_node, new_graph
 _MULTIWORD = (("CPU Affinity", "CPU_Affinity"), ("NUMA Affinity", "NUMA_Affinity"),
               ("GPU NUMA ID", "GPU_NUMA_ID"))
 _EXTRA_COLUMNS = {"CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID"}
-_RELATIONS = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _GPU = re.compile(r"^GPU\d+$")
+_CELL = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC")
+_RELATIONS = re.compile(f"^(?:{_CELL.pattern})$")
+_NAME = re.compile(r"(?:GPU|NIC)\d+")
+_GLUED_CELLS = re.compile(f"(?:{_CELL.pattern})+")
+_GLUED_NAMES = re.compile(f"(?:{_NAME.pattern})+")
 # nvidia-smi underlines its header on a terminal; text copied from logs keeps the codes, or
 # (pasted where the escape byte is dropped) their visible remnants "[4m" ... "[0m"
 _ANSI = re.compile(r"\x1b?\[[0-9;]*m")
@@ -70,7 +74,17 @@ def _tokens(line: str) -> list[str]:
     line = _ANSI.sub("", line)
     for words, joined in _MULTIWORD:
         line = line.replace(words, joined)
-    return line.split()
+    return [part for tok in line.split() for part in _unglued(tok)]
+
+
+def _unglued(tok: str) -> list[str]:
+    """``tok`` as the cells or device names it runs together: nvidia-smi prints fixed-width
+    columns, and past a few dozen NICs a wide one overflows into its neighbour with no space
+    between (``NIC7NIC8``, ``NODENODE``, ``PIXPIX``). Anything else stays whole."""
+    for whole, part in ((_GLUED_CELLS, _CELL), (_GLUED_NAMES, _NAME)):
+        if whole.fullmatch(tok):
+            return part.findall(tok)
+    return [tok]
 
 
 def _parse_matrix(text: str):
