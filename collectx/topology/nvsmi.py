@@ -48,7 +48,6 @@ _MULTIWORD = (("CPU Affinity", "CPU_Affinity"), ("NUMA Affinity", "NUMA_Affinity
 _EXTRA_COLUMNS = {"CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID"}
 _GPU = re.compile(r"^GPU\d+$")
 _CELL = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC")
-_RELATIONS = re.compile(f"^(?:{_CELL.pattern})$")
 _NAME = re.compile(r"(?:GPU|NIC)\d+")
 _GLUED_CELLS = re.compile(f"(?:{_CELL.pattern})+")
 _GLUED_NAMES = re.compile(f"(?:{_NAME.pattern})+")
@@ -127,7 +126,7 @@ def _add_row(rows: dict, devices: list[str], number: int, toks: list[str]) -> No
         raise TopologyError(f"nvidia-smi topology line {number}: row {name} has {len(cells)} "
                             f"cells; expected {len(devices)} (one per device column)")
     for column, cell in zip(devices, cells):
-        if not _RELATIONS.match(cell):
+        if not _CELL.fullmatch(cell):
             raise TopologyError(f"nvidia-smi topology line {number}: cell {name}/{column} is "
                                 f"{cell!r}; expected X, NV#, PIX, PXB, PHB, NODE or SYS")
     rows[name] = (number, cells, toks[1 + len(devices):])
