@@ -282,7 +282,8 @@ def test_folded_switch_planes_simulate_as_the_striped_planes_do(monkeypatch, nam
     monkeypatch.setattr(routes, "_CACHE", {})
     striped = simulate(s, view, 64 * MB, ranks=list(ranks))
     assert not routes.routes_for(view).folded
-    assert folded.time_us == pytest.approx(striped.time_us, rel=1e-9)
+    # One flow's floating-point sums are not its stripes': event times agree to rounding.
+    assert folded.time_us == pytest.approx(striped.time_us, rel=1e-8)
     assert folded.link_bytes.keys() == striped.link_bytes.keys()
     for link, nb in striped.link_bytes.items():
         assert folded.link_bytes[link] == pytest.approx(nb, rel=1e-9)
