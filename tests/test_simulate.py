@@ -345,3 +345,21 @@ def test_gpus_joined_through_a_switch_copy_over_it_even_where_pcie_is_wider():
     table = routes.Routes(g, None)
     (res, _, share), = table.spread("GPU0", "GPU1")
     assert [table.names[r] for r in res] == [("GPU0", "SW0"), ("SW0", "GPU1")] and share == 1.0
+
+
+def test_a_route_pays_its_slowest_links_latency_once():
+    # Two GPUs under a chain of PCIe bridges: switches forward cut-through, so the copy waits
+    # one PCIe latency, not one per bridge; a GPU's NVLink to the chain's top is the faster.
+    import collectx.topology.routes as routes
+    g = nx.DiGraph()
+    chain = ["GPU0", "SWa", "SWb", "SWc", "GPU1"]
+    for n in chain:
+        g.add_node(n, kind="gpu" if n.startswith("GPU") else "pci_switch")
+    for u, v in zip(chain, chain[1:]):
+        for a, b in ((u, v), (v, u)):
+            g.add_edge(a, b, type="pcie", bw_gbps=31.5, count=1, latency_us=1.0)
+    g.edges["SWc", "GPU1"]["latency_us"] = 0.4
+    table = routes.Routes(g, None)
+    assert table.route("GPU0", "GPU1")[1] == pytest.approx(1.0)
+    assert table.route("GPU1", "SWb")[1] == pytest.approx(1.0)
+    assert table.wait_us("SWc", "GPU1") == pytest.approx(0.4)
