@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import collectx.topology as T
@@ -115,3 +117,20 @@ def test_double_buffered_packings_keep_two_lanes_per_tree_edge():
     p = plan(T.load(dump), "broadcast", 1 << 30, verify=False)
     assert p.algorithm == "blink+host" and p.efficiency > 0.96
     assert max(len(rank_lanes) for rank_lanes in p.schedule.lanes) < MAX_LANES
+
+
+def test_grace_gpus_stage_over_c2c_within_their_own_tray_only():
+    G = T.load(Path(__file__).parent / "fixtures" / "topology" / "grace_two_trays.xml")
+    ranks, _, J = job([0, 1, 2, 3], G)
+    index = LinkIndex.of(J)
+    routes = host_routes(J, index, ranks)
+    # staged only between the two GPUs of one tray, up and down their C2C links
+    assert set(routes) == {("GPU0", "GPU1"), ("GPU1", "GPU0"), ("GPU2", "GPU3"), ("GPU3", "GPU2")}
+    assert {index.links[link] for link, _ in routes["GPU0", "GPU1"]} == {("GPU0", "CPU0"),
+                                                                        ("CPU0", "GPU1")}
+    # the PCIe links carry nothing between them: out of the root, 18 NVLinks and its C2C
+    assert bounds(G, "broadcast", gpus=ranks).bound_busbw == pytest.approx(900 + 223.56)
+    s = plan_blink(G, ranks, "broadcast", 64 << 20, host=True)
+    verify(s)
+    sim = simulate(s, G, 64 << 20, ranks=list(ranks))
+    assert s.uses_host and sim.busbw_GBps < 900 + 223.56

@@ -292,3 +292,31 @@ def test_mi50_pcie_only_dump_crosses_the_sockets_over_pcie():
     assert path_class(G, "GPU0", "GPU1") == PathClass.PHB
     assert path_class(G, "GPU0", "GPU4") == PathClass.SYS
     assert G.edges["CPU0", "CPU1"]["bw_gbps"] == 16.0
+
+
+GRACE_TRAYS = (FIXTURES / "grace_two_trays.xml").read_text()
+
+
+def test_c2c_links_each_gpu_to_its_grace_cpu_at_nccls_rate():
+    G = from_nccl_xml(GRACE_TRAYS)
+    c2c = {(a, b): d["bw_gbps"] for a, b, d in G.edges(data=True) if d["type"] == "c2c"}
+    assert c2c == {(g, c): 223.56 for g, c in [("GPU0", "CPU0"), ("GPU1", "CPU0"),
+                                               ("GPU2", "CPU1"), ("GPU3", "CPU1")]
+                   for g, c in [(g, c), (c, g)]}
+    assert path_class(G, "GPU0", "CPU0") == PathClass.C2C
+    assert {G.nodes[g]["mem_bw_gbps"] for g in topo.gpus(G)} == {4000.0}
+
+
+def test_sockets_of_different_hosts_in_one_dump_are_not_joined():
+    G = from_nccl_xml(GRACE_TRAYS)
+    assert not G.has_edge("CPU0", "CPU1")   # two trays: their memories are apart
+    one_host = GRACE_TRAYS.replace("0xbbbb", "0xaaaa")
+    assert from_nccl_xml(one_host).edges["CPU0", "CPU1"]["type"] == "smp"
+
+
+@pytest.mark.parametrize("c2c", ["<c2c bw='fast' count='5'/>", "<c2c bw='44712' count='0'/>",
+                                 "<c2c count='5'/>"])
+def test_bad_c2c_is_a_topology_error(c2c):
+    xml = GRACE_TRAYS.replace("<c2c bw='44712' count='5'/>", c2c)
+    with pytest.raises(TopologyError, match=r"<c2c bw=.*of GPU0; expected"):
+        from_nccl_xml(xml)

@@ -8,8 +8,8 @@ from collectx.topology.paths import PathClass, classify, path_class, paths, wide
 
 
 def test_path_classes_are_ordered_lower_is_better():
-    order = [PathClass.LOC, PathClass.NVL, PathClass.NVB, PathClass.PIX, PathClass.PXB,
-             PathClass.PHB, PathClass.SYS, PathClass.NET]
+    order = [PathClass.LOC, PathClass.NVL, PathClass.NVB, PathClass.C2C, PathClass.PIX,
+             PathClass.PXB, PathClass.PHB, PathClass.SYS, PathClass.NET]
     assert sorted(order) == order
 
 

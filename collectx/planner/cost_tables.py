@@ -19,6 +19,7 @@ import math
 LAT_US: dict[str, dict[str, float]] = {
     "nvlink": {"default": 3.4, "ring": 3.4, "tree": 4.0},
     "xgmi": {"default": 3.4, "ring": 3.4, "tree": 4.0},
+    "c2c": {"default": 3.4, "ring": 3.4, "tree": 4.0},
     "pcie": {"default": 5.7, "ring": 5.7, "tree": 4.0},
     "smp": {"default": 5.7, "ring": 5.7, "tree": 4.0},
     "net": {"default": 14.0, "ring": 14.0, "tree": 14.0},
@@ -30,7 +31,7 @@ LAT_US: dict[str, dict[str, float]] = {
 BASE_US: dict[str, float] = {"gpu": 8.4, "cpu": 2.0}
 
 # Order of link classes from best to worst; a path's class is its worst link (NCCL's rule).
-LINK_ORDER = ("shm", "nvlink", "xgmi", "smp", "pcie", "net")
+LINK_ORDER = ("shm", "nvlink", "xgmi", "c2c", "smp", "pcie", "net")
 
 # Pipelined chunks are no smaller than this: below it a chunk's fixed costs (a flag handoff,
 # the route's latency: microseconds) outweigh what finer pipelining saves (a 64 KiB chunk

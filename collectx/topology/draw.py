@@ -22,8 +22,8 @@ import networkx as nx
 from ..errors import ArgumentError, ConfigError
 from .model import NODE_KINDS, gpus, natural_key, nodes_of_kind
 
-LINK_COLOURS = {"nvlink": "#76b900", "xgmi": "#d62728", "pcie": "#1f77b4", "smp": "#7f7f7f",
-                "net": "#ff7f0e", "shm": "#9467bd"}
+LINK_COLOURS = {"nvlink": "#76b900", "xgmi": "#d62728", "c2c": "#006d2c", "pcie": "#1f77b4",
+                "smp": "#7f7f7f", "net": "#ff7f0e", "shm": "#9467bd"}
 NODE_STYLE = {  # kind -> (marker, face colour, size)
     "gpu": ("s", "#2ca02c", 700), "nvswitch": ("D", "#bcbd22", 500),
     "pci_switch": ("^", "#aec7e8", 380), "nic": ("p", "#ffbb78", 380),

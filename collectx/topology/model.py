@@ -33,18 +33,20 @@ UNITS = {"bw_gbps": "GB/s per direction, all links of the bundle together "
                     "(count x per-link line rate)"}
 
 NODE_KINDS = ("gpu", "cpu", "nvswitch", "pci_switch", "nic", "net_switch", "host")
-LINK_TYPES = ("nvlink", "xgmi", "pcie", "smp", "net", "shm")
+LINK_TYPES = ("nvlink", "xgmi", "c2c", "pcie", "smp", "net", "shm")
 GPU_LINK_TYPES = ("nvlink", "xgmi")   # GPU-to-GPU links: CUDA/HIP peer copies take them first
 
 # Per-hop latency defaults in microseconds. NVLink, PCIe and network values are NCCL's LL
 # per-hop hardware latencies (tuning.cc hwLat: NVLink 0.6, PCI 1.0, NET 2.7 for rings, rounded);
-# xGMI is taken equal to NVLink (point-to-point SerDes links of the same class); smp is one
+# xGMI and C2C (NVLink-C2C between a GPU and its Grace CPU) are taken equal to NVLink
+# (point-to-point SerDes links of the same class); smp is one
 # cross-socket cache-line transfer (~0.1-0.2 us on UPI/Infinity Fabric, rounded up for the
 # flag round trip); shm is a cache-line handoff between cores of one socket (~0.1 us) plus the
 # flag poll. They are planning estimates, not measurements of a given machine.
 DEFAULT_LATENCY_US = {
     "nvlink": 0.7,
     "xgmi": 0.7,
+    "c2c": 0.7,
     "pcie": 1.0,
     "smp": 0.5,
     "net": 2.0,

@@ -38,7 +38,7 @@ import networkx as nx
 
 from ..errors import TopologyError
 from .model import add_link, add_node, new_graph
-from .pcie import nvlink_bw_for_sm, normalize_busid, pcie_bw, xgmi_bw_for_arch
+from .pcie import copy_bw_for_sm, nvlink_bw_for_sm, normalize_busid, pcie_bw, xgmi_bw_for_arch
 
 NVSWITCH_CLASS = "0x068000"
 CPU_CLASS = "0x068001"
@@ -60,6 +60,20 @@ def _smp_bw(cpu: ET.Element) -> float:
     except ValueError:
         model = 0
     return 40.0 if model >= 0xCF else 22.0 if model >= 0x8F else 10.0 if model >= 0x55 else 6.0
+
+
+def _c2c_gbps(gid: str, link: ET.Element) -> float:
+    """GB/s per direction of a ``<c2c bw= count=>`` link, as NCCL reads it: ``bw`` is NVML's
+    MB/s per link."""
+    try:
+        bw, count = float(link.get("bw", "")), int(link.get("count", "1"))
+    except ValueError:
+        raise TopologyError(f"<c2c bw={link.get('bw')!r} count={link.get('count')!r}> of {gid}; "
+                            f"expected bw in MB/s per link and an integer count") from None
+    if not 0 < bw < float("inf") or count < 1:
+        raise TopologyError(f"<c2c bw={link.get('bw')!r} count={link.get('count')!r}> of {gid}; "
+                            f"expected a positive bw and count")
+    return bw * count / 1000.0
 
 
 def _net_gbps(speed) -> float:
@@ -114,7 +128,7 @@ class _Builder:
     def cpu(self, el: ET.Element) -> None:
         cid = self.fresh("CPU", el.get("numaid"))
         attrs = {k: el.get(k) for k in ("arch", "vendor") if el.get(k)}
-        add_node(self.G, cid, "cpu", smp_bw=_smp_bw(el), **attrs)
+        add_node(self.G, cid, "cpu", smp_bw=_smp_bw(el), host_hash=el.get("host_hash"), **attrs)
         self.children(el, cid, cid)
 
     def children(self, el: ET.Element, parent: str, cpu: str) -> None:
@@ -146,6 +160,8 @@ class _Builder:
     def gpu(self, el: ET.Element, parent: str, cpu: str, busid, bw) -> None:
         gid = self.fresh("GPU", el.get("dev", el.get("rank")))
         attrs = {k: el.get(k) for k in ("sm", "gcn") if el.get(k)}
+        if copy_bw_for_sm(el.get("sm")) and not el.get("gcn"):   # RCCL's sm is no CUDA arch
+            attrs["mem_bw_gbps"] = copy_bw_for_sm(el.get("sm"))
         add_node(self.G, gid, "gpu", **({"busid": busid} if busid else {}), **attrs)
         add_link(self.G, gid, parent, "pcie", bw or pcie_bw(None, None))
         self.cpu_of_gpu[gid] = cpu
@@ -154,6 +170,9 @@ class _Builder:
         for tag, kind in (("nvlink", "nvlink"), ("xgmi", "xgmi")):
             for link in el.findall(tag):
                 self.remember_link(gid, el, link, kind)
+        c2c = [_c2c_gbps(gid, link) for link in el.findall("c2c")]
+        if c2c:   # NVLink-C2C to the GPU's own CPU (Grace): its copies to host memory take it
+            add_link(self.G, gid, cpu, "c2c", sum(c2c))
 
     def remember_link(self, gid: str, gpu_el: ET.Element, link: ET.Element, kind: str) -> None:
         target = link.get("target")
@@ -211,9 +230,15 @@ class _Builder:
         return not tclass and target not in self.gpu_by_busid
 
     def join_cpus(self) -> None:
+        """Every two sockets of one host by their SMP link. A dump fused over several hosts
+        (a multi-node NVLink domain) names each CPU's ``host_hash``: sockets of different hosts
+        share no memory, so they are not joined."""
         cpus = [n for n, k in self.G.nodes(data="kind") if k == "cpu"]
+        host = {c: self.G.nodes[c].get("host_hash") for c in cpus}
         for i, a in enumerate(cpus):
             for b in cpus[i + 1:]:
+                if host[a] and host[b] and host[a] != host[b]:
+                    continue
                 bw = min(self.G.nodes[a]["smp_bw"], self.G.nodes[b]["smp_bw"])
                 add_link(self.G, a, b, "smp", bw)
 
@@ -251,6 +276,7 @@ def from_nccl_xml(source) -> nx.DiGraph:
     b.join_cpus()
     for node in b.G.nodes.values():
         node.pop("smp_bw", None)
+        node.pop("host_hash", None)
     kinds = [k for _, k in b.G.nodes(data="kind")]
     b.G.graph["description"] = (f"imported from NCCL topology XML (version "
                                 f"{root.get('version', '?')}): {kinds.count('gpu')} GPUs, "

@@ -12,6 +12,7 @@ NVL   one direct NVLink / xGMI link
 NVB   NVLink all the way, but through an NVSwitch or an intermediate GPU (NCCL counts a path
       through an NVSwitch as NVL; collectx keeps NVL for a direct link so that "NVL" always
       means "one hop")
+C2C   a GPU's NVLink-C2C link to its own CPU (Grace), for copies into host memory
 PIX   PCIe through at most one PCIe switch
 PXB   PCIe through several PCIe switches, not through a CPU
 PHB   through a CPU / host bridge (also shared memory within one NUMA node)
@@ -58,11 +59,12 @@ class PathClass(enum.IntEnum):
     LOC = 0
     NVL = 1
     NVB = 2
-    PIX = 3
-    PXB = 4
-    PHB = 5
-    SYS = 6
-    NET = 7
+    C2C = 3
+    PIX = 4
+    PXB = 5
+    PHB = 6
+    SYS = 7
+    NET = 8
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -218,7 +220,8 @@ def _hop_class(G: nx.DiGraph, a: str, b: str, pci_switches: int) -> PathClass:
         if "cpu" in (G.nodes[a].get("kind"), G.nodes[b].get("kind")):
             return PathClass.PHB
         return PathClass.PXB if pci_switches > 1 else PathClass.PIX
-    return {"shm": PathClass.PHB, "smp": PathClass.SYS, "net": PathClass.NET}[kind]
+    return {"c2c": PathClass.C2C, "shm": PathClass.PHB, "smp": PathClass.SYS,
+            "net": PathClass.NET}[kind]
 
 
 def _paths_from(G: nx.DiGraph, L: _Links, src: str, targets: list[str],

@@ -22,6 +22,11 @@ NVLINK_GBPS_BY_SM = {60: 20.0, 70: 25.0, 80: 25.0, 86: 14.0625, 89: 25.0, 90: 25
 # direction, GB/s. The probe prefers the compute capability, which is unambiguous.
 NVLINK_GBPS_BY_VERSION = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 25.0, 6: 25.0, 7: 50.0}
 DEFAULT_NVLINK_GBPS = 25.0
+# A GPU's copy within its own memory reads and writes HBM: about half the memory's peak. Up
+# to Hopper the routes' default (1000 GB/s, ``routes.LOCAL_BW_GBPS``) stands in for it, well
+# above any of its links; from NVLink5 on (sm100 and later) one GPU's links carry 900 GB/s, more
+# with NVLink-C2C, so Blackwell's copy rate is written down: half of HBM3e's 8 TB/s.
+BLACKWELL_SM, BLACKWELL_COPY_GBPS = 100, 4000.0
 
 # xGMI (Infinity Fabric) per link per direction, by gfx prefix: MI50/MI60 (gfx906) and MI100
 # (gfx908) 46 GB/s (92 GB/s per link both ways), MI250 (gfx90a) 50, MI300A/MI300X (gfx940-942) 64.
@@ -66,6 +71,18 @@ def nvlink_bw_for_sm(sm) -> float:
         return NVLINK_GBPS_BY_SM[sm]
     # Unlisted minor versions take the rate of their major generation.
     return NVLINK_GBPS_BY_SM[max(k for k in known if k % 10 == 0)] if known else DEFAULT_NVLINK_GBPS
+
+
+def copy_bw_for_sm(sm) -> float | None:
+    """A GPU's own copy rate (GB/s) where the routes' default would understate it, else None.
+
+    >>> copy_bw_for_sm("103"), copy_bw_for_sm("90"), copy_bw_for_sm(None)
+    (4000.0, None, None)
+    """
+    try:
+        return BLACKWELL_COPY_GBPS if int(sm) >= BLACKWELL_SM else None
+    except (TypeError, ValueError):
+        return None
 
 
 def xgmi_bw_for_arch(arch) -> float:

@@ -26,7 +26,7 @@ from .model import gpus
 TREE_COLOUR = "#08519c"
 HOST_COLOUR = "#e6550d"
 ROOT_FACE = "#fdae6b"
-LINK_STYLE = {"pcie": "--", "smp": ":", "net": "-.", "shm": ":"}  # others (NVLink, xGMI) solid
+LINK_STYLE = {"pcie": "--", "smp": ":", "net": "-.", "shm": ":"}  # others (NVLink, xGMI, C2C) solid
 Panel = tuple[str, Sequence[tuple[str, str]], Sequence[tuple[str, str]], "str | None"]
 
 

@@ -82,6 +82,15 @@ class Routes:
             self._routes[key] = _nearest_cpu(self.topo, node)
         return self._routes[key]
 
+    def stages_to(self, host, b) -> bool:
+        """Whether ``b`` can read ``host``'s memory without going through another GPU: not
+        across hosts of a multi-host NVLink domain, whose sockets share no memory."""
+        key = ("stages", host, b)
+        if key not in self._routes:
+            region = self._host_region(host, b)
+            self._routes[key] = region is not None and nx.has_path(region, host, b)
+        return self._routes[key]
+
     def route(self, a, b) -> tuple[tuple[int, ...], float]:
         """(resource ids, latency in us) for a transfer from node ``a`` to node ``b``."""
         key = (a, b)

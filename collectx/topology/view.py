@@ -11,9 +11,10 @@ bounds alike:
   routes) or staged through the sender's host memory, and the sender's copy into it;
 * :func:`relay_paths` -- cheapest paths through relays (switches, CPUs, NICs) under link prices;
 * :func:`without_turnarounds` -- PCIe switches split where they cannot turn traffic around
-  between the job's GPUs (the rule below), and CPUs where they forward no other socket's
-  traffic (:func:`direct_sockets`); :func:`turn_rule` -- the same rule, pair by pair, for the
-  switches left whole.
+  between the job's GPUs (the rule below), CPUs where they forward no other socket's
+  traffic (:func:`direct_sockets`), and the PCIe links of GPUs that reach host memory over
+  their own CPU link (NVLink-C2C) left out; :func:`turn_rule` -- the same rule, pair by pair,
+  for the switches left whole.
 
 Relays and edge splitting
 -------------------------
@@ -237,7 +238,7 @@ def host_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False) ->
     The sender copies into its ``host`` buffer (GPU -> PCIe -> its host CPU) and the receiver
     copies it out (that CPU -> PCIe -> GPU), each routed as the simulator routes it. Same
     format and ``reverse`` convention as :func:`simulator_routes`; pairs whose staged route
-    would cross another GPU, or whose sender has no CPU, get none.
+    would cross another GPU (or another host), or whose sender has no CPU, get none.
     """
     table = routes_for(G)
     kinds = dict(G.nodes(data="kind"))
@@ -248,7 +249,7 @@ def host_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False) ->
             continue
         up = _leg(table, index, a, host, reverse)
         for b in gpus:
-            if b == a:
+            if b == a or not table.stages_to(host, b):
                 continue
             use = dict(up)
             for link, share in _leg(table, index, host, b, reverse):
@@ -272,12 +273,13 @@ def host_uploads(G: nx.DiGraph, index: LinkIndex, gpus) -> dict:
 def route_waits(G: nx.DiGraph, gpus) -> dict:
     """``(a, b) -> (peer, staged)``: the longest route latency (us) of a peer copy from GPU
     ``a`` to GPU ``b``, and of the two copies that stage it through ``a``'s host memory (0
-    where ``a`` has none)."""
+    where ``a`` has none, or ``b`` cannot read it)."""
     table = routes_for(G)
     out = {}
     for a, b in itertools.permutations(gpus, 2):
         host = table.host_of(a)
-        staged = table.wait_us(a, host) + table.wait_us(host, b) if host != a else 0.0
+        staged = table.wait_us(a, host) + table.wait_us(host, b) \
+            if host != a and table.stages_to(host, b) else 0.0
         out[a, b] = (table.wait_us(a, b), staged)
     return out
 
@@ -336,9 +338,11 @@ def without_turnarounds(G: nx.DiGraph, gpus) -> nx.DiGraph:
     split = [s for s, k in kinds.items() if k == "pci_switch" and _leaves_only(G, s, kinds) and
              _all_peers(linked, _gpus_below(G, s, kinds, level, set(gpus)))]
     sockets = direct_sockets(G)
-    if not split and not sockets:
+    bypassed = _pcie_bypassed(G, gpus, linked, kinds)
+    if not split and not sockets and not bypassed:
         return G
     H = G.copy()
+    H.remove_edges_from(bypassed)
     # Top-down: a switch is split before the switches below it, so each split still finds
     # the switches below it under their own names.
     for s in sorted(split, key=lambda s: (level.get(s, 0), natural_key(s))):
@@ -479,6 +483,24 @@ def peer_linked(G: nx.DiGraph, gpus) -> set:
         return not any(kinds.get(table.names[r][1]) == "pci_switch"
                        for res, _, _ in table.spread(a, b) for r in res)
     return {(a, b) for a, b in pairs if direct_link(G, a, b) or switch_free(a, b)}
+
+
+def _pcie_bypassed(G: nx.DiGraph, gpus, linked: set, kinds: dict) -> list:
+    """The PCIe links (both directions) of the job's GPUs that carry nothing between them on a
+    single machine: a GPU with its own link to a CPU (NVLink-C2C to a Grace CPU) copies into
+    host memory over that link, and one whose peer copies to every other job GPU take NVLink
+    (:func:`peer_linked`) sends no peer traffic over PCIe either; its PCIe link leads only to
+    NICs, which one machine's collectives do not use."""
+    if any(t == "net" for _, _, t in G.edges(data="type")):
+        return []
+    out = []
+    for g in gpus:
+        own_cpu = any(kinds.get(c) == "cpu" and G.edges[g, c].get("type") == "c2c"
+                      for c in G.successors(g))
+        if own_cpu and all((g, h) in linked and (h, g) in linked for h in gpus if h != g):
+            out += [(g, v) for v in G.successors(g) if G.edges[g, v].get("type") == "pcie"]
+            out += [(v, g) for v in G.predecessors(g) if G.edges[v, g].get("type") == "pcie"]
+    return out
 
 
 def _all_peers(linked: set, gpus) -> bool:
