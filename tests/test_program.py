@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
 
 import networkx as nx
 import numpy as np
@@ -16,6 +17,7 @@ from collectx.planner.api import allocation
 from collectx.planner.bounds import bounds
 from collectx.planner.trees import Pipeline, plan_blink, plan_forest
 from collectx.schedule import simulate, verify
+from collectx.schedule.ir import GPU_LANES
 from collectx.topology.view import job_graph
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce")
@@ -229,6 +231,19 @@ def test_no_count_is_rounded_that_must_beat_the_lps_rate(monkeypatch, name, coll
     planner(G, tuple(T.gpus(G)), collective, 1 << 30, host=True)
     lp = packed(G, collective, host=True)[1]
     assert asked and all(K / most <= lp.rate * (1 + 1e-6) for K, most in asked)
+
+
+def test_one_roots_counts_stop_at_the_gpu_lanes_where_host_staging_doubles_them(monkeypatch):
+    asked, solve_all = [], P.Rounding.solve_all
+    monkeypatch.setattr(P.Rounding, "solve_all",
+                        lambda self, asks: asked.extend(asks) or solve_all(self, asks))
+    # a switched machine whose broadcast rounds count after count up to the lanes it may take
+    G = T.load(Path(__file__).resolve().parent.parent / "topology" / "real"
+               / "hgx_a100_8gpu_5nic_bond_nccl_topo.xml")
+    p = packed(G, "broadcast", host=True)[0]
+    assert P.most_trees(p) > GPU_LANES   # the CPU executor's lanes hold more trees
+    plan_blink(G, tuple(T.gpus(G)), "broadcast", 1 << 30, host=True)
+    assert asked and max(K for K, _ in asked) <= GPU_LANES
 
 
 def test_centred_trees_keep_their_edges_and_staging():
