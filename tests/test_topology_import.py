@@ -103,6 +103,8 @@ def test_truncated_xml_names_the_line():
     ("<system><cpu><pci busid='0000:01:00.0' class='0x030200'><gpu dev='0'>"
      "<nvlink target='0000:02:00.0' count='two'/></gpu></pci></cpu></system>", "count='two'"),
     ("<system><pci busid='0000:01:00.0'/></system>", "directly under <system>"),
+    ("<system><cpu><pci busid='0002:81:00.0' class='0x030200'><gpu dev='0' mlopart='0'/>"
+     "<gpu dev='0' mlopart='1'/></pci></cpu></system>", "holds 2 <gpu> elements.*one rank per"),
 ])
 def test_bad_xml_is_a_topology_error(xml, message):
     with pytest.raises(TopologyError, match=message):

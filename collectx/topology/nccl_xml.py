@@ -144,6 +144,12 @@ class _Builder:
         busid = normalize_busid(el.get("busid"))
         bw = pcie_bw(el.get("link_speed"), el.get("link_width"))
         cls = (el.get("class") or "").lower()
+        if len(el.findall("gpu")) > 1:
+            raise TopologyError(
+                f"<pci busid={el.get('busid')!r}> holds {len(el.findall('gpu'))} <gpu> elements "
+                f"(MLOPart partitions, or several ranks on one GPU); expected one rank per GPU, "
+                f"which is what collectx models: dump the topology from a job with one rank per "
+                f"physical GPU")
         if el.find("gpu") is not None:
             self.gpu(el.find("gpu"), parent, cpu, busid, bw)
         elif el.find("nic") is not None:
