@@ -17,9 +17,7 @@ import math
 # Per dependent step, microseconds: LAT_US[link class][algorithm]; "default" covers
 # algorithms that are not listed.
 LAT_US: dict[str, dict[str, float]] = {
-    "nvlink": {"default": 3.4, "ring": 3.4, "tree": 4.0},
-    "xgmi": {"default": 3.4, "ring": 3.4, "tree": 4.0},
-    "c2c": {"default": 3.4, "ring": 3.4, "tree": 4.0},
+    **{t: {"default": 3.4, "ring": 3.4, "tree": 4.0} for t in ("nvlink", "xgmi", "c2c")},
     "pcie": {"default": 5.7, "ring": 5.7, "tree": 4.0},
     "smp": {"default": 5.7, "ring": 5.7, "tree": 4.0},
     "net": {"default": 14.0, "ring": 14.0, "tree": 14.0},

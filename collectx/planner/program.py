@@ -805,12 +805,10 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
 
 def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | None,
            modelled: bool) -> list:
-    """The counts that beat ``beat`` (:class:`Rounded`): per count the LP's trees dealt out
-    (:meth:`Rounding.seeded`), or the program's where it beats all found before it (:data:`BATCH`
-    rounded at once, each kept as if after them), trees one level deep only up to the star's rate
-    (:meth:`Rounding.star_rate`). At most :data:`~collectx.schedule.ir.GPU_LANES` counts: the
-    CPU executor's further lanes hold many roots' trees and a second lane per tree edge, and
-    one root's rounding gains nothing measurable from single-lane counts past them."""
+    """The counts that beat ``beat`` (:class:`Rounded`), at most ``GPU_LANES`` (the CPU executor's
+    further lanes are for many roots and a second lane per edge): per count the LP's trees dealt
+    out (:meth:`Rounding.seeded`), or the program's where it beats all found before (:data:`BATCH`
+    at once, each kept as if after them), one level deep only up to :meth:`Rounding.star_rate`."""
     counts = [K for K in range(1, min(most_trees(p), cost.most_trees(), GPU_LANES) + 1)
               if beat is None or cost.least_rate(K, beat) <= lp.rate]
     d = rounding.least_depth() if modelled else 1
