@@ -68,11 +68,10 @@ def _c2c_gbps(gid: str, link: ET.Element) -> float:
     try:
         bw, count = float(link.get("bw", "")), int(link.get("count", "1"))
     except ValueError:
-        raise TopologyError(f"<c2c bw={link.get('bw')!r} count={link.get('count')!r}> of {gid}; "
-                            f"expected bw in MB/s per link and an integer count") from None
+        bw, count = 0.0, 0
     if not 0 < bw < float("inf") or count < 1:
         raise TopologyError(f"<c2c bw={link.get('bw')!r} count={link.get('count')!r}> of {gid}; "
-                            f"expected a positive bw and count")
+                            f"expected a positive bw in MB/s per link and a positive integer count")
     return bw * count / 1000.0
 
 
@@ -144,14 +143,15 @@ class _Builder:
         busid = normalize_busid(el.get("busid"))
         bw = pcie_bw(el.get("link_speed"), el.get("link_width"))
         cls = (el.get("class") or "").lower()
-        if len(el.findall("gpu")) > 1:
+        gpus = el.findall("gpu")
+        if len(gpus) > 1:
             raise TopologyError(
-                f"<pci busid={el.get('busid')!r}> holds {len(el.findall('gpu'))} <gpu> elements "
+                f"<pci busid={el.get('busid')!r}> holds {len(gpus)} <gpu> elements "
                 f"(MLOPart partitions, or several ranks on one GPU); expected one rank per GPU, "
                 f"which is what collectx models: dump the topology from a job with one rank per "
                 f"physical GPU")
-        if el.find("gpu") is not None:
-            self.gpu(el.find("gpu"), parent, cpu, busid, bw)
+        if gpus:
+            self.gpu(gpus[0], parent, cpu, busid, bw)
         elif el.find("nic") is not None:
             self.nic(el.find("nic"), parent, bw)
         elif cls.startswith(_BRIDGE_PREFIX) or el.find("pci") is not None:
@@ -166,8 +166,9 @@ class _Builder:
     def gpu(self, el: ET.Element, parent: str, cpu: str, busid, bw) -> None:
         gid = self.fresh("GPU", el.get("dev", el.get("rank")))
         attrs = {k: el.get(k) for k in ("sm", "gcn") if el.get(k)}
-        if copy_bw_for_sm(el.get("sm")) and not el.get("gcn"):   # RCCL's sm is no CUDA arch
-            attrs["mem_bw_gbps"] = copy_bw_for_sm(el.get("sm"))
+        copy_bw = None if el.get("gcn") else copy_bw_for_sm(el.get("sm"))  # RCCL's sm: no arch
+        if copy_bw:
+            attrs["mem_bw_gbps"] = copy_bw
         add_node(self.G, gid, "gpu", **({"busid": busid} if busid else {}), **attrs)
         add_link(self.G, gid, parent, "pcie", bw or pcie_bw(None, None))
         self.cpu_of_gpu[gid] = cpu
