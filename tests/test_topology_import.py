@@ -197,6 +197,22 @@ def test_links_to_gpus_missing_from_a_partial_dump_are_skipped():
     assert G.nodes["NIC0"]["net_gbps"] == 12.5  # unreadable speed: NCCL's 100 Gb/s default
 
 
+def test_a_hand_written_topo_file_without_gpu_elements_is_refused_with_the_fix():
+    # The shape of the NCCL_TOPO_FILEs cloud VMs ship: bare PCI devices, NVLinks left to NCCL.
+    partial = ("<system version='1'><cpu numaid='0'><pci busid='ffff:ff:01.0' class='0x060400'>"
+               "<pci busid='0001:00:00.0' class='0x030200' link_speed='16 GT/s' link_width='16'/>"
+               "<pci busid='0101:00:00.0' class='0x020700'/></pci>"
+               "<pci busid='0002:00:00.0' class='0x030200'/></cpu></system>")
+    with pytest.raises(TopologyError, match=r"2 GPU PCI device\(s\) without a <gpu> element "
+                       r"\(bus ids 0001:00:00.0, 0002:00:00.0\).*NCCL_TOPO_DUMP_FILE"):
+        from_nccl_xml(partial)
+    # beside real <gpu> elements, a display-class device is one more endpoint, as before
+    G = from_nccl_xml(partial.replace("<pci busid='0002:00:00.0' class='0x030200'/>",
+                                      "<pci busid='0002:00:00.0' class='0x030200'><gpu dev='0'/>"
+                                      "</pci>"))
+    assert topo.gpus(G) == ["GPU0"]
+
+
 def _xgmi_per_gpu(G, g):
     return sorted((d["count"], d["bw_gbps"]) for d in G[g].values() if d["type"] == "xgmi")
 

@@ -84,6 +84,23 @@ def _net_gbps(speed) -> float:
     return mbps / 8000 if mbps > 0 else DEFAULT_NET_GBPS
 
 
+def _check_complete(root: ET.Element) -> None:
+    """A GPU's ``<pci>`` (class 0x03xxxx) without its ``<gpu>`` is a hand-written
+    ``NCCL_TOPO_FILE`` (a cloud VM's published one, say): NCCL completes it from the running
+    machine (NVLinks, SM, rank), so the file alone has no GPU-GPU links, and reading its GPUs as
+    PCIe-only ones would draw a different machine. Only a file without any ``<gpu>`` is refused:
+    in a dump, a display-class device beside the GPUs (a BMC's VGA) carries no traffic."""
+    bare = [el.get("busid") for el in root.iter("pci")
+            if (el.get("class") or "").lower().startswith("0x03") and el.find("gpu") is None]
+    if bare and next(root.iter("gpu"), None) is None:
+        raise TopologyError(
+            f"{len(bare)} GPU PCI device(s) without a <gpu> element (bus ids "
+            f"{', '.join(map(str, bare[:4]))}{', ...' if len(bare) > 4 else ''}): this is a "
+            f"partial NCCL_TOPO_FILE, which NCCL completes from the running machine (NVLinks, "
+            f"SM); expected a full dump: run one NCCL job there with "
+            f"NCCL_TOPO_DUMP_FILE=topo.xml and load that file")
+
+
 def _read_text(source) -> str:
     if isinstance(source, os.PathLike) or (isinstance(source, str) and "<" not in source):
         try:
@@ -274,6 +291,7 @@ def from_nccl_xml(source) -> nx.DiGraph:
     rates: NVLink 25 GB/s per link (20 on sm60, 50 on sm100), PCIe from GT/s x width.
     """
     root = _parse(_read_text(source))
+    _check_complete(root)
     b = _Builder()
     for cpu in root.findall("cpu"):
         b.cpu(cpu)
