@@ -97,7 +97,8 @@ def test_truncated_xml_names_the_line():
 
 
 @pytest.mark.parametrize("xml, message", [
-    ("<graphs version='1'/>", "root <graphs>"),
+    ("<graphs version='1'/>", "NCCL graph file.*NCCL_TOPO_DUMP_FILE"),
+    ("<topology/>", "root <topology>; expected <system>"),
     ("<system><cpu><pci busid='0000:01:00.0' class='0x030200'><gpu dev='0'><nvlink count='2'/>"
      "</gpu></pci></cpu></system>", "<nvlink> of GPU0 has no 'target'"),
     ("<system><cpu><pci busid='0000:01:00.0' class='0x030200'><gpu dev='0'>"

@@ -117,6 +117,10 @@ def _parse(text: str) -> ET.Element:
         line, col = exc.position
         raise TopologyError(f"NCCL topology XML does not parse at line {line} column {col} "
                             f"({exc.msg.split(':')[0]}); is the file truncated?") from None
+    if root.tag == "graphs":   # NCCL_GRAPH_DUMP_FILE: the rings and trees NCCL searched
+        raise TopologyError("this is an NCCL graph file (<graphs>: the channels NCCL chose, "
+                            "NCCL_GRAPH_DUMP_FILE), not a topology; expected <system>: load "
+                            "the NCCL_TOPO_DUMP_FILE of the same job")
     if root.tag != "system":
         raise TopologyError(f"NCCL topology XML has root <{root.tag}>; expected <system>")
     return root
