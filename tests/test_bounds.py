@@ -354,25 +354,48 @@ def test_tree_bound_is_the_packing_lp_where_pcie_turns_were_its_only_extra_freed
     assert b.tree_busbw < 160
 
 
-def test_the_turn_rule_applies_pair_by_pair_at_a_switch_both_kinds_of_pair_use():
-    # 16-GPU MI100 dump, GPUs 0-2: 1 and 2 share a hive (xGMI), 0 reaches both over PCIe, all
-    # three below PSW1. With xGMI priced out, 0 -> 1 still turns inside the switches, while
-    # 1 -> 2 has to climb to the CPU (host memory) and come back down.
+def _through(H, index, path) -> dict:
+    """The kinds of node each GPU pair's relay path enters."""
+    kinds = dict(H.nodes(data="kind"))
+    return {pair: {kinds[index.links[link][1]] for link, _ in p} for pair, p in path.items()}
+
+
+def test_a_switch_with_a_port_per_gpu_turns_only_the_pairs_that_talk_over_pcie():
+    # 16-GPU MI100 dump, GPUs 0-2: 1 and 2 share a hive (xGMI), 0 reaches both over PCIe, each
+    # on its own port of PSW1. The graph keeps PSW1's turns for 0's pairs only: with xGMI
+    # priced out, 0 -> 1 still turns inside the switch, while 1 -> 2 has to climb to the CPU
+    # (host memory) and come back down.
+    # (PSW0 above it, one port wide, is left whole: the rule keeps 1 -> 2 from turning back
+    # there.)
     from collectx.topology.view import LinkIndex, relay_paths, turn_rule, without_turnarounds
     G = _real("mi100_16gpu_4hives_16nic_rccl_topo.xml")
     gpus = ("GPU0", "GPU1", "GPU2")
     J = job_graph(G, gpus)
     H = without_turnarounds(J, gpus)
-    turns = turn_rule(J, H, gpus)
-    assert "PSW1" in turns.below
+    assert "PSW1" not in H and H.has_edge("PSW1~from~PSW2", "PSW1~to~PSW3")
+    assert not H.has_edge("PSW1~from~PSW3", "PSW1~to~PSW4")
     index = LinkIndex.of(H)
     price = [1e6 if H.edges[e].get("type") == "xgmi" else 1.0 for e in index.links]
-    _, path = relay_paths(index, gpus, price, turns)
-    kinds = dict(H.nodes(data="kind"))
-    through = {pair: {kinds[index.links[link][1]] for link, _ in path[pair]} for pair in path}
+    through = _through(H, index, relay_paths(index, gpus, price, turn_rule(J, H, gpus))[1])
     assert "cpu" in through["GPU1", "GPU2"] and "cpu" not in through["GPU0", "GPU1"]
-    _, free = relay_paths(index, gpus, price)
-    assert "cpu" not in {kinds[index.links[link][1]] for link, _ in free["GPU1", "GPU2"]}
+
+
+def test_the_turn_rule_applies_pair_by_pair_where_a_port_leads_to_several_gpus():
+    # MI250 dump, GCDs 4, 5 and 7: 4 and 5 (one package, xGMI) sit below one port of PSW7,
+    # 7 below another, reaching both over PCIe. PSW7 stays whole, and the rule keeps 4 -> 5
+    # from turning there: with xGMI priced out it climbs to the CPU, while 4 -> 7 turns.
+    from collectx.topology.view import LinkIndex, relay_paths, turn_rule, without_turnarounds
+    G = _real("mi250_16gcd_8nic_rccl_topo.xml")
+    gpus = ("GPU4", "GPU5", "GPU7")
+    J = job_graph(G, gpus)
+    H = without_turnarounds(J, gpus)
+    turns = turn_rule(J, H, gpus)
+    assert "PSW7" in H and "PSW7" in turns.below
+    index = LinkIndex.of(H)
+    price = [1e6 if H.edges[e].get("type") == "xgmi" else 1.0 for e in index.links]
+    through = _through(H, index, relay_paths(index, gpus, price, turns)[1])
+    assert "cpu" in through["GPU4", "GPU5"] and "cpu" not in through["GPU4", "GPU7"]
+    assert "cpu" not in _through(H, index, relay_paths(index, gpus, price)[1])["GPU4", "GPU5"]
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -26,7 +26,7 @@ from scipy.optimize import linprog
 
 from .._native import compiled_helper
 from ..errors import NoFeasiblePlan, PlanError
-from ..topology.view import LinkIndex, relay_paths
+from ..topology.view import LinkIndex, relay_search
 
 _MAX_ROUNDS = 400
 VARIANTS = 3         # extra pricing passes per LP solve
@@ -197,15 +197,16 @@ def pack_undirected_trees(index: LinkIndex, gpus, either_way: bool = False, turn
     (:func:`~collectx.topology.view.turn_rule`) keeps linked GPU pairs from turning at the switches
     it names."""
     gpus = tuple(gpus)
+    search = relay_search(index, gpus, turns)
 
     def price(y, exact):
         if either_way:
-            one, way = relay_paths(index, gpus, y, turns)
+            one, way = search(y)
             path = {(u, t): p + way[t, u] for (u, t), p in way.items() if (t, u) in way}
             cost = {e: one[e] + one[e[1], e[0]] for e in path}
         else:
             y2 = [y[e] + y[r] if r >= 0 else _INF for e, r in enumerate(index.rev)]
-            cost, path = relay_paths(index, gpus, y2, turns)
+            cost, path = search(y2)
             path = {e: p + tuple((index.rev[x], w) for x, w in reversed(p))
                     for e, p in path.items()}
         W = np.full((len(gpus), len(gpus)), _INF)

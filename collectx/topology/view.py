@@ -46,10 +46,15 @@ route entering from a GPU can only leave upwards. A NIC hanging off such a switc
 link (one machine's graph) carries nothing between GPUs and would only let a route turn through
 it, so it is left out; a switch whose NIC leads elsewhere (several machines) is not split, so
 GPUDirect routes to the network keep their turn. A switch with a GPU pair below it that talks
-over PCIe keeps the turn for that pair; :func:`turn_rule` names the pairs that still may not
-turn there, and the tree bound's path search (:func:`relay_paths`) obeys it pair by pair. The
-result is still an upper bound on every schedule: a pair that talks over NVLink or xGMI has no
-other way to use the switch, and the split never adds capacity on a route that existed.
+over PCIe keeps the turn for that pair. Where each of its ports leads to one GPU at most, the
+graph says so exactly: the switch is split into its halves plus a node per port each way, and
+a port's node in leads to another port's node out only where their GPUs talk over PCIe
+(:func:`_split_turns`; four GCDs below one switch, two of them talking over PCIe and the rest
+over xGMI, say). Elsewhere the switch is left whole, :func:`turn_rule` names the pairs that
+still may not turn there, and the tree bound's path search (:func:`relay_paths`) obeys it pair
+by pair. The result is still an upper bound on every schedule: a pair that talks over NVLink
+or xGMI has no other way to use the switch, and the split never adds capacity on a route that
+existed.
 
 >>> from collectx.topology import load
 >>> G = load("dgx1v")
@@ -62,17 +67,20 @@ True
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from dataclasses import dataclass
 
 import networkx as nx
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import dijkstra
 
 from ..errors import ArgumentError, TopologyError
 from .model import GPU_LINK_TYPES, natural_key
 from .routes import routes_for
 
 _HOP_EPS = 1e-9   # tie-break: among equal-price paths prefer fewer hops
+_UNREACHABLE = 1e250   # a price standing for "no link" (inf): no path of real prices nears it
 
 
 def job_gpus(topo: nx.DiGraph, gpus=None) -> tuple:
@@ -152,48 +160,90 @@ def relay_paths(index: LinkIndex, gpus, weight, turns: "Turns | None" = None) ->
     -------
     (cost, path) : dicts keyed by ``(u, t)``; ``path`` is a tuple of ``(link id, 1.0)`` (the
     same form as :func:`simulator_routes`), ``cost`` its price. Pairs without a path are absent.
+    :func:`relay_search` prepares the same search once for many prices.
     """
-    terminals = set(gpus)
-    cost, path = {}, {}
-    for src in gpus:
-        free = _cheapest(index, src, terminals, weight, {})
-        linked = turns is not None and any((src, t) in turns.linked for t in gpus)
-        kept = _cheapest(index, src, terminals, weight, turns.below) if linked else free
-        for t in gpus:
-            dist, via = kept if linked and (src, t) in turns.linked else free
-            if t != src and t in dist:
-                cost[src, t] = dist[t]
-                path[src, t] = tuple((link, 1.0) for link in _walk_back(index, via, src, t))
-    return cost, path
+    return relay_search(index, gpus, turns)(weight)
 
 
-def _cheapest(index: LinkIndex, src, terminals: set, weight, below: dict) -> tuple:
-    """Dijkstra from ``src``. A path that enters a switch of ``below`` from under it has
-    *climbed* and may not leave it downwards (no turnaround); such a state is keyed
-    ``(node, True)``, every other one by its node, so that without ``below`` this is the plain
-    search. Returns ``(dist, via)``, ``via[key] = (link, climbed before it)``."""
-    dist = {src: 0.0}
-    via: dict = {}
-    heap = [(0.0, 0, src, False)]
-    turning = bool(below)
-    while heap:
-        d, hops, n, climbed = heapq.heappop(heap)
-        if d > dist.get((n, True) if climbed else n, float("inf")):
-            continue
-        if n != src and n in terminals:
-            continue   # a GPU ends a logical edge; it never forwards inside one
-        under = below.get(n, ()) if climbed else ()
-        for link, head in index.out[n]:
-            if head in under:
-                continue
-            up = turning and n in below.get(head, ())
-            key = (head, True) if up else head
-            nd = d + weight[link] + _HOP_EPS
-            if nd < dist.get(key, float("inf")):
-                dist[key] = nd
-                via[key] = (link, climbed)
-                heapq.heappush(heap, (nd, hops + 1, head, up))
-    return dist, via
+def relay_search(index: LinkIndex, gpus, turns: "Turns | None" = None):
+    """:func:`relay_paths` as ``search(weight)``: the search graphs are built once, so a
+    packing LP that prices hundreds of times pays only for the searches."""
+    gpus = tuple(gpus)
+    free = _RelayGraph(index, gpus, {})
+    kept = None
+    if turns is not None:
+        sources = tuple(s for s in gpus if any((s, t) in turns.linked for t in gpus))
+        kept = _RelayGraph(index, sources, turns.below, gpus) if sources else None
+
+    def search(weight) -> tuple[dict, dict]:
+        cost, path = free.paths(weight)
+        if kept is not None:
+            near, way = kept.paths(weight)
+            for pair in turns.linked:
+                cost.pop(pair, None)
+                path.pop(pair, None)
+                if pair in near:
+                    cost[pair], path[pair] = near[pair], way[pair]
+        return cost, path
+    return search
+
+
+class _RelayGraph:
+    """The search graph of :func:`relay_paths` from ``sources`` to ``gpus``: a GPU is a
+    source state (its links out) and a sink state (links in, none out), so it never forwards
+    inside a logical edge; a switch of ``below`` entered from under it is a separate *climbed*
+    state whose links back down are left out (no turnaround). Each state link is one link of
+    ``index``; Dijkstra runs in scipy, over prices plus a hop's tie-break."""
+
+    def __init__(self, index: LinkIndex, sources: tuple, below: dict, gpus: tuple = None):
+        gpus = set(gpus or sources)
+        self.sources = sources
+        state: dict = {}
+
+        def sid(key):
+            return state.setdefault(key, len(state))
+        for g in sources:
+            sid((g, "out"))
+        entries = []
+        for link, (u, v) in enumerate(index.links):
+            if u in gpus:
+                tails = [(u, "out")] if u in sources else []
+            else:
+                tails = [(u, False)] + ([(u, True)] if u in below else [])
+            head = (v, "in") if v in gpus else (v, u in below.get(v, ()))
+            for tail in tails:
+                if tail[1] is True and v in below.get(u, ()):
+                    continue
+                entries.append((sid(tail), sid(head), link))
+        entries.sort()
+        self.size = len(state)
+        self.rows = [r for r, _, _ in entries]
+        self.cols = np.array([c for _, c, _ in entries], dtype=np.int32)
+        self.links = np.array([k for _, _, k in entries], dtype=np.int64)
+        self.indptr = np.searchsorted(np.array(self.rows), np.arange(self.size + 1))
+        self.link_of = {(r, c): k for r, c, k in entries}
+        self.src_ids = [state[(g, "out")] for g in sources]
+        self.sinks = [(g, state[(g, "in")]) for g in sorted(gpus, key=str) if (g, "in") in state]
+
+    def paths(self, weight) -> tuple[dict, dict]:
+        price = np.minimum(np.asarray(weight, dtype=float)[self.links], _UNREACHABLE) + _HOP_EPS
+        graph = csr_matrix((price, self.cols, self.indptr), shape=(self.size, self.size))
+        dist, pred = dijkstra(graph, directed=True, indices=self.src_ids,
+                              return_predecessors=True)
+        cost, path = {}, {}
+        for i, src in enumerate(self.sources):
+            for t, sink in self.sinks:
+                d = dist[i, sink]
+                if t == src or not d < _UNREACHABLE:
+                    continue
+                links, at = [], sink
+                while at != self.src_ids[i]:
+                    back = pred[i, at]
+                    links.append(self.link_of[back, at])
+                    at = back
+                cost[src, t] = float(d)
+                path[src, t] = tuple((link, 1.0) for link in reversed(links))
+        return cost, path
 
 
 def simulator_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False) -> dict:
@@ -294,17 +344,6 @@ def _leg(table, index: LinkIndex, x, y, reverse: bool) -> list:
     return list(out.items())
 
 
-def _walk_back(index: LinkIndex, via: dict, src, t) -> tuple:
-    links = []
-    key = t
-    while key != src:
-        link, climbed = via[key]
-        links.append(link)
-        tail = index.links[link][0]
-        key = (tail, True) if climbed else tail
-    return tuple(reversed(links))
-
-
 def require_connected(G: nx.DiGraph, gpus) -> None:
     """Raise :class:`TopologyError` unless every GPU reaches every other one."""
     if len(gpus) < 2:
@@ -322,7 +361,8 @@ DIRECT_TYPES = GPU_LINK_TYPES   # GPU-to-GPU links CUDA peer copies always take
 
 def without_turnarounds(G: nx.DiGraph, gpus) -> nx.DiGraph:
     """``G`` (a job graph) with every switch that cannot turn traffic between its GPUs split
-    into ``<switch>~up`` and ``<switch>~dn`` halves, and every CPU that forwards no other
+    into ``<switch>~up`` and ``<switch>~dn`` halves (one that turns it for some of its ports'
+    GPUs only, as well as ``<switch>~from~<port>`` and ``<switch>~to~<port>``), and every CPU that forwards no other
     socket's traffic (:func:`direct_sockets`) into itself and ``<cpu>~far`` (its socket links
     in) and ``<cpu>~dn`` (its other links out); ``G`` itself is returned when nothing is split.
 
@@ -335,19 +375,28 @@ def without_turnarounds(G: nx.DiGraph, gpus) -> nx.DiGraph:
     kinds = dict(G.nodes(data="kind"))
     level = pcie_levels(G, kinds)
     linked = peer_linked(G, gpus)
-    split = [s for s, k in kinds.items() if k == "pci_switch" and _leaves_only(G, s, kinds) and
-             _all_peers(linked, _gpus_below(G, s, kinds, level, set(gpus)))]
+    switches = [s for s, k in kinds.items() if k == "pci_switch" and _leaves_only(G, s, kinds)]
+    split = [s for s in switches if _all_peers(linked, _gpus_below(G, s, kinds, level, set(gpus)))]
+    turning = {s: t for s in switches if s not in split
+               and (t := _child_turns(G, s, kinds, level, linked, set(gpus))) is not None}
+    # Below a switch that turns for some ports only, a switch turns nothing (one GPU below it
+    # at most): split, so that no route turns back up through it and takes another port's turn
+    split += [c for s in turning for c in _switches_under(G, s, kinds, level)
+              if c not in split and c in switches]
     sockets = direct_sockets(G)
     bypassed = _pcie_bypassed(G, gpus, linked, kinds)
-    if not split and not sockets and not bypassed:
+    if not split and not turning and not sockets and not bypassed:
         return G
     H = G.copy()
     H.remove_edges_from(bypassed)
     # Top-down: a switch is split before the switches below it, so each split still finds
     # the switches below it under their own names.
-    for s in sorted(split, key=lambda s: (level.get(s, 0), natural_key(s))):
+    for s in sorted(split + list(turning), key=lambda s: (level.get(s, 0), natural_key(s))):
         H.remove_nodes_from(_leaf_devices(H, s, kinds))
-        _split(H, s, kinds, level)
+        if s in turning:
+            _split_turns(H, s, kinds, level, turning[s])
+        else:
+            _split(H, s, kinds, level)
     for c in sockets:
         H.remove_nodes_from(_dead_ends(H, c))
         _split_socket(H, c)
@@ -375,15 +424,20 @@ def turn_rule(J: nx.DiGraph, H: nx.DiGraph, gpus) -> Turns | None:
     use it; a pair whose copies take xGMI or NVLink still never turns there. Splitting the
     switch would take the turn from the pair that does use it, and a graph cannot say "this
     turn for these sources only", so the path searches apply it pair by pair. On the
-    16-GPU MI100 dump, GPUs 1 and 2 share a hive while GPU0 talks to both over PCIe:
+    16-GPU MI100 dump, GPUs 1 and 2 share a hive while GPU0 talks to both over PCIe. Their
+    switch PSW1 has a port per GPU, so the graph itself keeps the turns of GPU0's pairs only;
+    PSW0, above it, is left whole with the rule:
 
     >>> from collectx.topology import load
     >>> G = load("topology/real/mi100_16gpu_4hives_16nic_rccl_topo.xml")
     >>> gpus = ["GPU0", "GPU1", "GPU2"]
     >>> J = job_graph(G, gpus)
-    >>> t = turn_rule(J, without_turnarounds(J, gpus), gpus)
+    >>> H = without_turnarounds(J, gpus)
+    >>> H.has_edge("PSW1~from~PSW2", "PSW1~to~PSW3"), H.has_edge("PSW1~from~PSW3", "PSW1~to~PSW4")
+    (True, False)
+    >>> t = turn_rule(J, H, gpus)
     >>> sorted(t.below), ("GPU1", "GPU2") in t.linked, ("GPU0", "GPU1") in t.linked
-    (['PSW0', 'PSW1'], True, False)
+    (['PSW0'], True, False)
     """
     kinds = dict(J.nodes(data="kind"))
     level = pcie_levels(J, kinds)
@@ -558,6 +612,62 @@ def _gpus_below(G, s, kinds, level, job) -> list:
 def direct_link(G: nx.DiGraph, a, b) -> bool:
     """``a -> b`` is a direct GPU link (:data:`DIRECT_TYPES`)."""
     return G.get_edge_data(a, b, {}).get("type") in DIRECT_TYPES
+
+
+def _child_turns(G: nx.DiGraph, s, kinds: dict, level: dict, linked: set, job: set):
+    """The ordered pairs ``(a, b)`` of nodes under switch ``s`` between which it turns traffic
+    around, where that differs from every pair or none and the nodes say it exactly: each of
+    ``s``'s children leads to at most one of the job's GPUs, and ``s`` turns from one child to
+    another only where their GPUs' peer copies take PCIe. Else None."""
+    under = {c: _gpus_below(G, c, kinds, level, job) if kinds.get(c) != "gpu" else
+             [c] if c in job else [] for c in _below(G, s, kinds, level)}
+    if any(len(g) > 1 for g in under.values()):
+        return None
+    gpu_of = {c: g[0] for c, g in under.items() if g}
+    pairs = [(a, b) for a, b in itertools.permutations(gpu_of, 2)]
+    turns = {(a, b) for a, b in pairs if (gpu_of[a], gpu_of[b]) not in linked}
+    return turns if 0 < len(turns) < len(pairs) else None
+
+
+def _switches_under(G: nx.DiGraph, s, kinds: dict, level: dict) -> list:
+    """Every PCIe switch below switch ``s``."""
+    found, todo = [], [s]
+    while todo:
+        for v in _below(G, todo.pop(), kinds, level):
+            if kinds.get(v) == "pci_switch" and v not in found:
+                found.append(v)
+                todo.append(v)
+    return found
+
+
+def _split_turns(H: nx.DiGraph, s, kinds: dict, level: dict, turns: set) -> None:
+    """:func:`_split`, plus the turns ``s`` takes: child ``a``'s link up enters ``s~from~a``
+    and child ``b``'s link down leaves ``s~to~b``; ``s~from~a`` leads up, and to ``s~to~b``
+    where ``(a, b)`` turns; ``s~dn`` (from above) leads to every ``s~to~b``. Each inner link
+    is as wide as the child's link it joins, so no route gains capacity it did not have."""
+    up, dn = f"{s}~up", f"{s}~dn"
+    attrs = dict(H.nodes[s])
+    below = set(_below(H, s, kinds, level))
+    for n in (up, dn, *(f"{s}~{way}~{c}" for c in below for way in ("from", "to"))):
+        H.add_node(n, **attrs)
+    for u, _, d in list(H.in_edges(s, data=True)):
+        if u in below:
+            H.add_edge(u, f"{s}~from~{u}", **d)
+            H.add_edge(f"{s}~from~{u}", up, type="internal", cap=d["cap"])
+        else:
+            H.add_edge(u, dn, **d)
+    for _, v, d in list(H.out_edges(s, data=True)):
+        if v in below:
+            H.add_edge(f"{s}~to~{v}", v, **d)
+            H.add_edge(dn, f"{s}~to~{v}", type="internal", cap=d["cap"])
+        else:
+            H.add_edge(up, v, **d)
+    for a, b in turns:
+        if H.has_edge(f"{s}~from~{a}", up) and H.has_edge(dn, f"{s}~to~{b}"):
+            cap = min(H.edges[f"{s}~from~{a}", up]["cap"], H.edges[dn, f"{s}~to~{b}"]["cap"])
+            H.add_edge(f"{s}~from~{a}", f"{s}~to~{b}", type="internal", cap=cap)
+    H.remove_nodes_from([n for n in list(H) if str(n).startswith(f"{s}~") and H.degree(n) == 0])
+    H.remove_node(s)
 
 
 def _split(H: nx.DiGraph, s, kinds: dict, level: dict) -> None:
