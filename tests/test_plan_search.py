@@ -293,6 +293,18 @@ def test_no_rung_cuts_chunks_below_the_smallest_worth_moving():
     assert pipe.rungs(_deep(18), 80) == [160, 320, 640, 1024]
 
 
+def test_trees_still_deep_climb_to_the_smallest_chunks_past_the_instruction_budget():
+    # Sixteen roots' trees 60 levels deep still lose 9% of a run to fill at 640 chunks each:
+    # the last rung is the most 64 KiB chunks (1,024), though the instruction budget alone
+    # stops at 250, since fill is what such trees lose most. Shallow trees keep the budget.
+    gpus = tuple(f"GPU{i}" for i in range(16))
+    p = P.problem(job_graph(T.ring(16), gpus), gpus, "allgather")
+    pipe = trees.Pipeline(p, 64 << 20)
+    assert int(pipe.most_chunks(1)) == 250
+    assert pipe.rungs(_deep(60), 80) == [160, 320, 640, 1024]
+    assert pipe.rungs(_deep(3), 40) == [80, 160, 250]
+
+
 def test_trees_that_share_their_fill_lose_a_kth_of_it():
     # The model's shared end: k trees of a group fill as one pipeline of k m chunks. One tree
     # has nothing to share; with more, only the fill term shrinks, by k.

@@ -313,12 +313,14 @@ class Pipeline:
     def rungs(self, packing: Packing, hidden: int) -> list:
         """The chunk counts a ladder climbs from ``hidden``: twice and four times it, doubling on
         while the fill, ``(d - 1) / m`` of a run, exceeds :data:`FILL` (deep trees) and chunks
-        stay at least :data:`MIN_CHUNK_BYTES`, then the most :meth:`most_chunks` allows."""
+        stay at least :data:`MIN_CHUNK_BYTES`, then the most :meth:`most_chunks` allows, or, if
+        still deep, the most chunks of that size: their fill is what such trees lose most."""
         k = self.trees(packing)
         rungs = [2 * hidden, 4 * hidden]
-        while self.deep(packing, rungs[-1]) and 2 * rungs[-1] <= self.unit / k / MIN_CHUNK_BYTES:
+        floor = int(self.unit / k / MIN_CHUNK_BYTES)
+        while self.deep(packing, rungs[-1]) and 2 * rungs[-1] <= floor:
             rungs.append(2 * rungs[-1])
-        most = int(self.most_chunks(k))
+        most = floor if self.deep(packing, rungs[-1]) else int(self.most_chunks(k))
         return rungs + [most] * (most > rungs[-1])
 
     def deep(self, packing: Packing, chunks: int) -> bool:
