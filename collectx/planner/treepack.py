@@ -196,8 +196,7 @@ def pack_undirected_trees(index: LinkIndex, gpus, either_way: bool = False, turn
     allreduce bound (:mod:`.bounds`); each tree is rooted at its centre. ``turns``
     (:func:`~collectx.topology.view.turn_rule`) keeps linked GPU pairs from turning at the switches
     it names."""
-    gpus = tuple(gpus)
-    search = relay_search(index, gpus, turns)
+    gpus, search = tuple(gpus), relay_search(index, tuple(gpus), turns)
 
     def price(y, exact):
         if either_way:

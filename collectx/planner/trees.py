@@ -313,10 +313,9 @@ class Pipeline:
     def rungs(self, packing: Packing, hidden: int) -> list:
         """The chunk counts a ladder climbs from ``hidden``: twice and four times it, doubling on
         while the fill, ``(d - 1) / m`` of a run, exceeds :data:`FILL` (deep trees) and chunks
-        stay at least :data:`MIN_CHUNK_BYTES`, then the most :meth:`most_chunks` allows, or, if
-        still deep, the most chunks of that size: their fill is what such trees lose most."""
-        k = self.trees(packing)
-        rungs = [2 * hidden, 4 * hidden]
+        stay at least :data:`MIN_CHUNK_BYTES`, then the most :meth:`most_chunks` allows (if
+        still deep, the most of that size: fill is what such trees lose most)."""
+        k, rungs = self.trees(packing), [2 * hidden, 4 * hidden]
         floor = int(self.unit / k / MIN_CHUNK_BYTES)
         while self.deep(packing, rungs[-1]) and 2 * rungs[-1] <= floor:
             rungs.append(2 * rungs[-1])

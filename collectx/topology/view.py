@@ -362,9 +362,10 @@ DIRECT_TYPES = GPU_LINK_TYPES   # GPU-to-GPU links CUDA peer copies always take
 def without_turnarounds(G: nx.DiGraph, gpus) -> nx.DiGraph:
     """``G`` (a job graph) with every switch that cannot turn traffic between its GPUs split
     into ``<switch>~up`` and ``<switch>~dn`` halves (one that turns it for some of its ports'
-    GPUs only, as well as ``<switch>~from~<port>`` and ``<switch>~to~<port>``), and every CPU that forwards no other
-    socket's traffic (:func:`direct_sockets`) into itself and ``<cpu>~far`` (its socket links
-    in) and ``<cpu>~dn`` (its other links out); ``G`` itself is returned when nothing is split.
+    GPUs only, as well as ``<switch>~from~<port>`` and ``<switch>~to~<port>``), and every CPU
+    that forwards no other socket's traffic (:func:`direct_sockets`) into itself and
+    ``<cpu>~far`` (its socket links in) and ``<cpu>~dn`` (its other links out); ``G`` itself is
+    returned when nothing is split.
 
     >>> from collectx.topology import load
     >>> G = load("topology/real/l40s_8gpu_2socket_nvidia-smi-topo.txt")
