@@ -380,6 +380,26 @@ def test_a_switch_with_a_port_per_gpu_turns_only_the_pairs_that_talk_over_pcie()
     assert "cpu" in through["GPU1", "GPU2"] and "cpu" not in through["GPU0", "GPU1"]
 
 
+def test_a_port_without_gpus_keeps_its_turns_and_linked_ports_lose_theirs():
+    # Four GPUs on the ports of one switch, GPUs 0 and 1 joined by NVLink, and a port leading
+    # to a NIC alone. The switch turns 0 <-> 2 and 2 <-> 3 (PCIe peers) and every port to and
+    # from the NIC's (it may lead to other machines), but not 0 <-> 1; the NIC's own switch is
+    # split, so no route turns back up through it.
+    from collectx.topology.view import without_turnarounds
+    G = topo.pcie_tree(1, 1, 4)
+    topo.add_link(G, "GPU0", "GPU1", "nvlink", 50.0)
+    topo.add_node(G, "SWN", "pci_switch")
+    topo.add_link(G, "SWN", "PLX0", "pcie", 31.5)
+    topo.add_node(G, "NIC0", "nic", net_gbps=25.0)
+    topo.add_link(G, "NIC0", "SWN", "pcie", 31.5)
+    gpus = ("GPU0", "GPU1", "GPU2", "GPU3")
+    H = without_turnarounds(job_graph(G, gpus), gpus)
+    turns = lambda a, b: H.has_edge(f"PLX0~from~{a}", f"PLX0~to~{b}")  # noqa: E731
+    assert turns("GPU0", "GPU2") and turns("GPU3", "GPU2") and turns("GPU1", "SWN")
+    assert turns("SWN", "GPU0") and not turns("GPU0", "GPU1") and not turns("GPU1", "GPU0")
+    assert "SWN" not in H and {"SWN~up", "SWN~dn"} <= set(H)
+
+
 def test_the_turn_rule_applies_pair_by_pair_where_a_port_leads_to_several_gpus():
     # MI250 dump, GCDs 4, 5 and 7: 4 and 5 (one package, xGMI) sit below one port of PSW7,
     # 7 below another, reaching both over PCIe. PSW7 stays whole, and the rule keeps 4 -> 5

@@ -619,15 +619,16 @@ def _child_turns(G: nx.DiGraph, s, kinds: dict, level: dict, linked: set, job: s
     """The ordered pairs ``(a, b)`` of nodes under switch ``s`` between which it turns traffic
     around, where that differs from every pair or none and the nodes say it exactly: each of
     ``s``'s children leads to at most one of the job's GPUs, and ``s`` turns from one child to
-    another only where their GPUs' peer copies take PCIe. Else None."""
+    another unless both lead to GPUs whose peer copies never take PCIe (a child without a GPU
+    keeps every turn: a NIC there may lead to other machines). Else None."""
     under = {c: _gpus_below(G, c, kinds, level, job) if kinds.get(c) != "gpu" else
              [c] if c in job else [] for c in _below(G, s, kinds, level)}
     if any(len(g) > 1 for g in under.values()):
         return None
-    gpu_of = {c: g[0] for c, g in under.items() if g}
-    pairs = [(a, b) for a, b in itertools.permutations(gpu_of, 2)]
-    turns = {(a, b) for a, b in pairs if (gpu_of[a], gpu_of[b]) not in linked}
-    return turns if 0 < len(turns) < len(pairs) else None
+    pairs = list(itertools.permutations(under, 2))
+    turns = {(a, b) for a, b in pairs
+             if not under[a] or not under[b] or (under[a][0], under[b][0]) not in linked}
+    return turns if len(turns) < len(pairs) else None
 
 
 def _switches_under(G: nx.DiGraph, s, kinds: dict, level: dict) -> list:
