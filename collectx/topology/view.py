@@ -217,10 +217,10 @@ class _RelayGraph:
                 entries.append((sid(tail), sid(head), link))
         entries.sort()
         self.size = len(state)
-        self.rows = [r for r, _, _ in entries]
+        rows = np.array([r for r, _, _ in entries], dtype=np.int64)
         self.cols = np.array([c for _, c, _ in entries], dtype=np.int32)
         self.links = np.array([k for _, _, k in entries], dtype=np.int64)
-        self.indptr = np.searchsorted(np.array(self.rows), np.arange(self.size + 1))
+        self.indptr = np.searchsorted(rows, np.arange(self.size + 1))
         self.link_of = {(r, c): k for r, c, k in entries}
         self.src_ids = [state[(g, "out")] for g in sources]
         self.sinks = [(g, state[(g, "in")]) for g in sorted(gpus, key=str) if (g, "in") in state]
@@ -645,31 +645,33 @@ def _switches_under(G: nx.DiGraph, s, kinds: dict, level: dict) -> list:
 def _split_turns(H: nx.DiGraph, s, kinds: dict, level: dict, turns: set) -> None:
     """:func:`_split`, plus the turns ``s`` takes: child ``a``'s link up enters ``s~from~a``
     and child ``b``'s link down leaves ``s~to~b``; ``s~from~a`` leads up, and to ``s~to~b``
-    where ``(a, b)`` turns; ``s~dn`` (from above) leads to every ``s~to~b``. Each inner link
-    is as wide as the child's link it joins, so no route gains capacity it did not have."""
-    up, dn = f"{s}~up", f"{s}~dn"
+    where ``(a, b)`` turns. Each inner link is as wide as the child's link it joins, so no
+    route gains capacity it did not have."""
     attrs = dict(H.nodes[s])
     below = set(_below(H, s, kinds, level))
-    for n in (up, dn, *(f"{s}~{way}~{c}" for c in below for way in ("from", "to"))):
-        H.add_node(n, **attrs)
-    for u, _, d in list(H.in_edges(s, data=True)):
-        if u in below:
-            H.add_edge(u, f"{s}~from~{u}", **d)
-            H.add_edge(f"{s}~from~{u}", up, type="internal", cap=d["cap"])
-        else:
-            H.add_edge(u, dn, **d)
-    for _, v, d in list(H.out_edges(s, data=True)):
-        if v in below:
-            H.add_edge(f"{s}~to~{v}", v, **d)
-            H.add_edge(dn, f"{s}~to~{v}", type="internal", cap=d["cap"])
-        else:
-            H.add_edge(up, v, **d)
+    _split(H, s, kinds, level)
+    up, dn = f"{s}~up", f"{s}~dn"
+    for c in below:
+        if H.has_edge(c, up):
+            _via(H, c, up, f"{s}~from~{c}", attrs, c)
+        if H.has_edge(dn, c):
+            _via(H, dn, c, f"{s}~to~{c}", attrs, c)
     for a, b in turns:
-        if H.has_edge(f"{s}~from~{a}", up) and H.has_edge(dn, f"{s}~to~{b}"):
-            cap = min(H.edges[f"{s}~from~{a}", up]["cap"], H.edges[dn, f"{s}~to~{b}"]["cap"])
-            H.add_edge(f"{s}~from~{a}", f"{s}~to~{b}", type="internal", cap=cap)
-    H.remove_nodes_from([n for n in list(H) if str(n).startswith(f"{s}~") and H.degree(n) == 0])
-    H.remove_node(s)
+        ins, outs = f"{s}~from~{a}", f"{s}~to~{b}"
+        if ins in H and outs in H:
+            cap = min(H.edges[ins, up]["cap"], H.edges[dn, outs]["cap"])
+            H.add_edge(ins, outs, type="internal", cap=cap)
+
+
+def _via(H: nx.DiGraph, tail, head, node, attrs: dict, child) -> None:
+    """The link ``tail -> head`` through a new ``node``: its half at ``child`` keeps the link's
+    data, the other half is an internal link as wide."""
+    d = H.edges[tail, head]
+    inner = {"type": "internal", "cap": d["cap"]}
+    H.remove_edge(tail, head)
+    H.add_node(node, **attrs)
+    H.add_edge(tail, node, **(d if tail == child else inner))
+    H.add_edge(node, head, **(d if head == child else inner))
 
 
 def _split(H: nx.DiGraph, s, kinds: dict, level: dict) -> None:
