@@ -71,6 +71,36 @@ def test_rccl_v2_xml_reads_xgmi_links_once_per_pair():
     assert path_class(G, "GPU0", "GPU1") == PathClass.NVL
 
 
+_TWO_GPU_HIVE = """<system version="2">
+  <cpu numaid="0" affinity="ffffffff" arch="x86_64" vendor="AuthenticAMD" familyid="26" modelid="2">
+    <pci busid="0000:01:00.0" class="0x060400" link_speed="32.0 GT/s PCIe" link_width="16">
+      <pci busid="0000:08:00.0" class="0x120000" link_speed="32.0 GT/s PCIe" link_width="16">
+        <gpu dev="0" sm="256" gcn="{gcn}" rank="0" gdr="1">
+          <xgmi target="0000:18:00.0" count="1" tclass="0x120000"/>
+        </gpu>
+      </pci>
+      <pci busid="0000:18:00.0" class="0x120000" link_speed="32.0 GT/s PCIe" link_width="16">
+        <gpu dev="1" sm="256" gcn="{gcn}" rank="1" gdr="1">
+          <xgmi target="0000:08:00.0" count="1" tclass="0x120000"/>
+        </gpu>
+      </pci>
+    </pci>
+  </cpu>
+</system>
+"""
+
+
+@pytest.mark.parametrize("gcn, per_link", [("gfx942:sramecc+:xnack-", 64.0), ("gfx950", 76.8),
+                                           ("910", 50.0)])
+def test_xgmi_links_run_at_their_generations_rate(tmp_path, gcn, per_link):
+    # MI355X (gfx950) links carry 153.6 GB/s both ways, MI300X (gfx942) 128, MI250 (910) 100
+    path = tmp_path / "hive.xml"
+    path.write_text(_TWO_GPU_HIVE.format(gcn=gcn))
+    G = from_nccl_xml(path)
+    assert G.edges["GPU0", "GPU1"]["type"] == "xgmi"
+    assert G.edges["GPU0", "GPU1"]["bw_gbps"] == pytest.approx(per_link)
+
+
 def test_vm_dump_with_zero_widths_and_hidden_nvswitch():
     G = from_nccl_xml(FIXTURES / "vm_hidden_nvswitch.xml")
     assert topo.gpus(G) == ["GPU0", "GPU1"]  # the GPU without dev gets the next free number

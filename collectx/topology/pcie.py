@@ -29,8 +29,9 @@ DEFAULT_NVLINK_GBPS = 25.0
 BLACKWELL_SM, BLACKWELL_COPY_GBPS = 100, 4000.0
 
 # xGMI (Infinity Fabric) per link per direction, by gfx prefix: MI50/MI60 (gfx906) and MI100
-# (gfx908) 46 GB/s (92 GB/s per link both ways), MI250 (gfx90a) 50, MI300A/MI300X (gfx940-942) 64.
-XGMI_GBPS_BY_ARCH = {"gfx906": 46.0, "gfx908": 46.0, "gfx90a": 50.0, "gfx94": 64.0}
+# (gfx908) 46 GB/s (92 GB/s per link both ways), MI250 (gfx90a) 50, MI300A/MI300X (gfx940-942) 64
+# (AMD's 128 GB/s per link), MI350X/MI355X (gfx950) 76.8 (AMD's 153.6 GB/s per link).
+XGMI_GBPS_BY_ARCH = {"gfx906": 46.0, "gfx908": 46.0, "gfx90a": 50.0, "gfx94": 64.0, "gfx95": 76.8}
 DEFAULT_XGMI_GBPS = 50.0
 # RCCL dumps and model files written before gcnArchName spell the arch as a bare number
 # (RCCL's convertGcnArchToGcnArchName): 906, 908, 910 (= gfx90a), 940, 941, 942.
@@ -90,6 +91,8 @@ def xgmi_bw_for_arch(arch) -> float:
 
     >>> xgmi_bw_for_arch("gfx942:sramecc+:xnack-"), xgmi_bw_for_arch("910"), xgmi_bw_for_arch("908")
     (64.0, 50.0, 46.0)
+    >>> xgmi_bw_for_arch("gfx950")
+    76.8
     """
     arch = str(arch or "").strip()
     arch = _LEGACY_GCN.get(arch, arch)
