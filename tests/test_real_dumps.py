@@ -51,6 +51,8 @@ def _direct_links(G):
     ("mi100_16gpu_4hives_16nic_rccl_topo.xml", 16, 24, 0, 16),
     ("mi50_8gpu_2xgmi_rings_2socket_rccl_topo.xml", 8, 8, 0, 1),
     ("hygon_dcu_8gpu_pcie_3nic_rccl_topo.xml", 8, 0, 0, 6),
+    ("mi355x_8gpu_8nic_rccl_topo.xml", 8, 28, 0, 8),
+    ("mi300x_16gpu_2hives_pcie_cascade_rccl_topo.xml", 16, 56, 0, 1),
 ])
 def test_real_dump_has_the_published_gpus_links_and_nics(name, n_gpus, n_pairs, n_switched, n_nics):
     G = topo.load(REAL / name)
