@@ -1,16 +1,27 @@
 """Path classes and widest-path bandwidths."""
 
+from pathlib import Path
+
 import pytest
 
 import collectx.topology as topo
 from collectx.errors import TopologyError
 from collectx.topology.paths import PathClass, classify, path_class, paths, widest_path
 
+REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
+
 
 def test_path_classes_are_ordered_lower_is_better():
     order = [PathClass.LOC, PathClass.NVL, PathClass.NVB, PathClass.C2C, PathClass.PIX,
-             PathClass.PXB, PathClass.PHB, PathClass.SYS, PathClass.NET]
+             PathClass.PXB, PathClass.PXN, PathClass.PHB, PathClass.SYS, PathClass.NET]
     assert sorted(order) == order
+
+
+def test_a_nic_reaching_a_gpu_through_another_gpus_nvlinks_is_pxn():
+    G = topo.load(REAL / "hgx_h100_nccl_topo.xml")
+    assert path_class(G, "NIC7", "GPU0") == PathClass.PIX   # below the same PCIe switch
+    p = widest_path(G, "NIC7", "GPU5")
+    assert p.cls == PathClass.PXN and "GPU0" in p.hops[1:-1]
 
 
 def test_dgx1v_direct_double_nvlink_is_nvl_50():

@@ -29,6 +29,7 @@ Legend:
          (XG# = xGMI links); GB/s of all of them together
   NVB  = NVLink all the way, through an NVSwitch or another GPU
   PIX  = PCIe through one PCIe switch          PXB = PCIe through several PCIe switches
+  PXN  = PCIe to another GPU, then its NVLinks (a NIC's route to a GPU through a GPU)
   PHB  = through a CPU (PCIe host bridge, or shared memory)
   SYS  = across the CPU sockets' interconnect  NET = across the network
   Other numbers: GB/s per direction of the widest single route's narrowest link (line

@@ -15,6 +15,7 @@ NVB   NVLink all the way, but through an NVSwitch or an intermediate GPU (NCCL c
 C2C   a GPU's NVLink-C2C link to its own CPU (Grace), for copies into host memory
 PIX   PCIe through at most one PCIe switch
 PXB   PCIe through several PCIe switches, not through a CPU
+PXN   PCIe and NVLink through an intermediate GPU (a NIC reached through another GPU's NVLinks)
 PHB   through a CPU / host bridge (also shared memory within one NUMA node)
 SYS   across the inter-socket link (any CPU-CPU link, e.g. UPI or AMD's socket xGMI)
 NET   across the network
@@ -62,9 +63,10 @@ class PathClass(enum.IntEnum):
     C2C = 3
     PIX = 4
     PXB = 5
-    PHB = 6
-    SYS = 7
-    NET = 8
+    PXN = 6
+    PHB = 7
+    SYS = 8
+    NET = 9
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -207,6 +209,9 @@ def classify(G: nx.DiGraph, hops: tuple[str, ...]) -> PathClass:
     pci_switches = sum(G.nodes[n].get("kind") == "pci_switch" for n in hops[1:-1])
     for a, b in zip(hops, hops[1:]):
         worst = max(worst, _hop_class(G, a, b, pci_switches))
+    relayed = any(G.nodes[n].get("kind") == "gpu" for n in hops[1:-1])
+    if relayed and PathClass.PIX <= worst < PathClass.PXN:   # PCIe to a GPU, then its NVLinks
+        worst = PathClass.PXN
     return worst
 
 
