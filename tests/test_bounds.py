@@ -14,6 +14,8 @@ from collectx.planner.bounds import Bounds, bounds
 from collectx.topology.flows import cut_rate, max_flows
 from collectx.topology.view import job_graph
 
+import _dumps as dumps
+
 # From the topology README: ForestColl cut bound, allgather / reduce-scatter busbw at line rates.
 PRESET_CUT = {"dgx1p": 95.75, "dgx1v": 165.75, "dgx2": 150.0, "dgx_a100": 300.0,
               "dgx_h100": 450.0, "mi250_16gcd": 321.43, "mi300x": 448.0, "pcie_gen4_8gpu": 31.5}
@@ -272,10 +274,8 @@ def test_no_turnaround_between_gpus_of_one_nvswitch_fabric_at_any_pcie_level():
 
 
 def test_hgx_a100_dump_counts_no_pcie_turnaround_between_its_nvswitched_gpus():
-    from pathlib import Path
-    dump = Path(__file__).resolve().parent.parent / "topology" / "real" / \
-        "hgx_a100_8gpu_5nic_bond_nccl_topo.xml"
-    assert bounds(topo.load(dump), "allgather").bound_busbw == pytest.approx(315.76, abs=0.01)
+    dump = dumps.load("hgx_a100_8gpu_5nic_bond_nccl_topo.xml")
+    assert bounds(dump, "allgather").bound_busbw == pytest.approx(315.76, abs=0.01)
 
 
 def _sockets(smp: dict) -> nx.DiGraph:
@@ -308,20 +308,13 @@ def test_traffic_between_two_sockets_crosses_their_own_link_only():
 
 
 def test_socket_links_of_real_dumps_carry_no_detours():
-    from pathlib import Path
-    real = Path(__file__).resolve().parent.parent / "topology" / "real"
-    l40s = topo.load(real / "l40s_8gpu_2socket_nvidia-smi-topo.txt")   # two sockets, a NIC node
+    l40s = dumps.load("l40s_8gpu_2socket_nvidia-smi-topo.txt")   # two sockets, a NIC node
     assert bounds(l40s, "allgather", ["GPU0", "GPU7"]).bound_busbw == pytest.approx(10.0)
     assert bounds(l40s, "broadcast").bound_busbw == pytest.approx(10.0)
-    mi100 = topo.load(real / "mi100_8gpu_2hives_4numa_4nic_rccl_topo.xml")   # four NUMA nodes
+    mi100 = dumps.load("mi100_8gpu_2hives_4numa_4nic_rccl_topo.xml")   # four NUMA nodes
     # GPU6 reaches GPUs 2 and 3 over one 16 GB/s NUMA link; a NIC switch under a third node
     # no longer turns a second route around
     assert bounds(mi100, "allgather", ["GPU2", "GPU3", "GPU6"]).bound_busbw <= 2 * 16.0 + 1e-6
-
-
-def _real(name: str) -> nx.DiGraph:
-    from pathlib import Path
-    return topo.load(Path(__file__).resolve().parent.parent / "topology" / "real" / name)
 
 
 def test_gpus_joined_by_xgmi_hops_through_a_third_gpu_do_not_turn_at_their_pcie_switch():
@@ -329,7 +322,7 @@ def test_gpus_joined_by_xgmi_hops_through_a_third_gpu_do_not_turn_at_their_pcie_
     # GCD10, so none of the three talks over PSW14, and PSW14 is split like a switch whose
     # GPUs all share direct links.
     from collectx.topology.view import peer_linked, without_turnarounds
-    G = _real("mi250_16gcd_8nic_rccl_topo.xml")
+    G = dumps.load("mi250_16gcd_8nic_rccl_topo.xml")
     gpus = ("GPU8", "GPU10", "GPU11")
     J = job_graph(G, gpus)
     assert ("GPU8", "GPU11") in peer_linked(J, gpus)
@@ -346,7 +339,7 @@ def test_tree_bound_is_the_packing_lp_where_pcie_turns_were_its_only_extra_freed
     # at PCIe switches (175.35 GB/s). Without those turns it is exactly the packing program's
     # LP over the simulator's peer and host-staged routes.
     import collectx.planner.program as P
-    G = _real("mi250_16gcd_8nic_rccl_topo.xml")
+    G = dumps.load("mi250_16gcd_8nic_rccl_topo.xml")
     gpus = tuple(f"GPU{i}" for i in (5, 6, 7, 8, 10, 11, 12, 13, 14))
     b = bounds(G, "allreduce", gpus=gpus)
     lp = P.fractional(P.problem(job_graph(G, gpus), gpus, "allreduce", host=True))
@@ -368,7 +361,7 @@ def test_a_switch_with_a_port_per_gpu_turns_only_the_pairs_that_talk_over_pcie()
     # (PSW0 above it, one port wide, is left whole: the rule keeps 1 -> 2 from turning back
     # there.)
     from collectx.topology.view import LinkIndex, relay_paths, turn_rule, without_turnarounds
-    G = _real("mi100_16gpu_4hives_16nic_rccl_topo.xml")
+    G = dumps.load("mi100_16gpu_4hives_16nic_rccl_topo.xml")
     gpus = ("GPU0", "GPU1", "GPU2")
     J = job_graph(G, gpus)
     H = without_turnarounds(J, gpus)
@@ -405,7 +398,7 @@ def test_the_turn_rule_applies_pair_by_pair_where_a_port_leads_to_several_gpus()
     # 7 below another, reaching both over PCIe. PSW7 stays whole, and the rule keeps 4 -> 5
     # from turning there: with xGMI priced out it climbs to the CPU, while 4 -> 7 turns.
     from collectx.topology.view import LinkIndex, relay_paths, turn_rule, without_turnarounds
-    G = _real("mi250_16gcd_8nic_rccl_topo.xml")
+    G = dumps.load("mi250_16gcd_8nic_rccl_topo.xml")
     gpus = ("GPU4", "GPU5", "GPU7")
     J = job_graph(G, gpus)
     H = without_turnarounds(J, gpus)

@@ -12,8 +12,9 @@ from collectx.cli.main import build_parser, main
 from collectx.cli.topo import parse_gpu_list
 from collectx.errors import ArgumentError
 
+from _dumps import REAL
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "topology"
-REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
 
 
 def run_main(capsys, *argv):

@@ -15,6 +15,8 @@ from collectx.schedule import simulate, verify
 from collectx.schedule.host import host_chunks
 from collectx.topology.view import LinkIndex, host_routes, job_graph
 
+import _dumps as dumps
+
 DGX1V = T.load("dgx1v")
 
 
@@ -81,11 +83,8 @@ def test_double_buffered_trees_also_try_the_most_chunks_the_budget_allows():
     # The MI300X dump's full broadcast: 24 trees staged through host memory. With a second
     # lane hiding each piece's wait, fill is what is left, and it shrinks with every chunk:
     # 0.935 of the bound at four times the hidden count, above 0.95 at the most chunks.
-    from pathlib import Path
     from collectx.planner.api import plan
-    dump = Path(__file__).resolve().parent.parent / "topology" / "real" / \
-        "mi300x_8gpu_8nic_rccl_topo.xml"
-    p = plan(T.load(dump), "broadcast", 1 << 30, verify=False)
+    p = plan(dumps.load("mi300x_8gpu_8nic_rccl_topo.xml"), "broadcast", 1 << 30, verify=False)
     assert p.algorithm == "blink+host"
     assert p.efficiency > 0.95
 
@@ -94,10 +93,8 @@ def test_double_buffered_trees_also_try_the_hidden_count_itself():
     # HGX H100 dump, GPUs 0, 2, 4-7 allgather: 30 trees per root, 5 deep. Double-buffered at
     # twice the hidden count it simulates at 0.938 of the bound; at the hidden count itself
     # (half as many pieces, each twice as large) at 0.944.
-    from pathlib import Path
     from collectx.planner.api import plan
-    dump = Path(__file__).resolve().parent.parent / "topology" / "real" / "hgx_h100_nccl_topo.xml"
-    p = plan(T.load(dump), "allgather", 1 << 30, gpus=[0, 2, 4, 5, 6, 7], verify=False)
+    p = plan(dumps.load("hgx_h100_nccl_topo.xml"), "allgather", 1 << 30, gpus=[0, 2, 4, 5, 6, 7], verify=False)
     assert p.algorithm == "forest+host"
     assert p.efficiency > 0.94
 
@@ -109,12 +106,9 @@ def test_double_buffered_packings_keep_two_lanes_per_tree_edge():
     # against 3,818), and the chooser kept a direct plan at 0.944 of the bound. Where no
     # packing kept fits twice, the best-ranked one that does is simulated too (21 trees at
     # the same rate, in 64 lanes); no lane is shared (a rank with fewer lanes than the limit).
-    from pathlib import Path
     from collectx.planner.api import plan
     from collectx.schedule.ir import MAX_LANES
-    dump = Path(__file__).resolve().parent.parent / "topology" / "real" / \
-        "hgx_a100_8gpu_5nic_bond_nccl_topo.xml"
-    p = plan(T.load(dump), "broadcast", 1 << 30, verify=False)
+    p = plan(dumps.load("hgx_a100_8gpu_5nic_bond_nccl_topo.xml"), "broadcast", 1 << 30, verify=False)
     assert p.algorithm == "blink+host" and p.efficiency > 0.96
     assert max(len(rank_lanes) for rank_lanes in p.schedule.lanes) < MAX_LANES
 

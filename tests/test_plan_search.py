@@ -197,7 +197,6 @@ def test_good_enough_is_the_bound_plus_the_least_fill():
     assert _good_us(None, "broadcast", 10**9, 4) is None
 
 
-
 def test_packed_trees_are_good_enough_within_the_fill_of_their_own_lp(monkeypatch):
     # A forest allreduce's bound is the ceiling, which trees used as two phases rarely reach;
     # no schedule of its trees beats their LP's rate, so within FILL of that is as good as
@@ -242,7 +241,6 @@ def test_rounding_in_batches_keeps_the_counts_one_by_one_keeps(monkeypatch):
         found = P._found(p, lp, pipe, P.Rounding(p, lp, pipe.level_cost(lp)), None, False)
         kept.append([f.K for f in found])
     assert kept[0] == kept[1] and len(kept[0]) > 1
-
 
 
 def _deep(levels: int):

@@ -10,6 +10,8 @@ from collectx.planner.cost_tables import BASE_US, FILL, LAT_US, alpha_us
 from collectx.planner.direct import plan_direct
 from collectx.planner.select import choose, predict
 
+import _dumps as dumps
+
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
@@ -152,16 +154,13 @@ def test_a_packing_within_the_fill_margin_still_wins_when_its_model_says_so():
     deep and fill almost nothing, so its LP, within the fill margin of a plan at 0.985 of the
     LP's rate, is rounded all the same and beats it (refused, it left the chooser a blink
     plan at 0.978 of the bound where the forest reaches 0.992)."""
-    from pathlib import Path
     from collectx.planner import cost, program
     from collectx.planner.api import allocation
     from collectx.planner.select import _to_beat
     from collectx.schedule.metrics import unit_bytes
     from collectx.planner.trees import plan_forest
     from collectx.topology.view import job_graph
-    dump = Path(__file__).resolve().parent.parent / "topology" / "real" / \
-        "hgx_a100_8gpu_4nic_nvidia-smi-topo.txt"
-    ranks, view = allocation(T.load(dump), [0, 2])
+    ranks, view = allocation(dumps.load("hgx_a100_8gpu_4nic_nvidia-smi-topo.txt"), [0, 2])
     nbytes = 1 << 30
     lp = program.fractional(program.problem(job_graph(view, ranks), ranks, "allreduce",
                                             host=True, forest=True))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from pathlib import Path
 
 import networkx as nx
 import numpy as np
@@ -19,6 +18,8 @@ from collectx.planner.trees import Pipeline, plan_blink, plan_forest
 from collectx.schedule import simulate, verify
 from collectx.schedule.ir import GPU_LANES
 from collectx.topology.view import job_graph
+
+import _dumps as dumps
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce")
 
@@ -238,8 +239,7 @@ def test_one_roots_counts_stop_at_the_gpu_lanes_where_host_staging_doubles_them(
     monkeypatch.setattr(P.Rounding, "solve_all",
                         lambda self, asks: asked.extend(asks) or solve_all(self, asks))
     # a switched machine whose broadcast rounds count after count up to the lanes it may take
-    G = T.load(Path(__file__).resolve().parent.parent / "topology" / "real"
-               / "hgx_a100_8gpu_5nic_bond_nccl_topo.xml")
+    G = dumps.load("hgx_a100_8gpu_5nic_bond_nccl_topo.xml")
     p = packed(G, "broadcast", host=True)[0]
     assert P.most_trees(p) > GPU_LANES   # the CPU executor's lanes hold more trees
     plan_blink(G, tuple(T.gpus(G)), "broadcast", 1 << 30, host=True)
@@ -307,7 +307,7 @@ def test_a_gpu_staging_one_chunk_for_several_children_uploads_it_once():
     # A broadcast tree through the root's host memory: the root copies each chunk into it
     # once, and every other GPU reads it from there. Counted per child, the upload would
     # carry n - 1 times the rate; the emitter shares the copy, and so must the program.
-    G = T.load("topology/real/hgx_h100_nccl_topo.xml")
+    G = dumps.load("hgx_h100_nccl_topo.xml")
     p, lp, _, _ = packed(G, "broadcast", host=True)
     best = {e: 0 for e in p.ways["down"]}
     stars = P.host_stars(p, 0, best)
@@ -324,6 +324,6 @@ def test_a_gpu_staging_one_chunk_for_several_children_uploads_it_once():
 def test_broadcast_over_a_switch_adds_host_memory_fanned_out_once():
     # NVLink alone carries 450 of the 513 GB/s a broadcast can get on this HGX H100; the rest
     # is PCIe, reached through host memory that one copy fills for every GPU.
-    G = T.load("topology/real/hgx_h100_nccl_topo.xml")
+    G = dumps.load("hgx_h100_nccl_topo.xml")
     p = plan(G, "broadcast", 1 << 30, verify=False)
     assert p.schedule.uses_host and p.efficiency > 450 / 513 + 0.03

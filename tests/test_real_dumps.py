@@ -1,13 +1,12 @@
 """Every real machine description in topology/real/ loads into a usable topology."""
 
-from pathlib import Path
-
 import networkx as nx
 import pytest
 
 import collectx.topology as topo
 
-REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
+from _dumps import REAL
+
 DUMPS = sorted(p for p in REAL.iterdir() if p.is_file() and p.suffix in (".xml", ".txt"))
 
 

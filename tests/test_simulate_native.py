@@ -1,8 +1,6 @@
 """The native flow loop (cx_sim_fairshare) gives the Python loop's numbers, bit for bit, and
 the flat front end (collectx._fastpath.schedule_arrays) gives the graph front end's."""
 
-from pathlib import Path
-
 import pytest
 
 import collectx.topology as topo
@@ -15,6 +13,8 @@ from collectx.schedule import _flat
 from collectx.schedule._fairshare import RouteClasses
 from collectx.schedule._taskloop import TaskGraph, native_available, run_native, run_python
 from collectx.schedule.simulate import forget, time_within
+
+import _dumps as dumps
 
 needs_native = pytest.mark.skipif(not native_available(),
                                   reason="libcollectx without cx_sim_fairshare_stoppable")
@@ -47,8 +47,7 @@ def test_native_matches_python_on_planned_schedules(name, gpus, coll, algo, nbyt
 def test_native_matches_python_on_a_switched_machine_with_host_staging(coll, algo):
     # Host-staged routes share PCIe and host links in groups that come and go: nearly every
     # event refills a few hundred route classes, in the native loop as in Python's.
-    dump = Path(__file__).resolve().parents[1] / "topology" / "real" / "hgx_h100_nccl_topo.xml"
-    ranks, view = allocation(topo.load(str(dump)), None)
+    ranks, view = allocation(dumps.load("hgx_h100_nccl_topo.xml"), None)
     s = registry.call(algo, view, ranks, coll, 1 << 30, host=True, nchunks=32)
     assert s.algorithm.endswith("+host")
     _same(simulate(s, view, 1 << 30, ranks=list(ranks), native=True),

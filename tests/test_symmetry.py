@@ -1,7 +1,5 @@
 """Automorphisms of job graphs, and the multicast LP that solves one root per orbit."""
 
-from pathlib import Path
-
 import networkx as nx
 import pytest
 
@@ -10,7 +8,7 @@ from collectx.topology.flows import multicast_rate
 from collectx.topology.symmetry import orbits
 from collectx.topology.view import job_graph, without_turnarounds
 
-REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
+from _dumps import REAL
 
 
 def _split(G, gpus):

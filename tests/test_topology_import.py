@@ -11,8 +11,9 @@ from collectx.topology.nccl_xml import from_nccl_xml
 from collectx.topology.nvsmi import from_nvidia_smi
 from collectx.topology.paths import PathClass, path_class
 
+from _dumps import REAL
+
 ROOT = Path(__file__).resolve().parent.parent
-REAL = ROOT / "topology" / "real"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "topology"
 
 

@@ -1,14 +1,12 @@
 """Path classes and widest-path bandwidths."""
 
-from pathlib import Path
-
 import pytest
 
 import collectx.topology as topo
 from collectx.errors import TopologyError
 from collectx.topology.paths import PathClass, classify, path_class, paths, widest_path
 
-REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
+from _dumps import REAL
 
 
 def test_path_classes_are_ordered_lower_is_better():

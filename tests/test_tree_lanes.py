@@ -13,7 +13,7 @@ from collectx.planner import plan
 from collectx.planner.treesched import Share, TreeEmitter, chunk_refs
 from collectx.schedule import ScheduleBuilder, verify
 
-REAL = Path(__file__).resolve().parents[1] / "topology" / "real"
+from _dumps import REAL
 
 
 def _two_trees_over_one_link():
