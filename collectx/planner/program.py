@@ -64,13 +64,10 @@ NODES = 5            # branch-and-bound nodes per integer program (one per tree 
                      # 100 found no better ones; at the root alone some fall short of Edmonds'
                      # rows and cost a program more
 # HiGHS proves a rounding within FILL of the best (no pipeline gets closer to its packing's
-# rate); its feasibility jump took a third of the time and found no better roundings, and
-# its root reduced-cost heuristic a quarter of what was left (64 programs of the slowest
-# plans: every one still rounded, the busiest link at most 0.04% busier)
+# rate); its feasibility jump took a third of the time and found no better roundings
 MILP_OPTIONS = {"node_limit": NODES, "mip_rel_gap": FILL, "disp": False,
-                "mip_heuristic_run_feasibility_jump": False,
-                "mip_heuristic_run_root_reduced_cost": False}
-warnings.filterwarnings("ignore", ".*mip_heuristic_run_")   # scipy: passed on
+                "mip_heuristic_run_feasibility_jump": False}
+warnings.filterwarnings("ignore", ".*mip_heuristic_run_feasibility_jump")   # scipy: passed on
 # presolve takes a third of these LPs' time and proves nothing they do not (936 of the
 # slowest 8-GPU plans' LPs: the same answers)
 SHORT_OPTIONS = {"presolve": False}
