@@ -3,9 +3,6 @@ planner, executors."""
 
 from __future__ import annotations
 
-import types
-
-import numpy as np
 import pytest
 
 import _runtime_workers as W

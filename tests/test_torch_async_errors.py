@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import time
 
-import pytest
-
 import _needs as needs
 
 torch = needs.module("torch")

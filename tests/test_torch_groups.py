@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 import _needs as needs
 
 torch = needs.module("torch")
