@@ -109,6 +109,11 @@ def test_bad_input_from_the_command_line_has_no_traceback():
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+def test_an_empty_gpu_list_is_an_error_not_the_whole_machine(capsys):
+    rc, _, err = run_main(capsys, "topo", "dgx1v", "--gpus", "")
+    assert rc == 2 and "no GPU listed" in err
+
+
 def test_parse_gpu_list():
     assert parse_gpu_list("0,1,2,5") == [0, 1, 2, 5]
     assert parse_gpu_list("0-3,6") == [0, 1, 2, 3, 6]

@@ -70,7 +70,7 @@ def test_flag_lists_and_outputs():
     (["-d", "float8"], "-d 'float8'"), (["-o", "xor"], "-o 'xor'"),
     (["--collective", "gather"], "unknown"), (["--compare", "hccl"], "unknown"),
     (["-n", "0"], "-n 0"), (["-b", "1M", "-e", "1K"], "min <= max"), (["-f", "1"], "-f"),
-    (["--gpus", "0,x"], "--gpus")])
+    (["--gpus", "0,3-1"], "--gpus"), (["--gpus", ""], "no GPU listed")])
 def test_bad_arguments_say_what_was_expected(argv, match):
     with pytest.raises(ArgumentError, match=match):
         parse_args(argv)

@@ -45,8 +45,10 @@ def test_simulated_table_format():
 
 def test_bad_gpu_indices_name_the_valid_range():
     from collectx.errors import CollectXError
-    with pytest.raises(CollectXError, match="GPUs 0..7"):
+    with pytest.raises(CollectXError, match=r"8 GPUs \(0-7\)"):
         simulate.load_allocation("dgx1v", (0, 9))
+    with pytest.raises(CollectXError, match="listed twice"):
+        simulate.load_allocation("dgx1v", (0, 0))
 
 
 def test_predictions_are_exactly_collectx_plan():

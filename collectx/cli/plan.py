@@ -71,7 +71,7 @@ def run(args) -> int:
     """Carry out ``collectx plan``; errors propagate as CollectXError (one line, exit 2)."""
     from ..planner import plan
     G = load(args.source) if args.source else local_topology()
-    gpus = parse_gpu_list(args.gpus) if args.gpus else None
+    gpus = parse_gpu_list(args.gpus) if args.gpus is not None else None
     algo = args.algo or get_config().algo
     if args.device == "cuda":
         from ..runtime.cuda.planning import cuda_plan

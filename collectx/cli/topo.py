@@ -17,9 +17,8 @@ import json
 
 import networkx as nx
 
-from ..errors import ArgumentError
 from ..topology import load, local_topology, nodes_of_kind, subset, to_json
-from ..topology.model import GPU_LINK_TYPES, gpus
+from ..topology.model import GPU_LINK_TYPES, gpus, parse_gpu_list
 from ..topology.paths import PathClass, paths
 
 LEGEND = """\
@@ -34,27 +33,6 @@ Legend:
   SYS  = across the CPU sockets' interconnect  NET = across the network
   Other numbers: GB/s per direction of the widest single route's narrowest link (line
   rates); GPUs on several NVSwitches reach more over all routes together."""
-
-
-def parse_gpu_list(text: str) -> list[int | str]:
-    """Parse ``"0,1,2,5"``, ``"0-3,6"`` or ids (``"GPU0,GPU3"``) into a list for ``subset``.
-
-    >>> parse_gpu_list("0-3,6"), parse_gpu_list("GPU1, 4")
-    ([0, 1, 2, 3, 6], ['GPU1', 4])
-    """
-    out: list[int | str] = []
-    for item in (part.strip() for part in text.split(",")):
-        lo, dash, hi = item.partition("-")
-        if item.isdigit():
-            out.append(int(item))
-        elif dash and lo.isdigit() and hi.isdigit() and int(lo) <= int(hi):
-            out.extend(range(int(lo), int(hi) + 1))
-        elif item and not dash and not item[0].isdigit():
-            out.append(item)
-        else:
-            raise ArgumentError(f"--gpus {text!r}: cannot read {item!r}; expected indices and "
-                                f"ranges such as 0,1,2,5 or 0-3,6 (or GPU ids)")
-    return out
 
 
 def _cell(G: nx.DiGraph, a: str, b: str, P: dict) -> str:
@@ -166,7 +144,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args) -> int:
     """Carry out ``collectx topo``; errors propagate as CollectXError."""
     G = load(args.source) if args.source else local_topology()
-    if args.gpus:
+    if args.gpus is not None:   # an empty list is a mistake, not the whole machine
         G = subset(G, parse_gpu_list(args.gpus))
     if args.draw:
         from ..topology.draw import draw

@@ -18,6 +18,7 @@ import dataclasses
 import re
 
 from ..errors import ArgumentError
+from ..topology.model import parse_gpu_list
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall",
                "sendrecv")
@@ -112,13 +113,6 @@ def _csv_list(text: str, allowed: tuple[str, ...], flag: str) -> tuple[str, ...]
     return items
 
 
-def _gpu_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(item) for item in text.split(",") if item.strip())
-    except ValueError:
-        raise ArgumentError(f"--gpus {text!r}: expected GPU indices such as 0,1,2,5") from None
-
-
 _EPILOG = """\
 Flags follow nccl-tests (-b -e -f -i -w -c -d -o -r), with one deviation: -n is the number of
 ranks (as in mpirun -n), and nccl-tests' -n (iterations) is -I/--iters here. Without -I/-w,
@@ -154,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", default="", help="peers beside collectx: mpi,gloo[,nccl]")
     p.add_argument("--simulate", default=None, metavar="SOURCE",
                    help="predict the table for a topology (preset name or file) instead")
-    p.add_argument("--gpus", default=None, help="with --simulate: GPU indices (default all)")
+    p.add_argument("--gpus", default=None,
+                   help="with --simulate: GPUs, e.g. 0,1,2,5 or 0-3 (default all)")
     p.add_argument("--json", default=None, metavar="FILE", help="write results as JSON")
     p.add_argument("--csv", default=None, metavar="FILE", help="write results as CSV")
     p.add_argument("--plot", default=None, metavar="FILE", help="busbw plot (.png or .svg)")
@@ -191,6 +186,6 @@ def parse_args(argv: list[str] | None = None) -> Options:
                    root=a.root, nprocs=a.nprocs, iters=a.iters, warmup=a.warmup_iters,
                    check=a.check, algo=a.algo, device=a.device,
                    compare=_csv_list(a.compare, PEERS, "--compare"), simulate=a.simulate,
-                   gpus=_gpu_list(a.gpus) if a.gpus else None, json=a.json, csv=a.csv,
-                   plot=a.plot, html=a.html, progress=a.progress, bind=a.bind,
-                   repeat=a.repeat)
+                   gpus=None if a.gpus is None else tuple(parse_gpu_list(a.gpus)),
+                   json=a.json, csv=a.csv, plot=a.plot, html=a.html, progress=a.progress,
+                   bind=a.bind, repeat=a.repeat)

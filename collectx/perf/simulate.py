@@ -18,14 +18,7 @@ def load_allocation(source: str, gpus):
     """(topology, GPU ids) for ``--simulate SOURCE --gpus LIST`` (default: every GPU)."""
     from .. import topology
     topo = topology.load(source)
-    every = topology.gpus(topo)
-    if gpus is None:
-        return topo, tuple(every)
-    bad = [g for g in gpus if not 0 <= g < len(every)]
-    if bad:
-        raise CollectXError(f"--gpus {','.join(map(str, gpus))}: {source} has GPUs "
-                            f"0..{len(every) - 1}; {bad} are not among them")
-    return topo, tuple(every[g] for g in gpus)
+    return topo, tuple(topology.gpus(topo) if gpus is None else topology.resolve_gpus(topo, gpus))
 
 
 def _cell(p) -> dict | None:

@@ -25,12 +25,14 @@ from .nvsmi import from_nvidia_smi
 from .probe import local_topology, probe, probe_host
 from .paths import Path, PathClass, classify, path_class, paths, widest_path
 from .model import (DEFAULT_LATENCY_US, LINK_TYPES, NODE_KINDS, SCHEMA, add_link, add_node,
-                    gpu_index, gpus, natural_key, new_graph, nodes_of_kind, subset)
+                    gpu_index, gpus, natural_key, new_graph, nodes_of_kind, parse_gpu_list,
+                    resolve_gpus, subset)
 
 __all__ = [
-    "load", "from_json", "to_json", "write_json", "parse_text", "presets", "preset_path",
-    "gpus", "gpu_index", "subset", "nodes_of_kind", "natural_key", "new_graph", "add_node",
-    "add_link", "ring", "line", "fully_connected", "switch", "pcie_tree", "multi_node", "host",
-    "from_nccl_xml", "from_nvidia_smi", "Path", "PathClass", "classify", "path_class", "paths",
-    "widest_path", "draw", "layout", "probe", "probe_host", "local_topology", "SCHEMA", "NODE_KINDS", "LINK_TYPES", "DEFAULT_LATENCY_US",
+    "load", "from_json", "to_json", "write_json", "parse_text", "presets", "preset_path", "gpus",
+    "gpu_index", "parse_gpu_list", "resolve_gpus", "subset", "nodes_of_kind", "natural_key",
+    "new_graph", "add_node", "add_link", "ring", "line", "fully_connected", "switch", "pcie_tree",
+    "multi_node", "host", "from_nccl_xml", "from_nvidia_smi", "Path", "PathClass", "classify",
+    "path_class", "paths", "widest_path", "draw", "layout", "probe", "probe_host",
+    "local_topology", "SCHEMA", "NODE_KINDS", "LINK_TYPES", "DEFAULT_LATENCY_US",
 ]

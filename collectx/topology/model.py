@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 import networkx as nx
 
-from ..errors import TopologyError
+from ..errors import ArgumentError, TopologyError
 
 SCHEMA = "collectx.topology/1"
 BW_CONVENTION = "line_rate"
@@ -142,6 +142,31 @@ def gpu_index(G: nx.DiGraph) -> dict[str, int]:
     {'GPU0': 0, 'GPU1': 1}
     """
     return {g: i for i, g in enumerate(gpus(G))}
+
+
+def parse_gpu_list(text: str) -> list[int | str]:
+    """Parse ``--gpus`` text, ``"0,1,2,5"``, ``"0-3,6"`` or ids (``"GPU0,GPU3"``), into a
+    list for :func:`resolve_gpus` and :func:`subset`.
+
+    >>> parse_gpu_list("0-3,6"), parse_gpu_list("GPU1, 4")
+    ([0, 1, 2, 3, 6], ['GPU1', 4])
+    """
+    if not text.strip():   # an empty list is a mistake (an unset variable), not every GPU
+        raise ArgumentError(f"--gpus {text!r}: no GPU listed; expected indices and ranges such "
+                            f"as 0,1,2,5 or 0-3,6 (or GPU ids), or no --gpus for every GPU")
+    out: list[int | str] = []
+    for item in (part.strip() for part in text.split(",")):
+        lo, dash, hi = item.partition("-")
+        if item.isdigit():
+            out.append(int(item))
+        elif dash and lo.isdigit() and hi.isdigit() and int(lo) <= int(hi):
+            out.extend(range(int(lo), int(hi) + 1))
+        elif item and not dash and not item[0].isdigit():
+            out.append(item)
+        else:
+            raise ArgumentError(f"--gpus {text!r}: cannot read {item!r}; expected indices and "
+                                f"ranges such as 0,1,2,5 or 0-3,6 (or GPU ids)")
+    return out
 
 
 def resolve_gpus(G: nx.DiGraph, wanted: Iterable[int | str]) -> list[str]:
