@@ -70,7 +70,9 @@ def test_flag_lists_and_outputs():
     (["-d", "float8"], "-d 'float8'"), (["-o", "xor"], "-o 'xor'"),
     (["--collective", "gather"], "unknown"), (["--compare", "hccl"], "unknown"),
     (["-n", "0"], "-n 0"), (["-b", "1M", "-e", "1K"], "min <= max"), (["-f", "1"], "-f"),
-    (["--gpus", "0,3-1"], "--gpus"), (["--gpus", ""], "no GPU listed")])
+    (["--simulate", "dgx1v", "--gpus", "0,3-1"], "--gpus"),
+    (["--simulate", "dgx1v", "--gpus", ""], "no GPU listed"),
+    (["--gpus", "0,1"], "only with --simulate")])
 def test_bad_arguments_say_what_was_expected(argv, match):
     with pytest.raises(ArgumentError, match=match):
         parse_args(argv)

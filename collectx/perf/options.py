@@ -180,6 +180,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
             raise ArgumentError(f"{flag} {value}: expected an integer >= {low}")
     if a.root < 0:  # the upper limit is the rank count, known once ranks exist
         raise ArgumentError(f"-r {a.root}: expected a root rank >= 0")
+    if a.gpus is not None and a.simulate is None:   # a run takes rank r's GPU by its rank
+        raise ArgumentError(f"--gpus {a.gpus}: only with --simulate SOURCE; a run gives rank r "
+                            f"GPU r (set CUDA_VISIBLE_DEVICES to choose them)")
     sizes = size_sweep(parse_size(a.minbytes), parse_size(a.maxbytes), a.stepfactor,
                        parse_size(a.stepbytes))
     return Options(collectives=collectives, sizes=sizes, dtype=dtype_name(a.datatype), op=op,
