@@ -5,7 +5,7 @@ import json
 import pytest
 
 import collectx.topology as T
-from collectx.errors import NoFeasiblePlan, PlanError, TopologyError
+from collectx.errors import ArgumentError, NoFeasiblePlan, PlanError, TopologyError
 from collectx.planner import ALGORITHMS, Plan, make_schedule, plan
 from collectx.schedule.ir import Schedule
 
@@ -62,6 +62,7 @@ def test_plan_accepts_a_planner_callable():
     (["GPU9"], TopologyError, "GPU9"),
     ([7], TopologyError, "out of range"),
     ([], PlanError, "empty"),
+    ("GPU0", ArgumentError, r"\['GPU0'\]"),   # a string is not read letter by letter
 ])
 def test_bad_allocations(gpus, err, match):
     with pytest.raises(err, match=match):
@@ -76,7 +77,9 @@ def test_disconnected_allocation_is_no_feasible_plan():
 
 @pytest.mark.parametrize("kw,match", [({"algo": "magic"}, "unknown algorithm"),
                                       ({"root": 9}, "root"),
-                                      ({"algo": "direct", "inplace": True}, "in-place")])
+                                      ({"algo": "direct", "inplace": True}, "in-place"),
+                                      ({"nchunks": 0}, "nchunks=0: expected a positive"),
+                                      ({"nchunks": 2.0}, "nchunks=2.0")])
 def test_bad_requests(kw, match):
     with pytest.raises(PlanError, match=match):
         plan(T.switch(3), "alltoall", 64, **kw)

@@ -82,8 +82,14 @@ def check_args(collective: str, nranks: int, root: int, nchunks: int | None) -> 
         raise PlanError(f"{nranks} ranks: a collective needs at least one rank")
     if not 0 <= root < nranks:
         raise PlanError(f"root={root} with {nranks} ranks: the root must be in 0..{nranks - 1}")
-    if nchunks is not None and nchunks < 1:
-        raise PlanError(f"nchunks={nchunks}: expected a positive chunk count (or None)")
+    check_nchunks(nchunks)
+
+
+def check_nchunks(nchunks: int | None) -> None:
+    """``nchunks``: None (the planner chooses) or a positive integer; raises PlanError."""
+    if nchunks is not None and (isinstance(nchunks, bool) or not isinstance(nchunks, int)
+                                or nchunks < 1):
+        raise PlanError(f"nchunks={nchunks!r}: expected a positive chunk count (or None)")
 
 
 def simulated(s: Schedule, topo, nbytes: int, ranks):

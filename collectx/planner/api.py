@@ -18,6 +18,7 @@ from .._gc import paused
 from ..errors import NoFeasiblePlan, PlanError, TopologyError
 from ..schedule.ir import COLLECTIVES, Schedule
 from . import registry, select
+from ._build import check_nchunks
 from .registry import PlannerFn
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,7 +125,7 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
     ('direct', ('GPU0', 'GPU1', 'GPU2', 'GPU3'), True)
     """
     t0 = time.perf_counter()
-    _check_request(collective, nbytes)
+    _check_request(collective, nbytes, nchunks)
     ranks, view = allocation(topo, gpus)                       # resolve the allocation
     _check_root(root, len(ranks))
     if algo is None and _multi_machine(view, ranks, collective):  # clusters: phases + engine
@@ -180,7 +181,7 @@ def make_schedule(topo: nx.DiGraph | None, collective: str, nranks: int, nbytes:
     >>> s.algorithm, s.nranks
     ('direct', 4)
     """
-    _check_request(collective, nbytes)
+    _check_request(collective, nbytes, nchunks)
     from ..topology import gpus as all_gpus, host
     if topo is None:
         topo = host(nranks)
@@ -215,15 +216,14 @@ def allocation(topo: nx.DiGraph, gpus: Sequence[int | str] | None
 
     Raises TopologyError for unknown or repeated GPUs and NoFeasiblePlan when the chosen GPUs
     cannot all reach each other once the other GPUs are removed."""
-    from ..topology import gpus as all_gpus, subset
+    from ..topology import gpus as all_gpus, resolve_gpus, subset
     if topo is None or not (order := all_gpus(topo)):
         raise TopologyError("the topology has no GPU (rank) nodes; expected nodes of kind "
                             "'gpu' (CPU ranks are RANK<i> nodes of kind gpu)")
-    wanted = list(order if gpus is None else gpus)
-    if not wanted:
+    ranks = tuple(order if gpus is None else resolve_gpus(topo, gpus))
+    if not ranks:
         raise PlanError("an empty GPU list: a collective needs at least one rank")
-    view = subset(topo, wanted)
-    ranks = tuple(order[w] if isinstance(w, int) else w for w in wanted)
+    view = subset(topo, ranks)
     _check_connected(view, ranks)
     return ranks, view
 
@@ -260,7 +260,8 @@ def no_communication(nranks: int, nbytes: int) -> str | None:
     return None
 
 
-def _check_request(collective: str, nbytes: int) -> None:
+def _check_request(collective: str, nbytes: int, nchunks: int | None) -> None:
+    check_nchunks(nchunks)   # before the planners: each would refuse it in its own words
     if collective not in COLLECTIVES:
         raise PlanError(f"unknown collective {collective!r}; expected one of "
                         f"{', '.join(COLLECTIVES)}")

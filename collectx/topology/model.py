@@ -171,6 +171,9 @@ def parse_gpu_list(text: str) -> list[int | str]:
 
 def resolve_gpus(G: nx.DiGraph, wanted: Iterable[int | str]) -> list[str]:
     """Turn a list of GPU indices (into :func:`gpus`) or ids into ids; reject bad entries."""
+    if isinstance(wanted, str):   # its letters would be read as GPU ids, one by one
+        raise ArgumentError(f"gpus={wanted!r}: expected a list of GPU indices or ids, such as "
+                            f"[{wanted!r}] or [0, 1]")
     order = gpus(G)
     chosen: list[str] = []
     for item in wanted:
