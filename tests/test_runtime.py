@@ -157,6 +157,16 @@ def test_bad_arguments_raise_value_and_type_errors(call, err):
         assert comm.allreduce(x).tolist() == [1.0, 1.0, 1.0]  # still usable afterwards
 
 
+@pytest.mark.parametrize("kw, match", [
+    ({"device": "cuda:x"}, "cuda:N"), ({"device": "cpu:0"}, "cuda:N"), ({"device": 5}, "cuda:N"),
+    ({"timeout": -1}, "timeout=-1"), ({"timeout": 0}, "seconds > 0"), ({"timeout": "a"}, "'a'"),
+])
+def test_bad_init_arguments_say_what_was_expected(kw, match):
+    # before any rendezvous or GPU check, so no rank waits on a bad argument of another
+    with pytest.raises(ArgumentError, match=match):
+        collectx.init(**kw)
+
+
 def test_closed_communicator_refuses_calls():
     comm = collectx.init()
     comm.close()

@@ -49,21 +49,22 @@ def init(rank: int | None = None, world_size: int | None = None, *, store=None, 
     from ..config import get_config
     from ..log import configure
     configure(get_config().debug)
-    if str(device).startswith("cuda"):
-        from . import cuda
-        index = str(device).partition(":")[2]
-        return cuda.init(rank, world_size, store=store, topology=topology, timeout=timeout,
-                         device=int(index) if index else None)
-    if device != "cpu":
+    from .bootstrap import bootstrap, timeout_s
+    t = timeout_s(timeout)
+    kind, _, index = str(device).partition(":")
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
         from ..errors import ArgumentError
-        raise ArgumentError(f"device={device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+        raise ArgumentError(f"device={device!r}: expected 'cpu', 'cuda' or 'cuda:N' (N a GPU "
+                            f"index)")
+    if kind == "cuda":
+        from . import cuda
+        return cuda.init(rank, world_size, store=store, topology=topology, timeout=t,
+                         device=int(index) if index else None)
     if store is None and rank is None and world_size is None:
         from .multinode import maybe_init   # COLLECTX_HOSTS or several hosts: shm + engine
-        hier = maybe_init(timeout)
+        hier = maybe_init(t)
         if hier is not None:
             return hier
-    from .bootstrap import bootstrap
-    t = float(timeout if timeout is not None else get_config().timeout_s)
     rank, world_size, store, ready, release = bootstrap(rank, world_size, store, t)
     comm = Communicator(rank, world_size, store, topology=topology, timeout=t, on_close=release)
     ready()

@@ -83,6 +83,18 @@ def detect(env: Mapping[str, str] | None = None) -> str:
     return "single"
 
 
+def timeout_s(timeout: float | None) -> float:
+    """The seconds a collective may take before it raises Timeout: ``timeout``, or
+    ``COLLECTX_TIMEOUT`` where it is None; ArgumentError unless a positive number."""
+    if timeout is None:
+        from ..config import get_config
+        return get_config().timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ArgumentError(f"timeout={timeout!r}: expected seconds > 0 (or None for "
+                            f"COLLECTX_TIMEOUT)")
+    return float(timeout)
+
+
 def bootstrap(rank: int | None, world_size: int | None, store, timeout: float
               ) -> tuple[int, int, Store, Callable[[], None], Callable[[], None]]:
     """``(rank, world_size, store, ready, release)``: call ``ready()`` once the windows are

@@ -21,10 +21,9 @@ def init(rank: int | None = None, world_size: int | None = None, *, store=None, 
     ``device`` picks the GPU of this rank; default ``rank % device_count()``. The GPU check comes
     before the rendezvous, so a machine without one fails at once on every rank.
     """
-    from ...config import get_config
-    from ..bootstrap import bootstrap
+    from ..bootstrap import bootstrap, timeout_s
+    t = timeout_s(timeout)
     require_gpu()
-    t = float(timeout if timeout is not None else get_config().timeout_s)
     rank, world_size, store, ready, release = bootstrap(rank, world_size, store, t)
     comm = CudaCommunicator(rank, world_size, store, device=device, topology=topology, timeout=t,
                             on_close=release)
