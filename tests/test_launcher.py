@@ -61,9 +61,18 @@ def test_a_second_torch_bootstrap_reuses_the_launcher_store(monkeypatch):
     assert first[:2] == again[:2] == (0, 1) and again[2] is first[2]
 
 
-def test_launch_rejects_a_bad_process_count():
-    with pytest.raises(ArgumentError):
-        collectx.launch(L.whoami, 0)
+@pytest.mark.parametrize("call, match", [
+    (lambda: collectx.launch(L.whoami, 0), "nprocs=0"),
+    (lambda: collectx.launch(L.whoami, True), "nprocs=True"),
+    (lambda: collectx.launch(3, 2), "expected a callable"),
+    (lambda: collectx.launch(L.whoami, 2, args=5), "args=5"),
+    (lambda: collectx.launch(L.whoami, 2, args=("t",), timeout=-5), "timeout=-5"),
+    (lambda: collectx.launch(L.whoami, 2, args=("t",), grace="long"), "grace='long'"),
+    (lambda: collectx.launch(lambda: 1, 2), "define fn at module level"),
+])
+def test_launch_refuses_a_bad_call_before_starting_ranks(call, match):
+    with pytest.raises(ArgumentError, match=match):
+        call()
 
 
 def test_launch_binds_rank_r_to_the_rth_allowed_cpu_when_asked_and_the_ranks_fit():

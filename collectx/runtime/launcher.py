@@ -20,6 +20,7 @@ import signal
 import time
 import traceback
 from multiprocessing.connection import wait as mp_wait
+from multiprocessing.reduction import ForkingPickler
 
 from ..errors import ArgumentError, RankFailed
 from .affinity import bind_process, check_policy
@@ -70,8 +71,9 @@ def launch(fn, nprocs: int, args: tuple = (), *, grace: float = DEFAULT_GRACE_S,
     RankFailed
         The first rank that raised or died: its rank, exception type and remote traceback.
     """
-    if not isinstance(nprocs, int) or nprocs < 1:
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ArgumentError(f"nprocs={nprocs!r}: expected a positive int")
+    args = _checked_call(fn, args, grace, timeout)
     check_policy(bind)
     ctx = mp.get_context("spawn")
     rdzv = rendezvous_dir()
@@ -91,6 +93,32 @@ def launch(fn, nprocs: int, args: tuple = (), *, grace: float = DEFAULT_GRACE_S,
         _stop(procs, 0.0)
         shutil.rmtree(rdzv, ignore_errors=True)
         sweep_stale(pids={p.pid for p in procs if p.pid})
+
+
+def _checked_call(fn, args, grace, timeout) -> tuple:
+    """``args`` as a tuple, once ``fn`` and ``args`` can reach the ranks and the limits are
+    seconds: refused here, a bad call would fail in every rank instead (or, for a negative
+    timeout, stop them all at once)."""
+    if not callable(fn):
+        raise ArgumentError(f"fn={fn!r}: expected a callable, a module-level function that "
+                            f"calls collectx.init()")
+    if not isinstance(args, (tuple, list)):
+        raise ArgumentError(f"args={args!r}: expected a tuple of fn's positional arguments, "
+                            f"such as (x,)")
+    if not _seconds(grace) or grace < 0:
+        raise ArgumentError(f"grace={grace!r}: expected seconds >= 0")
+    if timeout is not None and (not _seconds(timeout) or timeout <= 0):
+        raise ArgumentError(f"timeout={timeout!r}: expected seconds > 0 (or None: no limit)")
+    try:   # the spawned ranks unpickle both: a lambda or a local function cannot get there
+        ForkingPickler.dumps((fn, tuple(args)))
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise ArgumentError(f"fn={getattr(fn, '__qualname__', fn)!r} and its args must pickle "
+                            f"to reach the ranks ({e}); define fn at module level") from None
+    return tuple(args)
+
+
+def _seconds(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _child(fn, args, env, conn, bind="none") -> None:
