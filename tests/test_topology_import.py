@@ -209,6 +209,13 @@ def test_bad_matrices_name_the_line(text, message):
         from_nvidia_smi(text)
 
 
+def test_an_empty_file_says_it_is_empty(tmp_path):
+    empty = tmp_path / "machine.json"
+    empty.write_text("\n")
+    with pytest.raises(TopologyError, match="machine.json: the topology text is empty"):
+        topo.load(empty)
+
+
 def test_xml_with_missing_attributes_is_read_with_defaults():
     G = from_nccl_xml("<system><cpu><pci><gpu><nvlink target='0000:99:00.0'/></gpu></pci>"
                       "<pci class='0x030200'><gpu/></pci></cpu><cpu/></system>")

@@ -253,6 +253,9 @@ def load(source) -> nx.DiGraph:
 
 def parse_text(text: str, origin: str = "<text>") -> nx.DiGraph:
     """Parse topology text of any supported format (see :func:`sniff`)."""
+    if not text.strip():   # else read as a matrix without its header row, which misleads
+        raise TopologyError(f"{origin}: the topology text is empty; expected collectx topology "
+                            f"JSON, an NCCL/RCCL topology XML or 'nvidia-smi topo -m' output")
     fmt = sniff(text)
     if fmt == "json":
         G = from_json(text)
