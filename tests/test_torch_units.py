@@ -132,6 +132,18 @@ def test_runner_fails_fast_after_a_failure():
         runner.submit(lambda: None, [], async_op=True)
 
 
+def test_runner_stays_usable_after_a_refused_argument():
+    runner = SerialRunner("unit")
+    work = runner.submit(lambda: (_ for _ in ()).throw(errors.DTypeError("dtype bool")), [],
+                         async_op=False)
+    with pytest.raises(errors.DTypeError, match="bool"):
+        work.wait()
+    seen = []
+    runner.submit(lambda: seen.append("next"), [], async_op=False).wait()
+    assert seen == ["next"]
+    runner.close()
+
+
 def test_work_future_holds_the_outputs_and_wait_times_out():
     out = torch.ones(2)
     work = CollectxWork([out])
@@ -250,3 +262,22 @@ def test_copy_and_zero_move_any_dtype_and_layout():
     assert wide.tolist() == [1.0, 2.0, 3.0]
     zero(base[:, 1])
     assert not base.any()
+
+
+def test_a_refused_argument_raises_and_leaves_the_group_usable():
+    import collectx.torch  # noqa: F401
+    dist.init_process_group("collectx", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x = torch.ones(4)
+        with pytest.raises(errors.DTypeError, match="bool"):
+            dist.all_reduce(torch.ones(4, dtype=torch.bool))
+        with pytest.raises(errors.ArgumentError, match=r"outputs\[0\] \(this rank's\) has 3"):
+            dist.all_gather([torch.empty(3)], x)
+        with pytest.raises(errors.ArgumentError, match="reduce_scatter inputs"):
+            dist.reduce_scatter(x, [torch.empty(2)])
+        with pytest.raises(errors.ArgumentError, match="sparse_coo"):
+            dist.all_reduce(x.to_sparse())
+        dist.all_reduce(x)
+        assert x.tolist() == [1.0] * 4
+    finally:
+        dist.destroy_process_group()

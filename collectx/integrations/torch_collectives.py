@@ -61,6 +61,7 @@ class Collectives:
         for outputs, tensor in zip(output_tensors, input_tensors):
             self._check_count(outputs, "allgather outputs")
             same_dtype([tensor, *outputs], "allgather")
+            self._check_own(outputs, tensor, "allgather outputs")
 
         def run():
             for outputs, tensor in zip(output_tensors, input_tensors):
@@ -93,6 +94,7 @@ class Collectives:
         for output, inputs in zip(output_tensors, input_tensors):
             self._check_count(inputs, "reduce_scatter inputs")
             same_dtype([output, *inputs], "reduce_scatter")
+            self._check_own(inputs, output, "reduce_scatter inputs")
 
         def run():
             for output, inputs in zip(output_tensors, input_tensors):
@@ -236,6 +238,13 @@ class Collectives:
         if len(tensors) != self.group_size:
             raise ArgumentError(f"{what}: got {len(tensors)} tensors; expected one per rank "
                                 f"({self.group_size})")
+
+    def _check_own(self, parts, mine, what):
+        # ranks' parts may differ in size (gloo pads them too), but this rank's is its tensor
+        own = parts[self.group_rank]
+        if own.numel() != mine.numel():
+            raise ArgumentError(f"{what}[{self.group_rank}] (this rank's) has {own.numel()} "
+                                f"elements; expected {mine.numel()}, as many as its tensor")
 
     def _check_multiple(self, big, small, what):
         if big.numel() != small.numel() * self.group_size:

@@ -70,7 +70,11 @@ def premultiply(tensor: torch.Tensor, factor) -> None:
 
 
 def device_type(tensors: Sequence[torch.Tensor]) -> str:
-    """The one device all ``tensors`` live on: ``"cpu"`` or ``"cuda:N"``."""
+    """The one device all ``tensors`` live on: ``"cpu"`` or ``"cuda:N"``; they must be dense
+    (sparse ones have no flat buffer to move, and NCCL refuses them too)."""
+    if any(t.layout is not torch.strided for t in tensors):
+        raise ArgumentError(f"tensors of layout {sorted({str(t.layout) for t in tensors})}; "
+                            f"expected dense (torch.strided) tensors. Convert with .to_dense()")
     if all(t.is_cpu for t in tensors):       # the common case, without building device objects
         return "cpu"
     devices = {str(t.device) for t in tensors}

@@ -23,7 +23,11 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from ..errors import CommError, Timeout
+from ..errors import ArgumentError, CommError, DTypeError, Timeout
+
+# Raised by a collective's argument checks before any byte moves, and on every rank alike (the
+# ranks run one program): the group stays usable, as the Communicator does (gloo, NCCL too).
+REFUSED = (ArgumentError, DTypeError)
 
 
 # ``torch.distributed.Work`` is public in recent 2.x; older releases only export ``_Work``.
@@ -199,7 +203,8 @@ class SerialRunner:
         try:
             run()
         except BaseException as error:  # noqa: BLE001 -- handed to wait()/the future, not lost
-            self._failure = error
+            if not isinstance(error, REFUSED):
+                self._failure = error
             work._finish(error)
             return
         if inline:
