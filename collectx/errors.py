@@ -129,5 +129,21 @@ class EngineError(CommError):
     """The inter-node engine (MPI, torch.distributed, NCCL) failed."""
 
 
+def command_error(exc: BaseException) -> str | None:
+    """What a command prints for ``exc`` after ``error:``: a CollectXError's message, or for a
+    file the user named that cannot be read or written (``--json``, ``--draw``, ...) which and
+    why; None for anything else, which is a bug and should raise.
+
+    >>> command_error(FileNotFoundError(2, "No such file or directory", "/no/dir/plan.xml"))
+    "'/no/dir/plan.xml': No such file or directory; expected a path this process can write or read"
+    """
+    if isinstance(exc, CollectXError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return (f"{str(exc.filename)!r}: {exc.strerror or exc}; expected a path this process can "
+                f"write or read")
+    return None
+
+
 __all__ = [name for name, obj in dict(globals()).items()
            if isinstance(obj, type) and issubclass(obj, CollectXError)]

@@ -54,6 +54,7 @@ def test_draw_and_msccl_export(tmp_path, capsys):
     (["-c", "allreduce", "--gpus", "0,42"], "out of range"),
     (["-c", "allreduce", "--gpus", "GPU0,GPU9"], "GPU9"),
     (["-c", "allreduce", "--gpus", ""], "no GPU listed"),   # an unset variable: not every GPU
+    (["-c", "allreduce", "--export-msccl", "/nonexistent/dir/plan.xml"], "No such file"),
     (["-c", "allreduce", "--size", "12Q"], "--size"),
     (["-c", "allreduce", "--algo", "magic"], "unknown algorithm"),
 ])

@@ -278,3 +278,10 @@ def test_rows_measured_before_a_crash_are_still_printed():
     assert "# run failed after 2 rows: rank 1 died during sendrecv" in text
     assert "# Collective: allreduce" in text and "remote traceback" not in text
     assert "sendrecv: not run" not in text
+
+
+def test_an_output_file_that_cannot_be_written_is_one_line_exit_2(capsys):
+    status = driver.main(["--simulate", "dgx1v", "-b", "1K", "-e", "1K", "--no-progress",
+                          "--json", "/nonexistent/dir/a.json"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "/nonexistent/dir/a.json" in err

@@ -15,7 +15,7 @@ import argparse
 import importlib
 import sys
 
-from ..errors import CollectXError
+from ..errors import CollectXError, command_error
 
 SUBCOMMAND_MODULES = ("topo", "plan")
 
@@ -70,12 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except CollectXError as exc:
-        message = " ".join(str(exc).split())
-        print(f"collectx: error: {message}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # `collectx topo | head`
         return 0
+    except (CollectXError, OSError) as exc:
+        if (message := command_error(exc)) is None:
+            raise
+        print(f"collectx: error: {' '.join(message.split())}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 
-from ..errors import ArgumentError, CollectXError, ConfigError
+from ..errors import ArgumentError, CollectXError, ConfigError, command_error
 from . import peers as peer_runners
 from .options import Options, parse_args
 from .rounds import median_rows
@@ -302,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         if launched_externally():
             return run_as_rank(opts)
         return run_measured(opts)
-    except CollectXError as exc:
-        sys.stderr.write(f"collectx-perf: error: {exc}\n")
+    except (CollectXError, OSError) as exc:
+        if (message := command_error(exc)) is None:
+            raise
+        sys.stderr.write(f"collectx-perf: error: {message}\n")
         return 2
