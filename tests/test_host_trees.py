@@ -94,7 +94,8 @@ def test_double_buffered_trees_also_try_the_hidden_count_itself():
     # twice the hidden count it simulates at 0.938 of the bound; at the hidden count itself
     # (half as many pieces, each twice as large) at 0.944.
     from collectx.planner.api import plan
-    p = plan(dumps.load("hgx_h100_nccl_topo.xml"), "allgather", 1 << 30, gpus=[0, 2, 4, 5, 6, 7], verify=False)
+    p = plan(dumps.load("hgx_h100_nccl_topo.xml"), "allgather", 1 << 30,
+             gpus=[0, 2, 4, 5, 6, 7], verify=False)
     assert p.algorithm == "forest+host"
     assert p.efficiency > 0.94
 
@@ -108,7 +109,8 @@ def test_double_buffered_packings_keep_two_lanes_per_tree_edge():
     # the same rate, in 64 lanes); no lane is shared (a rank with fewer lanes than the limit).
     from collectx.planner.api import plan
     from collectx.schedule.ir import MAX_LANES
-    p = plan(dumps.load("hgx_a100_8gpu_5nic_bond_nccl_topo.xml"), "broadcast", 1 << 30, verify=False)
+    p = plan(dumps.load("hgx_a100_8gpu_5nic_bond_nccl_topo.xml"), "broadcast", 1 << 30,
+             verify=False)
     assert p.algorithm == "blink+host" and p.efficiency > 0.96
     assert max(len(rank_lanes) for rank_lanes in p.schedule.lanes) < MAX_LANES
 
