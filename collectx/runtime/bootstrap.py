@@ -83,13 +83,18 @@ def detect(env: Mapping[str, str] | None = None) -> str:
     return "single"
 
 
+def is_seconds(value) -> bool:
+    """Whether ``value`` is a number of seconds (an int or a float, not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def timeout_s(timeout: float | None) -> float:
     """The seconds a collective may take before it raises Timeout: ``timeout``, or
     ``COLLECTX_TIMEOUT`` where it is None; ArgumentError unless a positive number."""
     if timeout is None:
         from ..config import get_config
         return get_config().timeout_s
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    if not is_seconds(timeout) or not timeout > 0:
         raise ArgumentError(f"timeout={timeout!r}: expected seconds > 0 (or None for "
                             f"COLLECTX_TIMEOUT)")
     return float(timeout)

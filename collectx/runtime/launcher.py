@@ -20,11 +20,10 @@ import signal
 import time
 import traceback
 from multiprocessing.connection import wait as mp_wait
-from multiprocessing.reduction import ForkingPickler
 
 from ..errors import ArgumentError, RankFailed
 from .affinity import bind_process, check_policy
-from .bootstrap import rendezvous_dir
+from .bootstrap import is_seconds, rendezvous_dir
 from .window import sweep_stale
 
 DEFAULT_GRACE_S = 3.0
@@ -83,7 +82,14 @@ def launch(fn, nprocs: int, args: tuple = (), *, grace: float = DEFAULT_GRACE_S,
             parent, child = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_child, args=(fn, args, rank_env(r, nprocs, rdzv), child, bind),
                             name=f"collectx-rank{r}", daemon=True)
-            p.start()
+            try:
+                p.start()   # pickles fn and args for the spawned rank, once per rank
+            except (pickle.PicklingError, AttributeError, TypeError) as e:
+                parent.close()
+                child.close()
+                raise ArgumentError(f"fn={getattr(fn, '__qualname__', fn)!r} and its args must "
+                                    f"pickle to reach the ranks ({e}); define fn at module "
+                                    f"level") from None
             child.close()
             procs.append(p)
             conns.append(parent)
@@ -96,29 +102,20 @@ def launch(fn, nprocs: int, args: tuple = (), *, grace: float = DEFAULT_GRACE_S,
 
 
 def _checked_call(fn, args, grace, timeout) -> tuple:
-    """``args`` as a tuple, once ``fn`` and ``args`` can reach the ranks and the limits are
-    seconds: refused here, a bad call would fail in every rank instead (or, for a negative
-    timeout, stop them all at once)."""
+    """``args`` as a tuple, once ``fn`` is callable and the limits are seconds: refused here, a
+    bad call would fail in every rank instead (or, for a negative timeout, stop them all at
+    once). Whether both pickle, the first rank's start tells."""
     if not callable(fn):
         raise ArgumentError(f"fn={fn!r}: expected a callable, a module-level function that "
                             f"calls collectx.init()")
     if not isinstance(args, (tuple, list)):
         raise ArgumentError(f"args={args!r}: expected a tuple of fn's positional arguments, "
                             f"such as (x,)")
-    if not _seconds(grace) or grace < 0:
+    if not is_seconds(grace) or grace < 0:
         raise ArgumentError(f"grace={grace!r}: expected seconds >= 0")
-    if timeout is not None and (not _seconds(timeout) or timeout <= 0):
+    if timeout is not None and (not is_seconds(timeout) or timeout <= 0):
         raise ArgumentError(f"timeout={timeout!r}: expected seconds > 0 (or None: no limit)")
-    try:   # the spawned ranks unpickle both: a lambda or a local function cannot get there
-        ForkingPickler.dumps((fn, tuple(args)))
-    except (pickle.PicklingError, AttributeError, TypeError) as e:
-        raise ArgumentError(f"fn={getattr(fn, '__qualname__', fn)!r} and its args must pickle "
-                            f"to reach the ranks ({e}); define fn at module level") from None
     return tuple(args)
-
-
-def _seconds(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _child(fn, args, env, conn, bind="none") -> None:
