@@ -8,6 +8,8 @@ Messages say what was seen, what was expected, and the fix.
 
 from __future__ import annotations
 
+import numbers
+
 
 class CollectXError(Exception):
     """Root of every collectx error."""
@@ -142,6 +144,20 @@ def command_error(exc: BaseException) -> str | None:
     if isinstance(exc, OSError) and exc.filename is not None:
         return (f"{str(exc.filename)!r}: {exc.strerror or exc}; expected a path this process can "
                 f"write or read")
+    return None
+
+
+def integral(value) -> int | None:
+    """``value`` as an int where it is a whole number (a Python or numpy integer), else None.
+    Python counts a bool as an int, but ``True`` is never meant as a size, a count or an index,
+    so it is None too: callers refuse it as they refuse ``2.0``.
+
+    >>> import numpy as np
+    >>> integral(3), integral(np.int64(3)), integral(True), integral(2.0), integral("3")
+    (3, 3, None, None, None)
+    """
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
     return None
 
 

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 import collectx.topology as T
@@ -79,10 +80,20 @@ def test_disconnected_allocation_is_no_feasible_plan():
                                       ({"root": 9}, "root"),
                                       ({"algo": "direct", "inplace": True}, "in-place"),
                                       ({"nchunks": 0}, "nchunks=0: expected a positive"),
-                                      ({"nchunks": 2.0}, "nchunks=2.0")])
+                                      ({"nchunks": 2.0}, "nchunks=2.0"),
+                                      ({"root": True}, "root=True"),   # not rank 1
+                                      ({"nchunks": True}, "nchunks=True")])
 def test_bad_requests(kw, match):
     with pytest.raises(PlanError, match=match):
         plan(T.switch(3), "alltoall", 64, **kw)
+
+
+def test_numpy_integers_are_sizes_roots_and_gpu_indices():
+    # what np.prod(shape) * itemsize and np.arange give: the same plan as Python ints
+    a = plan(T.switch(4), "broadcast", np.int64(1 << 16), gpus=np.arange(1, 4), root=np.int64(2))
+    b = plan(T.switch(4), "broadcast", 1 << 16, gpus=[1, 2, 3], root=2)
+    assert a.ranks == b.ranks == ("GPU1", "GPU2", "GPU3")
+    assert type(a.nbytes) is int and a.schedule == b.schedule
 
 
 def test_unknown_collective_and_bad_size():

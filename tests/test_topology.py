@@ -3,6 +3,7 @@
 import json
 
 import networkx as nx
+import numpy as np
 import pytest
 
 import collectx.topology as topo
@@ -121,6 +122,10 @@ def test_generators_shape(make, n, degree):
 def test_generator_rejects_bad_sizes():
     with pytest.raises(TopologyError, match=">= 1"):
         topo.ring(0)
+    for bad in (True, 4.0, "4"):
+        with pytest.raises(TopologyError, match="expected an integer"):
+            topo.ring(bad)
+    assert topo.gpus(topo.ring(np.int64(3))) == ["GPU0", "GPU1", "GPU2"]
 
 
 def test_multi_node_with_rails_joins_nic_i_to_rail_i():

@@ -4,7 +4,7 @@ the simulator's judgement of candidates (their instructions are collected by
 
 from __future__ import annotations
 
-from ..errors import PlanError
+from ..errors import PlanError, integral
 from ..schedule.ir import COLLECTIVES, Schedule
 
 
@@ -73,23 +73,20 @@ def forget_remembered() -> None:   # benchmarks timing a first plan
     _REMEMBERED.clear()
 
 
-def check_args(collective: str, nranks: int, root: int, nchunks: int | None) -> None:
-    """Validate the arguments every planner shares; raises :class:`PlanError`."""
+def check_args(collective: str, nranks: int, root: int, nchunks: int | None) -> tuple:
+    """Validate the arguments every planner shares; raises :class:`PlanError`. Returns
+    ``(root, nchunks)`` as Python ints (numpy's are taken too: schedules are written as JSON)."""
     if collective not in COLLECTIVES:
         raise PlanError(f"unknown collective {collective!r}; expected one of "
                         f"{', '.join(COLLECTIVES)}")
     if nranks < 1:
         raise PlanError(f"{nranks} ranks: a collective needs at least one rank")
-    if not 0 <= root < nranks:
-        raise PlanError(f"root={root} with {nranks} ranks: the root must be in 0..{nranks - 1}")
-    check_nchunks(nchunks)
-
-
-def check_nchunks(nchunks: int | None) -> None:
-    """``nchunks``: None (the planner chooses) or a positive integer; raises PlanError."""
-    if nchunks is not None and (isinstance(nchunks, bool) or not isinstance(nchunks, int)
-                                or nchunks < 1):
+    if integral(root) is None or not 0 <= root < nranks:
+        raise PlanError(f"root={root!r} with {nranks} ranks: the root must be in "
+                        f"0..{nranks - 1}")
+    if nchunks is not None and (integral(nchunks) or 0) < 1:
         raise PlanError(f"nchunks={nchunks!r}: expected a positive chunk count (or None)")
+    return int(root), nchunks and int(nchunks)
 
 
 def simulated(s: Schedule, topo, nbytes: int, ranks):

@@ -15,10 +15,10 @@ import networkx as nx
 
 from .._concurrent import shared_threads
 from .._gc import paused
-from ..errors import NoFeasiblePlan, PlanError, TopologyError
-from ..schedule.ir import COLLECTIVES, Schedule
+from ..errors import NoFeasiblePlan, PlanError, TopologyError, integral
+from ..schedule.ir import Schedule
 from . import registry, select
-from ._build import check_nchunks
+from ._build import check_args
 from .registry import PlannerFn
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -125,9 +125,9 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
     ('direct', ('GPU0', 'GPU1', 'GPU2', 'GPU3'), True)
     """
     t0 = time.perf_counter()
-    _check_request(collective, nbytes, nchunks)
+    nbytes = _byte_count(nbytes)
     ranks, view = allocation(topo, gpus)                       # resolve the allocation
-    _check_root(root, len(ranks))
+    root, nchunks = check_args(collective, len(ranks), root, nchunks)   # here, not per planner
     if algo is None and _multi_machine(view, ranks, collective):  # clusters: phases + engine
         algo = "hierarchical"
     idle = no_communication(len(ranks), nbytes)
@@ -181,7 +181,7 @@ def make_schedule(topo: nx.DiGraph | None, collective: str, nranks: int, nbytes:
     >>> s.algorithm, s.nranks
     ('direct', 4)
     """
-    _check_request(collective, nbytes, nchunks)
+    nbytes = _byte_count(nbytes)
     from ..topology import gpus as all_gpus, host
     if topo is None:
         topo = host(nranks)
@@ -190,7 +190,7 @@ def make_schedule(topo: nx.DiGraph | None, collective: str, nranks: int, nbytes:
         raise PlanError(f"{nranks} ranks on a topology with {len(have)} GPUs: expected "
                         f"1..{len(have)}; pass a topology that has a node per rank")
     ranks, view = allocation(topo, have[:nranks])
-    _check_root(root, nranks)
+    root, nchunks = check_args(collective, nranks, root, nchunks)
     if algo is None and _multi_machine(view, ranks, collective):
         algo = "hierarchical"
     bound = None if algo is not None or no_communication(nranks, nbytes) else \
@@ -260,19 +260,10 @@ def no_communication(nranks: int, nbytes: int) -> str | None:
     return None
 
 
-def _check_request(collective: str, nbytes: int, nchunks: int | None) -> None:
-    check_nchunks(nchunks)   # before the planners: each would refuse it in its own words
-    if collective not in COLLECTIVES:
-        raise PlanError(f"unknown collective {collective!r}; expected one of "
-                        f"{', '.join(COLLECTIVES)}")
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+def _byte_count(nbytes) -> int:
+    if integral(nbytes) is None or nbytes < 0:
         raise PlanError(f"nbytes={nbytes!r}: expected a non-negative integer byte count")
-
-
-def _check_root(root: int, nranks: int) -> None:
-    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < nranks:
-        raise PlanError(f"root={root!r} with {nranks} ranks: the root must be in "
-                        f"0..{nranks - 1}")
+    return int(nbytes)
 
 
 def _verify(schedule: Schedule) -> bool:

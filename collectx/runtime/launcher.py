@@ -21,7 +21,7 @@ import time
 import traceback
 from multiprocessing.connection import wait as mp_wait
 
-from ..errors import ArgumentError, RankFailed
+from ..errors import ArgumentError, RankFailed, integral
 from .affinity import bind_process, check_policy
 from .bootstrap import is_seconds, rendezvous_dir
 from .window import sweep_stale
@@ -70,8 +70,9 @@ def launch(fn, nprocs: int, args: tuple = (), *, grace: float = DEFAULT_GRACE_S,
     RankFailed
         The first rank that raised or died: its rank, exception type and remote traceback.
     """
-    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+    if (integral(nprocs) or 0) < 1:
         raise ArgumentError(f"nprocs={nprocs!r}: expected a positive int")
+    nprocs = int(nprocs)   # a numpy count too
     args = _checked_call(fn, args, grace, timeout)
     check_policy(bind)
     ctx = mp.get_context("spawn")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from ..errors import TopologyError
+from ..errors import TopologyError, integral
 from .model import add_link, add_node, gpus, new_graph, nodes_of_kind
 
 # One core's memcpy bandwidth between two buffers in DRAM is ~8-12 GB/s on current x86 server
@@ -21,7 +21,7 @@ DEFAULT_SMP_BW = 10.0
 
 
 def _check_n(n: int, least: int = 1, what: str = "GPUs") -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < least:
+    if integral(n) is None or n < least:
         raise TopologyError(f"number of {what} {n!r}: expected an integer >= {least}")
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 import networkx as nx
 
-from ..errors import ArgumentError, TopologyError
+from ..errors import ArgumentError, TopologyError, integral
 
 SCHEMA = "collectx.topology/1"
 BW_CONVENTION = "line_rate"
@@ -177,10 +177,11 @@ def resolve_gpus(G: nx.DiGraph, wanted: Iterable[int | str]) -> list[str]:
     order = gpus(G)
     chosen: list[str] = []
     for item in wanted:
-        if isinstance(item, bool) or not isinstance(item, (int, str)):
+        if integral(item) is None and not isinstance(item, str):
             raise TopologyError(f"GPU {item!r}: expected an index (int) or an id such as "
                                 f"{order[0] if order else 'GPU0'!r}")
-        if isinstance(item, int):
+        if not isinstance(item, str):
+            item = int(item)   # a numpy index too
             if not 0 <= item < len(order):
                 raise TopologyError(f"GPU index {item} is out of range: "
                                     f"{G.graph.get('name', 'this topology')!r} has "
