@@ -52,6 +52,12 @@ def _direct_links(G):
     ("hygon_dcu_8gpu_pcie_3nic_rccl_topo.xml", 8, 0, 0, 6),
     ("mi355x_8gpu_8nic_rccl_topo.xml", 8, 28, 0, 8),
     ("mi300x_16gpu_2hives_pcie_cascade_rccl_topo.xml", 16, 56, 0, 1),
+    ("b200_8gpu_nv18_16nic_damaged_paste_nvidia-smi-topo.txt", 8, 0, 8, 16),   # cells run
+    ("b300_8gpu_nv18_9nic_nvidia-smi-topo.txt", 8, 0, 8, 9),                   # together
+    ("rtx4090_8gpu_pcie_2socket_2nic_nvidia-smi-topo.txt", 8, 0, 0, 2),
+    ("a100_sxm4_4gpu_nv4_4numa_2nic_polaris_nvidia-smi-topo.txt", 4, 6, 0, 2),
+    ("v100_power9_4gpu_nv3_pairs_4nic_traverse_nvidia-smi-topo.txt", 4, 2, 0, 4),
+    ("mi50_8gpu_2xgmi_rings_4numa_2nic_rccl_topo.xml", 8, 8, 0, 2),
 ])
 def test_real_dump_has_the_published_gpus_links_and_nics(name, n_gpus, n_pairs, n_switched, n_nics):
     G = topo.load(REAL / name)
