@@ -22,20 +22,21 @@ _held = threading.local()               # the pool a thread's `shared_threads` b
 
 
 def concurrently(calls: list) -> list:
-    """``[call() for call in calls]``, on up to :data:`WORKERS` threads: those of the
-    enclosing :func:`shared_threads` block, else a pool made for this call (none outlives
-    the call, so a process may fork afterwards).
+    """``[call() for call in calls]`` (None for a call that is None: nothing to do there), on
+    up to :data:`WORKERS` threads: those of the enclosing :func:`shared_threads` block, else a
+    pool made for this call (none outlives the call, so a process may fork afterwards).
 
-    >>> concurrently([lambda: 1, lambda: 2])
-    [1, 2]
+    >>> concurrently([lambda: 1, None, lambda: 2])
+    [1, None, 2]
     """
+    run = lambda call: None if call is None else call()  # noqa: E731
     if WORKERS < 2 or len(calls) < 2:
-        return [call() for call in calls]
+        return [run(call) for call in calls]
     pool = getattr(_held, "pool", None)
     if pool is not None:
-        return list(pool.map(lambda call: call(), calls))
+        return list(pool.map(run, calls))
     with ThreadPoolExecutor(max_workers=min(WORKERS, len(calls))) as pool:
-        return list(pool.map(lambda call: call(), calls))
+        return list(pool.map(run, calls))
 
 
 @contextlib.contextmanager

@@ -476,3 +476,28 @@ def test_split_switches_solve_the_multicast_lp_only_where_the_max_flow_cut_tops_
     b = bounds(G, "allreduce", gpus=["GPU0", "GPU1", "GPU4", "GPU5"])
     assert solved and b.bound_busbw == b.cut_busbw >= b.tree_busbw
     assert b.notes.startswith("reference = reduce-scatter + allgather")
+
+
+def test_uneven_switch_planes_are_bounded_by_their_stripes():
+    # GPU1 reaches one of two planes: its pairs stripe over the planes in fixed proportions,
+    # which the cut (free switching) overstates; a plan measures against the routes' LP.
+    from collectx.planner import plan
+    from collectx.planner.bounds import peer_bounds
+    from collectx.topology.routes import uneven_planes
+    G = topo.pcie_tree(1, 1, 3, pcie_bw=31.5, smp_bw=40.0)
+    for k in range(2):
+        topo.add_node(G, f"NVS{k}", "nvswitch")
+        for g in range(3):
+            if (g, k) != (1, 0):
+                topo.add_link(G, f"GPU{g}", f"NVS{k}", "nvlink", 50.0)
+    assert uneven_planes(G)
+    lp = peer_bounds(G, "allreduce", host=True)
+    assert lp.bound_busbw == pytest.approx(77.17, abs=0.01)
+    assert bounds(G, "allreduce").bound_busbw == pytest.approx(87.67, abs=0.01)
+    p = plan(G, "allreduce", 1 << 30, verify=False)
+    assert p.bound.bound_busbw == pytest.approx(lp.bound_busbw)
+    assert p.bound.ceiling_busbw == bounds(G, "allreduce").ceiling_busbw
+    assert 0.95 < p.efficiency <= 1.0
+    even = topo.load("dgx_h100")   # every GPU reaches every plane alike: the cut is exact
+    assert not uneven_planes(even)
+    assert plan(even, "allgather", 1 << 30, algo="direct").bound == bounds(even, "allgather")

@@ -275,10 +275,15 @@ def _verify(schedule: Schedule) -> bool:
 def _bound(view: nx.DiGraph, collective: str, ranks: tuple[str, ...], root: int,
            host: bool = True, cut: bool = True):
     from ..topology.flows import max_flows
+    from ..topology.routes import uneven_planes
     from .bounds import KINDS, Bounds, bounds, peer_bounds
-    if collective in KINDS:
-        return bounds(view, collective, gpus=list(ranks), root=root, cut=cut) if host else \
-            peer_bounds(view, collective, gpus=list(ranks), root=root)
+    if collective in KINDS and not host:
+        return peer_bounds(view, collective, gpus=list(ranks), root=root)
+    if collective in KINDS:   # cuts overstate uneven planes' fixed stripes: the routes' LP
+        b = bounds(view, collective, gpus=list(ranks), root=root, cut=cut)
+        lp = uneven_planes(view) and peer_bounds(view, collective, list(ranks), root, True)
+        return dataclasses.replace(lp, ceiling_busbw=b.ceiling_busbw) if lp and \
+            lp.bound_busbw < b.bound_busbw * (1 - 1e-6) else b
     if collective == "sendrecv" and len(ranks) > 1:
         # One sender, one receiver: the best possible is the max flow between them.
         peer = ranks[(root + 1) % len(ranks)]

@@ -160,7 +160,7 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
             rooted = lambda: _memo(f"multicast{root}{collective}", G, gpus,  # noqa: E731
                                    lambda: multicast_rate(H(), gpus, [root]))
             notes = "multicast LP from the root (switches copy nothing)"
-        x_ag, flow = concurrently([per_root if solve_cut else lambda: None, rooted])   # x_ag: shown
+        x_ag, flow = concurrently([per_root if solve_cut else None, rooted])   # x_ag: shown
         return Bounds(collective, flow, None, x_ag and (n - 1) * x_ag, None, notes, gpus)
     if collective == "alltoall":
         a2a = (n - 1) * alltoall_rate(G, gpus)
@@ -175,10 +175,10 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
     # trees, the trees are the reference and the LP (seconds at 16 GPUs) is not solved.
     exact, loose = solve_cut and G is J, solve_cut and G is not J
     x_ag, tree, pair, x_rs, above = concurrently(   # HiGHS releases the GIL while trees price
-        [per_root if exact else _none, lambda: _memo(f"trees{turns}", G, gpus, trees),
+        [per_root if exact else None, lambda: _memo(f"trees{turns}", G, gpus, trees),
          lambda: _memo("pair_flow", G, gpus, lambda: min_pair_flow(G, gpus)),
-         (lambda: per_root(reverse=True)) if exact and flipped else _none,
-         (lambda: _max_flow_cut(G, gpus, flipped)) if loose else _none])
+         (lambda: per_root(reverse=True)) if exact and flipped else None,
+         (lambda: _max_flow_cut(G, gpus, flipped)) if loose else None])
     tree *= factor
     ceiling = "ceiling = 2(N-1)/N * min pair maxflow"
     if not solve_cut and tree:
@@ -193,10 +193,6 @@ def bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0, *,
     which = "trees" if tree > cut else "reduce-scatter + allgather"
     return Bounds(collective, max(cut, tree), factor * pair, cut, tree,
                   f"reference = {which}; {ceiling}", gpus)
-
-
-def _none() -> None:
-    return None
 
 
 def _phases(n: int, x_rs: float, x_ag: float) -> float:
@@ -244,11 +240,13 @@ def _checked(topo: nx.DiGraph, collective: str, gpus, root: int) -> tuple:
     return gpus
 
 
-def peer_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> Bounds:
+def peer_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0,
+                host: bool = False) -> Bounds:
     """:func:`bounds` for executors without host buffers (the CUDA executor): the optimum of
     the packing program's LP (:func:`~.program.fractional`) over peer routes only, as the
-    hardware routes a copy from one GPU to another. No schedule of trees, rings or one-hop
-    copies over those routes moves more; alltoall, which no tree carries, keeps :func:`bounds`.
+    hardware routes a copy from one GPU to another; with ``host``, over those routes and the
+    ones staged through host memory. No schedule of trees, rings or one-hop copies over those
+    routes moves more; alltoall, which no tree carries, keeps :func:`bounds`.
 
     allgather / reduce_scatter: ``(N-1) x`` at the per-root rate ``x``; broadcast / reduce:
     the rate; allreduce: the better of trees used both ways (``2(N-1)/N`` times their rate)
@@ -265,8 +263,8 @@ def peer_bounds(topo: nx.DiGraph, collective: str, gpus=None, root: int = 0) -> 
     if collective == "alltoall" or n < 2:
         return bounds(topo, collective, gpus, root)
     from . import program as P
-    rate = lambda coll: P.solved(topo, gpus, coll, root=root)[1].rate  # noqa: E731
-    notes = "packing LP over peer routes (no host staging)"
+    rate = lambda coll: P.solved(topo, gpus, coll, root=root, host=host)[1].rate  # noqa: E731
+    notes = f"packing LP over peer routes ({'and' if host else 'no'} host staging)"
     if collective in ("broadcast", "reduce"):
         x = rate(collective)
         return Bounds(collective, x, None, x, None, notes, tuple(gpus))

@@ -308,6 +308,30 @@ def twin_planes(topo: nx.DiGraph) -> list[tuple]:
     return [tuple(g) for g in groups if len(g) > 1]
 
 
+def uneven_planes(topo: nx.DiGraph) -> bool:
+    """Whether two or more switch planes lie between the GPUs alone and some GPU reaches them
+    in other proportions than the rest (a link narrowed, missing or of another width): each
+    GPU pair then stripes over the planes both reach in a proportion of its own
+    (:class:`Routes`), where free switching (what a cut or a flow through the switches
+    assumes) would balance the planes, so cut bounds overstate what such a fabric carries.
+    Planes every GPU reaches in one ratio (:func:`twin_planes`) stripe as free switching
+    would, as does a single plane.
+
+    >>> from collectx.topology import load
+    >>> G = load("dgx_h100")
+    >>> uneven_planes(G)
+    False
+    >>> G.remove_edge("GPU1", "NVS0"); G.remove_edge("NVS0", "GPU1")
+    >>> uneven_planes(G)
+    True
+    """
+    gpus = {n for n, k in topo.nodes(data="kind") if k == "gpu"}
+    planes = [s for s, kind in topo.nodes(data="kind") if kind in SWITCH_KINDS
+              and set(topo.predecessors(s)) | set(topo.successors(s)) <= gpus]
+    twins = twin_planes(topo)
+    return len(planes) > 1 and not (len(twins) == 1 and len(twins[0]) == len(planes))
+
+
 def _in_ratio(topo: nx.DiGraph, planes: tuple, gpus) -> bool:
     first = topo.edges[next(iter(gpus)), planes[0]]["bw_gbps"]
     ratio = [topo.edges[next(iter(gpus)), k]["bw_gbps"] / first for k in planes]
