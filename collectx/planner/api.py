@@ -281,7 +281,8 @@ def _bound(view: nx.DiGraph, collective: str, ranks: tuple[str, ...], root: int,
         return peer_bounds(view, collective, gpus=list(ranks), root=root)
     if collective in KINDS:   # cuts overstate uneven planes' fixed stripes: the routes' LP
         b = bounds(view, collective, gpus=list(ranks), root=root, cut=cut)
-        lp = uneven_planes(view) and peer_bounds(view, collective, list(ranks), root, True)
+        lp = uneven_planes(view) and not _multi_machine(view, ranks, collective) and \
+            peer_bounds(view, collective, list(ranks), root, True)   # (clusters: by phase)
         return dataclasses.replace(lp, ceiling_busbw=b.ceiling_busbw) if lp and \
             lp.bound_busbw < b.bound_busbw * (1 - 1e-6) else b
     if collective == "sendrecv" and len(ranks) > 1:

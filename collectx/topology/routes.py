@@ -317,19 +317,26 @@ def uneven_planes(topo: nx.DiGraph) -> bool:
     Planes every GPU reaches in one ratio (:func:`twin_planes`) stripe as free switching
     would, as does a single plane.
 
-    >>> from collectx.topology import load
+    >>> from collectx.topology import load, multi_node
     >>> G = load("dgx_h100")
     >>> uneven_planes(G)
     False
     >>> G.remove_edge("GPU1", "NVS0"); G.remove_edge("NVS0", "GPU1")
     >>> uneven_planes(G)
     True
+    >>> uneven_planes(multi_node("dgx_h100", 2, nic_bw=50.0))   # each machine on its own
+    False
     """
     gpus = {n for n, k in topo.nodes(data="kind") if k == "gpu"}
-    planes = [s for s, kind in topo.nodes(data="kind") if kind in SWITCH_KINDS
-              and set(topo.predecessors(s)) | set(topo.successors(s)) <= gpus]
-    twins = twin_planes(topo)
-    return len(planes) > 1 and not (len(twins) == 1 and len(twins[0]) == len(planes))
+    around = {s: set(topo.predecessors(s)) | set(topo.successors(s))
+              for s, kind in topo.nodes(data="kind") if kind in SWITCH_KINDS}
+    fabrics = nx.Graph((s, g) for s, near in around.items() if near <= gpus for g in near)
+    for fabric in nx.connected_components(fabrics):   # one per machine of a cluster
+        planes = [s for s in fabric if s in around]
+        twins = twin_planes(topo.subgraph(fabric))
+        if len(planes) > 1 and not (len(twins) == 1 and len(twins[0]) == len(planes)):
+            return True
+    return False
 
 
 def _in_ratio(topo: nx.DiGraph, planes: tuple, gpus) -> bool:
