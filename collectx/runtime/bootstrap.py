@@ -88,12 +88,12 @@ def is_seconds(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def timeout_s(timeout: float | None) -> float:
-    """The seconds a collective may take before it raises Timeout: ``timeout``, or
-    ``COLLECTX_TIMEOUT`` where it is None; ArgumentError unless a positive number."""
+def timeout_s(timeout: float | None, config=None) -> float:
+    """The seconds a collective may take before it raises Timeout: ``timeout``, or where it is
+    None the ``config``'s (``COLLECTX_TIMEOUT``); ArgumentError unless a positive number."""
     if timeout is None:
         from ..config import get_config
-        return get_config().timeout_s
+        return float((config or get_config()).timeout_s)
     if not is_seconds(timeout) or not timeout > 0:
         raise ArgumentError(f"timeout={timeout!r}: expected seconds > 0 (or None for "
                             f"COLLECTX_TIMEOUT)")

@@ -19,7 +19,7 @@ from ..config import get_config
 from ..errors import ArgumentError, DTypeError
 from .arrays import as_array, check_root, empty_like_shape, op_code
 from .arrays import DTYPE_CODES, OP_CODES
-from .bootstrap import sweep_rendezvous
+from .bootstrap import sweep_rendezvous, timeout_s
 from .engine import Engine
 from .heap import Heap
 from .peer_use import DISJOINT, IN_AT_UNIT, OUT_AT_UNIT, OVERLAP, SAME
@@ -64,7 +64,7 @@ class Communicator:
                 and 0 <= rank < size):
             raise ArgumentError(f"rank={rank!r}, size={size!r}: expected 0 <= rank < size")
         self.rank, self.size = rank, size
-        self.timeout = float(timeout if timeout is not None else cfg.timeout_s)
+        self.timeout = timeout_s(timeout, cfg)
         sweep_stale()
         sweep_rendezvous()   # directories of rendezvous whose creator died before closing
         _warm_planner()

@@ -17,6 +17,7 @@ from typing import Callable
 from ...config import get_config
 from ...errors import ArgumentError, DTypeError
 from ..arrays import check_root, op_code
+from ..bootstrap import timeout_s
 from ..store import as_store, next_key_prefix
 from . import _rt
 from .arrays import DeviceBuffer, as_device_buffer, empty_like
@@ -42,7 +43,7 @@ class CudaCommunicator:
         ndev = require_gpu()
         self.rank, self.size = rank, size
         self.device = rank % ndev if device is None else int(device)
-        self.timeout = float(timeout if timeout is not None else cfg.timeout_s)
+        self.timeout = timeout_s(timeout, cfg)
         store = as_store(store)
         prefix = next_key_prefix("cuda", store, rank)
         _rt.set_device(self.device)
