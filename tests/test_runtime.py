@@ -167,6 +167,20 @@ def test_bad_init_arguments_say_what_was_expected(kw, match):
         collectx.init(**kw)
 
 
+def test_ranks_and_timeouts_take_numpy_numbers_but_not_bools():
+    with collectx.init(timeout=np.float32(30)) as comm:
+        x = np.ones(3, np.float32)
+        assert comm.broadcast(x, root=np.int64(0)) is x
+        assert comm.reduce(x, root=np.int32(0)) is x
+        for call in (lambda: comm.broadcast(x, root=True), lambda: comm.reduce(x, root=False)):
+            with pytest.raises(ArgumentError, match="not a bool"):
+                call()
+        with pytest.raises(ArgumentError, match="not a bool"):
+            comm.send(x, False)
+    with pytest.raises(ArgumentError, match="timeout=True"):
+        collectx.init(timeout=True)
+
+
 def test_closed_communicator_refuses_calls():
     comm = collectx.init()
     comm.close()

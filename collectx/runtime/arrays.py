@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ArgumentError, DTypeError
+from ..errors import ArgumentError, DTypeError, integral
 
 DTYPE_CODES = {"int8": 0, "uint8": 1, "int32": 2, "int64": 3, "float16": 4, "bfloat16": 5,
                "float32": 6, "float64": 7}
@@ -103,8 +103,29 @@ def op_code(op: str) -> int:
     return OP_CODES[op]
 
 
-def check_root(root, size: int) -> None:
-    """ArgumentError unless ``root`` is a rank of a world of ``size``."""
-    if not (isinstance(root, int) and 0 <= root < size):
-        raise ArgumentError(f"root={root!r}: expected a rank in 0..{size - 1}")
+def check_root(root, size: int) -> int:
+    """``root`` as an int where it is a rank of a world of ``size`` (a Python or numpy integer,
+    not a bool), else ArgumentError.
+
+    >>> check_root(np.int64(1), 2)
+    1
+    >>> check_root(True, 2)
+    Traceback (most recent call last):
+    ...
+    collectx.errors.ArgumentError: root=True: expected a rank in 0..1 (an int, not a bool)
+    """
+    rank = integral(root)
+    if rank is None or not 0 <= rank < size:
+        raise ArgumentError(f"root={root!r}: expected a rank in 0..{size - 1} (an int, not a bool)")
+    return rank
+
+
+def check_world(rank, size) -> tuple[int, int]:
+    """``(rank, size)`` as ints where ``0 <= rank < size`` (Python or numpy integers, not bools),
+    else ArgumentError."""
+    r, n = integral(rank), integral(size)
+    if r is None or n is None or not 0 <= r < n:
+        raise ArgumentError(f"rank={rank!r}, size={size!r}: expected integers with "
+                            f"0 <= rank < size")
+    return r, n
 

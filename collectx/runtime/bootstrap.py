@@ -22,6 +22,7 @@ none                      --                                         a world of 
 
 from __future__ import annotations
 
+import numbers
 import os
 import re
 import shutil
@@ -84,8 +85,13 @@ def detect(env: Mapping[str, str] | None = None) -> str:
 
 
 def is_seconds(value) -> bool:
-    """Whether ``value`` is a number of seconds (an int or a float, not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """Whether ``value`` is a number of seconds: a real number (Python's or numpy's), not a bool.
+
+    >>> import numpy as np
+    >>> is_seconds(1), is_seconds(np.float32(0.5)), is_seconds(True), is_seconds("1")
+    (True, True, False, False)
+    """
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def timeout_s(timeout: float | None, config=None) -> float:

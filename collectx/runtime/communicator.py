@@ -16,8 +16,8 @@ from typing import Callable
 import numpy as np
 
 from ..config import get_config
-from ..errors import ArgumentError, DTypeError
-from .arrays import as_array, check_root, empty_like_shape, op_code
+from ..errors import ArgumentError, DTypeError, integral
+from .arrays import as_array, check_root, check_world, empty_like_shape, op_code
 from .arrays import DTYPE_CODES, OP_CODES
 from .bootstrap import sweep_rendezvous, timeout_s
 from .engine import Engine
@@ -60,10 +60,7 @@ class Communicator:
                  timeout: float | None = None, config=None, machine_ranks: int | None = None,
                  on_close: Callable[[], None] | None = None):
         cfg = config or get_config()
-        if not (isinstance(size, int) and size >= 1 and isinstance(rank, int)
-                and 0 <= rank < size):
-            raise ArgumentError(f"rank={rank!r}, size={size!r}: expected 0 <= rank < size")
-        self.rank, self.size = rank, size
+        self.rank, self.size = check_world(rank, size)
         self.timeout = timeout_s(timeout, cfg)
         sweep_stale()
         sweep_rendezvous()   # directories of rendezvous whose creator died before closing
@@ -148,10 +145,9 @@ class Communicator:
             return x
 
         def prepare():
-            self._root(root)
+            r = self._root(root)
             buf, dt = as_array(x, "x", writable=True)
-            return ("broadcast", buf if self.rank == root else None, buf, buf.size, dt, 0,
-                    root, x)
+            return ("broadcast", buf if self.rank == r else None, buf, buf.size, dt, 0, r, x)
         return self._submit(prepare, async_op, "_fast_broadcast")
 
     def reduce(self, x, root: int = 0, out=None, op: str = "sum", async_op: bool = False):
@@ -160,24 +156,24 @@ class Communicator:
             return (x if out is None else out) if self.rank == root else None
 
         def prepare():
-            self._root(root)
+            r = self._root(root)
             src, dt = self._input(x)
-            res = (x if out is None else out) if self.rank == root else None
+            res = (x if out is None else out) if self.rank == r else None
             dst = None if res is None else self._output(res, src.size, dt, "out")
-            return ("reduce", src, dst, src.size, dt, self._op(op), root, res)
+            return ("reduce", src, dst, src.size, dt, self._op(op), r, res)
         return self._submit(prepare, async_op, "_fast_reduce")
 
     def send(self, x, dst: int) -> None:
         """Send ``x`` to rank ``dst`` (returns once ``x`` may be reused)."""
         arr, _ = as_array(x, "x")
-        self._peer(dst, "dst")
+        dst = self._peer(dst, "dst")
         self._drain()
         self._engine.p2p(True, dst, arr)
 
     def recv(self, x, src: int):
         """Receive into ``x`` from rank ``src`` (sizes must match the send); returns ``x``."""
         arr, _ = as_array(x, "x", writable=True)
-        self._peer(src, "src")
+        src = self._peer(src, "src")
         self._drain()
         self._engine.p2p(False, src, arr)
         return x
@@ -213,10 +209,12 @@ class Communicator:
         off = arr.__array_interface__["data"][0] - self._window.heap_address
         return off if 0 <= off and off + arr.nbytes <= self._window.heap_bytes else -1
 
-    def _peer(self, peer: int, what: str) -> None:
-        if not (isinstance(peer, int) and 0 <= peer < self.size and peer != self.rank):
+    def _peer(self, peer, what: str) -> int:
+        rank = integral(peer)
+        if rank is None or not 0 <= rank < self.size or rank == self.rank:
             raise ArgumentError(f"{what}={peer!r}: expected another rank in 0..{self.size - 1} "
-                                f"(not this rank, {self.rank})")
+                                f"(not this rank, {self.rank}; an int, not a bool)")
+        return rank
 
     def _drain(self) -> None:
         if self._worker is not None and self._worker.busy:
@@ -310,8 +308,8 @@ class Communicator:
     def _op(self, op: str) -> int:
         return op_code(op)
 
-    def _root(self, root: int) -> None:
-        check_root(root, self.size)
+    def _root(self, root) -> int:
+        return check_root(root, self.size)
 
     def close(self) -> None:
         """Finish queued work and unmap the windows. Idempotent."""

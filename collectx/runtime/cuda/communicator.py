@@ -16,7 +16,7 @@ from typing import Callable
 
 from ...config import get_config
 from ...errors import ArgumentError, DTypeError
-from ..arrays import check_root, op_code
+from ..arrays import check_root, check_world, op_code
 from ..bootstrap import timeout_s
 from ..store import as_store, next_key_prefix
 from . import _rt
@@ -38,10 +38,8 @@ class CudaCommunicator:
                  timeout: float | None = None, config=None,
                  on_close: Callable[[], None] | None = None):
         cfg = config or get_config()
-        if not (isinstance(size, int) and size >= 1 and isinstance(rank, int) and 0 <= rank < size):
-            raise ArgumentError(f"rank={rank!r}, size={size!r}: expected 0 <= rank < size")
+        self.rank, self.size = check_world(rank, size)
         ndev = require_gpu()
-        self.rank, self.size = rank, size
         self.device = rank % ndev if device is None else int(device)
         self.timeout = timeout_s(timeout, cfg)
         store = as_store(store)
@@ -105,19 +103,19 @@ class CudaCommunicator:
     def broadcast(self, x, root: int = 0, async_op: bool = False):
         """Copy root's ``x`` into every rank's ``x`` (in place)."""
         def prepare():
-            self._root(root)
+            r = self._root(root)
             buf = as_device_buffer(x, "x", writable=True)
-            return ("broadcast", buf if self.rank == root else None, buf, buf.count, 0, root, x)
+            return ("broadcast", buf if self.rank == r else None, buf, buf.count, 0, r, x)
         return self._submit(prepare, x, async_op)
 
     def reduce(self, x, root: int = 0, out=None, op: str = "sum", async_op: bool = False):
         """Reduce ``x`` onto ``root``: into ``out`` there (default: in place in ``x``)."""
         def prepare():
-            self._root(root)
+            r = self._root(root)
             src = self._input(x)
-            res = (x if out is None else out) if self.rank == root else None
+            res = (x if out is None else out) if self.rank == r else None
             dst = None if res is None else self._output(res, src.count, src, "out")
-            return ("reduce", src, dst, src.count, self._op(op), root, res)
+            return ("reduce", src, dst, src.count, self._op(op), r, res)
         return self._submit(prepare, x, async_op)
 
     def barrier(self, async_op: bool = False):
@@ -196,8 +194,8 @@ class CudaCommunicator:
     def _op(self, op: str) -> int:
         return op_code(op)
 
-    def _root(self, root: int) -> None:
-        check_root(root, self.size)
+    def _root(self, root) -> int:
+        return check_root(root, self.size)
 
     def close(self) -> None:
         """Wait for queued work, free plans and windows. Idempotent."""

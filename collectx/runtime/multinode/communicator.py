@@ -84,11 +84,11 @@ class HierarchicalCommunicator:
     def reduce(self, x, root: int = 0, out=None, op: str = "sum", async_op: bool = False):
         """Reduce ``x`` onto ``root``: into ``out`` there (default: in place in ``x``)."""
         def go():
-            self._check_root(root)
+            r = self._check_root(root)
             src, _ = as_array(x, "x")
             tmp = src.copy()
             self._allreduce(tmp, tmp, op)
-            if self.rank != root:
+            if self.rank != r:
                 return None
             res = x if out is None else out
             as_array(res, "out", writable=True)[0][...] = tmp
@@ -183,7 +183,7 @@ class HierarchicalCommunicator:
         return res
 
     def _broadcast(self, x, root):
-        self._check_root(root)
+        root = self._check_root(root)
         buf, dt = as_array(x, "x", writable=True)
         self._check_dtype(dt)
         if buf.size and self.regular:
@@ -239,8 +239,8 @@ class HierarchicalCommunicator:
             raise DTypeError("op='avg' needs a floating dtype; use 'sum' and divide")
         return "sum" if op == "avg" else op     # divide once, after every stage
 
-    def _check_root(self, root: int) -> None:
-        check_root(root, self.size)
+    def _check_root(self, root) -> int:
+        return check_root(root, self.size)
 
     def close(self) -> None:
         """Finish queued work, unmap the host's windows, release the engine's sub-groups."""
