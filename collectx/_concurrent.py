@@ -81,6 +81,12 @@ class Ahead:
     depend on the thread count; outside a block, or with :data:`WORKERS` < 2, each call runs
     when asked for.
 
+    A call may also be asked for with a ``guess``: a key it may lead to, started while a
+    thread would otherwise idle. ``wider(key)``, where given, names a call whose result
+    serves ``key`` as well (the caller vouches for that), so a guess of ``wider(key)``
+    answers a later ask for ``key``: a ladder whose rungs each wait on the one below climbs
+    on two threads.
+
     >>> with shared_threads():
     ...     ahead = Ahead(lambda n: n * n)
     ...     then = lambda r: (r, None) if r < 100 else None   # 4 -> 16 -> 256, started early
@@ -88,17 +94,23 @@ class Ahead:
     ([4, 9], [16])
     """
 
-    def __init__(self, compute):
+    def __init__(self, compute, wider=None):
         self._compute, self._pool = compute, getattr(_held, "pool", None)
+        self._wider = wider
         self._started: dict = {}
+        self._flags: dict = {}          # each submitted call's stop flag (stop_flag())
+        self._asked_wide: set = set()   # wider() of every key asked for
+        self._guesses: list = []        # keys to start while threads idle, latest last
+        self._guess_of: dict = {}       # the guess made with each ask, until it has settled
+        self._running = 0               # calls submitted and not yet done
         self._lock = threading.Lock()
         self._closed = False
-        self._stop = np.zeros(1, dtype=np.int32)   # what stop_flag() gives the calls
 
     def results(self, asks: list) -> list:
-        """The result of each ``(key, follow)`` of ``asks``, in order."""
+        """The result of each ``(key, follow)`` or ``(key, follow, guess)`` of ``asks``, in
+        order."""
         if self._pool is None:
-            return [self._compute(key) for key, _ in asks]
+            return [self._compute(key) for key, *_ in asks]
         return [future.result() for future in [self._start(*ask) for ask in asks]]
 
     def close(self) -> None:
@@ -106,24 +118,80 @@ class Ahead:
         stop flag of those running (:func:`stop_flag`): their results will not be read."""
         with self._lock:
             self._closed = True
-            self._stop[0] = 1
-            for future in self._started.values():
+            for key, future in self._started.items():
                 future.cancel()
+                self._flags[key][0] = 1
 
-    def _start(self, key, follow):
+    def _start(self, key, follow, guess=None):
+        guessed = None
         with self._lock:
             future = self._started.get(key)
+            if future is None and self._wider is not None:
+                self._asked_wide.add(self._wider(key))
+                future = guessed = self._started.get(self._wider(key))
             if future is None and not self._closed:
-                future = self._started[key] = self._pool.submit(self._run, key, follow)
+                future = self._submit(key, follow)
+            if guess is not None and self._wider is not None and not self._closed:
+                self._guesses.append(guess)
+                self._guess_of[key] = guess
+            self._guess_while_idle()
+        if guessed is not None and follow is not None:   # a guess started without it
+            guessed.add_done_callback(lambda done: self._follow(key, done, follow))
         return future
 
+    def _submit(self, key, follow):
+        self._running += 1
+        self._flags[key] = np.zeros(1, dtype=np.int32)
+        future = self._started[key] = self._pool.submit(self._run, key, follow)
+        return future
+
+    def _guess_while_idle(self) -> None:
+        """Start the latest guesses not yet asked for while threads would idle (lock held)."""
+        while self._guesses and self._running < WORKERS and not self._closed:
+            key = self._guesses.pop()
+            if key not in self._started and key not in self._asked_wide:
+                self._submit(key, None)
+
+    def _settled(self, key, after) -> None:
+        """The ask for ``key`` led to ``after`` (the next ask, or None): the guess made with it
+        is dropped, and stopped if running, unless ``after`` asks for it."""
+        with self._lock:
+            guess = self._guess_of.pop(key, None)
+            if guess is None or guess in self._asked_wide or (
+                    after is not None and self._wider(after[0]) == guess):
+                return
+            if guess in self._guesses:
+                self._guesses.remove(guess)
+            future = self._started.pop(guess, None)   # asked for after all: run it again
+            if future is None:
+                return
+            if future.cancel():
+                self._running -= 1   # it never ran
+            else:
+                self._flags[guess][0] = 1
+
+    def _follow(self, key, done, follow) -> None:
+        if self._closed or done.cancelled() or done.exception() is not None:
+            return
+        after = follow(done.result())
+        self._settled(key, after)
+        if after is not None:
+            self._start(*after)
+
     def _run(self, key, follow):
-        outer, _held.stop = stop_flag(), self._stop
+        outer, _held.stop = stop_flag(), self._flags[key]
         try:
             result = self._compute(key)
         finally:
             _held.stop = outer
+            with self._lock:
+                self._running -= 1
         after = follow(result) if follow is not None and not self._closed else None
+        if follow is not None:
+            self._settled(key, after)
         if after is not None:
-            self._start(*after)
+            self._start(*after)   # what was asked for first, then guesses
+        else:
+            with self._lock:
+                self._guess_while_idle()
         return result

@@ -3,7 +3,9 @@ that threads change nothing a plan says."""
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 
 import pytest
 
@@ -11,7 +13,7 @@ import collectx._concurrent as C
 import collectx.topology as T
 from collectx.planner import plan, program as P, trees
 from collectx.planner.api import allocation
-from collectx.planner.cost_tables import FILL
+from collectx.planner.cost_tables import FILL, NOISE
 from collectx.planner.select import _good_us
 from collectx.topology.view import job_graph
 
@@ -130,7 +132,8 @@ def test_a_ladder_stopped_by_a_loss_judges_its_best_rungs_twin_once_if_it_is_nea
 def test_spare_threads_climb_a_ladder_ahead_and_choose_the_same():
     # b2 takes long to judge: on one thread a3 waits for it (the next round), on more a3 is
     # judged as soon as a2 has gained, while b2 runs. The choice is the same, and only rungs
-    # run ahead: twins (b1', after b2's loss) wait for the round that asks for them.
+    # run ahead: twins (b1', after b2's loss) wait for the round that asks for them. Nothing
+    # is guessed: with two ladders climbing, their own rungs keep the threads busy.
     times = {"a1": 100.0, "a2": 98.0, "a3": 96.5, "a4": 95.0, "b1": 96.8, "b2": 99.0,
              "b3": 90.0, "b1'": 97.0}
     a3_judged = threading.Event()
@@ -154,6 +157,61 @@ def test_spare_threads_climb_a_ladder_ahead_and_choose_the_same():
     best, judged, waited = searched(4)
     assert best == "a4" and waited == [True]
     assert sorted(judged) == sorted(alone)
+
+
+def test_a_thread_that_would_idle_judges_the_rung_above_in_full():
+    # One ladder: while a2 is judged, the other thread judges a3 in full (no time to beat), as
+    # if a2 will gain; a2 gains, and a3's ask is answered by that run, not judged again.
+    times = {"a1": 100.0, "a2": 98.0, "a3": 96.5}
+
+    def searched(workers):
+        judge, judged = _judging(times)
+        beats, waited, a3_started = [], [], threading.Event()
+
+        def judging(thunk, beat=None):
+            name = thunk()
+            beats.append((name, beat))
+            if name == "a3":
+                a3_started.set()
+            if name == "a2" and workers > 1:   # a3 starts before a2 has its result
+                waited.append(a3_started.wait(timeout=30))
+            return judge(name)
+        tried = [([_Try("a1")], [[_Try(n) for n in ("a2", "a3")]])]
+        return _fastest(tried, judging, None, workers), judged, sorted(beats), waited
+
+    best, alone, beats, _ = searched(1)
+    assert best == "a3" and alone == ["a1", "a2", "a3"]
+    assert beats == [("a1", math.inf), ("a2", 100.0 * (1 + NOISE)), ("a3", 98.0 * (1 + NOISE))]
+    best, judged, beats, waited = searched(2)
+    assert best == "a3" and sorted(judged) == alone and waited == [True]
+    assert beats == [("a1", math.inf), ("a2", math.inf), ("a3", math.inf)]
+
+
+def test_a_guess_the_search_will_no_longer_ask_for_is_stopped():
+    # a3 is guessed while a2 is judged; a2 loses, so no round will ask for a3: its stop flag is
+    # set then (a long native simulation stops instead of holding a thread), not at the end.
+    times = {"a1": 100.0, "a2": 101.0, "a3": 99.0}
+    judge, judged = _judging(times)
+    a3_started, a3_stopped, seen = threading.Event(), threading.Event(), []
+
+    def judging(thunk, beat=None):
+        name = thunk()
+        if name == "a2":
+            a3_started.wait(timeout=30)
+        if name == "a1'":   # the next round: a3 was stopped before it, not when the search ended
+            seen.append(a3_stopped.wait(timeout=30))
+        if name == "a3":
+            a3_started.set()
+            flag = C.stop_flag()
+            for _ in range(3000):
+                if flag[0]:
+                    a3_stopped.set()
+                    break
+                time.sleep(0.01)
+        return judge(name)
+    tried = [([_Try("a1")], [[_Try(n) for n in ("a2", "a3")]])]
+    assert _fastest(tried, judging, None, 2) == "a1"
+    assert seen == [True] and judged[:2] == ["a1", "a2"]
 
 
 def test_a_twin_carries_one_chunk_more_per_tree_on_the_same_lanes():

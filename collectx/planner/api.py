@@ -290,8 +290,7 @@ def _bound(view: nx.DiGraph, collective: str, ranks: tuple[str, ...], root: int,
         peer = ranks[(root + 1) % len(ranks)]
         flow = max_flows(view, "bw_gbps")(ranks[root], peer)
         return Bounds(kind="maxflow", bound_busbw=flow, ceiling_busbw=None, cut_busbw=flow,
-                      tree_busbw=None, notes=f"max flow {ranks[root]} -> {peer}",
-                      gpus=tuple(ranks))
+                      tree_busbw=None, notes=f"max flow {ranks[root]} -> {peer}", gpus=tuple(ranks))
     return None
 
 

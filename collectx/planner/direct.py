@@ -63,8 +63,7 @@ def plan_direct(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbyte
         built = [_built(collective, n, n * c, root, inplace)
                  for c in _chunk_tries(topo, ranks, collective, nbytes, root)]
         return min(built, key=lambda s: simulated(s, topo, nbytes, ranks).time_us)
-    return _built(collective, n, nchunks or n * _shard_chunks(collective, n, nbytes), root,
-                  inplace)
+    return _built(collective, n, nchunks or n * _shard_chunks(collective, n, nbytes), root, inplace)
 
 
 def least_us(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: int,

@@ -850,8 +850,7 @@ def _fitting(p: Problem, ranked: list, kept: list, built: dict, build, rate) -> 
     fit = lambda packing: fits_twice(packing.trees, p.modes(), p.lanes)  # noqa: E731
     fits = [b.K for b in kept if fit(b.trees)]
     best = max((b.trees.rate for b in kept), default=0.0)
-    near = sorted((r for r in ranked if rate(r.trees, r.K) >= best * (1 - FILL)),
-                  key=lambda r: r.K)
+    near = sorted((r for r in ranked if rate(r.trees, r.K) >= best * (1 - FILL)), key=lambda r: r.K)
     half = [] if fits else [r for r in ranked if r.K <= most_trees(p) // 2][:BUILT]
     for K, x in [(r.K, r.trees) for r in near[:1] + half]:
         b = built[K] if K in built else build(K, x)

@@ -192,8 +192,7 @@ def _reduce_scatter(b: LaneBuilder, lane: int, order, base: int, share: int):
             prev = Ref(p, "input" if s == 0 else part, u * c + base, share)
             final = s == n - 2
             dst = Ref(r, "output", base, share) if final else Ref(r, part, u * c + base, share)
-            last[i, s] = b.add(r, lane, "reduce", dst,
-                               [Ref(r, "input", u * c + base, share), prev],
+            last[i, s] = b.add(r, lane, "reduce", dst, [Ref(r, "input", u * c + base, share), prev],
                                [last.get(((i - 1) % n, s - 1))])
     if n == 1:
         r = order[0]

@@ -387,8 +387,7 @@ def _solve(caps, ng: int, lp: _Rows):
     A_ub = sp.csr_matrix((lp.vals, (lp.rows, lp.cix)), shape=(m, k + 1))
     # Each column in its group's row, and -x in every row: sum of a group's rates = x.
     A_eq = sp.csr_matrix(([1.0] * k + [-1.0] * ng, (lp.group + list(range(ng)),
-                                                     list(range(k)) + [k] * ng)),
-                         shape=(ng, k + 1))
+                                                     list(range(k)) + [k] * ng)), shape=(ng, k + 1))
     c = np.zeros(k + 1)
     c[k] = -1.0
     res = linprog(c, A_ub=A_ub, b_ub=caps, A_eq=A_eq, b_eq=np.zeros(ng),

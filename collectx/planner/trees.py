@@ -78,8 +78,7 @@ def plan_forest(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *,
                     beat_us, good_us)
 
 
-plan_blink.collectives = BLINK
-plan_forest.collectives = FOREST
+plan_blink.collectives, plan_forest.collectives = BLINK, FOREST
 
 
 def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host,
@@ -134,11 +133,11 @@ def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
 
     Spare threads run ahead: once a ladder's rung is judged, the rung it asks next starts
     (:class:`~collectx._concurrent.Ahead`) instead of waiting for the other ladders' rungs,
-    but never past the first round with a good-enough schedule; the rounds read only what
-    they ask for, so the choice is the same on any number of threads."""
+    but never past the first round with a good-enough schedule (a lone ladder's, sooner:
+    :func:`_guess`); the rounds read what they ask for, so any thread count chooses alike."""
     good_us = good_us or 0.0
     with shared_threads():
-        ahead = Ahead(lambda key: judge(*key)())
+        ahead = Ahead(lambda key: judge(*key)(), wider=lambda key: (key[0], math.inf))
         try:
             return _searched(ahead, tried, good_us)
         finally:
@@ -146,24 +145,27 @@ def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
 
 
 def _searched(ahead: Ahead, tried: list, good_us: float) -> Schedule:
-    firsts = [thunk for first, _ in tried for thunk in first]
-    ups = [up for _, ups in tried for up in ups]
+    firsts, ups = [t for first, _ in tried for t in first], [u for _, ups in tried for u in ups]
     good_round = [math.inf]   # the first round with a good-enough schedule, as far as known
 
-    def then(climbed, round):   # what the ask of `round` leads to: the next ask, run ahead
+    def then(climbed, round, lone):   # the next ask that the ask of `round` leads to
         def after(result):
             if result[0] <= good_us:
                 good_round[0] = min(good_round[0], round)
             ladder = climbed(result[0]) if round < good_round[0] else None
             if ladder is None or not ladder[2]:   # a twin is asked only if near the best
                 return None
-            key = _asked(ladder)
-            return key, then(_climbing(ladder, key[0]), round + 1)
+            return ask(ladder, round + 1, lone)
         return after
 
+    def ask(ladder, round, lone):   # (key, what it leads to, a guess above it if `lone`)
+        key = _asked(ladder)
+        return key, then(_climbing(ladder, key[0]), round, lone), _guess(ladder[2], lone)
+
     started = lambda first, up: lambda us: (us, first, up) if up else None  # noqa: E731
-    judged = ahead.results([((first, math.inf), then(started(first, up), 0))
-                            for first, up in zip(firsts, ups)])
+    lone = len(firsts) == 1
+    judged = ahead.results([((first, math.inf), then(started(first, up), 0, lone),
+                             _guess([first] + up, lone)) for first, up in zip(firsts, ups)])
     best = min(judged, key=lambda r: r[0])
     # per ladder: its best time and try, and the rungs left (none: its best's twin next)
     climbing = [c for c in (started(first, up)(r[0]) for r, first, up in zip(judged, firsts, ups))
@@ -171,9 +173,8 @@ def _searched(ahead: Ahead, tried: list, good_us: float) -> Schedule:
     round = 0
     while climbing and best[0] > good_us:
         round += 1
-        keys = [_asked(c) for c in climbing]
-        judged = ahead.results([(key, then(_climbing(c, key[0]), round))
-                                for c, key in zip(climbing, keys)])
+        asks = [ask(c, round, len(climbing) == 1) for c in climbing]
+        judged, keys = ahead.results(asks), [key for key, _, _ in asks]
         climbing = [_climbed(*c, key[0], us)
                     for c, key, (us, _) in zip(climbing, keys, judged) if c[2]]
         best = min([best] + judged, key=lambda r: r[0])
@@ -188,6 +189,12 @@ def _asked(ladder: tuple) -> tuple:
     by more than :data:`~.cost_tables.NOISE`."""
     least, at, rungs = ladder
     return rungs[0] if rungs else at.nudged(), least * (1 + NOISE)
+
+
+def _guess(rungs: list, lone: bool) -> tuple | None:
+    """On a ``lone`` ladder, the rung above ``rungs[0]``, judged in full by a thread that would
+    idle while ``rungs[0]`` is: its run decides that rung's ask (docs/planner.md has why)."""
+    return (rungs[1], math.inf) if lone and len(rungs) > 1 else None
 
 
 def _climbing(ladder: tuple, ask) -> Callable:

@@ -237,8 +237,7 @@ class WordEmitter:
                             *b.unit_tables(), self._phases)
 
     def _shares(self, shares) -> tuple:
-        return tuple((s.root, s.edges, tuple(self.pieces(s)),
-                      tuple(e in s.staged for e in s.edges),
+        return tuple((s.root, s.edges, tuple(self.pieces(s)), tuple(e in s.staged for e in s.edges),
                       tuple(e in s.staged_up for e in s.edges)) for s in shares)
 
 
