@@ -75,17 +75,17 @@ def stop_flag() -> np.ndarray | None:
 class Ahead:
     """Keyed calls, each run once, on the threads of the enclosing :func:`shared_threads`
     block, and started before they are asked for where the caller knows what it may ask
-    next: a call asked for with ``follow`` starts ``follow(result)`` (a ``(key, follow)``
-    pair, or None) as soon as it has its result, without waiting for the others asked for
-    with it. Results are read only where asked for, so what the caller computes does not
-    depend on the thread count; outside a block, or with :data:`WORKERS` < 2, each call runs
-    when asked for.
+    next: a call asked for with ``follow`` starts ``follow(result)`` (an ask, or None) as soon
+    as it has its result, without waiting for the others asked for with it. Results are read
+    only where asked for, so what the caller computes does not depend on the thread count;
+    outside a block, or with :data:`WORKERS` < 2, each call runs when asked for.
 
-    A call may also be asked for with a ``guess``: a key it may lead to, started while a
-    thread would otherwise idle. ``wider(key)``, where given, names a call whose result
-    serves ``key`` as well (the caller vouches for that), so a guess of ``wider(key)``
-    answers a later ask for ``key``: a ladder whose rungs each wait on the one below climbs
-    on two threads.
+    An ask is ``(key, follow)`` or ``(key, follow, guess)``: ``guess`` is a key the call may
+    lead to, started while a thread would otherwise idle, and dropped (stopped, if it runs)
+    once ``follow`` leads elsewhere. ``wider(key)``, where given, names a call whose result
+    serves ``key`` as well (the caller vouches for that), so a guess of ``wider(key)`` answers
+    a later ask for ``key``: a ladder whose rungs each wait on the one below climbs on two
+    threads.
 
     >>> with shared_threads():
     ...     ahead = Ahead(lambda n: n * n)
@@ -99,7 +99,7 @@ class Ahead:
         self._wider = wider
         self._started: dict = {}
         self._flags: dict = {}          # each submitted call's stop flag (stop_flag())
-        self._asked_wide: set = set()   # wider() of every key asked for
+        self._asked_wide: set = set()   # every key asked for, and its wider()
         self._guesses: list = []        # keys to start while threads idle, latest last
         self._guess_of: dict = {}       # the guess made with each ask, until it has settled
         self._running = 0               # calls submitted and not yet done
@@ -125,9 +125,10 @@ class Ahead:
     def _start(self, key, follow, guess=None):
         guessed = None
         with self._lock:
+            if self._wider is not None:   # asked for: never dropped as a guess
+                self._asked_wide.update((key, self._wider(key)))
             future = self._started.get(key)
             if future is None and self._wider is not None:
-                self._asked_wide.add(self._wider(key))
                 future = guessed = self._started.get(self._wider(key))
             if future is None and not self._closed:
                 future = self._submit(key, follow)

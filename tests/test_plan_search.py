@@ -214,6 +214,31 @@ def test_a_guess_the_search_will_no_longer_ask_for_is_stopped():
     assert seen == [True] and judged[:2] == ["a1", "a2"]
 
 
+def test_a_guess_that_is_also_asked_for_is_not_dropped(monkeypatch):
+    # g is guessed with a, then asked for itself; a's follow-up leads elsewhere, but g, asked
+    # for, keeps running (its stop flag stays down) and gives its result.
+    monkeypatch.setattr(C, "WORKERS", 2)
+    followed = threading.Event()
+
+    def compute(key):
+        if key == "g":
+            followed.wait(timeout=30)
+            time.sleep(0.2)   # a's guess has settled by now
+            if C.stop_flag()[0]:
+                raise RuntimeError("stopped")
+        return key
+
+    def follow(result):
+        followed.set()
+        return "b", None
+    with C.shared_threads():
+        ahead = C.Ahead(compute, wider=lambda key: key)
+        try:
+            assert ahead.results([("a", follow, "g"), ("g", None)]) == ["a", "g"]
+        finally:
+            ahead.close()
+
+
 def test_a_twin_carries_one_chunk_more_per_tree_on_the_same_lanes():
     lowered = []
     first = trees._Try(lambda chunks, buffers: lowered.append((chunks, buffers)), 5, 2, 3)
