@@ -103,20 +103,24 @@ def op_code(op: str) -> int:
     return OP_CODES[op]
 
 
-def check_root(root, size: int) -> int:
-    """``root`` as an int where it is a rank of a world of ``size`` (a Python or numpy integer,
-    not a bool), else ArgumentError.
+def check_rank(value, size: int, what: str = "root", other_than: int | None = None) -> int:
+    """``value`` (argument ``what``) as an int where it is a rank of a world of ``size``, and not
+    ``other_than`` where given (a peer, not this rank): a Python or numpy integer, not a bool.
+    Else ArgumentError.
 
-    >>> check_root(np.int64(1), 2)
+    >>> check_rank(np.int64(1), 2)
     1
-    >>> check_root(True, 2)
+    >>> check_rank(True, 2)
     Traceback (most recent call last):
     ...
     collectx.errors.ArgumentError: root=True: expected a rank in 0..1 (an int, not a bool)
     """
-    rank = integral(root)
-    if rank is None or not 0 <= rank < size:
-        raise ArgumentError(f"root={root!r}: expected a rank in 0..{size - 1} (an int, not a bool)")
+    rank = integral(value)
+    if rank is None or not 0 <= rank < size or rank == other_than:
+        which = "a rank" if other_than is None else "another rank"
+        this = "" if other_than is None else f"not this rank, {other_than}; "
+        raise ArgumentError(f"{what}={value!r}: expected {which} in 0..{size - 1} "
+                            f"({this}an int, not a bool)")
     return rank
 
 

@@ -16,8 +16,8 @@ from typing import Callable
 import numpy as np
 
 from ..config import get_config
-from ..errors import ArgumentError, DTypeError, integral
-from .arrays import as_array, check_root, check_world, empty_like_shape, op_code
+from ..errors import ArgumentError, DTypeError
+from .arrays import as_array, check_rank, check_world, empty_like_shape, op_code
 from .arrays import DTYPE_CODES, OP_CODES
 from .bootstrap import sweep_rendezvous, timeout_s
 from .engine import Engine
@@ -60,7 +60,7 @@ class Communicator:
                  timeout: float | None = None, config=None, machine_ranks: int | None = None,
                  on_close: Callable[[], None] | None = None):
         cfg = config or get_config()
-        self.rank, self.size = check_world(rank, size)
+        rank, size = self.rank, self.size = check_world(rank, size)   # numpy's as ints
         self.timeout = timeout_s(timeout, cfg)
         sweep_stale()
         sweep_rendezvous()   # directories of rendezvous whose creator died before closing
@@ -210,11 +210,7 @@ class Communicator:
         return off if 0 <= off and off + arr.nbytes <= self._window.heap_bytes else -1
 
     def _peer(self, peer, what: str) -> int:
-        rank = integral(peer)
-        if rank is None or not 0 <= rank < self.size or rank == self.rank:
-            raise ArgumentError(f"{what}={peer!r}: expected another rank in 0..{self.size - 1} "
-                                f"(not this rank, {self.rank}; an int, not a bool)")
-        return rank
+        return check_rank(peer, self.size, what, other_than=self.rank)
 
     def _drain(self) -> None:
         if self._worker is not None and self._worker.busy:
@@ -309,7 +305,7 @@ class Communicator:
         return op_code(op)
 
     def _root(self, root) -> int:
-        return check_root(root, self.size)
+        return check_rank(root, self.size)
 
     def close(self) -> None:
         """Finish queued work and unmap the windows. Idempotent."""

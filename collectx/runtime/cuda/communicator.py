@@ -16,7 +16,7 @@ from typing import Callable
 
 from ...config import get_config
 from ...errors import ArgumentError, DTypeError
-from ..arrays import check_root, check_world, op_code
+from ..arrays import check_rank, check_world, op_code
 from ..bootstrap import timeout_s
 from ..store import as_store, next_key_prefix
 from . import _rt
@@ -38,7 +38,7 @@ class CudaCommunicator:
                  timeout: float | None = None, config=None,
                  on_close: Callable[[], None] | None = None):
         cfg = config or get_config()
-        self.rank, self.size = check_world(rank, size)
+        rank, size = self.rank, self.size = check_world(rank, size)   # numpy's as ints
         ndev = require_gpu()
         self.device = rank % ndev if device is None else int(device)
         self.timeout = timeout_s(timeout, cfg)
@@ -195,7 +195,7 @@ class CudaCommunicator:
         return op_code(op)
 
     def _root(self, root) -> int:
-        return check_root(root, self.size)
+        return check_rank(root, self.size)
 
     def close(self) -> None:
         """Wait for queued work, free plans and windows. Idempotent."""

@@ -26,7 +26,7 @@ import numpy as np
 
 from ...config import get_config
 from ...errors import ArgumentError, DTypeError
-from ..arrays import DTYPE_CODES, as_array, check_root, empty_like_shape, op_code
+from ..arrays import DTYPE_CODES, as_array, check_rank, empty_like_shape, op_code
 from ..bootstrap import rendezvous_dir
 from ..communicator import Communicator
 from ..store import FileStore
@@ -240,7 +240,7 @@ class HierarchicalCommunicator:
         return "sum" if op == "avg" else op     # divide once, after every stage
 
     def _check_root(self, root) -> int:
-        return check_root(root, self.size)
+        return check_rank(root, self.size)
 
     def close(self) -> None:
         """Finish queued work, unmap the host's windows, release the engine's sub-groups."""
