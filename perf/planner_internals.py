@@ -83,7 +83,7 @@ def in_a_row(count: int) -> str:
 
 def flush(rounds: int) -> list[str]:
     """TreeEmitter.flush per item, the compiled loop against the Python one, alternating."""
-    import collectx.planner.treesched as ts
+    import collectx.schedule.treesched as ts
     if not hasattr(ts, "compiled_helper"):
         return ["flush: this checkout has no compiled flush"]
     G = T.load("dgx1v")

@@ -12,8 +12,8 @@ import pytest
 import collectx.topology as topo
 from collectx.errors import ArgumentError
 from collectx.planner import plan, trees
-import collectx.planner.treesched as ts
-from collectx.planner.treesched import compiled_helper
+import collectx.schedule.treesched as ts
+from collectx.schedule.treesched import compiled_helper
 from collectx.schedule import Ref, ScheduleBuilder, simulate, verify
 from collectx.schedule.ir import BUFFER_INDEX, OP_INDEX, PackedSchedule
 from test_tree_items import KINDS, NRANKS, _packing
@@ -23,7 +23,7 @@ unpacked = sim.unpacked
 needs_words = pytest.mark.skipif(
     any(compiled_helper(n) is None for n in ("lower_words", "word_arrays", "schedule_arrays")),
     reason="no compiled collectx._fastpath")
-WORDS = (OP_INDEX["copy"], OP_INDEX["reduce"], BUFFER_INDEX["host"])
+WORDS = (OP_INDEX["copy"], OP_INDEX["reduce"], BUFFER_INDEX["host"], BUFFER_INDEX["output"])
 
 
 def _both(kind, buffers, staged):

@@ -52,11 +52,12 @@ def _judging(times: dict):
 
 
 def _fastest(tried, judge, good_us, workers=1):
-    """``trees._fastest`` on ``workers`` threads: on one, tries are judged in the order the
-    search asks for them (on more, ladders run ahead and the order depends on timing)."""
+    """The schedule ``trees._fastest`` chooses on ``workers`` threads: on one, tries are judged
+    in the order the search asks for them (on more, ladders run ahead and the order depends
+    on timing)."""
     saved, C.WORKERS = C.WORKERS, workers
     try:
-        return trees._fastest(tried, judge, good_us)
+        return trees._fastest(tried, judge, good_us)[1]
     finally:
         C.WORKERS = saved
 
@@ -241,7 +242,7 @@ def test_a_guess_that_is_also_asked_for_is_not_dropped(monkeypatch):
 
 def test_a_twin_carries_one_chunk_more_per_tree_on_the_same_lanes():
     lowered = []
-    first = trees._Try(lambda chunks, buffers: lowered.append((chunks, buffers)), 5, 2, 3)
+    first = trees._Try(lambda chunks, buffers, deal: lowered.append((chunks, buffers)), 5, 2, 3)
     first()
     first.nudged()()
     assert lowered == [(15, 2), (18, 2)]
@@ -288,7 +289,7 @@ def test_packed_trees_are_good_enough_within_the_fill_of_their_own_lp(monkeypatc
     ranks, view = allocation(T.load("dgx1v"), [0, 1, 2, 5])
     handed = []
     monkeypatch.setattr(trees, "_fastest", lambda tried, judge, good: handed.append(good) or
-                        tried[0][0][0]())
+                        (0.0, tried[0][0][0](), tried[0][0][0]))
     _, lp = P.solved(view, ranks, "allreduce", forest=True)
     full = unit_bytes("allreduce", 1 << 30, 4) / 4 / (lp.rate * 1e3)
     trees.plan_forest(view, ranks, "allreduce", 1 << 30, good_us=1.0)

@@ -185,13 +185,13 @@ def test_flat_walk_numbers_nodes_and_edges_as_build_graph():
     s = b.build()
     *raw, longest = _native._compiled_module().schedule_arrays(s.lanes)
     arrays = [np.frombuffer(x, dtype=np.int32).tolist() for x in raw]
-    rank, dst_rank, dst_host, dst_chunk, dst_count, src_off, src_rank, src_host, \
+    rank, dst_rank, dst_buf, dst_chunk, dst_count, src_off, src_rank, src_host, \
         pred_off, preds, succ_off, succs = arrays
     g = build_graph(s)
     assert [preds[pred_off[v]:pred_off[v + 1]] for v in range(len(g))] == \
         [list(p) for p in g.preds]
     assert rank == [d.rank for d in g.ids] == [0, 0, 1, 1]
-    assert dst_host == [0, 0, 1, 0] and dst_count == [1, 1, 1, 2] and dst_chunk == [0, 2, 0, 2]
+    assert dst_buf == [2, 2, 1, 2] and dst_count == [1, 1, 1, 2] and dst_chunk == [0, 2, 0, 2]
     assert src_rank == [0, 1, 1, 1, 0] and src_host == [0, 1, 0, 0, 0]
     assert src_off == [0, 1, 2, 3, 5]
     assert succs == [1, 3, 1] and succ_off == [0, 2, 2, 3, 3]

@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-import collectx.planner.treesched as ts
+import collectx.schedule.treesched as ts
 from collectx.planner import trees
 from collectx.planner.program import BOTH, DOWN, UP
 from collectx.planner.treepack import Packing, Tree
 from collectx.errors import ArgumentError
-from collectx.planner.treesched import ChunkRefs, Share, WordEmitter, chunk_refs
+from collectx.schedule.treesched import ChunkRefs, Share, WordEmitter, chunk_refs
 from collectx.schedule import ScheduleBuilder, verify
 from collectx.schedule.ir import Ref
 

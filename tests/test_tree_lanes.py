@@ -10,7 +10,7 @@ import pytest
 
 import collectx.topology as topo
 from collectx.planner import plan
-from collectx.planner.treesched import Share, TreeEmitter, chunk_refs
+from collectx.schedule.treesched import Share, TreeEmitter, chunk_refs
 from collectx.schedule import ScheduleBuilder, verify
 
 from _dumps import REAL
@@ -86,7 +86,7 @@ def _plans_of_tree_emitters():
 
 
 def test_the_compiled_lowering_deals_what_the_python_emitter_deals(monkeypatch):
-    import collectx.planner.treesched as ts
+    import collectx.schedule.treesched as ts
     if ts.compiled_helper("lower_words") is None:
         pytest.skip("no compiled collectx._fastpath")
     native = _plans_of_tree_emitters()

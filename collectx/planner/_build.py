@@ -20,22 +20,6 @@ def shard(r: int, nparts: int, nchunks: int) -> tuple[int, int]:
     return lo, hi - lo
 
 
-def staggered(lo: int, k: int) -> list[tuple[int, int]]:
-    """Chunks ``lo .. lo+k`` as pieces of two chunks, but the second piece of one: ``(first
-    chunk, chunks)`` in order, for two lanes to take in turn (double buffering).
-
-    A transfer waits out its route's latency before its first byte moves. Pieces of equal
-    size sharing a link finish together and then all wait together, idling the link once a
-    piece; the short piece puts the second lane half a piece out of phase, so one lane
-    moves while the other waits.
-
-    >>> staggered(0, 8)
-    [(0, 2), (2, 1), (3, 2), (5, 2), (7, 1)]
-    """
-    cuts = [lo + c for c in (0, 2, *range(3, k, 2)) if c < k] + [lo + k]
-    return [(a, b - a) for a, b in zip(cuts, cuts[1:])]
-
-
 def weighted_shares(total: int, weights: list[float]) -> list[int]:
     """Split ``total`` chunks in proportion to ``weights`` (largest remainder, integral).
 

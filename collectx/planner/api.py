@@ -125,28 +125,38 @@ def plan(topo: nx.DiGraph, collective: str, nbytes: int, *,
     ('direct', ('GPU0', 'GPU1', 'GPU2', 'GPU3'), True)
     """
     t0 = time.perf_counter()
-    nbytes = _byte_count(nbytes)
     ranks, view = allocation(topo, gpus)                       # resolve the allocation
+    name, schedule, predicted, bound, idle = _chosen(        # bound, then pick or run
+        view, ranks, collective, nbytes, algo, root, inplace, nchunks, host_relays, whole=True)
+    planned = time.perf_counter()
+    verified = _verify(schedule) if verify else False           # verify
+    return Plan(collective=collective, algorithm=name, ranks=ranks, nbytes=_byte_count(nbytes),
+                schedule=schedule, predicted=predicted, bound=bound,
+                efficiency=_efficiency(predicted, bound), verified=verified,
+                no_communication=idle, planning_time_s=planned - t0,
+                verify_time_s=time.perf_counter() - planned if verify else 0.0)
+
+
+def _chosen(view, ranks, collective, nbytes, algo, root, inplace, nchunks, host, whole):
+    """``(name, schedule, predicted, bound, why nothing moves)``: the choice both front doors
+    make. The bound steers the choice; where ``whole`` it is solved in full (a cut left out
+    for speed is solved beside planning), else only where the choice needs it."""
+    nbytes = _byte_count(nbytes)
     root, nchunks = check_args(collective, len(ranks), root, nchunks)   # here, not per planner
     if algo is None and _multi_machine(view, ranks, collective):  # clusters: phases + engine
         algo = "hierarchical"
     idle = no_communication(len(ranks), nbytes)
     with shared_threads():
-        bound = None if idle else _bound(view, collective, ranks, root, host_relays, cut=False)
+        bound = None if idle or not (whole or algo is None) else \
+            _bound(view, collective, ranks, root, host, cut=False)
         with ThreadPoolExecutor(1) as beside:   # a cut left out is solved beside planning
-            whole = bound and bound.cut_busbw is None and beside.submit(   # the rest remembered
-                _bound, view, collective, ranks, root, host_relays)
+            rest = whole and bound and bound.cut_busbw is None and beside.submit(
+                _bound, view, collective, ranks, root, host)
             name, schedule, predicted = _planned(view, ranks, collective, nbytes, algo, root,
-                                                 inplace, nchunks, host_relays, bound)
-        bound = whole.result() if whole else bound
+                                                 inplace, nchunks, host, bound)
+        bound = rest.result() if rest else bound
     forget_candidates()                                        # free them now, not next plan
-    planned = time.perf_counter()
-    verified = _verify(schedule) if verify else False           # verify
-    return Plan(collective=collective, algorithm=name, ranks=ranks, nbytes=int(nbytes),
-                schedule=schedule, predicted=predicted, bound=bound,
-                efficiency=_efficiency(predicted, bound), verified=verified,
-                no_communication=idle, planning_time_s=planned - t0,
-                verify_time_s=time.perf_counter() - planned if verify else 0.0)
+    return name, schedule, predicted, bound, idle
 
 
 def _planned(view, ranks, collective, nbytes, algo, root, inplace, nchunks, host, bound):
@@ -181,7 +191,6 @@ def make_schedule(topo: nx.DiGraph | None, collective: str, nranks: int, nbytes:
     >>> s.algorithm, s.nranks
     ('direct', 4)
     """
-    nbytes = _byte_count(nbytes)
     from ..topology import gpus as all_gpus, host
     if topo is None:
         topo = host(nranks)
@@ -190,15 +199,8 @@ def make_schedule(topo: nx.DiGraph | None, collective: str, nranks: int, nbytes:
         raise PlanError(f"{nranks} ranks on a topology with {len(have)} GPUs: expected "
                         f"1..{len(have)}; pass a topology that has a node per rank")
     ranks, view = allocation(topo, have[:nranks])
-    root, nchunks = check_args(collective, nranks, root, nchunks)
-    if algo is None and _multi_machine(view, ranks, collective):
-        algo = "hierarchical"
-    bound = None if algo is not None or no_communication(nranks, nbytes) else \
-        _bound(view, collective, ranks, root, host_relays, cut=False)
-    schedule = _planned(view, ranks, collective, nbytes, algo, root, inplace, nchunks,
-                        host_relays, bound)[1]
-    forget_candidates()
-    return schedule
+    return _chosen(view, ranks, collective, nbytes, algo, root, inplace, nchunks, host_relays,
+                   whole=False)[1]
 
 
 def forget_candidates() -> None:

@@ -23,7 +23,8 @@ import networkx as nx
 from ..errors import PlanError
 from ..schedule.builder import LaneBuilder
 from ..schedule.ir import COLLECTIVES, GPU_LANES, Ref, Schedule
-from ._build import check_args, shard, simulated, staggered
+from ..schedule.treesched import staggered
+from ._build import check_args, shard, simulated
 from .cost_tables import INSTRUCTIONS, MAX_PIECES, MIN_CHUNK_BYTES, pipeline_pieces, route_terms
 
 # One lane per peer wherever both executors' lanes allow: two peers sharing a lane take turns,
@@ -115,7 +116,7 @@ def _paced_chunks(topo, ranks, collective: str, nbytes: int, root: int) -> int:
 
 
 def _shard_chunks(collective: str, n: int, nbytes: int) -> int:
-    """Chunks per shard: for broadcast and reduce, two per :func:`~._build.staggered` piece; one
+    """Chunks per shard: for broadcast and reduce, two per :func:`~.treesched.staggered` piece; one
     for the other collectives, whose shards move in one step each way.
 
     The second hop of a piece starts when its first one lands, so the two hops overlap but
@@ -142,7 +143,7 @@ def _copy_lane(offset: int) -> int:
 
 def _piece_lane(offset: int, turn: int, n: int) -> int:
     """Lane of a broadcast or reduce piece from the peer ``offset`` ranks ahead: two lanes
-    per peer taking :func:`~._build.staggered` pieces in turn, where ``n`` ranks leave enough."""
+    per peer taking :func:`~.treesched.staggered` pieces in turn, where ``n`` ranks leave enough."""
     if 2 * (n - 1) > MAX_COPY_LANES:
         return _copy_lane(offset)
     return 2 * (offset - 1) + turn
@@ -240,7 +241,7 @@ def _reduce(b: LaneBuilder):
 
 
 def _steps(b: LaneBuilder):
-    """``(i, relay, piece)``: the :func:`~._build.staggered` pieces of every relay's shard, all
+    """``(i, relay, piece)``: the :func:`~.treesched.staggered` pieces of every relay's shard, all
     shards' ``i``-th piece before any ``i+1``-th."""
     pieces = [(r, staggered(lo, k)) for r, lo, k in _relay_shards(b)]
     for i in range(max((len(ps) for _, ps in pieces), default=0)):

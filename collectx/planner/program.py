@@ -732,8 +732,8 @@ class _Growing:
 
 
 def lanes_per_turn(trees, modes: dict) -> int:
-    """The most lanes a rank takes per buffer turn of ``trees`` (:class:`~.treesched.TreeEmitter`'s
-    keys): down, one per edge it pulls over and one per tree it stages a chunk up in (shared
+    """The most lanes a rank takes per buffer turn of ``trees`` (the keys of
+    :class:`~collectx.schedule.treesched.TreeEmitter`): down, one per edge it pulls over and one per tree it stages a chunk up in (shared
     by its staged children); up, one per tree it reduces in and one at each end of an edge
     staged up. Its own slot (broadcast, allgather) takes one more, once."""
     need: Counter = Counter()

@@ -8,8 +8,9 @@ equal trees with the hardware's routes reaches. The name says ``+host`` when som
 an edge through host memory.
 
 How a packing becomes a schedule: every tree of a group carries the same number of chunks,
-``m``, on lanes of its own (:class:`~.treesched.TreeEmitter`), and :class:`Pipeline` picks
-``m`` and the tree count with one pipeline model."""
+``m``, on lanes of its own (:class:`~collectx.schedule.treesched.TreeEmitter`), and
+:class:`Pipeline` picks ``m`` and the tree count with one pipeline model; once a schedule is
+chosen, its chunks are dealt anew by the rate each tree reached in simulation (:func:`_balanced`)."""
 
 from __future__ import annotations
 
@@ -24,14 +25,14 @@ from ..errors import PlanError
 from ..schedule.builder import ScheduleBuilder
 from ..schedule.ir import GPU_LANES, PackedSchedule, Ref, Schedule
 from ..schedule.metrics import unit_bytes
-from ..schedule.simulate import time_within, unpacked
+from ..schedule.simulate import chunk_ends, time_within, unpacked
+from ..schedule.treesched import Share, chunk_refs, emitter
 from . import program as P
 from .direct import plan_direct
 from .._concurrent import Ahead, shared_threads
 from ._build import check_args
 from .cost_tables import FILL, INSTRUCTIONS, MIN_CHUNK_BYTES, NOISE
 from .treepack import Packing
-from .treesched import Share, chunk_refs, emitter
 
 BLINK = ("allreduce", "broadcast", "reduce")
 SIMULATED = 2   # packings (tree counts) lowered and simulated: the pipeline model ranks them
@@ -112,17 +113,44 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
     tried = [_tries(name, packing, p, pipe, collective, n, root, inplace)
              for packing in sorted(packings, key=lambda k: -k.rate)]
     judge = lambda lower, beat=float("inf"): lambda: (  # noqa: E731
-        time_within(s := lower(), topo, nbytes, beat, ranks=list(ranks)), s)
+        time_within(s := lower(), topo, nbytes, beat, ranks=list(ranks)), s, lower)
     # no schedule of these trees is faster than their LP's rate: within FILL of it is as
     # fast as they get, whatever the bound allows (a forest allreduce's ceiling, say);
     # but one that loses to the plan to beat is not good enough
     good_us = max(good_us or 0.0, pipe.full_us(lp.rate) * (1 + FILL))
     if beat_us is not None:
         good_us = min(good_us, beat_us * (1 + FILL))
-    return unpacked(_fastest(tried, judge, good_us))
+    ends = lambda s: chunk_ends(s, topo, nbytes, ranks=list(ranks))  # noqa: E731
+    found = _fastest(tried, judge, good_us)
+    return unpacked(_balanced(found, judge, ends, good_us,
+                              math.inf if beat_us is None else beat_us * (1 + FILL)))
 
 
-def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
+def _balanced(found: tuple, judge, ends, good_us: float, beat_us: float) -> Schedule:
+    """The schedule of ``found`` (``(us, schedule, try)``), or one of its trees and chunks dealt
+    anew by the rate each tree reached in its run (:func:`_redealt`): trees that
+    delivered their last chunk early take more, those that lagged fewer, so that they finish
+    together. Equal trees do not run at equal rates where links are shared fairly between
+    transfers that stall at different times (staged edges wait on host links, deep trees fill
+    later). Run where the rates promise to gain more than :data:`~.cost_tables.NOISE` and to
+    beat ``beat_us`` (another plan's time, fill and all); kept where faster, and dealt again
+    while that gains more than NOISE."""
+    us, s, at = found
+    while us > good_us:
+        deal, likely = at.lower.dealt(at.per_group, at.deal, ends(s))
+        bar = min(us, beat_us)
+        if not deal or likely >= bar * (1 - NOISE):
+            break
+        got = judge(replace(at, deal=deal), bar)()
+        if got[0] >= bar:
+            break
+        gain, (us, s, at) = got[0] / us, got
+        if gain > 1 - NOISE:
+            break
+    return s
+
+
+def _fastest(tried: list, judge, good_us: float | None) -> tuple:
     """The fastest schedule of ``tried`` (per packing, thunks of its first tries and, for each, the
     ladder of more chunks that climbs from it; ``judge(thunk, beat)()`` is ``(simulated us,
     schedule)``, given up past ``beat``): the first tries judged at once, then every ladder
@@ -134,7 +162,8 @@ def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
     Spare threads run ahead: once a ladder's rung is judged, the rung it asks next starts
     (:class:`~collectx._concurrent.Ahead`) instead of waiting for the other ladders' rungs,
     but never past the first round with a good-enough schedule (a lone ladder's, sooner:
-    :func:`_guess`); the rounds read what they ask for, so any thread count chooses alike."""
+    :func:`_guess`); the rounds read what they ask for, so any thread count chooses alike.
+    Returns the judge's ``(us, schedule, try)`` of the one chosen."""
     good_us = good_us or 0.0
     with shared_threads():
         ahead = Ahead(lambda key: judge(*key)(), wider=lambda key: (key[0], math.inf))
@@ -144,7 +173,7 @@ def _fastest(tried: list, judge, good_us: float | None) -> Schedule:
             ahead.close()
 
 
-def _searched(ahead: Ahead, tried: list, good_us: float) -> Schedule:
+def _searched(ahead: Ahead, tried: list, good_us: float) -> tuple:
     firsts, ups = [t for first, _ in tried for t in first], [u for _, ups in tried for u in ups]
     good_round = [math.inf]   # the first round with a good-enough schedule, as far as known
 
@@ -176,11 +205,11 @@ def _searched(ahead: Ahead, tried: list, good_us: float) -> Schedule:
         asks = [ask(c, round, len(climbing) == 1) for c in climbing]
         judged, keys = ahead.results(asks), [key for key, _, _ in asks]
         climbing = [_climbed(*c, key[0], us)
-                    for c, key, (us, _) in zip(climbing, keys, judged) if c[2]]
+                    for c, key, (us, *_) in zip(climbing, keys, judged) if c[2]]
         best = min([best] + judged, key=lambda r: r[0])
         climbing = [c for c in climbing if c and (c[2] or c[0] <= best[0] * (1 + NOISE))]
     good = [r for r in judged + [best] if r[0] <= good_us]
-    return min(good, key=lambda r: (r[1].nchunks, r[0]))[1] if good else best[1]
+    return min(good, key=lambda r: (r[1].nchunks, r[0])) if good else best
 
 
 def _asked(ladder: tuple) -> tuple:
@@ -236,15 +265,21 @@ def _tries(name, packing, p, pipe, collective, n, root, inplace) -> tuple[list, 
 
 @dataclass(frozen=True)
 class _Try:
-    """A schedule to simulate: ``chunks`` per tree (``trees`` per group), ``buffers`` lanes."""
+    """A schedule to simulate: ``chunks`` per tree (``trees`` per group), ``buffers`` lanes;
+    ``deal``: how a group's chunks are dealt to its trees where not evenly (:func:`_balanced`)."""
 
     lower: Callable
     chunks: int
     buffers: int
     trees: int
+    deal: tuple = ()
+
+    @property
+    def per_group(self) -> int:
+        return self.chunks * self.trees
 
     def __call__(self):
-        return self.lower(self.chunks * self.trees, self.buffers)
+        return self.lower(self.per_group, self.buffers, deal=self.deal)
 
     def nudged(self) -> "_Try":
         """One chunk more per tree: pieces lined up on links at one count rarely are at the next."""
@@ -258,11 +293,38 @@ def _centred(p: P.Problem, packing: Packing) -> Packing:
 
 
 def _lowering(name, packing, p, collective, n, root, inplace):
-    """``lower(per_group, buffers=1, packed=True)`` for ``packing``."""
+    """``lower(per_group, buffers=1, packed=True, deal=())`` for ``packing``, and its
+    ``dealt(per_group, deal, ends)``: :func:`_redealt`."""
     label, modes = name + ("+host" if packing.staged else ""), p.modes()
-    return lambda per_group, buffers=1, packed=True: lower(
+    low = lambda per_group, buffers=1, packed=True, deal=(): lower(  # noqa: E731
         packing, modes, collective, n, per_group, root=root, inplace=inplace,
-        algorithm=label, buffers=buffers, packed=packed, lanes=p.lanes)
+        algorithm=label, buffers=buffers, packed=packed, lanes=p.lanes, deal=dict(deal))
+    low.dealt = lambda per_group, deal, ends: _redealt(packing, collective, n, per_group,
+                                                       dict(deal), ends)
+    return low
+
+
+def _redealt(packing, collective: str, nranks: int, per_group: int, deal: dict, ends) -> tuple:
+    """``(deal, us)``: how to deal each group's ``per_group`` chunks so that its trees finish
+    together, from ``ends[rank, chunk]`` (:func:`~.simulate.chunk_ends`) of a run dealt by
+    ``deal``: each tree's share in proportion to the chunks it delivered per microsecond (a
+    tree used both ways, or two groups dealt alike, by the later of its two); ``us``: when
+    the slowest group would end at those rates. ``((), inf)`` where some tree delivered
+    nothing. Allgather gathers root ``r``'s chunks at ``r * per_group`` of every output,
+    reduce-scatter leaves them at its root, the others in every rank's output."""
+    rates: dict = {}
+    for (_, key), shares in _dealt(packing, per_group, collective, deal):
+        for i, (t, chunks) in enumerate(shares):
+            at = t.root * per_group if collective == "allgather" else 0
+            rows = [t.root] if collective == "reduce_scatter" else slice(0, nranks)
+            end = float(ends[rows, at + chunks[0]:at + chunks[-1] + 1].max(initial=0.0)) \
+                if chunks and at + chunks[-1] < ends.shape[1] else 0.0
+            by = rates.setdefault(key, {})
+            by[i] = min(by.get(i, math.inf), len(chunks) / end if end > 0 else 0.0)
+    if any(r == 0 for by in rates.values() for r in by.values()):
+        return (), math.inf
+    return (tuple((key, tuple(by[i] for i in sorted(by))) for key, by in sorted(rates.items())),
+            max(per_group / sum(by.values()) for by in rates.values()))
 
 
 class Pipeline:
@@ -393,23 +455,19 @@ def _crowd(trees) -> int:
 
 def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group: int, *,
           root: int = 0, inplace: bool = False, algorithm: str = "blink", buffers: int = 1,
-          packed: bool = False, lanes: int = GPU_LANES) -> Schedule | PackedSchedule:
+          packed: bool = False, lanes: int = GPU_LANES, deal: dict | None = None
+          ) -> Schedule | PackedSchedule:
     """``collective`` over ``packing``'s trees (GPU indices; ``modes[group]`` says which way
-    a group's data moves), ``per_group`` chunks dealt evenly over each group's trees, on
-    ``buffers`` lanes per tree edge (at most :func:`most_buffers`), ``lanes`` per rank at
-    most; ``packed``: a candidate to simulate, as a :class:`~.ir.PackedSchedule` if it can be."""
-    by_group: dict = {}
-    for t in packing.trees:
-        by_group.setdefault(t.group, []).append(t)
-    forest = collective == "allreduce" and len(by_group) > 1
+    a group's data moves), ``per_group`` chunks dealt over each group's trees (evenly, or as
+    ``deal`` says: :func:`_dealt`), on ``buffers`` lanes per tree edge (at most
+    :func:`most_buffers`), ``lanes`` per rank at most; ``packed``: a candidate to simulate,
+    as a :class:`~.ir.PackedSchedule` if it can be."""
+    forest = collective == "allreduce" and len({t.group for t in packing.trees}) > 1
     b = ScheduleBuilder(collective, nranks, per_group * (nranks if forest else 1), root=root,
                         inplace=inplace, algorithm=algorithm)
     shares: dict = {"up": [], "down": []}
-    for g, ts in sorted(by_group.items()):
-        first = ts[0].root * per_group if forest else 0
-        for i, t in enumerate(ts):
-            chunks = tuple(range(first + i * per_group // len(ts),
-                                 first + (i + 1) * per_group // len(ts)))
+    for (g, _), dealt in _dealt(packing, per_group, collective, deal or {}):
+        for t, chunks in dealt:
             if not chunks:
                 continue   # fewer chunks than trees: some carry none
             shares["up" if modes[g] == P.UP else "down"].append(
@@ -423,6 +481,25 @@ def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group
     b.meta("rate_gbps", packing.rate)
     s = b.build() if code is None else b.build_packed(code)
     return s if packed else unpacked(s)
+
+
+def _dealt(packing: Packing, per_group: int, collective: str, deal: dict):
+    """Per group of ``packing`` ``((group, key), [(tree, its chunks)])``: ``per_group`` chunks
+    (from ``root * per_group`` in a forest allreduce, whose roots own a range each) dealt to the
+    group's trees evenly, or by the weights ``deal[key]`` (``key``: the group's root and first
+    chunk, shared by the two ways of a forest allreduce)."""
+    by_group: dict = {}
+    for t in packing.trees:
+        by_group.setdefault(t.group, []).append(t)
+    forest = collective == "allreduce" and len(by_group) > 1
+    for g, ts in sorted(by_group.items()):
+        first = ts[0].root * per_group if forest else 0
+        key, k = (ts[0].root, first), len(ts)
+        w = deal.get(key)
+        cuts = [i * per_group // k for i in range(k + 1)] if w is None else \
+            [round(per_group * sum(w[:i]) / sum(w)) for i in range(k + 1)]
+        yield (g, key), [(t, tuple(range(first + a, first + z)))
+                         for t, a, z in zip(ts, cuts, cuts[1:])]
 
 
 def most_buffers(packing: Packing, modes: dict, lanes: int) -> int:

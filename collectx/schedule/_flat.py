@@ -36,12 +36,15 @@ class FlatTasks:
     instructions on the longest chain of dependent ones (-1: a cycle), and ``pairs()``:
     ``(other, rank)`` wherever an instruction of ``rank`` names a buffer of another rank,
     worked out when first asked (the planner prices only the candidate it keeps, and the
-    unique over every instruction's ranks was an eighth of the front end)."""
+    unique over every instruction's ranks was an eighth of the front end); ``written``: per
+    instruction the rank whose output buffer it writes (-1: another buffer), and the first
+    chunk and chunk count it writes."""
 
     ntasks: int
     arrays: dict
     longest: int
     pairs: Callable[[], frozenset] = frozenset
+    written: tuple = ()
 
 
 def flat_tasks(s: Schedule | PackedSchedule, nodes: list, hosts: list, parts: PartsFn,
@@ -54,8 +57,9 @@ def flat_tasks(s: Schedule | PackedSchedule, nodes: list, hosts: list, parts: Pa
     got = _walked(s)
     if got is None:
         return None
-    (rank, dst_rank, dst_host, dst_chunk, dst_count, src_off, src_rank, src_host, pred_off,
+    (rank, dst_rank, dst_buf, dst_chunk, dst_count, src_off, src_rank, src_host, pred_off,
      preds, succ_off, succs) = (np.frombuffer(b, dtype=np.int32) for b in got[:-1])
+    dst_host = dst_buf == 1
     n = len(rank)
     places, dev, host = _places(nodes, hosts)
     shape_ids, shapes = _shapes(rank, dst_rank, dst_host, dst_chunk, dst_count, src_off,
@@ -69,7 +73,8 @@ def flat_tasks(s: Schedule | PackedSchedule, nodes: list, hosts: list, parts: Pa
         "node_task": every[:n], "succ_off": succ_off, "succs": succs,
         "npreds": np.diff(pred_off).astype(np.int32)}, got[-1],
         functools.cache(lambda: _pairs(rank, dst_rank, np.repeat(rank, np.diff(src_off)),
-                                       src_rank, len(nodes))))
+                                       src_rank, len(nodes))),
+        (np.where(dst_buf == 2, dst_rank, -1), dst_chunk, dst_count))
 
 
 def _pairs(rank, dst_rank, src_of, src_rank, nranks: int) -> frozenset:
@@ -88,7 +93,7 @@ def _walked(s: Schedule | PackedSchedule):
     if isinstance(s, PackedSchedule):
         walk = compiled_helper("word_arrays")
         return None if walk is None else walk(s.code, OP_INDEX["copy"], OP_INDEX["reduce"],
-                                              BUFFER_INDEX["host"])
+                                              BUFFER_INDEX["host"], BUFFER_INDEX["output"])
     walk = compiled_helper("schedule_arrays")
     return None if walk is None else walk(s.lanes)
 

@@ -38,19 +38,22 @@ class TaskGraph:
 
 
 def run(tg: TaskGraph, capacity: list[float], classes: RouteClasses, *,
-        native: bool | None = None) -> tuple[float, list[int]]:
-    """``(time of the last completion, tasks in start order)``.
+        native: bool | None = None, finish_us: np.ndarray | None = None
+        ) -> tuple[float, list[int]]:
+    """``(time of the last completion, tasks in start order)``; ``finish_us`` (float64, one
+    per task), where given, receives when each task finished.
 
     ``native=None`` uses libcollectx when it provides the simulator, else Python; True
     requires the library (NativeUnavailable without it), False forces Python.
     """
     if native is None:
         native = native_available()
-    return run_native(tg, capacity, classes) if native else run_python(tg, capacity, classes)
+    run_loop = run_native if native else run_python
+    return run_loop(tg, capacity, classes, finish_us)
 
 
-def run_python(tg: TaskGraph, capacity: list[float],
-               classes: RouteClasses) -> tuple[float, list[int]]:
+def run_python(tg: TaskGraph, capacity: list[float], classes: RouteClasses,
+               finish_us: np.ndarray | None = None) -> tuple[float, list[int]]:
     """The event loop in Python (:class:`._fairshare.FlowLoop`)."""
     waiting = list(tg.npreds)
     flows_left = [0] * len(tg.parts)
@@ -71,6 +74,8 @@ def run_python(tg: TaskGraph, capacity: list[float],
             finish(t)
 
     def finish(t: int) -> None:
+        if finish_us is not None:
+            finish_us[t] = loop.now
         for v in tg.members[t]:
             for w in tg.succs[v]:
                 waiting[w] -= 1
@@ -91,7 +96,7 @@ def run_python(tg: TaskGraph, capacity: list[float],
 
 
 def native_available() -> bool:
-    """Whether libcollectx loads and has ``cx_sim_fairshare_stoppable`` (an older build may
+    """Whether libcollectx loads and has ``cx_sim_fairshare_timed`` (an older build may
     not)."""
     try:
         _library()
@@ -122,14 +127,15 @@ def _library():
     ffi = cffi.FFI()
     ffi.cdef(text[start:end])
     lib = ffi.dlopen(str(path))
-    lib.cx_sim_fairshare_stoppable  # noqa: B018  (raises AttributeError when the build lacks it)
+    lib.cx_sim_fairshare_timed  # noqa: B018  (raises AttributeError when the build lacks it)
     return ffi, lib
 
 
-def run_native(tg: TaskGraph, capacity: list[float],
-               classes: RouteClasses) -> tuple[float, list[int]]:
+def run_native(tg: TaskGraph, capacity: list[float], classes: RouteClasses,
+               finish_us: np.ndarray | None = None) -> tuple[float, list[int]]:
     """The event loop in libcollectx (``cx_sim_fairshare``)."""
-    return run_arrays(_flatten(tg), len(tg.parts), len(tg.node_task), capacity, classes)
+    return run_arrays(_flatten(tg), len(tg.parts), len(tg.node_task), capacity, classes,
+                      finish_us=finish_us)
 
 
 class Stopped(Exception):
@@ -138,12 +144,13 @@ class Stopped(Exception):
 
 
 def run_arrays(tasks: dict, ntasks: int, nnodes: int, capacity: list[float],
-               classes: RouteClasses,
-               give_up_us: float | None = None) -> tuple[float, list[int] | None]:
+               classes: RouteClasses, give_up_us: float | None = None,
+               finish_us: np.ndarray | None = None) -> tuple[float, list[int] | None]:
     """:func:`run_native` on a task graph already in ``cx_sim_graph``'s arrays (``part_*``,
     ``member*``, ``node_task``, ``succ*``, ``npreds``; see :mod:`._flat`). ``give_up_us``: the
     loop may stop once the run is sure to end later (``cx_sim_fairshare_stoppable``); the time
-    is then a lower bound above it, and the order None. Raises :class:`Stopped` where the
+    is then a lower bound above it, and the order None. ``finish_us`` (float64, one per task),
+    where given, receives when each task finished. Raises :class:`Stopped` where the
     calling thread's stop flag was set meanwhile (a planner no longer wants the result)."""
     ffi, lib = _library()
     arrays = dict(tasks, **_class_arrays(capacity, classes))
@@ -160,12 +167,16 @@ def run_arrays(tasks: dict, ntasks: int, nnodes: int, capacity: list[float],
     order = np.zeros(max(ntasks, 1), dtype=np.int32)
     given_up = ffi.new("int*")
     stop = stop_flag()
-    rc = lib.cx_sim_fairshare_stoppable(
+    if finish_us is not None and (finish_us.dtype != np.float64 or len(finish_us) < ntasks):
+        raise ValueError(f"finish_us: {finish_us.dtype} x {len(finish_us)}; expected float64 "
+                         f"with one entry per task ({ntasks})")
+    rc = lib.cx_sim_fairshare_timed(
         g, np.inf if give_up_us is None else give_up_us,
         ffi.NULL if stop is None else ffi.cast("int*", ffi.from_buffer(stop)), time_us,
-        ffi.cast("int*", ffi.from_buffer(order)), nstarted, given_up)
+        ffi.cast("int*", ffi.from_buffer(order)), nstarted, given_up,
+        ffi.NULL if finish_us is None else ffi.cast("double*", ffi.from_buffer(finish_us)))
     if rc != 0:
-        raise NativeError(f"cx_sim_fairshare_stoppable returned {rc} for a {ntasks}-task "
+        raise NativeError(f"cx_sim_fairshare_timed returned {rc} for a {ntasks}-task "
                           "graph; expected 0 (the task graph is malformed: report this as a bug)")
     if given_up[0] == 2:
         raise Stopped(f"a {ntasks}-task simulation stopped at {time_us[0]:.1f} us")

@@ -23,6 +23,7 @@ no flow is given more than a fair share of any link it crosses.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from typing import Callable
 
@@ -137,19 +138,25 @@ def _remembered(s, topo, nbytes: int, ranks, dtype_size: int, local_bw_gbps, nat
     """:func:`simulate`'s result, remembered for the schedule object (planners compare
     candidates, then predict the winner); raises _GaveUp, remembering nothing, where the
     native loop gave up at ``give_up_us``."""
+    return _entry(s, topo, nbytes, ranks, dtype_size, local_bw_gbps, native, give_up_us)[1]
+
+
+def _entry(s, topo, nbytes: int, ranks, dtype_size: int, local_bw_gbps, native,
+           give_up_us: float | None = None) -> tuple:
+    """``s``'s entry in :data:`_SEEN` (:func:`_remembered`), made where there is none."""
     nodes = _rank_nodes(s, topo, ranks)
     routes = routes_for(topo, local_bw_gbps)
     key = (id(s), id(routes), nbytes, tuple(nodes), dtype_size, native)
     hit = _SEEN.get(key)
     if hit is not None and hit[0] is s:
-        return hit[1]
-    result, longest, pairs = _simulate(s, nodes, routes, nbytes, dtype_size, native,
-                                       give_up_us)
+        return hit
+    result, longest, pairs, ends = _simulate(s, nodes, routes, nbytes, dtype_size, native,
+                                             give_up_us)
     with _SEEN_LOCK:   # planners simulate candidates on threads
         while len(_SEEN) >= _SEEN_LIMIT:
             _SEEN.pop(next(iter(_SEEN)))   # the oldest
-        _SEEN[key] = (s, result, longest, pairs)   # keeps its schedule alive: ids stay unique
-    return result
+        entry = _SEEN[key] = (s, result, longest, pairs, ends)   # keeps its schedule alive
+    return entry
 
 
 _SEEN: dict = {}
@@ -177,46 +184,49 @@ def forget() -> None:
 
 def _simulate(s: Schedule, nodes: list, routes, nbytes: int, dtype_size: int,
               native: bool | None, give_up_us: float | None = None
-              ) -> tuple[SimResult, int, Callable[[], frozenset] | None]:
-    """The result, and where the native front end read the schedule (else -1 and None) the
+              ) -> tuple[SimResult, int, Callable[[], frozenset] | None, Callable]:
+    """The result, where the native front end read the schedule (else -1 and None) the
     longest chain of dependent instructions and what gives the rank pairs of
-    :func:`known_pairs` when asked; raises _GaveUp where the native loop gave up at
-    ``give_up_us``."""
+    :func:`known_pairs` when asked, and what gives :func:`chunk_ends` when asked; raises
+    _GaveUp where the native loop gave up at ``give_up_us``."""
     ran = _ran_flat(s, nodes, routes, nbytes, dtype_size, give_up_us) \
         if native is not False else None
     if ran is not None:
-        flat, time_us = ran
+        flat, time_us, finish = ran
         a = flat.arrays
         class_bytes = np.bincount(a["part_class"], weights=a["part_bytes"],
                                   minlength=len(route_classes(routes).links)).tolist()
-        longest, pairs = flat.longest, flat.pairs
+        longest, pairs, written = flat.longest, flat.pairs, flat.written
     else:
-        time_us, class_bytes = _simulate_graph(   # walked as objects
+        time_us, class_bytes, written, finish = _simulate_graph(   # walked as objects
             s.unpacked(), nodes, _hosts(s, nodes, routes), routes,
             lambda a, b: _parts(routes, a, b), _sizes(s, nbytes, dtype_size), native)
         longest, pairs = -1, None
     result = _result(s, nbytes, time_us, routes,
                      _link_bytes(class_bytes, route_classes(routes), routes.folded))
-    return result, longest, pairs
+    ends = functools.cache(lambda: _last_written(*written, finish, s.nranks))
+    return result, longest, pairs, ends
 
 
 def _ran_flat(s: Schedule | PackedSchedule, nodes: list, routes, nbytes: int, dtype_size: int,
               give_up_us: float | None = None) -> tuple | None:
-    """``(flat tasks, simulated time)`` from the native loop, or None where only the Python
-    path applies; raises _GaveUp where the loop gave up at ``give_up_us`` (:func:`time_within`)."""
+    """``(flat tasks, simulated time, when each task finished)`` from the native loop, or None
+    where only the Python path applies; raises _GaveUp where the loop gave up at
+    ``give_up_us`` (:func:`time_within`)."""
     if not native_available():
         return None
     flat = flat_tasks(s, nodes, _hosts(s, nodes, routes), lambda a, b: _parts(routes, a, b),
                       _sizes(s, nbytes, dtype_size))
     if flat is None:
         return None
+    finish = np.zeros(flat.ntasks)
     time_us, order = run_arrays(flat.arrays, flat.ntasks, flat.ntasks, routes.capacity,
-                                route_classes(routes), give_up_us=give_up_us)
+                                route_classes(routes), give_up_us=give_up_us, finish_us=finish)
     if order is None:
         raise _GaveUp(time_us)
     if len(order) < flat.ntasks:
         _check_all_ran(schedule_graph(s.unpacked()), set(order), range(flat.ntasks))
-    return flat, time_us
+    return flat, time_us, finish
 
 
 def _sizes(s: Schedule, nbytes: int, dtype_size: int):
@@ -231,8 +241,9 @@ def _hosts(s: Schedule, nodes: list, routes) -> list:
 
 
 def _simulate_graph(s: Schedule, nodes, hosts, routes, parts, run_bytes, native):
-    """(time, bytes per route class) through the happens-before graph: engine steps, the
-    Python event loop, or a build without the compiled module."""
+    """(time, bytes per route class, what each instruction writes (:attr:`._flat.FlatTasks.
+    written`), when it finished) through the happens-before graph: engine steps, the Python
+    event loop, or a build without the compiled module."""
     spans: dict[tuple[int, int], int] = {}   # pipelined schedules repeat a few chunk runs
 
     def size(ref) -> int:
@@ -244,13 +255,18 @@ def _simulate_graph(s: Schedule, nodes, hosts, routes, parts, run_bytes, native)
 
     g = schedule_graph(s)
     tg = _task_graph(g, engine_groups(s, g), parts, nodes, hosts, size)
-    time_us, order = run_tasks(tg, routes.capacity, route_classes(routes), native=native)
+    finish = np.zeros(len(tg.parts))
+    time_us, order = run_tasks(tg, routes.capacity, route_classes(routes), native=native,
+                               finish_us=finish)
     _check_all_ran(g, set(order), tg.node_task)
     class_bytes = [0.0] * len(route_classes(routes).links)
     for task_parts in tg.parts:   # task order, as np.bincount sums the flat arrays
         for nb, cls, _ in task_parts:
             class_bytes[cls] += nb
-    return time_us, class_bytes
+    written = [(d.rank if d.buf == "output" else -1, d.chunk, d.count)
+               for d in (g.instrs[v].dst for v in range(len(g)))]
+    return time_us, class_bytes, tuple(np.array(c, dtype=np.int64).reshape(-1) for c in (
+        zip(*written) if written else ((), (), ()))), finish[np.asarray(tg.node_task, np.int64)]
 
 
 def _link_bytes(class_bytes: list, classes, folded: dict) -> dict[int, float]:
@@ -289,6 +305,34 @@ def known_pairs(s: Schedule) -> frozenset | None:
     schedule's 70,000 instructions for them cost 0.01 s)."""
     pairs = _seen(s, 3)
     return None if pairs is None else pairs()
+
+
+def chunk_ends(s: Schedule | PackedSchedule, topo: nx.DiGraph, nbytes: int, *, ranks=None,
+               dtype_size: int = 4) -> np.ndarray:
+    """``ends[rank, chunk]``: when the chunk of ``rank``'s output buffer was last written
+    (0.0: never), in :func:`simulate`'s run of ``s`` (remembered, or run now). A planner reads
+    from it when each of a schedule's trees delivered its last chunk.
+
+    >>> from collectx.topology import ring
+    >>> from collectx.schedule import ScheduleBuilder, Ref
+    >>> b = ScheduleBuilder("sendrecv", 2, nchunks=2)
+    >>> _ = b.copy(0, 0, Ref(1, "output", 0, 2), Ref(0, "input", 0, 2))
+    >>> chunk_ends(b.build(), ring(2, bw=25.0), 50_000_000).round(1).tolist()
+    [[0.0, 0.0], [2000.7, 2000.7]]
+    """
+    return _entry(s, topo, nbytes, ranks, dtype_size, None, None)[4]()
+
+
+def _last_written(rank: np.ndarray, chunk: np.ndarray, count: np.ndarray, finish: np.ndarray,
+                  nranks: int) -> np.ndarray:
+    """:func:`chunk_ends` from what each instruction writes (``rank``: whose output, -1 for
+    another buffer; first ``chunk``; ``count`` chunks) and when it finished."""
+    out = np.asarray(rank) >= 0
+    rank, first, count = (np.asarray(x, dtype=np.int64)[out] for x in (rank, chunk, count))
+    ends = np.zeros((nranks, int((first + count).max(initial=0))))
+    runs = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count - first, count)
+    np.maximum.at(ends, (np.repeat(rank, count), runs), np.repeat(finish[out], count))
+    return ends
 
 
 def _seen(s: Schedule, field: int):

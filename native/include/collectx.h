@@ -392,6 +392,13 @@ int cx_sim_fairshare_stoppable(const cx_sim_graph* graph, double give_up_us,
                                const volatile int* stop, double* time_us, int* start_order,
                                int* nstarted, int* given_up);
 
+/* cx_sim_fairshare_stoppable that also writes when each task finished to finish_us[0 ..
+ * ntasks) (a task never finished keeps what was there); finish_us may be NULL. Planners read
+ * which of a schedule's trees finished last from it. */
+int cx_sim_fairshare_timed(const cx_sim_graph* graph, double give_up_us,
+                           const volatile int* stop, double* time_us, int* start_order,
+                           int* nstarted, int* given_up, double* finish_us);
+
 /* ---- end flow simulator ---------------------------------------------------------------------- */
 
 #ifdef __cplusplus

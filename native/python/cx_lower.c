@@ -6,7 +6,7 @@
  * DGX-1 plan's time, all of it under the GIL. Here the transfers are C structs from the shares
  * to the words, and the work runs without the GIL, so two candidates lower at once.
  *
- * collectx/planner/treesched.py is the reference: TreeEmitter's broadcast, reduce, self_copy
+ * collectx/schedule/treesched.py is the reference: TreeEmitter's broadcast, reduce, self_copy
  * and flush(packed=True), with the builder's fresh(). This mirrors them step for step, so the
  * words are byte for byte those of Schedule.to_packed for the schedule the Python emitter
  * builds (tests/test_packed_candidates.py checks both ways):

@@ -11,7 +11,7 @@
  * lane by lane, as collectx/schedule/_graph.py's build_graph does. It returns a tuple of
  * bytes objects, each an array of native int32 (numpy.frombuffer reads them without a copy):
  *
- *   rank, dst_rank, dst_host, dst_chunk, dst_count        one entry per instruction
+ *   rank, dst_rank, dst_buf, dst_chunk, dst_count         one entry per instruction
  *   src_off, src_rank, src_host                           sources, CSR (src_off has n + 1)
  *   pred_off, preds                                       lane predecessor, then the explicit
  *                                                         deps, repeats dropped, CSR
@@ -21,14 +21,15 @@
  * and, last, an int: the instructions on the longest chain of dependent ones (what
  * collectx.planner.cost.steps asks of the candidates it prices), -1 if there is a cycle.
  *
- * ``*_host`` is 1 where the reference's buffer is "host". It returns None, having changed
- * nothing, for anything it does not recognise: an op other than copy/reduce (engine steps), a
- * dependency that names no instruction, a malformed tuple. The Python path then runs and
- * raises the precise, typed error where there is one.
+ * ``src_host`` is 1 where the reference's buffer is "host"; ``dst_buf`` is 1 there too, 2 for
+ * "output" (a planner reads when each output chunk was last written), else 0. It returns
+ * None, having changed nothing, for anything it does not recognise: an op other than
+ * copy/reduce (engine steps), a dependency that names no instruction, a malformed tuple. The
+ * Python path then runs and raises the precise, typed error where there is one.
  *
- * word_arrays(words, copy, reduce, host) reads the same from a schedule packed as
- * Schedule.to_packed's int64 words (the grammar is in cx_unpack.c; copy, reduce and host are
- * the indices of those ops and that buffer), for candidates the planner made as words
+ * word_arrays(words, copy, reduce, host[, output]) reads the same from a schedule packed as
+ * Schedule.to_packed's int64 words (the grammar is in cx_unpack.c; copy, reduce, host and
+ * output are the indices of those ops and buffers), for candidates the planner made as words
  * (cx_lower.c's lower_words): the same arrays, and None for words that do not parse as well.
  * It reads them without the GIL, so candidates judged on threads are read at once.
  */
@@ -42,7 +43,7 @@
 #include "cx_schedule_arrays.h"
 #include "cx_unpack.h"
 
-enum { F_RANK, F_DST_RANK, F_DST_HOST, F_DST_CHUNK, F_DST_COUNT, F_SRC_OFF, F_SRC_RANK,
+enum { F_RANK, F_DST_RANK, F_DST_BUF, F_DST_CHUNK, F_DST_COUNT, F_SRC_OFF, F_SRC_RANK,
        F_SRC_HOST, F_PRED_OFF, F_PREDS, F_SUCC_OFF, F_SUCCS, F_COUNT };
 
 typedef struct {
@@ -75,7 +76,8 @@ static int32_t small_int(PyObject* o, int* ok) {
   return (int32_t)v;
 }
 
-/* Ref(rank, buf, chunk, count): writes what the simulator needs; 0 when malformed. */
+/* Ref(rank, buf, chunk, count): writes what the simulator needs, ``*host`` 1 for "host" and,
+ * for a destination (chunk asked), 2 for "output"; 0 when malformed. */
 static int read_ref(PyObject* ref, int32_t* rank, int32_t* host, int32_t* chunk,
                     int32_t* count) {
   if (!PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) < 4) return 0;
@@ -85,7 +87,8 @@ static int read_ref(PyObject* ref, int32_t* rank, int32_t* host, int32_t* chunk,
   *rank = small_int(PyTuple_GET_ITEM(ref, 0), &ok);
   if (chunk != NULL) *chunk = small_int(PyTuple_GET_ITEM(ref, 2), &ok);
   if (count != NULL) *count = small_int(PyTuple_GET_ITEM(ref, 3), &ok);
-  *host = PyUnicode_CompareWithASCIIString(buf, "host") == 0;
+  *host = PyUnicode_CompareWithASCIIString(buf, "host") == 0 ? 1
+          : chunk != NULL && PyUnicode_CompareWithASCIIString(buf, "output") == 0 ? 2 : 0;
   return ok;
 }
 
@@ -209,7 +212,7 @@ static int read_instrs(Walk* w, Py_ssize_t nranks) {
                                  PyUnicode_CompareWithASCIIString(op, "reduce") != 0))
       return 0;
     w->out[F_RANK][v] = rank;
-    if (!read_ref(PyTuple_GET_ITEM(ins, 1), &w->out[F_DST_RANK][v], &w->out[F_DST_HOST][v],
+    if (!read_ref(PyTuple_GET_ITEM(ins, 1), &w->out[F_DST_RANK][v], &w->out[F_DST_BUF][v],
                   &w->out[F_DST_CHUNK][v], &w->out[F_DST_COUNT][v]))
       return 0;
     PyObject* srcs = PyTuple_GET_ITEM(ins, 2);
@@ -339,7 +342,7 @@ PyObject* cx_schedule_arrays(PyObject* self, PyObject* lanes) {
 typedef struct {
   const char* w;   /* the words, little-endian, not necessarily aligned */
   Py_ssize_t n;
-  int64_t copy, reduce, host;
+  int64_t copy, reduce, host, output;
 } Words;
 
 /* Word ``i``, or -1 past the end (every count and index read is then refused). */
@@ -409,15 +412,15 @@ static Py_ssize_t word_dep_node(const Walk* w, const Words* ws, Py_ssize_t d, in
   return w->lane_base[lane] + i;
 }
 
-/* A reference at words ``i``: rank and host flag, chunk and count where asked; 0 when a field
- * does not fit an int32. */
+/* A reference at words ``i``: rank and host flag (as read_ref's), chunk and count where asked;
+ * 0 when a field does not fit an int32. */
 static int word_ref(const Words* ws, Py_ssize_t i, int32_t* rank, int32_t* host,
                     int32_t* chunk, int32_t* count) {
   int64_t f[4] = {word(ws, i), word(ws, i + 1), word(ws, i + 2), word(ws, i + 3)};
   for (int k = 0; k < 4; ++k)
     if (f[k] < 0 || f[k] > INT32_MAX) return 0;
   *rank = (int32_t)f[0];
-  *host = f[1] == ws->host;
+  *host = f[1] == ws->host ? 1 : chunk != NULL && f[1] == ws->output ? 2 : 0;
   if (chunk != NULL) *chunk = (int32_t)f[2];
   if (count != NULL) *count = (int32_t)f[3];
   return 1;
@@ -438,7 +441,7 @@ static int read_words(Walk* w, const Words* ws, int64_t nranks) {
     locate(w, v, &lane, &rank);
     Py_ssize_t i = w->at[v];
     w->out[F_RANK][v] = rank;
-    if (!word_ref(ws, i + 1, &w->out[F_DST_RANK][v], &w->out[F_DST_HOST][v],
+    if (!word_ref(ws, i + 1, &w->out[F_DST_RANK][v], &w->out[F_DST_BUF][v],
                   &w->out[F_DST_CHUNK][v], &w->out[F_DST_COUNT][v]))
       return 0;
     int64_t k = word(ws, i + 5);
@@ -463,11 +466,12 @@ static int read_words(Walk* w, const Words* ws, int64_t nranks) {
 PyObject* cx_word_arrays(PyObject* self, PyObject* args) {
   (void)self;
   Py_buffer buf;
-  long long copy, reduce, host;
-  if (!PyArg_ParseTuple(args, "y*LLL:word_arrays", &buf, &copy, &reduce, &host)) return NULL;
+  long long copy, reduce, host, output = -1;
+  if (!PyArg_ParseTuple(args, "y*LLL|L:word_arrays", &buf, &copy, &reduce, &host, &output))
+    return NULL;
   Walk w;
   memset(&w, 0, sizeof w);
-  Words ws = {buf.buf, buf.len / 8, copy, reduce, host};
+  Words ws = {buf.buf, buf.len / 8, copy, reduce, host, output};
   Py_ssize_t longest = 0;
   int rc;
   Py_BEGIN_ALLOW_THREADS   /* plain C over the held buffer: two candidates are read at once */

@@ -67,9 +67,10 @@ class Sim {
   }
 
   int run(double* time_us, int* start_order, int* nstarted, double give_up_us,
-          const volatile int* stop, int* given_up) {
+          const volatile int* stop, int* given_up, double* finish_us) {
     *given_up = 0;
     order_out_ = start_order;
+    finish_out_ = finish_us;
     if (give_up_us < kNever) count_link_bytes();
     for (int v = 0; v < g_->nnodes; ++v)
       if (waiting_[v] == 0) start(g_->node_task[v]);
@@ -121,6 +122,7 @@ class Sim {
   }
 
   void finish(int t) {
+    if (finish_out_) finish_out_[t] = now_;
     for (int m = g_->member_off[t]; m < g_->member_off[t + 1]; ++m) {
       int v = g_->members[m];
       for (int k = g_->succ_off[v]; k < g_->succ_off[v + 1]; ++k) {
@@ -406,6 +408,7 @@ class Sim {
   MinHeap pending_;
   double now_ = 0.0;
   int* order_out_ = nullptr;
+  double* finish_out_ = nullptr;     // when each task finished, where the caller asks
   int nstarted_ = 0;
 };
 
@@ -451,12 +454,20 @@ extern "C" int cx_sim_fairshare_within(const cx_sim_graph* graph, double give_up
 extern "C" int cx_sim_fairshare_stoppable(const cx_sim_graph* graph, double give_up_us,
                                           const volatile int* stop, double* time_us,
                                           int* start_order, int* nstarted, int* given_up) {
+  return cx_sim_fairshare_timed(graph, give_up_us, stop, time_us, start_order, nstarted,
+                                given_up, nullptr);
+}
+
+extern "C" int cx_sim_fairshare_timed(const cx_sim_graph* graph, double give_up_us,
+                                      const volatile int* stop, double* time_us,
+                                      int* start_order, int* nstarted, int* given_up,
+                                      double* finish_us) {
   if (!valid(graph) || !time_us || !nstarted || !given_up ||
       (graph->ntasks > 0 && !start_order))
     return CX_ERR_ARG;
   try {
     Sim sim(graph);
-    return sim.run(time_us, start_order, nstarted, give_up_us, stop, given_up);
+    return sim.run(time_us, start_order, nstarted, give_up_us, stop, given_up, finish_us);
   } catch (const std::bad_alloc&) {
     return CX_ERR_NOMEM;
   } catch (...) {

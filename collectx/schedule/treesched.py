@@ -13,7 +13,7 @@ Every tree moves on lanes of its own (keyed by the tree and the link it pulls ov
 of a packing run at equal rates, and a link shares its bandwidth equally among the transfers
 crossing it, so only trees that move as separate transfers get the rates they were planned
 with. With ``buffers = 2`` each tree edge takes its chunks on two lanes in turn, half a piece
-apart (:func:`~._build.staggered`: double buffering, as NCCL keeps several steps in flight).
+apart (:func:`staggered`: double buffering, as NCCL keeps several steps in flight).
 
 Instructions are appended in the order of their time in a fluid pipeline model (see
 :class:`TreeEmitter`), one global order that respects every dependency: each lane's list is a
@@ -27,14 +27,29 @@ from operator import itemgetter
 from typing import Callable, NamedTuple
 
 from .._native import compiled_helper
-from ..schedule.builder import ScheduleBuilder
-from ._build import staggered
-from ..schedule.ir import BUFFER_INDEX, GPU_LANES, OP_INDEX, Ref
+from .builder import ScheduleBuilder
+from .ir import BUFFER_INDEX, GPU_LANES, OP_INDEX, Ref
 
 RefFn = Callable[[int, int, int, "Share"], Ref]   # (rank, first chunk, chunks, share) -> Ref
 # Emitted items are (time, sequence number, ...), appended in sequence order: a stable sort by
 # time alone orders them by (time, sequence), three times faster than sorting on both.
 _BY_TIME = itemgetter(0)
+
+
+def staggered(lo: int, k: int) -> list[tuple[int, int]]:
+    """Chunks ``lo .. lo+k`` as pieces of two chunks, but the second piece of one: ``(first
+    chunk, chunks)`` in order, for two lanes to take in turn (double buffering).
+
+    A transfer waits out its route's latency before its first byte moves. Pieces of equal
+    size sharing a link finish together and then all wait together, idling the link once a
+    piece; the short piece puts the second lane half a piece out of phase, so one lane
+    moves while the other waits.
+
+    >>> staggered(0, 8)
+    [(0, 2), (2, 1), (3, 2), (5, 2), (7, 1)]
+    """
+    cuts = [lo + c for c in (0, 2, *range(3, k, 2)) if c < k] + [lo + k]
+    return [(a, b - a) for a, b in zip(cuts, cuts[1:])]
 
 
 @dataclass(frozen=True)
@@ -145,7 +160,7 @@ class TreeEmitter:
 
     def pieces(self, share: Share) -> list:
         """``(first chunk, chunks)`` of each piece of ``share`` (whose chunks are one range):
-        one chunk each on one lane, :func:`~._build.staggered` pieces on two."""
+        one chunk each on one lane, :func:`staggered` pieces on two."""
         if self.buffers == 1 or not share.chunks:
             return [(j, 1) for j in share.chunks]
         return staggered(share.chunks[0], len(share.chunks))
