@@ -189,3 +189,28 @@ def _dead_pid() -> int:
     p = subprocess.Popen(["true"])
     p.wait()
     return p.pid
+
+
+def test_a_rank_reaped_before_its_pipe_is_read_is_still_reported(monkeypatch):
+    # The last rank's exit can be seen before its pipe's end of file: the launcher must read
+    # the pipe still, and report the death, not fail on the missing result.
+    from collectx.runtime import launcher
+
+    class Proc:
+        sentinel, exitcode = object(), -signal.SIGKILL
+
+        def join(self, timeout=None):
+            pass
+
+    class Conn:
+        def poll(self):
+            return True   # its end of file is there, but not in the first wait's answer
+
+        def recv_bytes(self):
+            raise EOFError
+
+    proc, conn = Proc(), Conn()
+    answers = iter([[proc.sentinel], [conn]])
+    monkeypatch.setattr(launcher, "mp_wait", lambda objs, timeout: next(answers, []))
+    with pytest.raises(RankFailed, match="rank 0 was killed by signal SIGKILL"):
+        launcher._collect([proc], [conn], grace=1.0, timeout=10.0)

@@ -155,7 +155,9 @@ def _collect(procs, conns, grace: float, timeout: float | None) -> list:
     deadline = None if timeout is None else time.monotonic() + timeout
     live = {p.sentinel: r for r, p in enumerate(procs)}
     readers = {c: r for r, c in enumerate(conns)}
-    while live:
+    # A rank that exited may leave its report (or its end of file) to be read after its
+    # sentinel: the loop goes on until every report is read, not only every rank reaped.
+    while live or readers:
         now = time.monotonic()
         if failure is not None and now - fail_time > grace:
             break
