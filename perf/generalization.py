@@ -23,7 +23,9 @@ Prints one table: per family the plans, the worst and median efficiency (predict
 the bound), how many fall below 0.95, how many beat the bound (allreduce: the ceiling; a
 violation means the simulator or the bound is wrong), the median and slowest planning time, and
 how many plans took longer than :func:`time_target` (1 s up to 8 GPUs, 5 s up to 16).
-``--jsonl FILE`` writes one line per plan.
+``--jsonl FILE`` writes one line per plan. ``--no-host-relays`` plans as the CUDA engine does
+(no tree edge staged through host memory, against bounds without host staging); by default
+plans may stage through host memory, as the CPU executor's do.
 
 Run: ``python perf/generalization.py`` (about an hour), or e.g.
 ``python perf/generalization.py --families presets,generated --samples 5``; on two cores,
@@ -197,9 +199,9 @@ SOURCES = {"presets": presets, "dgx1": dgx1, "subsets": subsets, "generated": ge
            "files": files}
 
 
-def record(family, name, G, gpus, collective, nbytes) -> dict:
+def record(family, name, G, gpus, collective, nbytes, host_relays=True) -> dict:
     forget_remembered()   # timed as a first plan of its allocation: nothing remembered
-    p = plan(G, collective, nbytes, gpus=gpus, verify=False)
+    p = plan(G, collective, nbytes, gpus=gpus, verify=False, host_relays=host_relays)
     d = p.summary()
     d.update(family=family, topology=name, gpus=gpus or "all")
     return d
@@ -253,6 +255,9 @@ def main(argv=None) -> int:
     ap.add_argument("--jsonl", help="write one JSON line per plan")
     ap.add_argument("--collectives", default=",".join(COLLECTIVES),
                     help="comma-separated, of " + ", ".join(COLLECTIVES))
+    ap.add_argument("--no-host-relays", dest="host_relays", action="store_false",
+                    help="plan as runtimes without host buffers do (the CUDA engine): no tree "
+                         "edge staged through host memory, bounds without host staging")
     ap.add_argument("--shard", default="0/1", help="I/N: plan only allocations I, I+N, I+2N, "
                     "... of each family (run N processes, then --merge their --jsonl files)")
     ap.add_argument("--merge", nargs="+", metavar="JSONL",
@@ -283,7 +288,7 @@ def _planned(args, shard: int, shards: int, out) -> list:
             if i % shards != shard:
                 continue
             try:
-                planned = [record(fam, name, G, gpus, coll, args.size)
+                planned = [record(fam, name, G, gpus, coll, args.size, args.host_relays)
                            for coll in args.collectives.split(",")]
             except NoFeasiblePlan:
                 apart += 1
