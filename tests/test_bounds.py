@@ -125,6 +125,28 @@ def test_cut_rate_matches_brute_force(seed):
     assert 0 < sum(g in S for g in gpus) < n_gpu
 
 
+def test_cut_rate_does_not_depend_on_the_order_links_were_added():
+    # Seven GPUs of two 4-GPU xGMI rings behind two sockets (an RCCL dump): the order a job
+    # graph's nodes and links come in follows string hashing, which differs per process.
+    # Partitions read off a floating-point preflow by exact comparison named a GPU-less side
+    # in about a third of those orders, and the bound divided by zero.
+    G0 = topo.load(dumps.REAL / "mi50_8gpu_2xgmi_rings_2socket_rccl_topo.xml")
+    gpus = [topo.gpus(G0)[i] for i in (0, 1, 3, 4, 5, 6, 7)]
+    J = job_graph(G0, gpus)
+    rng, rates = random.Random(5), set()
+    for _ in range(24):
+        nodes, edges = list(J.nodes(data=True)), list(J.edges(data=True))
+        rng.shuffle(nodes)
+        rng.shuffle(edges)
+        G = nx.DiGraph()
+        G.add_nodes_from(nodes)
+        G.add_edges_from(edges)
+        x, S = cut_rate(G, gpus)
+        assert 0 < sum(g in S for g in gpus) < len(gpus)
+        rates.add(round(x, 9))
+    assert len(rates) == 1 and 6 * rates.pop() == pytest.approx(71.265)   # its allgather bound
+
+
 def _partitions(items):
     if not items:
         yield []

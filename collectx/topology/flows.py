@@ -8,6 +8,8 @@ turn traffic around). Capacities are the links' ``cap`` unless a function says o
 
 from __future__ import annotations
 
+import math
+
 import networkx as nx
 import numpy as np
 import scipy.sparse as sp
@@ -85,21 +87,30 @@ def cut_rate(G: nx.DiGraph, gpus, towards=None) -> tuple[float, frozenset]:
     ``maxflow(s -> v) >= N x`` for every ``v`` iff ``B+(S) >= x |S ∩ C|`` for every ``S``.
     Dinkelbach's iteration starts from a valid ratio, takes the most violated cut at that
     ``x`` and moves to its ratio; it stops at the exact minimum after a few rounds of N max-flows.
+    The cuts come from :func:`max_flow`, whose residual test has a tolerance: a partition read
+    off a floating-point preflow by exact comparison (networkx's ``minimum_cut``) can name a
+    side that the flow value does not belong to, depending on the order the graph was built in.
     """
     C = tuple(gpus)
     v = min(C, key=lambda g: sum(d["cap"] for _, _, d in G.in_edges(g, data=True)))
     S = frozenset(G.nodes) - {v}   # start from the GPU with the least coming in
     x = _ratio(G, S, C)
+    nodes = list(G.nodes)
+    at = {u: i for i, u in enumerate(nodes)}
+    source = len(nodes)
+    cap = np.zeros((source + 1, source + 1))
+    for a, b, c in G.edges(data="cap"):
+        cap[at[a], at[b]] = c
     for _ in range(100):
+        cap[source, [at[g] for g in C]] = x
         worst, worst_S = 0.0, None
-        H = G.copy()
-        for g in C:
-            H.add_edge(_SOURCE, g, cap=x)
-        for v in C if towards is None else towards:
-            value, (side, _) = nx.minimum_cut(H, _SOURCE, v, capacity="cap")
-            gap = value - len(C) * x
-            if gap < worst:
-                worst, worst_S = gap, frozenset(side) - {_SOURCE}
+        for t in C if towards is None else towards:
+            value, reached = max_flow(cap, source, at[t])
+            side = frozenset(nodes[i] for i in reached if i != source)
+            # no set without GPUs falls short (all N source arcs cross its cut): one that
+            # seems to is rounding in the flow
+            if value - len(C) * x < worst and any(g in side for g in C):
+                worst, worst_S = value - len(C) * x, side
         if worst_S is None or worst > -1e-9 * x:
             return x, S
         x, S = _ratio(G, worst_S, C), worst_S
@@ -107,7 +118,8 @@ def cut_rate(G: nx.DiGraph, gpus, towards=None) -> tuple[float, frozenset]:
 
 
 def _ratio(G, S, C) -> float:
-    out = sum(d["cap"] for u, w, d in G.edges(data=True) if u in S and w not in S)
+    # fsum: rounded once, whatever order the links come in (it follows string hashing)
+    out = math.fsum(d["cap"] for u, w, d in G.edges(data=True) if u in S and w not in S)
     return out / len([g for g in C if g in S])
 
 
