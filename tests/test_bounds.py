@@ -129,7 +129,7 @@ def test_cut_rate_does_not_depend_on_the_order_links_were_added():
     # Seven GPUs of two 4-GPU xGMI rings behind two sockets (an RCCL dump): the order a job
     # graph's nodes and links come in follows string hashing, which differs per process.
     # Partitions read off a floating-point preflow by exact comparison named a GPU-less side
-    # in about a third of those orders, and the bound divided by zero.
+    # in about half of those orders, and the bound divided by zero.
     G0 = topo.load(dumps.REAL / "mi50_8gpu_2xgmi_rings_2socket_rccl_topo.xml")
     gpus = [topo.gpus(G0)[i] for i in (0, 1, 3, 4, 5, 6, 7)]
     J = job_graph(G0, gpus)
