@@ -327,3 +327,17 @@ def test_broadcast_over_a_switch_adds_host_memory_fanned_out_once():
     G = dumps.load("hgx_h100_nccl_topo.xml")
     p = plan(G, "broadcast", 1 << 30, verify=False)
     assert p.schedule.uses_host and p.efficiency > 450 / 513 + 0.03
+
+
+def test_the_lps_own_trees_join_where_every_rounding_loses_more_than_fill():
+    # Eight MI50s in two xGMI rings without host staging: 64 lanes hold 8 trees per root, and
+    # the best 8 equal trees keep 0.97 of the LP's rate; the LP's own trees (2-4 per root),
+    # each dealt chunks by its rate, fit and simulate faster.
+    G = T.load(dumps.REAL / "mi50_8gpu_2xgmi_rings_4numa_2nic_rccl_topo.xml")
+    gpus = tuple(T.gpus(G))
+    p, lp = P.solved(G, gpus, "allgather")
+    pipe = Pipeline(p, (1 << 30) / len(gpus))
+    pipe.fit(lp)
+    kept = P.equal_trees(p, lp, pipe, keep=2)
+    assert kept[-1] is lp and max(k.rate for k in kept[:-1]) < lp.rate * (1 - P.FILL)
+    assert plan(G, "allgather", 1 << 30, verify=False, host_relays=False).efficiency > 0.97

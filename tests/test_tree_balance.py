@@ -3,6 +3,7 @@ the dealing, what the simulator says of when chunks were delivered, and the sear
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 
@@ -41,6 +42,17 @@ def test_a_deal_gives_each_tree_its_weight_of_the_chunks(kind):
     assert _counts(s) == [per_group // 4, 3 * per_group // 4] * (len(_counts(s)) // 2)
     assert _counts(trees.lower(packing, modes, collective, NRANKS, per_group)) == \
         [per_group // 2] * len(_counts(s))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_trees_of_unequal_rates_are_dealt_chunks_by_their_rates(kind):
+    packing, modes, collective = _packing(kind, staged=True)
+    per_group = 24 if collective == "allreduce" and "forest" in kind else 40
+    rated = dataclasses.replace(packing, trees=tuple(
+        dataclasses.replace(t, rate=1.0 + 2.0 * (i % 2)) for i, t in enumerate(packing.trees)))
+    s = trees.lower(rated, modes, collective, NRANKS, per_group)
+    verify(s)
+    assert _counts(s) == [per_group // 4, 3 * per_group // 4] * (len(_counts(s)) // 2)
 
 
 @needs_words

@@ -486,8 +486,9 @@ def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group
 def _dealt(packing: Packing, per_group: int, collective: str, deal: dict):
     """Per group of ``packing`` ``((group, key), [(tree, its chunks)])``: ``per_group`` chunks
     (from ``root * per_group`` in a forest allreduce, whose roots own a range each) dealt to the
-    group's trees evenly, or by the weights ``deal[key]`` (``key``: the group's root and first
-    chunk, shared by the two ways of a forest allreduce)."""
+    group's trees evenly, by the weights ``deal[key]`` (``key``: the group's root and first
+    chunk, shared by the two ways of a forest allreduce), or where trees of unequal rates have
+    no weights, by their rates."""
     by_group: dict = {}
     for t in packing.trees:
         by_group.setdefault(t.group, []).append(t)
@@ -495,11 +496,18 @@ def _dealt(packing: Packing, per_group: int, collective: str, deal: dict):
     for g, ts in sorted(by_group.items()):
         first = ts[0].root * per_group if forest else 0
         key, k = (ts[0].root, first), len(ts)
-        w = deal.get(key)
+        w = deal.get(key, _rates(ts))
         cuts = [i * per_group // k for i in range(k + 1)] if w is None else \
             [round(per_group * sum(w[:i]) / sum(w)) for i in range(k + 1)]
         yield (g, key), [(t, tuple(range(first + a, first + z)))
                          for t, a, z in zip(ts, cuts, cuts[1:])]
+
+
+def _rates(trees) -> tuple | None:
+    """A group's trees' own rates where they differ (the LP's trees, :func:`~.program.equal_trees`),
+    to deal its chunks by; None where they are equal trees, dealt evenly."""
+    rates = [t.rate for t in trees]
+    return tuple(rates) if max(rates) > min(rates) * (1 + 1e-9) else None
 
 
 def most_buffers(packing: Packing, modes: dict, lanes: int) -> int:
