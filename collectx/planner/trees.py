@@ -488,7 +488,7 @@ def _dealt(packing: Packing, per_group: int, collective: str, deal: dict):
     (from ``root * per_group`` in a forest allreduce, whose roots own a range each) dealt to the
     group's trees evenly, by the weights ``deal[key]`` (``key``: the group's root and first
     chunk, shared by the two ways of a forest allreduce), or where trees of unequal rates have
-    no weights, by their rates."""
+    no weights, by their rates (not a forest allreduce's, whose two ways must cut alike)."""
     by_group: dict = {}
     for t in packing.trees:
         by_group.setdefault(t.group, []).append(t)
@@ -496,7 +496,7 @@ def _dealt(packing: Packing, per_group: int, collective: str, deal: dict):
     for g, ts in sorted(by_group.items()):
         first = ts[0].root * per_group if forest else 0
         key, k = (ts[0].root, first), len(ts)
-        w = deal.get(key, _rates(ts))
+        w = deal.get(key, None if forest else _rates(ts))   # a forest's two ways cut alike
         cuts = [i * per_group // k for i in range(k + 1)] if w is None else \
             [round(per_group * sum(w[:i]) / sum(w)) for i in range(k + 1)]
         yield (g, key), [(t, tuple(range(first + a, first + z)))
