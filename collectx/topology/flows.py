@@ -20,8 +20,6 @@ from ..errors import PlanError
 from .symmetry import orbits
 from .view import LinkIndex
 
-_SOURCE = ("__cx_source__",)
-
 
 def max_flow(cap, source: int, sink: int, enough: float = float("inf")) -> tuple[float, set]:
     """Max-flow from ``source`` to ``sink`` over the dense capacities ``cap`` (``n x n``),
