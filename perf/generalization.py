@@ -51,6 +51,7 @@ from collectx.errors import NoFeasiblePlan
 from collectx.planner import plan
 from collectx.planner._build import forget_remembered
 from collectx.topology.model import GPU_LINK_TYPES
+from planner import add_host_relays_option
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
 REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
@@ -255,9 +256,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jsonl", help="write one JSON line per plan")
     ap.add_argument("--collectives", default=",".join(COLLECTIVES),
                     help="comma-separated, of " + ", ".join(COLLECTIVES))
-    ap.add_argument("--no-host-relays", dest="host_relays", action="store_false",
-                    help="plan as runtimes without host buffers do (the CUDA engine): no tree "
-                         "edge staged through host memory, bounds without host staging")
+    add_host_relays_option(ap)
     ap.add_argument("--shard", default="0/1", help="I/N: plan only allocations I, I+N, I+2N, "
                     "... of each family (run N processes, then --merge their --jsonl files)")
     ap.add_argument("--merge", nargs="+", metavar="JSONL",

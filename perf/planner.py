@@ -265,6 +265,13 @@ def _retimed(G, name, gpus, coll, nbytes, host_relays=True) -> str:
             f"(max {max(times):.3f})")
 
 
+def add_host_relays_option(ap) -> None:
+    """``--no-host-relays`` (``args.host_relays`` False): plan as the CUDA engine does."""
+    ap.add_argument("--no-host-relays", dest="host_relays", action="store_false",
+                    help="plan as runtimes without host buffers do (the CUDA engine): no tree "
+                         "edge staged through host memory, bounds without host staging")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sections", default="a,b,c,d")
@@ -282,9 +289,7 @@ def main(argv=None) -> int:
     ap.add_argument("--retime", nargs="*", default=[], metavar="TOPOLOGY:COLLECTIVE:GPUS",
                     help="also re-time these plans alone, e.g. dgx1p:allreduce:1,2,3,4,5,7, "
                          "dgx1v:broadcast:all or hgx_h100_nccl_topo.xml:allreduce:all")
-    ap.add_argument("--no-host-relays", dest="host_relays", action="store_false",
-                    help="plan as runtimes without host buffers do (the CUDA engine): no tree "
-                         "edge staged through host memory, bounds without host staging")
+    add_host_relays_option(ap)
     args = ap.parse_args(argv)
     for spec in args.retime:
         if spec.count(":") != 2 or not _known(spec.split(":")[0]):

@@ -782,10 +782,10 @@ def _unrounded(p: Problem, lp: Packing, kept: list) -> list:
     """The LP's own trees, each dealt chunks by its rate (:func:`~.trees.lower`), where every
     rounding kept loses more than :data:`~.cost_tables.FILL` of the LP's rate and the LP's
     trees fit the lanes: its trees of unequal rates share links fairly, not in the LP's
-    proportions, but lose less than such a rounding does (eight MI50s in two xGMI rings,
-    allgather without host staging: 0.973 of the bound against 0.949). Not for a forest
-    allreduce: its two ways of a root must cut their chunks alike, each broadcast piece waiting
-    for the reduction of the same piece, and the LP's up and down trees differ."""
+    proportions, but lose less than such a rounding does (docs/planner.md has a case measured
+    both ways). Not for a forest allreduce: its two ways of a root must cut their chunks
+    alike, each broadcast piece waiting for the reduction of the same piece, and the LP's up
+    and down trees differ."""
     if not kept or any(k is lp for k in kept) or len(p.ways) > 1:
         return []
     if max(k.rate for k in kept) >= lp.rate * (1 - FILL):
