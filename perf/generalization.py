@@ -14,7 +14,7 @@ Families (``--families``, default all), each planned for allreduce, allgather an
   (``--samples`` machines);
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
-* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, twelve
+* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 24
   real dumps kept aside: never used while developing the planner, reported on their own;
 * ``files``: as many random allocations of each topology file named by ``--files`` (any
   format ``collectx.topology.load`` reads): machines from outside this repository.
@@ -55,8 +55,9 @@ from planner import add_host_relays_option
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
 REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
-# Real dumps never used while developing the planner: their results are the test. The last
-# eight were added at once, after its methods were settled (topology/real/SOURCES.md).
+# Real dumps never used while developing the planner: their results are the test. The eight
+# after the first four were added at once, after its methods were settled, and the last twelve
+# at once, long after (topology/real/SOURCES.md).
 HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "mi100_8gpu_6xgmi_2socket_rccl_topo.xml",
             "rtx_a6000_8gpu_nvlink_pairs_2nic_nvidia-smi-topo.txt",
@@ -68,7 +69,19 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "b200_8gpu_nv18_16nic_damaged_paste_nvidia-smi-topo.txt",
             "rtx4090_8gpu_pcie_2socket_2nic_nvidia-smi-topo.txt",
             "mi210_3gpu_pcie_2socket_1nic_rccl_topo.xml",
-            "mi50_8gpu_2xgmi_rings_4numa_2nic_rccl_topo.xml")
+            "mi50_8gpu_2xgmi_rings_4numa_2nic_rccl_topo.xml",
+            "gh200_quad_4gpu_nv6_4grace_nvidia-smi-topo.txt",
+            "h200_8gpu_nv18_10nic_sprocket_nvidia-smi-topo.txt",
+            "h100_nvl_8gpu_nv12_pairs_2nic_nvidia-smi-topo.txt",
+            "dgx_a100_8gpu_12nic_mlx5_header_nvidia-smi-topo.txt",
+            "a100_sxm4_8gpu_epyc7742_10nic_nic_legend_nvidia-smi-topo.txt",
+            "dgx1_8gpu_4nic_pcie_only_nvidia-smi-topo-mp.txt",
+            "v100_sxm2_8gpu_wechat_yard_reformatted_nvidia-smi-topo.txt",
+            "v100_sxm2_2gpu_nv6_plus_rtx3090_homelab_nvidia-smi-topo.txt",
+            "h100_4gpu_nv6_4nic_comma_cpulist_nvidia-smi-topo.txt",
+            "nvlink_2gpu_subset_visible_8nic_mlx5_header_container_nvidia-smi-topo.txt",
+            "pcie_8gpu_pix_pairs_2socket_1nic_2018_no_numa_column_nvidia-smi-topo.txt",
+            "t600_1gpu_1roce_nic_numa1_only_nccl_topo.xml")
 DGX1 = ("dgx1v", "dgx1p")
 FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",
             "held-out", "files")
@@ -187,10 +200,11 @@ def _of_files(family, paths, count, rng):
 
 
 def _random_allocations(family, name, G, count, rng):
-    """``count`` random allocations of 2 GPUs or more (the whole machine among them)."""
+    """``count`` random allocations of 2 GPUs or more (the whole machine among them); the
+    whole machine alone where it has fewer than 3 GPUs (it is then the only allocation)."""
     n = len(T.gpus(G))
     yield family, name, G, None
-    for _ in range(count - 1):
+    for _ in range(count - 1 if n > 2 else 0):
         k = rng.randint(2, n)
         yield family, name, G, sorted(rng.sample(range(n), k))
 
