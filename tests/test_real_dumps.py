@@ -64,6 +64,17 @@ def _direct_links(G):
     ("a100_sxm4_4gpu_nv4_4numa_2nic_polaris_nvidia-smi-topo.txt", 4, 6, 0, 2),
     ("v100_power9_4gpu_nv3_pairs_4nic_traverse_nvidia-smi-topo.txt", 4, 2, 0, 4),
     ("mi50_8gpu_2xgmi_rings_4numa_2nic_rccl_topo.xml", 8, 8, 0, 2),
+    ("gh200_quad_4gpu_nv6_4grace_nvidia-smi-topo.txt", 4, 6, 0, 0),
+    ("h200_8gpu_nv18_10nic_sprocket_nvidia-smi-topo.txt", 8, 0, 8, 10),   # ANSI header
+    ("h100_nvl_8gpu_nv12_pairs_2nic_nvidia-smi-topo.txt", 8, 4, 0, 2),
+    ("dgx_a100_8gpu_12nic_mlx5_header_nvidia-smi-topo.txt", 8, 0, 8, 12),  # NICs as mlx5_*
+    ("dgx1_8gpu_4nic_pcie_only_nvidia-smi-topo-mp.txt", 8, 0, 0, 4),      # topo -mp: no NV#
+    ("v100_sxm2_8gpu_wechat_yard_reformatted_nvidia-smi-topo.txt", 8, 16, 0, 0),   # blank rows
+    ("v100_sxm2_2gpu_nv6_plus_rtx3090_homelab_nvidia-smi-topo.txt", 3, 1, 0, 0),
+    ("h100_4gpu_nv6_4nic_comma_cpulist_nvidia-smi-topo.txt", 4, 6, 0, 4),
+    ("nvlink_2gpu_subset_visible_8nic_mlx5_header_container_nvidia-smi-topo.txt", 2, 1, 0, 8),
+    ("pcie_8gpu_pix_pairs_2socket_1nic_2018_no_numa_column_nvidia-smi-topo.txt", 8, 0, 0, 1),
+    ("t600_1gpu_1roce_nic_numa1_only_nccl_topo.xml", 1, 0, 0, 1),
 ])
 def test_real_dump_has_the_published_gpus_links_and_nics(name, n_gpus, n_pairs, n_switched, n_nics):
     G = topo.load(REAL / name)
@@ -96,3 +107,12 @@ def test_plans_do_not_depend_on_string_hashing():
         assert p.returncode == 0, p.stderr[-2000:]
         outs.add(p.stdout)
     assert len(outs) == 1
+
+
+@pytest.mark.parametrize("name", ["gh200_quad_4gpu_nv6_4grace_nvidia-smi-topo.txt",
+                                  "h100_4gpu_nv6_4nic_comma_cpulist_nvidia-smi-topo.txt"])
+def test_affinities_written_as_comma_lists_still_put_each_gpu_on_its_own_numa_node(name):
+    G = topo.load(REAL / name)
+    cpus = [n for n, k in G.nodes(data="kind") if k == "cpu"]
+    nearest = {g: min(cpus, key=lambda c: nx.shortest_path_length(G, g, c)) for g in topo.gpus(G)}
+    assert len(cpus) == 4 and len(set(nearest.values())) == 4

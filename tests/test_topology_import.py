@@ -169,6 +169,20 @@ def test_space_separated_matrix_without_affinity_columns():
     assert path_class(G, "GPU0", "GPU2") == PathClass.SYS
 
 
+def test_nvlinked_gpus_without_affinity_columns_share_the_fewest_numa_nodes_sys_allows():
+    # NV# hides the PCIe relation; only SYS says "another NUMA node". GPU3 is NVLinked to
+    # GPU0 across the sockets, as in a hybrid cube-mesh.
+    text = ("     GPU0  GPU1  GPU2  GPU3\n"
+            "GPU0  X    NV2   SYS   NV1\n"
+            "GPU1  NV2   X    SYS   SYS\n"
+            "GPU2  SYS  SYS    X    NV2\n"
+            "GPU3  NV1  SYS   NV2    X\n")
+    G = from_nvidia_smi(text)
+    cpu = {g: next(p for p in G[g] if G.nodes[p]["kind"] == "cpu") for g in topo.gpus(G)}
+    assert len(topo.nodes_of_kind(G, "cpu")) == 2
+    assert cpu["GPU0"] == cpu["GPU1"] != cpu["GPU2"] == cpu["GPU3"]
+
+
 @pytest.mark.parametrize("underline", ["\x1b[4m", "[4m"])
 def test_header_underlined_by_a_terminal_is_read(underline):
     end = underline.replace("4", "0")

@@ -9,7 +9,8 @@ row must follow, cells separated by tabs or spaces. From the cells:
   they reach each other through NVSwitches, read as one ``NVS0`` that each GPU joins with its
   # links (NV12 on HGX A100, NV18 on HGX H100);
 * NUMA nodes: devices related by PIX/PXB/PHB/NODE, or with the same NUMA (else CPU) affinity,
-  share a ``CPU<k>`` node; CPUs are joined pairwise by ``smp`` links;
+  share a ``CPU<k>`` node (without affinity columns, as few as the SYS cells allow);
+  CPUs are joined pairwise by ``smp`` links;
 * PCIe switches: devices related by PIX share a ``pci_switch``; groups related by PXB hang
   below one more switch; everything else (PHB, NODE) attaches to its CPU.
 
@@ -243,7 +244,8 @@ def _add_pcie_tree(G, devices, ids, rel, rows, extras, pcie_bw) -> None:
             pxb.union(a, b)
         if cell == "PIX":
             pix.union(a, b)
-    _join_by_affinity(numa, devices, rows, extras)
+    if not _join_by_affinity(numa, devices, rows, extras):
+        _join_fewest(numa, devices, rel)
     switches = 0
     for group in numa.groups(devices):
         cpu = _cpu_for(G, group, ids)
@@ -265,16 +267,35 @@ def _add_pcie_tree(G, devices, ids, rel, rows, extras, pcie_bw) -> None:
                     add_link(G, ids[dev], parent, "pcie", pcie_bw)
 
 
-def _join_by_affinity(numa: _UnionFind, devices, rows, extras) -> None:
+def _join_by_affinity(numa: _UnionFind, devices, rows, extras) -> bool:
+    """Join devices of one NUMA (else CPU) affinity; False where the matrix has neither column."""
     column = "NUMA_Affinity" if "NUMA_Affinity" in extras else "CPU_Affinity"
     if column not in extras:
-        return
+        return False
     seen: dict[str, str] = {}
     for dev in devices:
         values = rows[dev][2]
         k = extras.index(column)
         if k < len(values) and values[k] != "N/A":
             numa.union(dev, seen.setdefault(values[k], dev))
+    return True
+
+
+def _join_fewest(numa: _UnionFind, devices, rel) -> None:
+    """Without affinity columns, NVLinked GPUs show no PCIe relation, and alone each would get
+    a CPU of its own. Only SYS says two devices sit on different NUMA nodes, so join the
+    groups into as few nodes as that allows (first fit, in device order): a server has a
+    socket or two, not one per GPU."""
+    apart = {pair for pair, cell in rel.items() if cell in ("SYS", "SOC")}
+    nodes: list[list] = []
+    for group in numa.groups(devices):
+        fit = next((n for n in nodes
+                    if not any((a, b) in apart for a in group for b in n)), None)
+        if fit is None:
+            nodes.append(list(group))
+        else:
+            numa.union(group[0], fit[0])
+            fit.extend(group)
 
 
 def _cpu_for(G, group, ids) -> str:
