@@ -14,7 +14,7 @@ Families (``--families``, default all), each planned for allreduce, allgather an
   (``--samples`` machines);
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
-* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 24
+* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 36
   real dumps kept aside: never used while developing the planner, reported on their own;
 * ``files``: as many random allocations of each topology file named by ``--files`` (any
   format ``collectx.topology.load`` reads): machines from outside this repository.
@@ -56,8 +56,8 @@ from planner import add_host_relays_option
 COLLECTIVES = ("allreduce", "allgather", "broadcast")
 REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
 # Real dumps never used while developing the planner: their results are the test. The eight
-# after the first four were added at once, after its methods were settled, and the last twelve
-# at once, long after (topology/real/SOURCES.md).
+# after the first four were added at once, after its methods were settled, and two sets of
+# twelve at once each, long after (topology/real/SOURCES.md).
 HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "mi100_8gpu_6xgmi_2socket_rccl_topo.xml",
             "rtx_a6000_8gpu_nvlink_pairs_2nic_nvidia-smi-topo.txt",
@@ -81,7 +81,19 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "h100_4gpu_nv6_4nic_comma_cpulist_nvidia-smi-topo.txt",
             "nvlink_2gpu_subset_visible_8nic_mlx5_header_container_nvidia-smi-topo.txt",
             "pcie_8gpu_pix_pairs_2socket_1nic_2018_no_numa_column_nvidia-smi-topo.txt",
-            "t600_1gpu_1roce_nic_numa1_only_nccl_topo.xml")
+            "t600_1gpu_1roce_nic_numa1_only_nccl_topo.xml",
+            "oci_gb300_2tray_8gpu_8nic_mnnvl_fused_nccl_topo.xml",
+            "oci_bm_gpu_b300_8gpu_8nic_cx8_nccl_topo.xml",
+            "b200_8gpu_13nic_gvisor_vm_flat_nccl_topo.xml",
+            "oci_bm_gpu_h100_8gpu_16nic_nccl_topo.xml",
+            "dgx_h200_8gpu_12nic_nvidia-smi-topo.txt",
+            "h100_8gpu_12nic_numa_off_aihub0007_nvidia-smi-topo.txt",
+            "h100_8gpu_12nic_numa_off_glued_cells_aihub0008_nvidia-smi-topo.txt",
+            "princeton_pli_della_h100_8gpu_6nic_odd_affinity_nvidia-smi-topo.txt",
+            "princeton_pli_h100_1of8gpu_visible_6nic_slurm_job_nvidia-smi-topo.txt",
+            "l40s_4gpu_2nic_2socket_nics_on_numa1_nvidia-smi-topo.txt",
+            "rtx3090_8gpu_switchtec_2socket_1nic_nccl_topo.xml",
+            "rtx4090_4gpu_epyc_4numa_virtual_nics_nccl_topo.xml")
 DGX1 = ("dgx1v", "dgx1p")
 FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",
             "held-out", "files")
