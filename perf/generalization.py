@@ -14,7 +14,7 @@ Families (``--families``, default all), each planned for allreduce, allgather an
   (``--samples`` machines);
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
-* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 36
+* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 49
   real dumps kept aside: never used while developing the planner, reported on their own;
 * ``files``: as many random allocations of each topology file named by ``--files`` (any
   format ``collectx.topology.load`` reads): machines from outside this repository.
@@ -57,7 +57,7 @@ COLLECTIVES = ("allreduce", "allgather", "broadcast")
 REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
 # Real dumps never used while developing the planner: their results are the test. The eight
 # after the first four were added at once, after its methods were settled, and two sets of
-# twelve at once each, long after (topology/real/SOURCES.md).
+# twelve and one of thirteen at once each, long after (topology/real/SOURCES.md).
 HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "mi100_8gpu_6xgmi_2socket_rccl_topo.xml",
             "rtx_a6000_8gpu_nvlink_pairs_2nic_nvidia-smi-topo.txt",
@@ -93,7 +93,20 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "princeton_pli_h100_1of8gpu_visible_6nic_slurm_job_nvidia-smi-topo.txt",
             "l40s_4gpu_2nic_2socket_nics_on_numa1_nvidia-smi-topo.txt",
             "rtx3090_8gpu_switchtec_2socket_1nic_nccl_topo.xml",
-            "rtx4090_4gpu_epyc_4numa_virtual_nics_nccl_topo.xml")
+            "rtx4090_4gpu_epyc_4numa_virtual_nics_nccl_topo.xml",
+            "a100_sxm4_4gpu_nv4_4nic_all_numa0_rst_indented_nvidia-smi-topo.txt",
+            "a100_sxm4_4gpu_nv4_4numa_reversed_polaris_loongserve_nvidia-smi-topo.txt",
+            "a100_sxm4_4of8gpu_visible_3nic_bond_simai_nccl_topo.xml",
+            "b300_8gpu_nv18_8nic_cx8_bond_deepep590_nvidia-smi-topo.txt",
+            "consumer_5gpu_pcie_2numa_one_gpu_on_numa1_club3090_46_nvidia-smi-topo.txt",
+            "h20_8gpu_nv18_36nic_vf_glued_cells_sglang14092_nvidia-smi-topo.txt",
+            "h20_8gpu_nv18_8nic_tabbed_sglang24966_nvidia-smi-topo.txt",
+            "h800_8gpu_nv8_4nic_column_clipped_paste_nvidia-smi-topo.txt",
+            "h800_8gpu_nv8_9nic_bond_on_numa0_sglang28424_nvidia-smi-topo.txt",
+            "oci_bm_gpu_h100_8gpu_16nic_container_view_nccl_topo.xml",
+            "rtx2080ti_4gpu_all_pix_one_switch_lmdeploy4863_nvidia-smi-topo.txt",
+            "rtx3090_2gpu_sys_numa_na_legend_cut_club3090_178_nvidia-smi-topo.txt",
+            "v100_pcie_4gpu_pix_pairs_under_phb_lmdeploy4558_nvidia-smi-topo.txt")
 DGX1 = ("dgx1v", "dgx1p")
 FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",
             "held-out", "files")

@@ -75,6 +75,14 @@ def _direct_links(G):
     ("nvlink_2gpu_subset_visible_8nic_mlx5_header_container_nvidia-smi-topo.txt", 2, 1, 0, 8),
     ("pcie_8gpu_pix_pairs_2socket_1nic_2018_no_numa_column_nvidia-smi-topo.txt", 8, 0, 0, 1),
     ("t600_1gpu_1roce_nic_numa1_only_nccl_topo.xml", 1, 0, 0, 1),
+    ("a100_sxm4_4gpu_nv4_4nic_all_numa0_rst_indented_nvidia-smi-topo.txt", 4, 6, 0, 4),
+    ("a100_sxm4_4of8gpu_visible_3nic_bond_simai_nccl_topo.xml", 4, 0, 4, 3),
+    ("consumer_5gpu_pcie_2numa_one_gpu_on_numa1_club3090_46_nvidia-smi-topo.txt", 5, 0, 0, 0),
+    ("h20_8gpu_nv18_36nic_vf_glued_cells_sglang14092_nvidia-smi-topo.txt", 8, 0, 8, 36),
+    ("h800_8gpu_nv8_4nic_column_clipped_paste_nvidia-smi-topo.txt", 8, 0, 8, 4),  # NIC rows
+    ("h800_8gpu_nv8_9nic_bond_on_numa0_sglang28424_nvidia-smi-topo.txt", 8, 0, 8, 9),
+    ("oci_bm_gpu_h100_8gpu_16nic_container_view_nccl_topo.xml", 8, 0, 8, 16),
+    ("rtx3090_2gpu_sys_numa_na_legend_cut_club3090_178_nvidia-smi-topo.txt", 2, 0, 0, 0),
 ])
 def test_real_dump_has_the_published_gpus_links_and_nics(name, n_gpus, n_pairs, n_switched, n_nics):
     G = topo.load(REAL / name)

@@ -208,6 +208,28 @@ def test_columns_run_together_by_fixed_width_output_are_split():
     assert switch["NIC0"] == switch["GPU0"] != switch["NIC1"] == switch["GPU1"] != []
 
 
+def test_nic_rows_whose_columns_a_narrow_terminal_cut_off_still_give_the_nics():
+    # a capture clipped on the right keeps the NIC rows but not their columns
+    text = ("        GPU0    GPU1    CPU Affinity    NUMA Affinity\n"
+            "GPU0     X      NV8     -31,64-95       0\n"
+            "GPU1    NV8      X      32-63,96-127    1\n"
+            "NIC0    PIX     SYS\n"
+            "NIC1    SYS     PIX\n"
+            "\n"
+            "Legend:\n"
+            "  X    = Self\n"
+            "\n"
+            "NIC Legend:\n"
+            "  NIC0: mlx5_0\n"
+            "  NIC1: mlx5_1\n")
+    G = from_nvidia_smi(text)
+    assert [G.nodes[n]["name"] for n in topo.nodes_of_kind(G, "nic")] == ["mlx5_0", "mlx5_1"]
+    assert path_class(G, "NIC0", "GPU0") == path_class(G, "NIC1", "GPU1") == PathClass.PIX
+    assert path_class(topo.subset(G, [1]), "NIC0", "GPU1") == PathClass.SYS   # NVLink aside
+    with pytest.raises(TopologyError, match="line 4: row NIC0 has 1 cells; expected 2"):
+        from_nvidia_smi(text.replace("NIC0    PIX     SYS", "NIC0    PIX"))
+
+
 def test_matrix_with_a_missing_row_names_it():
     with pytest.raises(TopologyError, match="row for GPU2 is missing"):
         topo.load(FIXTURES / "smi_missing_row.txt")

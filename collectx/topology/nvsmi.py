@@ -56,6 +56,7 @@ _GLUED_NAMES = re.compile(f"(?:{_NAME.pattern})+")
 # (pasted where the escape byte is dropped) their visible remnants "[4m" ... "[0m"
 _ANSI = re.compile(r"\x1b?\[[0-9;]*m")
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+_NIC_ROW = re.compile(r"NIC\d+|mlx5_\w+")
 # No GPU has more NVLink ports than this (H100, B200: 18); a row adding up to more is switched.
 MAX_NVLINKS_PER_GPU = 18
 
@@ -91,6 +92,7 @@ def _parse_matrix(text: str):
     """(devices, extra column names, {device: (line number, relations, extras)}, nic names)."""
     header_at, devices, extras, in_legend = None, [], [], False
     rows: dict[str, tuple[int, list[str], list[str]]] = {}
+    unlisted: dict[str, tuple[int, list[str], list[str]]] = {}   # NIC rows past the header's
     nic_names = {}
     for number, line in enumerate(text.splitlines(), start=1):
         if (legend := _NIC_LEGEND.match(line)):
@@ -106,8 +108,12 @@ def _parse_matrix(text: str):
                 devices, extras = toks[:split], toks[split:]
             continue
         in_legend = in_legend or toks[0].rstrip(":") == "Legend"
-        if toks[0] in devices and not in_legend:
+        if in_legend:
+            continue
+        if toks[0] in devices:
             _add_row(rows, devices, number, toks)
+        elif _NIC_ROW.fullmatch(toks[0]):
+            _add_row(unlisted, devices, number, toks)
     if header_at is None:
         raise TopologyError("nvidia-smi topology: no header row naming GPU0, GPU1, ...; expected "
                             "the output of 'nvidia-smi topo -m'")
@@ -116,7 +122,23 @@ def _parse_matrix(text: str):
         raise TopologyError(f"nvidia-smi topology: the header at line {header_at} lists "
                             f"{', '.join(devices)} but the row for {', '.join(missing)} is "
                             f"missing; expected one row per column")
-    return devices, extras, rows, nic_names
+    return devices + _mirrored(devices, rows, unlisted), extras, rows, nic_names
+
+
+def _mirrored(devices: list[str], rows: dict, unlisted: dict) -> list[str]:
+    """The NICs of ``unlisted`` rows, added to ``rows`` as columns: a matrix pasted from a
+    narrow terminal loses its right-hand columns (the NICs') but keeps the NICs' rows, and
+    those still relate each NIC to every device of the header. The matrix is symmetric, so each
+    header row takes the NIC's cell for it; NICs among themselves are unknown (``?``: neither
+    joined nor apart)."""
+    nics = list(unlisted)
+    for j, dev in enumerate(devices):
+        number, cells, values = rows[dev]
+        rows[dev] = (number, cells + [unlisted[nic][1][j] for nic in nics], values)
+    for nic in nics:
+        number, cells, values = unlisted[nic]
+        rows[nic] = (number, cells + ["X" if other == nic else "?" for other in nics], values)
+    return nics
 
 
 def _add_row(rows: dict, devices: list[str], number: int, toks: list[str]) -> None:
