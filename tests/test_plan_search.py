@@ -57,7 +57,7 @@ def _fastest(tried, judge, good_us, workers=1):
     on timing)."""
     saved, C.WORKERS = C.WORKERS, workers
     try:
-        return trees._fastest(tried, judge, good_us)[1]
+        return trees._fastest(tried, judge, good_us)[0][1]
     finally:
         C.WORKERS = saved
 
@@ -289,7 +289,7 @@ def test_packed_trees_are_good_enough_within_the_fill_of_their_own_lp(monkeypatc
     ranks, view = allocation(T.load("dgx1v"), [0, 1, 2, 5])
     handed = []
     monkeypatch.setattr(trees, "_fastest", lambda tried, judge, good: handed.append(good) or
-                        (0.0, tried[0][0][0](), tried[0][0][0]))
+                        [(0.0, tried[0][0][0](), tried[0][0][0])])
     _, lp = P.solved(view, ranks, "allreduce", forest=True)
     full = unit_bytes("allreduce", 1 << 30, 4) / 4 / (lp.rate * 1e3)
     trees.plan_forest(view, ranks, "allreduce", 1 << 30, good_us=1.0)

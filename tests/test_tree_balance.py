@@ -115,8 +115,8 @@ def _passes(deal: tuple) -> int:
 class _Found:
     """A try whose ``n``-th deal (a fake lowering's) runs ``times[n]`` us, promising ``likely``."""
 
-    def __init__(self, times: dict, likely: float):
-        self.times, self.judged = times, []
+    def __init__(self, times: dict, likely: float, name: str = "s"):
+        self.times, self.judged, self.name = times, [], name
 
         class Lower:
             def dealt(self, per_group, deal, ends):
@@ -127,13 +127,13 @@ class _Found:
         def run():   # a run past ``beat`` is given up there
             self.judged.append((_passes(at.deal), beat))
             us = self.times.get(_passes(at.deal), math.inf)
-            return min(us, beat * 1.001) if us > beat else us, f"s{_passes(at.deal)}", at
+            return min(us, beat * 1.001) if us > beat else us, f"{self.name}{_passes(at.deal)}", at
         return run
 
 
 def _balanced(times, likely, good=0.0, beat=math.inf):
     f = _Found(times, likely)
-    s = trees._balanced((times[0], "s0", f.at), f.judge, lambda s: None, good, beat)
+    s = trees._balanced([(times[0], "s0", f.at)], f.judge, lambda s: None, good, beat)
     return s, f.judged
 
 
@@ -154,12 +154,26 @@ def test_no_deal_is_run_where_it_cannot_gain_or_cannot_win():
     assert s == "s1" and judged[0][1] == 95.0
 
 
+def test_where_no_deal_of_the_fastest_gains_the_fewest_chunks_near_it_are_dealt_anew():
+    def balanced(fewer_dealt_us):
+        fastest, fewer = _Found({0: 100.0, 1: 101.0}, 90.0, "a"), \
+            _Found({0: 100.3, 1: fewer_dealt_us}, 90.0, "b")
+        judge = lambda at, beat=math.inf: (  # noqa: E731
+            fastest if at.lower is fastest.at.lower else fewer).judge(at, beat)
+        found = [(100.0, "a0", fastest.at), (100.3, "b0", fewer.at)]
+        return trees._balanced(found, judge, lambda s: None, 0.0, math.inf), fewer.judged
+    s, judged = balanced(98.0)   # beats the fastest: kept
+    assert s == "b1" and judged[0] == (1, 100.0)   # given up once it cannot beat the fastest
+    s, _ = balanced(100.2)       # gains on its own schedule, not on the fastest: not kept
+    assert s == "a0"
+
+
 @needs_native
 def test_a_packed_plan_dealt_by_its_trees_rates_is_faster_than_dealt_evenly(monkeypatch):
     ranks, view = allocation(T.load("dgx1v"), [0, 1, 2, 3])
     args = (view, ranks, "broadcast", 1 << 26)
     balanced = trees.plan_blink(*args, host=True)
-    monkeypatch.setattr(trees, "_balanced", lambda found, *rest: found[1])
+    monkeypatch.setattr(trees, "_balanced", lambda found, *rest: found[0][1])
     even = trees.plan_blink(*args, host=True)
     verify(balanced)
     assert len(set(_counts(even))) == 1 and len(set(_counts(balanced))) > 1

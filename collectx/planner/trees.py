@@ -126,15 +126,29 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
                               math.inf if beat_us is None else beat_us * (1 + FILL)))
 
 
-def _balanced(found: tuple, judge, ends, good_us: float, beat_us: float) -> Schedule:
-    """The schedule of ``found`` (``(us, schedule, try)``), or one of its trees and chunks dealt
-    anew by the rate each tree reached in its run (:func:`_redealt`): trees that
+def _balanced(found: list, judge, ends, good_us: float, beat_us: float) -> Schedule:
+    """The schedule of ``found[0]`` (``(us, schedule, try)``), or one of its trees and chunks
+    dealt anew by the rate each tree reached in its run (:func:`_redealt`): trees that
     delivered their last chunk early take more, those that lagged fewer, so that they finish
     together. Equal trees do not run at equal rates where links are shared fairly between
     transfers that stall at different times (staged edges wait on host links, deep trees fill
-    later). Run where the rates promise to gain more than :data:`~.cost_tables.NOISE` and to
-    beat ``beat_us`` (another plan's time, fill and all); kept where faster, and dealt again
-    while that gains more than NOISE."""
+    later). Where no deal of it is faster, ``found[1]`` (if any: as fast within
+    :data:`~.cost_tables.NOISE`, with fewer chunks, :func:`_fastest`) dealt anew, where that
+    beats ``found[0]``: the rates one run measured do not always hold once its chunks are dealt
+    anew, and another run's may (docs/planner.md has a case)."""
+    us, s = _dealt_anew(found[0], judge, ends, good_us, beat_us)
+    if s is found[0][1] and len(found) > 1:
+        other_us, other = _dealt_anew(found[1], judge, ends, good_us, min(us, beat_us))
+        if other_us < us and other is not found[1][1]:
+            return other
+    return s
+
+
+def _dealt_anew(found: tuple, judge, ends, good_us: float, beat_us: float) -> tuple:
+    """``(us, schedule)``: :func:`_balanced` of one candidate. A deal is run where the rates
+    promise to gain more than :data:`~.cost_tables.NOISE` and to beat ``beat_us`` (another
+    plan's time, fill and all); kept where faster, and dealt again while that gains more than
+    NOISE."""
     us, s, at = found
     while us > good_us:
         deal, likely = at.lower.dealt(at.per_group, at.deal, ends(s))
@@ -147,10 +161,10 @@ def _balanced(found: tuple, judge, ends, good_us: float, beat_us: float) -> Sche
         gain, (us, s, at) = got[0] / us, got
         if gain > 1 - NOISE:
             break
-    return s
+    return us, s
 
 
-def _fastest(tried: list, judge, good_us: float | None) -> tuple:
+def _fastest(tried: list, judge, good_us: float | None) -> list:
     """The fastest schedule of ``tried`` (per packing, thunks of its first tries and, for each, the
     ladder of more chunks that climbs from it; ``judge(thunk, beat)()`` is ``(simulated us,
     schedule)``, given up past ``beat``): the first tries judged at once, then every ladder
@@ -163,7 +177,9 @@ def _fastest(tried: list, judge, good_us: float | None) -> tuple:
     (:class:`~collectx._concurrent.Ahead`) instead of waiting for the other ladders' rungs,
     but never past the first round with a good-enough schedule (a lone ladder's, sooner:
     :func:`_guess`); the rounds read what they ask for, so any thread count chooses alike.
-    Returns the judge's ``(us, schedule, try)`` of the one chosen."""
+    Returns the judge's ``(us, schedule, try)`` of the one chosen, and where none is good
+    enough, of the one with the fewest chunks within NOISE of it if that is another: a list
+    of one or two, for :func:`_balanced`."""
     good_us = good_us or 0.0
     with shared_threads():
         ahead = Ahead(lambda key: judge(*key)(), wider=lambda key: (key[0], math.inf))
@@ -173,7 +189,7 @@ def _fastest(tried: list, judge, good_us: float | None) -> tuple:
             ahead.close()
 
 
-def _searched(ahead: Ahead, tried: list, good_us: float) -> tuple:
+def _searched(ahead: Ahead, tried: list, good_us: float) -> list:
     firsts, ups = [t for first, _ in tried for t in first], [u for _, ups in tried for u in ups]
     good_round = [math.inf]   # the first round with a good-enough schedule, as far as known
 
@@ -195,6 +211,7 @@ def _searched(ahead: Ahead, tried: list, good_us: float) -> tuple:
     lone = len(firsts) == 1
     judged = ahead.results([((first, math.inf), then(started(first, up), 0, lone),
                              _guess([first] + up, lone)) for first, up in zip(firsts, ups)])
+    seen = list(judged)   # every full run (one given up is slower than its ladder's best)
     best = min(judged, key=lambda r: r[0])
     # per ladder: its best time and try, and the rungs left (none: its best's twin next)
     climbing = [c for c in (started(first, up)(r[0]) for r, first, up in zip(judged, firsts, ups))
@@ -207,9 +224,14 @@ def _searched(ahead: Ahead, tried: list, good_us: float) -> tuple:
         climbing = [_climbed(*c, key[0], us)
                     for c, key, (us, *_) in zip(climbing, keys, judged) if c[2]]
         best = min([best] + judged, key=lambda r: r[0])
+        seen += judged
         climbing = [c for c in climbing if c and (c[2] or c[0] <= best[0] * (1 + NOISE))]
     good = [r for r in judged + [best] if r[0] <= good_us]
-    return min(good, key=lambda r: (r[1].nchunks, r[0])) if good else best
+    if good:
+        return [min(good, key=lambda r: (r[1].nchunks, r[0]))]
+    fewest = min((r for r in seen if r[0] <= best[0] * (1 + NOISE)),
+                 key=lambda r: (r[1].nchunks, r[0]))
+    return [best] + [fewest] * (fewest is not best)
 
 
 def _asked(ladder: tuple) -> tuple:
