@@ -208,6 +208,27 @@ def test_columns_run_together_by_fixed_width_output_are_split():
     assert switch["NIC0"] == switch["GPU0"] != switch["NIC1"] == switch["GPU1"] != []
 
 
+def test_a_matrix_pasted_as_a_markdown_table_reads_as_the_plain_one():
+    # a wiki page or README may carry the matrix as a Markdown table: a corner cell heads the
+    # row names, pipes separate the cells and a dashed row underlines the header
+    plain = ("        GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity\n"
+             "GPU0     X      NV4     PIX     0-15    0\n"
+             "GPU1    NV4      X      SYS     16-31   1\n"
+             "NIC0    PIX     SYS      X\n")
+    table = ("| GPU  | GPU0 | GPU1 | NIC0 | CPU Affinity | NUMA Affinity |\n"
+             "|------|------|------|------|--------------|---------------|\n"
+             "| GPU0 | X    | NV4  | PIX  | 0-15         | 0             |\n"
+             "| GPU1 | NV4  | X    | SYS  | 16-31        | 1             |\n"
+             "| NIC0 | PIX  | SYS  | X    |              |               |\n")
+    as_lists = lambda G: (sorted(G.nodes(data=True)), sorted(G.edges(data=True)))  # noqa: E731
+    G = from_nvidia_smi(table)
+    assert as_lists(G) == as_lists(from_nvidia_smi(plain))
+    assert G.edges["GPU0", "GPU1"]["count"] == 4
+    assert path_class(G, "NIC0", "GPU0") == PathClass.PIX
+    with pytest.raises(TopologyError, match="line 4: row GPU1 has 1 cells; expected 3"):
+        from_nvidia_smi(table.replace("| NV4  | X    | SYS  | 16-31        | 1   ", "| NV4"))
+
+
 def test_nic_rows_whose_columns_a_narrow_terminal_cut_off_still_give_the_nics():
     # a capture clipped on the right keeps the NIC rows but not their columns
     text = ("        GPU0    GPU1    CPU Affinity    NUMA Affinity\n"

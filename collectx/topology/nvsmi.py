@@ -2,7 +2,8 @@
 
 How it works: the header row names the devices (``GPU<i>``, NICs as ``mlx5_0`` or ``NIC0``) and
 then the affinity columns (``CPU Affinity``, ``NUMA Affinity``, ``GPU NUMA ID``). Every device
-row must follow, cells separated by tabs or spaces. From the cells:
+row must follow, cells separated by tabs or spaces (or by pipes, as a table pasted into Markdown
+is; its corner cell above the row names is dropped). From the cells:
 
 * ``NV#`` between two GPUs: a bundle of # NVLinks (``nvlink_bw`` GB/s each, default 25), unless
   GPUs all NVLinked to each other have rows adding up to more NVLinks than any GPU has (18):
@@ -72,7 +73,7 @@ def _read_text(source) -> str:
 
 
 def _tokens(line: str) -> list[str]:
-    line = _ANSI.sub("", line)
+    line = _ANSI.sub("", line).replace("|", " ")   # no cell holds a pipe: Markdown's separator
     for words, joined in _MULTIWORD:
         line = line.replace(words, joined)
     return [part for tok in line.split() for part in _unglued(tok)]
@@ -102,6 +103,8 @@ def _parse_matrix(text: str):
         if not toks or toks[0].startswith("#"):
             continue
         if header_at is None:
+            if "|" in line and len(toks) > 1 and not _GPU.match(toks[0]) and _GPU.match(toks[1]):
+                toks = toks[1:]   # a Markdown table's corner cell (``| GPU | GPU0 | ...``)
             if _GPU.match(toks[0]) and "X" not in toks:
                 header_at = number
                 split = next((i for i, t in enumerate(toks) if t in _EXTRA_COLUMNS), len(toks))
