@@ -309,6 +309,31 @@ def test_a_hand_written_topo_file_without_gpu_elements_is_refused_with_the_fix()
     assert topo.gpus(G) == ["GPU0"]
 
 
+def test_a_topo_file_of_bus_ids_alone_is_refused_as_partial():
+    # some clouds ship NCCL_TOPO_FILEs that give their devices bus ids only, no class
+    skeleton = ("<system version='1'><cpu numaid='0'><pci busid='0000:00:16.0'/>"
+                "<pci busid='0000:00:17.0'/></cpu><cpu numaid='1'><pci busid='0000:00:1a.0'>"
+                "<pci busid='0000:01:00.0'/></pci></cpu></system>")
+    with pytest.raises(TopologyError, match=r"3 PCI device\(s\) without a class and no <gpu> "
+                       r"element in the file \(bus ids 0000:00:16.0, 0000:00:17.0, "
+                       r"0000:01:00.0\): this is a partial NCCL_TOPO_FILE"):
+        from_nccl_xml(skeleton)
+
+
+def test_a_nic_listed_under_each_cpu_of_its_host_is_one_nic():
+    # a container's eth0 has no PCI device; NCCL's dump lists it under every CPU of the host,
+    # while two hosts fused into one file each keep their own NIC of that name
+    def host(hash_, numas):
+        return "".join(f"<cpu host_hash='{hash_}' numaid='{k}'><pci busid='000{k}:{hash_[-1]}0:00.0' "
+                       f"class='0x030200'><gpu dev='{k}' sm='90'/></pci><nic><net name='eth0' "
+                       f"dev='0' speed='10000'/></nic></cpu>" for k in numas)
+    G = from_nccl_xml(f"<system>{host('0xa', [0, 1])}</system>")
+    assert [G.nodes[n]["name"] for n in topo.nodes_of_kind(G, "nic")] == ["eth0"]
+    assert "CPU0" in G["NIC0"]
+    G = from_nccl_xml(f"<system>{host('0xa', [0])}{host('0xb', [1])}</system>")
+    assert [G.nodes[n]["name"] for n in topo.nodes_of_kind(G, "nic")] == ["eth0", "eth0"]
+
+
 def _xgmi_per_gpu(G, g):
     return sorted((d["count"], d["bw_gbps"]) for d in G[g].values() if d["type"] == "xgmi")
 

@@ -89,16 +89,24 @@ def _check_complete(root: ET.Element) -> None:
     ``NCCL_TOPO_FILE`` (a cloud VM's published one, say): NCCL completes it from the running
     machine (NVLinks, SM, rank), so the file alone has no GPU-GPU links, and reading its GPUs as
     PCIe-only ones would draw a different machine. Only a file without any ``<gpu>`` is refused:
-    in a dump, a display-class device beside the GPUs (a BMC's VGA) carries no traffic."""
+    in a dump, a display-class device beside the GPUs (a BMC's VGA) carries no traffic. Some
+    such files give their devices no class at all (bus ids only, for NCCL to match), and are
+    refused alike: NCCL writes a class for every device it dumps."""
+    if next(root.iter("gpu"), None) is not None:
+        return
     bare = [el.get("busid") for el in root.iter("pci")
-            if (el.get("class") or "").lower().startswith("0x03") and el.find("gpu") is None]
-    if bare and next(root.iter("gpu"), None) is None:
+            if (el.get("class") or "").lower().startswith("0x03")]
+    unnamed = [el.get("busid") for cpu in root.iter("cpu") for el in cpu.iter("pci")
+               if not el.get("class") and el.find("pci") is None]   # devices, not bridges
+    if bare or unnamed:
+        seen = bare or unnamed
+        what = "GPU PCI device(s) without a <gpu> element" if bare else \
+            "PCI device(s) without a class and no <gpu> element in the file"
         raise TopologyError(
-            f"{len(bare)} GPU PCI device(s) without a <gpu> element (bus ids "
-            f"{', '.join(map(str, bare[:4]))}{', ...' if len(bare) > 4 else ''}): this is a "
-            f"partial NCCL_TOPO_FILE, which NCCL completes from the running machine (NVLinks, "
-            f"SM); expected a full dump: run one NCCL job there with "
-            f"NCCL_TOPO_DUMP_FILE=topo.xml and load that file")
+            f"{len(seen)} {what} (bus ids {', '.join(map(str, seen[:4]))}"
+            f"{', ...' if len(seen) > 4 else ''}): this is a partial NCCL_TOPO_FILE, which NCCL "
+            f"completes from the running machine (NVLinks, SM); expected a full dump: run one "
+            f"NCCL job there with NCCL_TOPO_DUMP_FILE=topo.xml and load that file")
 
 
 def _read_text(source) -> str:
@@ -135,6 +143,7 @@ class _Builder:
         self.cpu_of_gpu: dict[str, str] = {}
         self.pending: list[tuple[str, str, str, str, int, float]] = []
         self.counters = {"PSW": 0, "NIC": 0, "GPU": 0, "CPU": 0}
+        self.nets: set[tuple] = set()   # (host, name, dev) of every named NIC read
 
     def fresh(self, prefix: str, wanted=None) -> str:
         """``prefix<wanted>`` if that is a free id, else the next free number."""
@@ -156,7 +165,7 @@ class _Builder:
             if child.tag == "pci":
                 self.pci(child, parent, cpu)
             elif child.tag == "nic":
-                self.nic(child, parent, None)
+                self.nic(child, parent, None, cpu)
             elif child.tag == "gpu":
                 self.gpu(child, parent, cpu, None, None)
 
@@ -174,7 +183,7 @@ class _Builder:
         if gpus:
             self.gpu(gpus[0], parent, cpu, busid, bw)
         elif el.find("nic") is not None:
-            self.nic(el.find("nic"), parent, bw)
+            self.nic(el.find("nic"), parent, bw, cpu)
         elif cls.startswith(_BRIDGE_PREFIX) or el.find("pci") is not None:
             widest_child = max((pcie_bw(c.get("link_speed"), c.get("link_width"))
                                 for c in el.findall("pci")), default=bw)
@@ -217,9 +226,14 @@ class _Builder:
         self.pending.append((gid, kind, normalize_busid(target),
                              (link.get("tclass") or "").lower(), count, per_link))
 
-    def nic(self, el: ET.Element, parent: str, bw) -> None:
-        nets = el.findall("net") or [el]
-        for net in nets:
+    def nic(self, el: ET.Element, parent: str, bw, cpu: str) -> None:
+        host = self.G.nodes[cpu].get("host_hash")
+        for net in el.findall("net") or [el]:
+            seen = (host, net.get("name"), net.get("dev"))
+            if net.get("name") and seen in self.nets:
+                continue   # a NIC without a PCI device (eth0 in a container) listed under each
+                           # CPU of its host: one device, read where it first appears
+            self.nets.add(seen)
             net_gbps = _net_gbps(net.get("speed"))
             nid = self.fresh("NIC", net.get("dev"))
             attrs = {"name": net.get("name")} if net.get("name") else {}
