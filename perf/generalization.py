@@ -14,7 +14,7 @@ Families (``--families``, default all), each planned for allreduce, allgather an
   (``--samples`` machines);
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
-* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 49
+* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 68
   real dumps kept aside: never used while developing the planner, reported on their own;
 * ``files``: as many random allocations of each topology file named by ``--files`` (any
   format ``collectx.topology.load`` reads): machines from outside this repository.
@@ -106,7 +106,26 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "oci_bm_gpu_h100_8gpu_16nic_container_view_nccl_topo.xml",
             "rtx2080ti_4gpu_all_pix_one_switch_lmdeploy4863_nvidia-smi-topo.txt",
             "rtx3090_2gpu_sys_numa_na_legend_cut_club3090_178_nvidia-smi-topo.txt",
-            "v100_pcie_4gpu_pix_pairs_under_phb_lmdeploy4558_nvidia-smi-topo.txt")
+            "v100_pcie_4gpu_pix_pairs_under_phb_lmdeploy4558_nvidia-smi-topo.txt",
+            "a100_sxm_4gpu_nv4_4nic_affinity_0_numa_0-1_leonardo_nvidia-smi-topo.txt",
+            "a30_4gpu_nv4_bridge_pairs_1nic_2socket_vllm29070_nvidia-smi-topo.txt",
+            "v100_sxm2_8gpu_dgx1_hybrid_cube_2nic_slurm_preamble_nvidia-smi-topo.txt",
+            "rtx3090_rtx4090_2gpu_glow_rendered_club3090_1125_nvidia-smi-topo.txt",
+            "rtx5090_2gpu_phb_threadripper3975wx_tabbed_club3090_1140_nvidia-smi-topo.txt",
+            "gh200_quad_4gpu_nv6_markdown_pipe_table_sigma2_hpccourse_nvidia-smi-topo.txt",
+            "gtx1080ti_2gpu_phb_consumer_numa_na_prompt_xuesongtap_nvidia-smi-topo.txt",
+            "a100_8gpu_nv12_17nic_all_numa0_bond_prompt_xuesongtap_nvidia-smi-topo.txt",
+            "a10_4gpu_all_sys_single_numa_vm_2nic_xuesongtap_nvidia-smi-topo.txt",
+            "nvidia_gb10_dgx_spark_1gpu_wifi_tailscale_c2c_nccl_topo.xml",
+            "rtx_a6000_1of2gpu_nvlink_peer_absent_merged_nic_trimmed_nccl_topo.xml",
+            "simai_a100_sxm4_1of8gpu_empty_bridge_2bond_nic_nccl_topo.xml",
+            "oci_bm_gpu_a100_v2_8gpu_16nic_milan_numa1357_5level_pcie_nccl_topo.xml",
+            "oci_bm_gpu4_a100_40gb_8gpu_16nic_rome_numa1357_nccl_topo.xml",
+            "a100_pcie_2gpu_nvlink_bridge_icelake_dualport_nic_nccl_topo.xml",
+            "a100_pcie_2gpu_asymmetric_nvlink_count_host_hash_last_nccl_topo.xml",
+            "nersc_perlmutter_a100_sxm4_4gpu_nv4_4numa_slingshot_cxi_nccl_topo.xml",
+            "vastai_hgx_b200_8gpu_container_hidden_nvswitch_eth0_per_cpu_nccl_topo.xml",
+            "vastai_hgx_h200_8gpu_container_ti_bridges_eth0_per_cpu_nccl_topo.xml")
 DGX1 = ("dgx1v", "dgx1p")
 FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",
             "held-out", "files")

@@ -83,6 +83,15 @@ def _direct_links(G):
     ("h800_8gpu_nv8_9nic_bond_on_numa0_sglang28424_nvidia-smi-topo.txt", 8, 0, 8, 9),
     ("oci_bm_gpu_h100_8gpu_16nic_container_view_nccl_topo.xml", 8, 0, 8, 16),
     ("rtx3090_2gpu_sys_numa_na_legend_cut_club3090_178_nvidia-smi-topo.txt", 2, 0, 0, 0),
+    ("gh200_quad_4gpu_nv6_markdown_pipe_table_sigma2_hpccourse_nvidia-smi-topo.txt", 4, 6, 0, 0),
+    ("a30_4gpu_nv4_bridge_pairs_1nic_2socket_vllm29070_nvidia-smi-topo.txt", 4, 2, 0, 1),
+    ("v100_sxm2_8gpu_dgx1_hybrid_cube_2nic_slurm_preamble_nvidia-smi-topo.txt", 8, 16, 0, 2),
+    ("a100_8gpu_nv12_17nic_all_numa0_bond_prompt_xuesongtap_nvidia-smi-topo.txt", 8, 0, 8, 17),
+    ("nvidia_gb10_dgx_spark_1gpu_wifi_tailscale_c2c_nccl_topo.xml", 1, 0, 0, 2),
+    ("oci_bm_gpu_a100_v2_8gpu_16nic_milan_numa1357_5level_pcie_nccl_topo.xml", 8, 0, 8, 16),
+    ("nersc_perlmutter_a100_sxm4_4gpu_nv4_4numa_slingshot_cxi_nccl_topo.xml", 4, 6, 0, 4),
+    ("vastai_hgx_b200_8gpu_container_hidden_nvswitch_eth0_per_cpu_nccl_topo.xml", 8, 0, 8, 1),
+    ("vastai_hgx_h200_8gpu_container_ti_bridges_eth0_per_cpu_nccl_topo.xml", 8, 0, 8, 1),
 ])
 def test_real_dump_has_the_published_gpus_links_and_nics(name, n_gpus, n_pairs, n_switched, n_nics):
     G = topo.load(REAL / name)
@@ -117,9 +126,14 @@ def test_plans_do_not_depend_on_string_hashing():
     assert len(outs) == 1
 
 
-@pytest.mark.parametrize("name", ["gh200_quad_4gpu_nv6_4grace_nvidia-smi-topo.txt",
-                                  "h100_4gpu_nv6_4nic_comma_cpulist_nvidia-smi-topo.txt"])
-def test_affinities_written_as_comma_lists_still_put_each_gpu_on_its_own_numa_node(name):
+@pytest.mark.parametrize("name", [
+    "gh200_quad_4gpu_nv6_4grace_nvidia-smi-topo.txt",
+    "h100_4gpu_nv6_4nic_comma_cpulist_nvidia-smi-topo.txt",
+    "gh200_quad_4gpu_nv6_markdown_pipe_table_sigma2_hpccourse_nvidia-smi-topo.txt",
+    "nersc_perlmutter_a100_sxm4_4gpu_nv4_4numa_slingshot_cxi_nccl_topo.xml",
+])
+def test_each_gpu_of_a_four_numa_node_machine_gets_its_own_numa_node(name):
+    # affinities written as comma lists, a Markdown table, NUMA nodes listed out of order
     G = topo.load(REAL / name)
     cpus = [n for n, k in G.nodes(data="kind") if k == "cpu"]
     nearest = {g: min(cpus, key=lambda c: nx.shortest_path_length(G, g, c)) for g in topo.gpus(G)}
