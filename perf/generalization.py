@@ -14,7 +14,7 @@ Families (``--families``, default all), each planned for allreduce, allgather an
   (``--samples`` machines);
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
-* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 68
+* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 70
   real dumps kept aside: never used while developing the planner, reported on their own;
 * ``files``: as many random allocations of each topology file named by ``--files`` (any
   format ``collectx.topology.load`` reads): machines from outside this repository.
@@ -125,7 +125,9 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "a100_pcie_2gpu_asymmetric_nvlink_count_host_hash_last_nccl_topo.xml",
             "nersc_perlmutter_a100_sxm4_4gpu_nv4_4numa_slingshot_cxi_nccl_topo.xml",
             "vastai_hgx_b200_8gpu_container_hidden_nvswitch_eth0_per_cpu_nccl_topo.xml",
-            "vastai_hgx_h200_8gpu_container_ti_bridges_eth0_per_cpu_nccl_topo.xml")
+            "vastai_hgx_h200_8gpu_container_ti_bridges_eth0_per_cpu_nccl_topo.xml",
+            "rtx6000ada_4gpu_2socket_genoa_4nic_cx7_asus_esc8000a_nvidia-smi-topo.txt",
+            "gb200_4gpu_nv18_2grace_tray_no_nics_k8stestinfra371_nvidia-smi-topo.txt")
 DGX1 = ("dgx1v", "dgx1p")
 FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",
             "held-out", "files")

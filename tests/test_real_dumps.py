@@ -92,6 +92,8 @@ def _direct_links(G):
     ("nersc_perlmutter_a100_sxm4_4gpu_nv4_4numa_slingshot_cxi_nccl_topo.xml", 4, 6, 0, 4),
     ("vastai_hgx_b200_8gpu_container_hidden_nvswitch_eth0_per_cpu_nccl_topo.xml", 8, 0, 8, 1),
     ("vastai_hgx_h200_8gpu_container_ti_bridges_eth0_per_cpu_nccl_topo.xml", 8, 0, 8, 1),
+    ("gb200_4gpu_nv18_2grace_tray_no_nics_k8stestinfra371_nvidia-smi-topo.txt", 4, 0, 4, 0),
+    ("rtx6000ada_4gpu_2socket_genoa_4nic_cx7_asus_esc8000a_nvidia-smi-topo.txt", 4, 0, 0, 4),
 ])
 def test_real_dump_has_the_published_gpus_links_and_nics(name, n_gpus, n_pairs, n_switched, n_nics):
     G = topo.load(REAL / name)
