@@ -760,7 +760,7 @@ def most_trees(p: Problem) -> int:
 
 
 def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
-                keep: int = 1, beat: float | None = None) -> list:
+                keep: int = 1, beat: float | None = None, dealt: bool = True) -> list:
     """Steps 2-3: ``K`` equal trees per group for the ``keep`` counts ``K`` whose predicted times
     are least, best first; the LP's own trees where no rounding exists. ``cost``: a
     :class:`~.trees.Pipeline`. How well a count rounds the LP depends on how its rates divide
@@ -768,13 +768,15 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
     count the lanes hold is tried, judged by the depth its arcs allow; the :data:`BUILT` best by
     each end of the model are built into trees (and shortened), judged by their own depth.
     ``beat``: a time another plan reaches, less the :data:`~.cost_tables.FILL` pipelines lose at
-    least; counts that cannot beat it are not rounded, unless none can by the model."""
+    least; counts that cannot beat it are not rounded, unless none can by the model. Without
+    ``dealt``, every count is the program's: the LP's trees dealt out do not set the bar."""
     rounding = Rounding(p, lp, level_cost)
     if beat is None:
-        kept = _rounded(p, lp, cost, rounding, keep, None) or [lp]
+        kept = _rounded(p, lp, cost, rounding, keep, None, dealt=dealt) or [lp]
     else:
-        kept = (_rounded(p, lp, cost, rounding, keep, beat)
-                or _rounded(p, lp, cost, rounding, keep, beat * (1 + FILL), modelled=True))
+        kept = (_rounded(p, lp, cost, rounding, keep, beat, dealt=dealt)
+                or _rounded(p, lp, cost, rounding, keep, beat * (1 + FILL), modelled=True,
+                            dealt=dealt))
     return kept + _unrounded(p, lp, kept)
 
 
@@ -794,10 +796,10 @@ def _unrounded(p: Problem, lp: Packing, kept: list) -> list:
 
 
 def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
-             beat: float | None, modelled: bool = False) -> list:
+             beat: float | None, modelled: bool = False, dealt: bool = True) -> list:
     """:func:`equal_trees` against one time to beat (None: any); ``modelled``: only roundings
     that beat it by the model's time (fill and waits included) at the better of its ends."""
-    found = _found(p, lp, cost, rounding, beat, modelled)
+    found = _found(p, lp, cost, rounding, beat, modelled, dealt)
     ranked = sorted(found, key=lambda f: (f.time, f.K))
     picks = ranked[:BUILT] + _buffered(p, ranked[:BUILT], ranked, keep)
     picks += _ended(picks, ranked, keep)
@@ -821,7 +823,7 @@ def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
 
 
 def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | None,
-           modelled: bool) -> list:
+           modelled: bool, dealt: bool = True) -> list:
     """The counts that beat ``beat`` (:class:`Rounded`), at most ``GPU_LANES`` (the CPU executor's
     further lanes are for many roots and a second lane per edge): per count the LP's trees dealt
     out (:meth:`Rounding.seeded`), or the program's where it beats all found before (:data:`BATCH`
@@ -847,8 +849,8 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
     def keep(K, x):   # as if rounded after every count kept before it
         if x is not None and (rate := rounding.rate(x, K)) >= least(K) * (1 - 1e-9):
             found[K] = _modelled(cost, K, rate, rounding.depth(x), x)
-    for K in counts:   # the dealt trees first: with the best of them to beat, most programs
-        keep(K, rounding.seeded(K))   # are refused at once by the cheap LP
+    for K in counts if dealt else []:   # the dealt trees first: with the best of them to
+        keep(K, rounding.seeded(K))      # beat, most programs are refused by the cheap LP
     for at in range(0, len(counts), BATCH):   # none that must beat the LP's rate: none can
         need = {K: least(K) for K in counts[at:at + BATCH]}
         batch = [K for K, rate in need.items() if rate <= lp.rate * (1 + 1e-6)]
