@@ -827,7 +827,8 @@ def _found(p: Problem, lp: Packing, cost, rounding: "Rounding", beat: float | No
     """The counts that beat ``beat`` (:class:`Rounded`), at most ``GPU_LANES`` (the CPU executor's
     further lanes are for many roots and a second lane per edge): per count the LP's trees dealt
     out (:meth:`Rounding.seeded`), or the program's where it beats all found before (:data:`BATCH`
-    at once, each kept as if after them), one level deep only up to :meth:`Rounding.star_rate`."""
+    at once, each kept as if after them), one level deep only up to :meth:`Rounding.star_rate`;
+    without ``dealt``, the program's alone."""
     counts = [K for K in range(1, min(most_trees(p), cost.most_trees(), GPU_LANES) + 1)
               if beat is None or cost.least_rate(K, beat) <= lp.rate]
     d = rounding.least_depth() if modelled else 1
