@@ -229,6 +229,29 @@ def test_a_matrix_pasted_as_a_markdown_table_reads_as_the_plain_one():
         from_nvidia_smi(table.replace("| NV4  | X    | SYS  | 16-31        | 1   ", "| NV4"))
 
 
+def test_a_quoted_matrix_or_one_whose_header_lost_its_tabs_reads_as_the_plain_one():
+    # a reply quotes the matrix ("> "), a source comment keeps it (" * "), and a page copied
+    # from an old terminal runs the header's names together while the rows keep their tabs
+    plain = ("\tGPU0\tGPU1\tmlx5_0\tCPU Affinity\n"
+             "GPU0\t X \tNV1\tPIX\t0-7\n"
+             "GPU1\tNV1\t X \tSOC\t8-15\n"
+             "mlx5_0\tPIX\tSOC\t X \n"
+             "\n"
+             "Legend:\n"
+             "  SOC  = Connection traversing PCIe as well as the SMP link between\n"
+             "  CPU sockets(e.g. QPI)\n")
+    as_lists = lambda G: (sorted(G.nodes(data=True)), sorted(G.edges(data=True)))  # noqa: E731
+    want = as_lists(from_nvidia_smi(plain))
+    assert want[1] and ("GPU0", "GPU1") in {(u, v) for u, v, _ in want[1]}
+    glued = plain.replace("\tGPU0\tGPU1\tmlx5_0", "\t    GPU0GPU1mlx5_0")
+    for prefix in ("> ", "   * ", "// "):
+        quoted = "".join(prefix + line for line in plain.splitlines(keepends=True))
+        assert as_lists(from_nvidia_smi(quoted)) == want
+    assert as_lists(from_nvidia_smi(glued)) == want
+    with pytest.raises(TopologyError, match="no header row naming GPU0"):
+        from_nvidia_smi(glued.replace("GPU1mlx5_0", "GPU1mlx"))
+
+
 def test_nic_rows_whose_columns_a_narrow_terminal_cut_off_still_give_the_nics():
     # a capture clipped on the right keeps the NIC rows but not their columns
     text = ("        GPU0    GPU1    CPU Affinity    NUMA Affinity\n"

@@ -3,7 +3,8 @@
 How it works: the header row names the devices (``GPU<i>``, NICs as ``mlx5_0`` or ``NIC0``) and
 then the affinity columns (``CPU Affinity``, ``NUMA Affinity``, ``GPU NUMA ID``). Every device
 row must follow, cells separated by tabs or spaces (or by pipes, as a table pasted into Markdown
-is; its corner cell above the row names is dropped). From the cells:
+is; its corner cell above the row names is dropped), lines quoted in a reply (``> ``) or a
+source comment (`` * ``, ``// ``) read without the quote. From the cells:
 
 * ``NV#`` between two GPUs: a bundle of # NVLinks (``nvlink_bw`` GB/s each, default 25), unless
   GPUs all NVLinked to each other have rows adding up to more NVLinks than any GPU has (18):
@@ -50,12 +51,15 @@ _MULTIWORD = (("CPU Affinity", "CPU_Affinity"), ("NUMA Affinity", "NUMA_Affinity
 _EXTRA_COLUMNS = {"CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID"}
 _GPU = re.compile(r"^GPU\d+$")
 _CELL = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC")
-_NAME = re.compile(r"(?:GPU|NIC)\d+")
+_NAME = re.compile(r"(?:GPU|NIC)\d+|mlx5_\d+")
 _GLUED_CELLS = re.compile(f"(?:{_CELL.pattern})+")
 _GLUED_NAMES = re.compile(f"(?:{_NAME.pattern})+")
 # nvidia-smi underlines its header on a terminal; text copied from logs keeps the codes, or
 # (pasted where the escape byte is dropped) their visible remnants "[4m" ... "[0m"
 _ANSI = re.compile(r"\x1b?\[[0-9;]*m")
+# a matrix quoted in a reply ("> "), or kept in a source comment (" * ", "// "): no line of the
+# output starts so, and every line of the quote does ("#" lines stay comments)
+_QUOTED = re.compile(r"^\s*(?:(?:>|\*|//)[ \t]?)+")
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 _NIC_ROW = re.compile(r"NIC\d+|mlx5_\w+")
 # No GPU has more NVLink ports than this (H100, B200: 18); a row adding up to more is switched.
@@ -73,7 +77,7 @@ def _read_text(source) -> str:
 
 
 def _tokens(line: str) -> list[str]:
-    line = _ANSI.sub("", line).replace("|", " ")   # no cell holds a pipe: Markdown's separator
+    line = _QUOTED.sub("", _ANSI.sub("", line)).replace("|", " ")   # pipes: Markdown's cells
     for words, joined in _MULTIWORD:
         line = line.replace(words, joined)
     return [part for tok in line.split() for part in _unglued(tok)]
@@ -82,7 +86,8 @@ def _tokens(line: str) -> list[str]:
 def _unglued(tok: str) -> list[str]:
     """``tok`` as the cells or device names it runs together: nvidia-smi prints fixed-width
     columns, and past a few dozen NICs a wide one overflows into its neighbour with no space
-    between (``NIC7NIC8``, ``NODENODE``, ``PIXPIX``). Anything else stays whole."""
+    between (``NIC7NIC8``, ``NODENODE``, ``PIXPIX``); a header copied where its tabs were lost
+    runs every name together (``GPU0GPU1GPU2mlx5_0``). Anything else stays whole."""
     for whole, part in ((_GLUED_CELLS, _CELL), (_GLUED_NAMES, _NAME)):
         if whole.fullmatch(tok):
             return part.findall(tok)
