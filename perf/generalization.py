@@ -14,7 +14,7 @@ Families (``--families``, default all), each planned for allreduce, allgather an
   (``--samples`` machines);
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
-* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 70
+* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 87
   real dumps kept aside: never used while developing the planner, reported on their own;
 * ``files``: as many random allocations of each topology file named by ``--files`` (any
   format ``collectx.topology.load`` reads): machines from outside this repository.
@@ -57,7 +57,8 @@ COLLECTIVES = ("allreduce", "allgather", "broadcast")
 REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
 # Real dumps never used while developing the planner: their results are the test. The eight
 # after the first four were added at once, after its methods were settled, and two sets of
-# twelve and one of thirteen at once each, long after (topology/real/SOURCES.md).
+# twelve, one of thirteen, one of twenty-one and one of seventeen at once each, long after
+# (topology/real/SOURCES.md).
 HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "mi100_8gpu_6xgmi_2socket_rccl_topo.xml",
             "rtx_a6000_8gpu_nvlink_pairs_2nic_nvidia-smi-topo.txt",
@@ -127,7 +128,24 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "vastai_hgx_b200_8gpu_container_hidden_nvswitch_eth0_per_cpu_nccl_topo.xml",
             "vastai_hgx_h200_8gpu_container_ti_bridges_eth0_per_cpu_nccl_topo.xml",
             "rtx6000ada_4gpu_2socket_genoa_4nic_cx7_asus_esc8000a_nvidia-smi-topo.txt",
-            "gb200_4gpu_nv18_2grace_tray_no_nics_k8stestinfra371_nvidia-smi-topo.txt")
+            "gb200_4gpu_nv18_2grace_tray_no_nics_k8stestinfra371_nvidia-smi-topo.txt",
+            "gcp_a3_h100_8gpu_hidden_nvswitch_5gvnic_plus_gke_cilium_nics_xla_nccl_topo.xml",
+            "dgx_a100_8gpu_6nvswitch_numa3175_8nic_skip_mlx5_4_5_xla_nccl_topo.xml",
+            "mi300x_8gpu_xgmi_mlx_bridge_pairs_veth_plus_100g_xla_rccl_topo.xml",
+            "azure_nc48ads_a100_v4_2gpu_nvlink_bridge_2numa_eth0_nccl_topo.xml",
+            "gb300_nvl72_2tray_8gpu_fused_redacted_host_hash_bond_nic_nccl_topo.xml",
+            "mi250x_8gcd_xgmi_4numa_4nic_net_names_rccl_topo.xml",
+            "mi250x_8gcd_single_xgmi_3numa_bond0_1gbe_gdr0_rccl_topo.xml",
+            "mi100_8gpu_2hives_intel_1numa_1nic_rccl_topo.xml",
+            "mi50_4gpu_xgmi_ring_skylake_1nic_rccl_topo.xml",
+            "mi50_8gpu_xgmi_rings_7numa_rccl_topo.xml",
+            "dgx1_p100_8gpu_nv1_cube_4nic_soc_glued_header_sharc_nvidia-smi-topo.txt",
+            "k40m_4gpu_phb_pairs_2socket_mlx4_soc_legend_tensorflow_gdr_nvidia-smi-topo.txt",
+            "gtx1070_1080_7gpu_pix_groups_1socket_soc_unindented_rossum_nvidia-smi-topo.txt",
+            "gtx1070_1080_7gpu_phb_2socket_soc_ansi_header_rossum_nvidia-smi-topo.txt",
+            "azure_nv24_m60_4gpu_all_soc_same_cpu_rossum_nvidia-smi-topo.txt",
+            "azure_nv12_m60_2gpu_soc_same_cpu_no_legend_no_eol_rossum_nvidia-smi-topo.txt",
+            "pcie_4gpu_phb_pairs_soc_javadoc_prefixed_hadoop_yarn_nvidia-smi-topo.txt")
 DGX1 = ("dgx1v", "dgx1p")
 FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",
             "held-out", "files")

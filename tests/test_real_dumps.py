@@ -94,6 +94,16 @@ def _direct_links(G):
     ("vastai_hgx_h200_8gpu_container_ti_bridges_eth0_per_cpu_nccl_topo.xml", 8, 0, 8, 1),
     ("gb200_4gpu_nv18_2grace_tray_no_nics_k8stestinfra371_nvidia-smi-topo.txt", 4, 0, 4, 0),
     ("rtx6000ada_4gpu_2socket_genoa_4nic_cx7_asus_esc8000a_nvidia-smi-topo.txt", 4, 0, 0, 4),
+    ("gcp_a3_h100_8gpu_hidden_nvswitch_5gvnic_plus_gke_cilium_nics_xla_nccl_topo.xml", 8, 0, 8, 8),
+    ("dgx_a100_8gpu_6nvswitch_numa3175_8nic_skip_mlx5_4_5_xla_nccl_topo.xml", 8, 0, 8, 8),
+    ("mi300x_8gpu_xgmi_mlx_bridge_pairs_veth_plus_100g_xla_rccl_topo.xml", 8, 28, 0, 2),
+    ("azure_nc48ads_a100_v4_2gpu_nvlink_bridge_2numa_eth0_nccl_topo.xml", 2, 1, 0, 1),
+    ("gb300_nvl72_2tray_8gpu_fused_redacted_host_hash_bond_nic_nccl_topo.xml", 8, 0, 8, 2),
+    ("mi250x_8gcd_xgmi_4numa_4nic_net_names_rccl_topo.xml", 8, 12, 0, 4),
+    ("mi50_8gpu_xgmi_rings_7numa_rccl_topo.xml", 8, 8, 0, 1),
+    ("dgx1_p100_8gpu_nv1_cube_4nic_soc_glued_header_sharc_nvidia-smi-topo.txt", 8, 16, 0, 4),
+    ("k40m_4gpu_phb_pairs_2socket_mlx4_soc_legend_tensorflow_gdr_nvidia-smi-topo.txt", 4, 0, 0, 1),
+    ("pcie_4gpu_phb_pairs_soc_javadoc_prefixed_hadoop_yarn_nvidia-smi-topo.txt", 4, 0, 0, 0),
 ])
 def test_real_dump_has_the_published_gpus_links_and_nics(name, n_gpus, n_pairs, n_switched, n_nics):
     G = topo.load(REAL / name)
