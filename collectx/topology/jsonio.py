@@ -193,21 +193,26 @@ def write_json(G: nx.DiGraph, path: str | os.PathLike) -> None:
 
 
 def sniff(text: str) -> str:
-    """Guess the format of a topology text: ``"json"``, ``"nccl_xml"`` or ``"nvidia_smi"``.
+    """Guess the format of a topology text: ``"json"``, ``"nccl_xml"``, ``"rocm_smi"`` or
+    ``"nvidia_smi"``.
 
     >>> sniff('{"schema": "collectx.topology/1"}'), sniff("<system version='1'>"), sniff("\\tGPU0\\n")
     ('json', 'nccl_xml', 'nvidia_smi')
+    >>> sniff("=== Link Type between two GPUs ===")
+    'rocm_smi'
     """
+    from .rocmsmi import looks_like_rocm_smi
     head = text.lstrip()
     if head.startswith("{"):
         return "json"
     if head.startswith("<") or "<system" in text:
         return "nccl_xml"
-    return "nvidia_smi"
+    return "rocm_smi" if looks_like_rocm_smi(text) else "nvidia_smi"
 
 
 def load(source) -> nx.DiGraph:
-    """Load a topology from a preset name, a file (JSON, NCCL XML, nvidia-smi text) or a graph.
+    """Load a topology from a preset name, a file (JSON, NCCL XML, nvidia-smi or rocm-smi text)
+    or a graph.
 
     Parameters
     ----------
@@ -255,13 +260,17 @@ def parse_text(text: str, origin: str = "<text>") -> nx.DiGraph:
     """Parse topology text of any supported format (see :func:`sniff`)."""
     if not text.strip():   # else read as a matrix without its header row, which misleads
         raise TopologyError(f"{origin}: the topology text is empty; expected collectx topology "
-                            f"JSON, an NCCL/RCCL topology XML or 'nvidia-smi topo -m' output")
+                            f"JSON, an NCCL/RCCL topology XML, 'nvidia-smi topo -m' or "
+                            f"'rocm-smi --showtopo' output")
     fmt = sniff(text)
     if fmt == "json":
         G = from_json(text)
     elif fmt == "nccl_xml":
         from .nccl_xml import from_nccl_xml
         G = from_nccl_xml(text)
+    elif fmt == "rocm_smi":
+        from .rocmsmi import from_rocm_smi
+        G = from_rocm_smi(text)
     else:
         from .nvsmi import from_nvidia_smi
         G = from_nvidia_smi(text)

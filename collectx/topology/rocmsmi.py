@@ -1,0 +1,157 @@
+"""Import the GPU tables printed by ``rocm-smi --showtopo``.
+
+How it works: rocm-smi prints, per pair of GPUs, a weight, a hop count and a link type (``XGMI``
+or ``PCIE``), and per GPU its NUMA node. From them:
+
+* xGMI: two GPUs whose link type is ``XGMI`` and whose weight is the least of the xGMI pairs
+  are joined directly, by one ``xgmi`` link of ``xgmi_bw`` GB/s. The driver weighs a direct
+  xGMI hop 15 and more for each hop a route adds; the hop count says 1 for any pair reachable
+  over xGMI, directly or not, so it is not read. The tables give no bundle widths (MI250's
+  GCDs are joined by 1, 2 or 4 links): pass ``xgmi_bw`` for one link of the machine's GPUs
+  (:data:`~.pcie.XGMI_GBPS_BY_ARCH`), or import RCCL's topology XML, which counts them.
+* PCIe: each GPU hangs off the ``CPU<n>`` of its NUMA node (one ``CPU0`` where the tables give
+  none) by a ``pcie_bw`` link; CPUs are joined pairwise by ``smp`` links. The tables show no
+  PCIe switches and no NICs.
+
+>>> G = from_rocm_smi('''
+... ============= Weight between two GPUs =============
+...        GPU0         GPU1         GPU2
+... GPU0   0            15           30
+... GPU1   15           0            15
+... GPU2   30           15           0
+... =========== Link Type between two GPUs ===========
+...        GPU0         GPU1         GPU2
+... GPU0   0            XGMI         XGMI
+... GPU1   XGMI         0            XGMI
+... GPU2   XGMI         XGMI         0
+... ================== Numa Nodes ===================
+... GPU[0]          : (Topology) Numa Node: 0
+... GPU[1]          : (Topology) Numa Node: 0
+... GPU[2]          : (Topology) Numa Node: 1
+... ''')
+>>> sorted((a, b) for a, b, t in G.edges(data="type") if t == "xgmi" and a < b)
+[('GPU0', 'GPU1'), ('GPU1', 'GPU2')]
+>>> sorted(G.successors("CPU1"))
+['CPU0', 'GPU2']
+"""
+
+from __future__ import annotations
+
+import re
+
+import networkx as nx
+
+from ..errors import TopologyError
+from .model import add_link, add_node, new_graph
+from .nvsmi import _read_text
+from .pcie import DEFAULT_XGMI_GBPS
+
+_TITLE = re.compile(r"^=+\s*(.*?)\s*=+\s*$")
+_NUMA = re.compile(r"^GPU\s*\[?\s*(\d+)\s*\]?\s*:\s*\(Topology\)\s*Numa Node\s*:\s*(-?\d+)")
+_GPU = re.compile(r"^GPU(\d+)$")
+TABLES = {"weight": "Weight between two GPUs", "type": "Link Type between two GPUs"}
+_TYPES = ("XGMI", "PCIE")
+
+
+def looks_like_rocm_smi(text: str) -> bool:
+    """Whether ``text`` holds rocm-smi's link type table (what :func:`from_rocm_smi` needs)."""
+    return TABLES["type"] in text
+
+
+def from_rocm_smi(source, xgmi_bw: float = DEFAULT_XGMI_GBPS, pcie_bw: float = 15.75,
+                  smp_bw: float = 10.0) -> nx.DiGraph:
+    """Build a topology from ``rocm-smi --showtopo`` output (text or a file path).
+
+    Parameters
+    ----------
+    source : str or os.PathLike
+        The output, or a path to a file holding it.
+    xgmi_bw, pcie_bw, smp_bw : float
+        Line rates (GB/s per direction) to give one xGMI link, PCIe links and CPU-CPU links,
+        which the tables do not show.
+
+    Raises
+    ------
+    TopologyError
+        No link type table, a table whose rows do not match its header, or an unknown cell
+        (the message gives the line).
+
+    See Also
+    --------
+    from_nccl_xml, from_nvidia_smi, collectx.topology.load
+    """
+    tables, numa = _parse(_read_text(source))
+    if "type" not in tables:
+        raise TopologyError(f"rocm-smi topology: no '{TABLES['type']}' table; expected the "
+                            f"output of 'rocm-smi --showtopo'")
+    types, gpus = tables["type"], sorted(tables["type"][0], key=int)
+    weights = tables.get("weight", ({}, {}))[1]
+    G = new_graph("rocm_smi", "imported from rocm-smi --showtopo")
+    for g in gpus:
+        add_node(G, f"GPU{g}", "gpu", **({"numa": numa[g]} if numa.get(g, -1) >= 0 else {}))
+    xgmi = [(a, b) for a in gpus for b in gpus if a < b and "XGMI" in (types[1][a, b],
+                                                                         types[1][b, a])]
+    least = min((weights.get((a, b), 0) for a, b in xgmi), default=0)
+    for a, b in xgmi:
+        if weights.get((a, b), 0) <= least:
+            add_link(G, f"GPU{a}", f"GPU{b}", "xgmi", xgmi_bw)
+    cpus = sorted({numa[g] for g in gpus if numa.get(g, -1) >= 0}) or [0]
+    for c in cpus:
+        add_node(G, f"CPU{c}", "cpu", numa=c)
+    for g in gpus:
+        add_link(G, f"GPU{g}", f"CPU{numa[g] if numa.get(g, -1) >= 0 else cpus[0]}", "pcie",
+                 pcie_bw)
+    for i, a in enumerate(cpus):
+        for b in cpus[i + 1:]:
+            add_link(G, f"CPU{a}", f"CPU{b}", "smp", smp_bw)
+    return G
+
+
+def _parse(text: str):
+    """``({"weight"|"type": (gpus, {(a, b): cell})}, {gpu: numa node})``."""
+    tables, numa, name, header = {}, {}, None, None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if (title := _TITLE.match(line.strip())):
+            name = next((k for k, t in TABLES.items() if t == title.group(1)), None)
+            header = None
+            continue
+        if (node := _NUMA.match(line.strip())):
+            numa[node.group(1)] = int(node.group(2))
+            continue
+        toks = line.split()
+        if name is None or not toks:
+            continue
+        if header is None:
+            header = [_gpu_of(t, number) for t in toks]
+            tables[name] = ({g: i for i, g in enumerate(header)}, {})
+            continue
+        _add_row(tables[name][1], header, name, _gpu_of(toks[0], number), toks[1:], number)
+    for name, (gpus, cells) in tables.items():
+        missing = [g for g in gpus if (g, g) not in cells]
+        if missing:
+            raise TopologyError(f"rocm-smi topology: the {TABLES[name]!r} table has no row for "
+                                f"GPU{', GPU'.join(missing)}; expected one row per column")
+    return tables, numa
+
+
+def _gpu_of(tok: str, number: int) -> str:
+    if not (m := _GPU.match(tok)):
+        raise TopologyError(f"rocm-smi topology line {number}: {tok!r} where a GPU name "
+                            f"(GPU0, GPU1, ...) was expected")
+    return m.group(1)
+
+
+def _add_row(cells: dict, header: list, name: str, gpu: str, row: list, number: int) -> None:
+    if (gpu, gpu) in cells:
+        raise TopologyError(f"rocm-smi topology line {number}: second row for GPU{gpu} in the "
+                            f"{TABLES[name]!r} table")
+    if len(row) != len(header):
+        raise TopologyError(f"rocm-smi topology line {number}: row GPU{gpu} has {len(row)} "
+                            f"cells; expected {len(header)}, one per GPU of the header")
+    for other, cell in zip(header, row):
+        value = cell if name == "type" else (int(cell) if cell.isdigit() else None)
+        if (name == "type" and other != gpu and cell not in _TYPES) or value is None:
+            raise TopologyError(f"rocm-smi topology line {number}: cell GPU{gpu}/GPU{other} is "
+                                f"{cell!r}; expected "
+                                f"{' or '.join(_TYPES) if name == 'type' else 'a whole number'}")
+        cells[gpu, other] = value
