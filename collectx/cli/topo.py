@@ -130,8 +130,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "topo", help="show a machine's topology (GPU x GPU path matrix, NICs, CPUs)",
         description="Show the topology of this machine (probed, or COLLECTX_TOPO_FILE) or of "
-                    "SOURCE: a preset name, a collectx JSON file, an NCCL topology XML or "
-                    "'nvidia-smi topo -m' output.")
+                    "SOURCE: a preset name, a collectx JSON file, an NCCL topology XML, "
+                    "'nvidia-smi topo -m' or 'rocm-smi --showtopo' output.")
     p.add_argument("source", nargs="?", metavar="SOURCE",
                    help="preset name or file (default: this machine)")
     p.add_argument("--gpus", metavar="LIST",
