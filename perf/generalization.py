@@ -14,7 +14,7 @@ Families (``--families``, default all), each planned for allreduce, allgather an
   (``--samples`` machines);
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
-* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 87
+* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 91
   real dumps kept aside: never used while developing the planner, reported on their own;
 * ``files``: as many random allocations of each topology file named by ``--files`` (any
   format ``collectx.topology.load`` reads): machines from outside this repository.
@@ -57,7 +57,7 @@ COLLECTIVES = ("allreduce", "allgather", "broadcast")
 REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
 # Real dumps never used while developing the planner: their results are the test. The eight
 # after the first four were added at once, after its methods were settled, and two sets of
-# twelve, one of thirteen, one of twenty-one and one of seventeen at once each, long after
+# twelve, one of thirteen and two of twenty-one at once each, long after
 # (topology/real/SOURCES.md).
 HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "mi100_8gpu_6xgmi_2socket_rccl_topo.xml",
@@ -145,7 +145,11 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "gtx1070_1080_7gpu_phb_2socket_soc_ansi_header_rossum_nvidia-smi-topo.txt",
             "azure_nv24_m60_4gpu_all_soc_same_cpu_rossum_nvidia-smi-topo.txt",
             "azure_nv12_m60_2gpu_soc_same_cpu_no_legend_no_eol_rossum_nvidia-smi-topo.txt",
-            "pcie_4gpu_phb_pairs_soc_javadoc_prefixed_hadoop_yarn_nvidia-smi-topo.txt")
+            "pcie_4gpu_phb_pairs_soc_javadoc_prefixed_hadoop_yarn_nvidia-smi-topo.txt",
+            "mi50_8gpu_pcie_only_skylake_2switch_1ib_nic_rccl_topo.xml",
+            "mi50_8gpu_2xgmi_rings_skylake_2nic_rccl_topo.xml",
+            "nv18_8gpu_12nic_3port_pix_groups_comma_affinity_mooncake2039_nvidia-smi-topo.txt",
+            "rtx3090_8gpu_pcie_node_per_socket_no_nic_lmdeploy4917_nvidia-smi-topo.txt")
 DGX1 = ("dgx1v", "dgx1p")
 FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",
             "held-out", "files")
