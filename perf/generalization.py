@@ -148,7 +148,7 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "pcie_4gpu_phb_pairs_soc_javadoc_prefixed_hadoop_yarn_nvidia-smi-topo.txt",
             "mi50_8gpu_pcie_only_skylake_2switch_1ib_nic_rccl_topo.xml",
             "mi50_8gpu_2xgmi_rings_skylake_2nic_rccl_topo.xml",
-            "nv18_8gpu_12nic_3port_pix_groups_comma_affinity_mooncake2039_nvidia-smi-topo.txt",
+            "nv18_8gpu_12nic_3port_pix_groups_mooncake2039_nvidia-smi-topo.txt",
             "rtx3090_8gpu_pcie_node_per_socket_no_nic_lmdeploy4917_nvidia-smi-topo.txt")
 DGX1 = ("dgx1v", "dgx1p")
 FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",

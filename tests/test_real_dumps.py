@@ -105,7 +105,7 @@ def _direct_links(G):
     ("k40m_4gpu_phb_pairs_2socket_mlx4_soc_legend_tensorflow_gdr_nvidia-smi-topo.txt", 4, 0, 0, 1),
     ("pcie_4gpu_phb_pairs_soc_javadoc_prefixed_hadoop_yarn_nvidia-smi-topo.txt", 4, 0, 0, 0),
     ("mi50_8gpu_2xgmi_rings_skylake_2nic_rccl_topo.xml", 8, 8, 0, 2),
-    ("nv18_8gpu_12nic_3port_pix_groups_comma_affinity_mooncake2039_nvidia-smi-topo.txt", 8, 0, 8, 12),
+    ("nv18_8gpu_12nic_3port_pix_groups_mooncake2039_nvidia-smi-topo.txt", 8, 0, 8, 12),
     ("mi300a_4apu_xgmi_4numa_mzank_rocm-smi-topo.txt", 4, 6, 0, 0),
 ])
 def test_real_dump_has_the_published_gpus_links_and_nics(name, n_gpus, n_pairs, n_switched, n_nics):
