@@ -119,26 +119,21 @@ def _parse(text: str):
             numa[node.group(1)] = int(node.group(2))
             continue
         toks = line.split()
-        if name is None or not toks:
+        # other lines (a warning rocm-smi prints between tables, say) are not the table's
+        if name is None or not toks or not _GPU.match(toks[0]):
             continue
         if header is None:
-            header = [_gpu_of(t, number) for t in toks]
-            tables[name] = ({g: i for i, g in enumerate(header)}, {})
+            if all(_GPU.match(t) for t in toks):
+                header = [_GPU.match(t).group(1) for t in toks]
+                tables[name] = ({g: i for i, g in enumerate(header)}, {})
             continue
-        _add_row(tables[name][1], header, name, _gpu_of(toks[0], number), toks[1:], number)
+        _add_row(tables[name][1], header, name, _GPU.match(toks[0]).group(1), toks[1:], number)
     for name, (gpus, cells) in tables.items():
         missing = [g for g in gpus if (g, g) not in cells]
         if missing:
             raise TopologyError(f"rocm-smi topology: the {TABLES[name]!r} table has no row for "
                                 f"GPU{', GPU'.join(missing)}; expected one row per column")
     return tables, numa
-
-
-def _gpu_of(tok: str, number: int) -> str:
-    if not (m := _GPU.match(tok)):
-        raise TopologyError(f"rocm-smi topology line {number}: {tok!r} where a GPU name "
-                            f"(GPU0, GPU1, ...) was expected")
-    return m.group(1)
 
 
 def _add_row(cells: dict, header: list, name: str, gpu: str, row: list, number: int) -> None:
