@@ -252,6 +252,36 @@ def test_a_quoted_matrix_or_one_whose_header_lost_its_tabs_reads_as_the_plain_on
         from_nvidia_smi(glued.replace("GPU1mlx5_0", "GPU1mlx"))
 
 
+def test_nic_columns_without_nic_rows_still_give_the_nics():
+    # a paste that kept the GPU rows only: each GPU row still relates it to every NIC
+    full = ("        GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity\n"
+            "GPU0     X      NV4     PIX     0-15    0\n"
+            "GPU1    NV4      X      SYS     16-31   1\n"
+            "NIC0    PIX     SYS      X\n")
+    as_lists = lambda G: (sorted(G.nodes(data=True)), sorted(G.edges(data=True)))  # noqa: E731
+    gpu_rows = "".join(full.splitlines(keepends=True)[:3])
+    assert as_lists(from_nvidia_smi(gpu_rows)) == as_lists(from_nvidia_smi(full))
+    with pytest.raises(TopologyError, match="the row for GPU1, NIC0 is missing"):
+        from_nvidia_smi("".join(full.splitlines(keepends=True)[:2]))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace("GPU1    NV4      X", "GPU1     X      NV4"),
+     "line 3: cell GPU1/GPU0 is 'X'; expected X where a row meets its own column"),
+    (lambda t: t + "GPU2    SYS     SYS     SYS      16-31   1\n",
+     "line 5: row GPU2 names a GPU the header at line 1 does not list"),
+])
+def test_a_matrix_whose_rows_disagree_with_its_header_is_refused(edit, message):
+    # a hand-edited sample: more GPU rows than header columns, a self cell moved
+    text = ("        GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity\n"
+            "GPU0     X      NV4     PIX     0-15    0\n"
+            "GPU1    NV4      X      SYS     16-31   1\n"
+            "NIC0    PIX     SYS      X\n")
+    from_nvidia_smi(text)
+    with pytest.raises(TopologyError, match=message):
+        from_nvidia_smi(edit(text))
+
+
 def test_nic_rows_whose_columns_a_narrow_terminal_cut_off_still_give_the_nics():
     # a capture clipped on the right keeps the NIC rows but not their columns
     text = ("        GPU0    GPU1    CPU Affinity    NUMA Affinity\n"

@@ -2,9 +2,10 @@
 
 How it works: the header row names the devices (``GPU<i>``, NICs as ``mlx5_0`` or ``NIC0``) and
 then the affinity columns (``CPU Affinity``, ``NUMA Affinity``, ``GPU NUMA ID``). Every device
-row must follow, cells separated by tabs or spaces (or by pipes, as a table pasted into Markdown
-is; its corner cell above the row names is dropped), lines quoted in a reply (``> ``) or a
-source comment (`` * ``, ``// ``) read without the quote. From the cells:
+row must follow (a NIC's may be missing: its column gives its cells), cells separated by tabs
+or spaces (or by pipes, as a table pasted into Markdown is; its corner cell above the row names
+is dropped), lines quoted in a reply (``> ``) or a source comment (`` * ``, ``// ``) read
+without the quote. From the cells:
 
 * ``NV#`` between two GPUs: a bundle of # NVLinks (``nvlink_bw`` GB/s each, default 25), unless
   GPUs all NVLinked to each other have rows adding up to more NVLinks than any GPU has (18):
@@ -122,11 +123,17 @@ def _parse_matrix(text: str):
             _add_row(rows, devices, number, toks)
         elif _NIC_ROW.fullmatch(toks[0]):
             _add_row(unlisted, devices, number, toks)
+        elif _GPU.match(toks[0]):
+            raise TopologyError(f"nvidia-smi topology line {number}: row {toks[0]} names a GPU "
+                                f"the header at line {header_at} does not list; expected one "
+                                f"column per row")
     if header_at is None:
         raise TopologyError("nvidia-smi topology: no header row naming GPU0, GPU1, ...; expected "
                             "the output of 'nvidia-smi topo -m'")
     missing = [d for d in devices if d not in rows]
-    if missing:
+    if missing and not any(_GPU.match(d) for d in missing):
+        _mirror_rows(devices, rows, missing)
+    elif missing:
         raise TopologyError(f"nvidia-smi topology: the header at line {header_at} lists "
                             f"{', '.join(devices)} but the row for {', '.join(missing)} is "
                             f"missing; expected one row per column")
@@ -149,6 +156,16 @@ def _mirrored(devices: list[str], rows: dict, unlisted: dict) -> list[str]:
     return nics
 
 
+def _mirror_rows(devices: list[str], rows: dict, nics: list[str]) -> None:
+    """Rows for ``nics``, header columns without rows of their own (a paste that kept the GPU
+    rows only): the matrix is symmetric, so each takes its column's cells from the other rows;
+    among those NICs the relation is unknown (``?``)."""
+    for nic in nics:
+        j = devices.index(nic)
+        cells = ["X" if d == nic else "?" if d in nics else rows[d][1][j] for d in devices]
+        rows[nic] = (rows[devices[0]][0], cells, [])
+
+
 def _add_row(rows: dict, devices: list[str], number: int, toks: list[str]) -> None:
     name, cells = toks[0], toks[1:1 + len(devices)]
     if name in rows:
@@ -160,6 +177,10 @@ def _add_row(rows: dict, devices: list[str], number: int, toks: list[str]) -> No
         if not _CELL.fullmatch(cell):
             raise TopologyError(f"nvidia-smi topology line {number}: cell {name}/{column} is "
                                 f"{cell!r}; expected X, NV#, PIX, PXB, PHB, NODE or SYS")
+        if (cell == "X") != (column == name):
+            raise TopologyError(f"nvidia-smi topology line {number}: cell {name}/{column} is "
+                                f"{cell!r}; expected X where a row meets its own column, and "
+                                f"only there")
     rows[name] = (number, cells, toks[1 + len(devices):])
 
 
