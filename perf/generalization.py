@@ -14,7 +14,7 @@ Families (``--families``, default all), each planned for allreduce, allgather an
   (``--samples`` machines);
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
-* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 91
+* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 97
   real dumps kept aside: never used while developing the planner, reported on their own;
 * ``files``: as many random allocations of each topology file named by ``--files`` (any
   format ``collectx.topology.load`` reads): machines from outside this repository.
@@ -57,7 +57,7 @@ COLLECTIVES = ("allreduce", "allgather", "broadcast")
 REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
 # Real dumps never used while developing the planner: their results are the test. The eight
 # after the first four were added at once, after its methods were settled, and two sets of
-# twelve, one of thirteen and two of twenty-one at once each, long after
+# twelve, one of thirteen, one of twenty-one and one of twenty-seven at once each, long after
 # (topology/real/SOURCES.md).
 HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "mi100_8gpu_6xgmi_2socket_rccl_topo.xml",
@@ -149,7 +149,13 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "mi50_8gpu_pcie_only_skylake_2switch_1ib_nic_rccl_topo.xml",
             "mi50_8gpu_2xgmi_rings_skylake_2nic_rccl_topo.xml",
             "nv18_8gpu_12nic_3port_pix_groups_mooncake2039_nvidia-smi-topo.txt",
-            "rtx3090_8gpu_pcie_node_per_socket_no_nic_lmdeploy4917_nvidia-smi-topo.txt")
+            "rtx3090_8gpu_pcie_node_per_socket_no_nic_lmdeploy4917_nvidia-smi-topo.txt",
+            "h20_3e_8gpu_nv18_11nic_pix3_group_bond_sglang28893_nvidia-smi-topo.txt",
+            "h20_3e_8gpu_nv18_2nic_pix_gpu0_sglang23020_nvidia-smi-topo.txt",
+            "rtx5090_8gpu_pcie_2socket_2nic_512cpu_sglang23020_nvidia-smi-topo.txt",
+            "nv18_2of8gpu_visible_10nic_container_stdout_zhou_nvidia-smi-topo.txt",
+            "pcie_2gpu_sys_2socket_2nic_single_space_wuyea_nvidia-smi-topo.txt",
+            "b200_8gpu_nv18_4nic_pipe_table_no_nic_rows_dsvolk_nvidia-smi-topo.txt")
 DGX1 = ("dgx1v", "dgx1p")
 FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",
             "held-out", "files")

@@ -107,6 +107,8 @@ def _direct_links(G):
     ("mi50_8gpu_2xgmi_rings_skylake_2nic_rccl_topo.xml", 8, 8, 0, 2),
     ("nv18_8gpu_12nic_3port_pix_groups_mooncake2039_nvidia-smi-topo.txt", 8, 0, 8, 12),
     ("mi300a_4apu_xgmi_4numa_mzank_rocm-smi-topo.txt", 4, 6, 0, 0),
+    ("h20_3e_8gpu_nv18_11nic_pix3_group_bond_sglang28893_nvidia-smi-topo.txt", 8, 0, 8, 11),
+    ("b200_8gpu_nv18_4nic_pipe_table_no_nic_rows_dsvolk_nvidia-smi-topo.txt", 8, 0, 8, 4),
 ])
 def test_real_dump_has_the_published_gpus_links_and_nics(name, n_gpus, n_pairs, n_switched, n_nics):
     G = topo.load(REAL / name)
