@@ -230,8 +230,9 @@ def test_a_matrix_pasted_as_a_markdown_table_reads_as_the_plain_one():
 
 
 def test_a_quoted_matrix_or_one_whose_header_lost_its_tabs_reads_as_the_plain_one():
-    # a reply quotes the matrix ("> "), a source comment keeps it (" * "), and a page copied
-    # from an old terminal runs the header's names together while the rows keep their tabs
+    # a reply quotes the matrix ("> "), a source comment keeps it (" * ", or "# " in a script),
+    # and a page copied from an old terminal runs the header's names together while the rows
+    # keep their tabs
     plain = ("\tGPU0\tGPU1\tmlx5_0\tCPU Affinity\n"
              "GPU0\t X \tNV1\tPIX\t0-7\n"
              "GPU1\tNV1\t X \tSOC\t8-15\n"
@@ -244,7 +245,7 @@ def test_a_quoted_matrix_or_one_whose_header_lost_its_tabs_reads_as_the_plain_on
     want = as_lists(from_nvidia_smi(plain))
     assert want[1] and ("GPU0", "GPU1") in {(u, v) for u, v, _ in want[1]}
     glued = plain.replace("\tGPU0\tGPU1\tmlx5_0", "\t    GPU0GPU1mlx5_0")
-    for prefix in ("> ", "   * ", "// "):
+    for prefix in ("> ", "   * ", "// ", "# "):
         quoted = "".join(prefix + line for line in plain.splitlines(keepends=True))
         assert as_lists(from_nvidia_smi(quoted)) == want
     assert as_lists(from_nvidia_smi(glued)) == want

@@ -4,8 +4,8 @@ How it works: the header row names the devices (``GPU<i>``, NICs as ``mlx5_0`` o
 then the affinity columns (``CPU Affinity``, ``NUMA Affinity``, ``GPU NUMA ID``). Every device
 row must follow (a NIC's may be missing: its column gives its cells), cells separated by tabs
 or spaces (or by pipes, as a table pasted into Markdown is; its corner cell above the row names
-is dropped), lines quoted in a reply (``> ``) or a source comment (`` * ``, ``// ``) read
-without the quote. From the cells:
+is dropped), lines quoted in a reply (``> ``) or a source comment (`` * ``, ``// ``, and
+``# `` where no line without it holds the matrix) read without the quote. From the cells:
 
 * ``NV#`` between two GPUs: a bundle of # NVLinks (``nvlink_bw`` GB/s each, default 25), unless
   GPUs all NVLinked to each other have rows adding up to more NVLinks than any GPU has (18):
@@ -61,6 +61,7 @@ _ANSI = re.compile(r"\x1b?\[[0-9;]*m")
 # a matrix quoted in a reply ("> "), or kept in a source comment (" * ", "// "): no line of the
 # output starts so, and every line of the quote does ("#" lines stay comments)
 _QUOTED = re.compile(r"^\s*(?:(?:>|\*|//)[ \t]?)+")
+_HASHED = re.compile(r"^[ \t]*#+[ \t]?", re.MULTILINE)
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 _NIC_ROW = re.compile(r"NIC\d+|mlx5_\w+")
 # No GPU has more NVLink ports than this (H100, B200: 18); a row adding up to more is switched.
@@ -97,6 +98,18 @@ def _unglued(tok: str) -> list[str]:
 
 def _parse_matrix(text: str):
     """(devices, extra column names, {device: (line number, relations, extras)}, nic names)."""
+    found = _matrix(text)
+    if found is None and "#" in text:   # a matrix kept as shell comments (in a script, say)
+        found = _matrix(_HASHED.sub("", text))
+    if found is None:
+        raise TopologyError("nvidia-smi topology: no header row naming GPU0, GPU1, ...; expected "
+                            "the output of 'nvidia-smi topo -m'")
+    return found
+
+
+def _matrix(text: str):
+    """:func:`_parse_matrix` of ``text`` as it is, ``#`` lines being comments; None without a
+    header row."""
     header_at, devices, extras, in_legend = None, [], [], False
     rows: dict[str, tuple[int, list[str], list[str]]] = {}
     unlisted: dict[str, tuple[int, list[str], list[str]]] = {}   # NIC rows past the header's
@@ -128,8 +141,7 @@ def _parse_matrix(text: str):
                                 f"the header at line {header_at} does not list; expected one "
                                 f"column per row")
     if header_at is None:
-        raise TopologyError("nvidia-smi topology: no header row naming GPU0, GPU1, ...; expected "
-                            "the output of 'nvidia-smi topo -m'")
+        return None
     missing = [d for d in devices if d not in rows]
     if missing and not any(_GPU.match(d) for d in missing):
         _mirror_rows(devices, rows, missing)
