@@ -253,6 +253,26 @@ def test_a_quoted_matrix_or_one_whose_header_lost_its_tabs_reads_as_the_plain_on
         from_nvidia_smi(glued.replace("GPU1mlx5_0", "GPU1mlx"))
 
 
+def test_a_labelled_or_logged_matrix_and_overflowing_columns_read_as_the_plain_one():
+    plain = ("        GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity   GPU NUMA ID\n"
+             "GPU0     X      NV18    PIX     0-47,96-143     0               N/A\n"
+             "GPU1    NV18     X      SYS     48-95,144-191   1               N/A\n"
+             "NIC0    PIX     SYS      X\n")
+    as_lists = lambda G: (sorted(G.nodes(data=True)), sorted(G.edges(data=True)))  # noqa: E731
+    want = as_lists(from_nvidia_smi(plain))
+    lines = plain.splitlines(keepends=True)
+    # the header on its label's line (rows as printed), every line behind a log's level and time
+    assert as_lists(from_nvidia_smi("GPU topology: " + plain.lstrip())) == want
+    logged = "".join(f"INFO 2025-04-06T03:02:45.84{i}Z {line}" for i, line in enumerate(lines))
+    assert as_lists(from_nvidia_smi(logged)) == want
+    # a wide last column runs into the affinity heading, a last cell into the affinity
+    overflow = plain.replace("NIC0    CPU Affinity", "NIC0CPU Affinity").replace(
+        "PIX     0-47", "PIX0-47").replace("SYS     48-95", "SYS48-95")
+    assert as_lists(from_nvidia_smi(overflow)) == want
+    # prose that names a GPU is not a header: the matrix below it still is
+    assert as_lists(from_nvidia_smi("rank 0 runs on GPU0\n" + plain)) == want
+
+
 def test_nic_columns_without_nic_rows_still_give_the_nics():
     # a paste that kept the GPU rows only: each GPU row still relates it to every NIC
     full = ("        GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity\n"

@@ -53,8 +53,10 @@ _EXTRA_COLUMNS = {"CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID"}
 _GPU = re.compile(r"^GPU\d+$")
 _CELL = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC")
 _NAME = re.compile(r"(?:GPU|NIC)\d+|mlx5_\d+")
+_HEADING = re.compile(f"{_NAME.pattern}|CPU_Affinity|NUMA_Affinity|GPU_NUMA_ID")
 _GLUED_CELLS = re.compile(f"(?:{_CELL.pattern})+")
-_GLUED_NAMES = re.compile(f"(?:{_NAME.pattern})+")
+_GLUED_HEADINGS = re.compile(f"(?:{_HEADING.pattern})+")
+_CELL_THEN_AFFINITY = re.compile(r"(X|PIX|PXB|PHB|NODE|SYS|SOC)(\d[\d,-]*)")
 # nvidia-smi underlines its header on a terminal; text copied from logs keeps the codes, or
 # (pasted where the escape byte is dropped) their visible remnants "[4m" ... "[0m"
 _ANSI = re.compile(r"\x1b?\[[0-9;]*m")
@@ -86,13 +88,17 @@ def _tokens(line: str) -> list[str]:
 
 
 def _unglued(tok: str) -> list[str]:
-    """``tok`` as the cells or device names it runs together: nvidia-smi prints fixed-width
+    """``tok`` as the cells or column headings it runs together: nvidia-smi prints fixed-width
     columns, and past a few dozen NICs a wide one overflows into its neighbour with no space
-    between (``NIC7NIC8``, ``NODENODE``, ``PIXPIX``); a header copied where its tabs were lost
-    runs every name together (``GPU0GPU1GPU2mlx5_0``). Anything else stays whole."""
-    for whole, part in ((_GLUED_CELLS, _CELL), (_GLUED_NAMES, _NAME)):
+    between (``NIC7NIC8``, ``NODENODE``, ``NIC8CPU Affinity``, a last cell into the CPU
+    affinity: ``SYS0-35,72-107``); a header copied where its tabs were lost runs every name
+    together (``GPU0GPU1GPU2mlx5_0``). Anything else stays whole (``NV180-47`` could be NV1
+    or NV18)."""
+    for whole, part in ((_GLUED_CELLS, _CELL), (_GLUED_HEADINGS, _HEADING)):
         if whole.fullmatch(tok):
             return part.findall(tok)
+    if (glued := _CELL_THEN_AFFINITY.fullmatch(tok)):
+        return list(glued.groups())
     return [tok]
 
 
@@ -110,7 +116,7 @@ def _parse_matrix(text: str):
 def _matrix(text: str):
     """:func:`_parse_matrix` of ``text`` as it is, ``#`` lines being comments; None without a
     header row."""
-    header_at, devices, extras, in_legend = None, [], [], False
+    header_at, devices, extras, in_legend, skip = None, [], [], False, 0
     rows: dict[str, tuple[int, list[str], list[str]]] = {}
     unlisted: dict[str, tuple[int, list[str], list[str]]] = {}   # NIC rows past the header's
     nic_names = {}
@@ -124,14 +130,17 @@ def _matrix(text: str):
         if header_at is None:
             if "|" in line and len(toks) > 1 and not _GPU.match(toks[0]) and _GPU.match(toks[1]):
                 toks = toks[1:]   # a Markdown table's corner cell (``| GPU | GPU0 | ...``)
-            if _GPU.match(toks[0]) and "X" not in toks:
-                header_at = number
+            skip = _heading_at(toks)
+            if skip is not None and "X" not in toks:
+                header_at, toks = number, toks[skip:]
                 split = next((i for i, t in enumerate(toks) if t in _EXTRA_COLUMNS), len(toks))
                 devices, extras = toks[:split], toks[split:]
             continue
         in_legend = in_legend or toks[0].rstrip(":") == "Legend"
         if in_legend:
             continue
+        if skip and toks[0] not in devices and len(toks) > skip and toks[skip] in devices:
+            toks = toks[skip:]   # the header's prefix (a log line's, say) on this row too
         if toks[0] in devices:
             _add_row(rows, devices, number, toks)
         elif _NIC_ROW.fullmatch(toks[0]):
@@ -166,6 +175,18 @@ def _mirrored(devices: list[str], rows: dict, unlisted: dict) -> list[str]:
         number, cells, values = unlisted[nic]
         rows[nic] = (number, cells + ["X" if other == nic else "?" for other in nics], values)
     return nics
+
+
+def _heading_at(toks: list[str]) -> int | None:
+    """Where the header's device names start in ``toks``: at its first token, or past a prefix
+    (a label, ``GPU topology:``; a log line's level and time) where the names that follow are
+    all column headings, affinity columns among them; else None (not a header)."""
+    if _GPU.match(toks[0]):
+        return 0
+    at = next((i for i, t in enumerate(toks) if _GPU.match(t)), None)
+    if at is None or not all(_HEADING.fullmatch(t) or _NIC_ROW.fullmatch(t) for t in toks[at:]):
+        return None
+    return at if any(t in _EXTRA_COLUMNS for t in toks[at:]) else None
 
 
 def _mirror_rows(devices: list[str], rows: dict, nics: list[str]) -> None:
