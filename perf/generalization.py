@@ -14,7 +14,7 @@ Families (``--families``, default all), each planned for allreduce, allgather an
   (``--samples`` machines);
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
-* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 97
+* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 121
   real dumps kept aside: never used while developing the planner, reported on their own;
 * ``files``: as many random allocations of each topology file named by ``--files`` (any
   format ``collectx.topology.load`` reads): machines from outside this repository.
@@ -57,8 +57,8 @@ COLLECTIVES = ("allreduce", "allgather", "broadcast")
 REAL = Path(__file__).resolve().parent.parent / "topology" / "real"
 # Real dumps never used while developing the planner: their results are the test. The eight
 # after the first four were added at once, after its methods were settled, and two sets of
-# twelve, one of thirteen, one of twenty-one and one of twenty-seven at once each, long after
-# (topology/real/SOURCES.md).
+# twelve, one of thirteen, one of twenty-one, one of twenty-seven and one of twenty-four at
+# once each, long after (topology/real/SOURCES.md).
 HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "mi100_8gpu_6xgmi_2socket_rccl_topo.xml",
             "rtx_a6000_8gpu_nvlink_pairs_2nic_nvidia-smi-topo.txt",
@@ -155,7 +155,31 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "rtx5090_8gpu_pcie_2socket_2nic_512cpu_sglang23020_nvidia-smi-topo.txt",
             "nv18_2of8gpu_visible_10nic_container_stdout_zhou_nvidia-smi-topo.txt",
             "pcie_2gpu_sys_2socket_2nic_single_space_wuyea_nvidia-smi-topo.txt",
-            "b200_8gpu_nv18_4nic_pipe_table_no_nic_rows_dsvolk_nvidia-smi-topo.txt")
+            "b200_8gpu_nv18_4nic_pipe_table_no_nic_rows_dsvolk_nvidia-smi-topo.txt",
+            "a100_pcie_1gpu_header_on_label_line_scalellm288_nvidia-smi-topo.txt",
+            "pcie_4gpu_pxb_pair_pix_pair_2socket_nccl667_nvidia-smi-topo.txt",
+            "h100_8gpu_nv18_pairs_one_nv17_sglang3780_nvidia-smi-topo.txt",
+            "a800_pcie_8gpu_nv8_nv6_nv4_odd_bridges_vllm9469_nvidia-smi-topo.txt",
+            "h100_4gpu_nv6_asymmetric_gpu2_row_vllm8947_nvidia-smi-topo.txt",
+            "rtx4080_10gpu_pix_groups_2socket_sglang7903_nvidia-smi-topo.txt",
+            "a100_sxm4_8gpu_nv12_9nic_phb_groups_sglang1872_nvidia-smi-topo.txt",
+            "h100_8gpu_nv18_kvm_log_prefixed_sglang5096_nvidia-smi-topo.txt",
+            "a100_sxm4_8gpu_no_nvlink_9nic_glued_cells_sglang5013_nvidia-smi-topo.txt",
+            "h100_8gpu_nv18_10nic_glued_affinity_sglang3658_nvidia-smi-topo.txt",
+            "b200_8gpu_nv18_4numa_12nic_glued_heading_vllm20862_nvidia-smi-topo.txt",
+            "h100_1gpu_63of140nic_shown_vllm8904_nvidia-smi-topo.txt",
+            "h100_5of8gpu_visible_nv18_12nic_sglang3112_nvidia-smi-topo.txt",
+            "rtx3090_4gpu_one_nv4_bridge_pair_vllm12354_nvidia-smi-topo.txt",
+            "v100_sxm2_8gpu_hybrid_cube_all_numa1_vllm20303_nvidia-smi-topo.txt",
+            "grid_a100_40c_vgpu_3gpu_pix_vm_vllm20484_nvidia-smi-topo.txt",
+            "rtx3090x4_rtx5090x2_6gpu_mixed_sglang7482_nvidia-smi-topo.txt",
+            "mi308x_8gpu_xgmi_2numa_warning_msswift_rocm-smi-topo.txt",
+            "aws_p4d_24xl_a100_8gpu_nv12_no_nics_gnosia93_nvidia-smi-topo.txt",
+            "aws_g6e_12xl_l40s_4gpu_all_node_gnosia93_nvidia-smi-topo.txt",
+            "aws_p5_48xl_h100_8gpu_nv18_no_nics_gnosia93_nvidia-smi-topo.txt",
+            "ncsa_delta_a100x4_nv4_numa_reversed_hash_quoted_nvidia-smi-topo.txt",
+            "dkrz_levante_a100_4gpu_2nic_topo_mp_hash_quoted_nvidia-smi-topo.txt",
+            "princeton_della_i14g20_2gpu_sys_2nic_jdh4_nvidia-smi-topo.txt")
 DGX1 = ("dgx1v", "dgx1p")
 FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",
             "held-out", "files")

@@ -109,6 +109,18 @@ def _direct_links(G):
     ("mi300a_4apu_xgmi_4numa_mzank_rocm-smi-topo.txt", 4, 6, 0, 0),
     ("h20_3e_8gpu_nv18_11nic_pix3_group_bond_sglang28893_nvidia-smi-topo.txt", 8, 0, 8, 11),
     ("b200_8gpu_nv18_4nic_pipe_table_no_nic_rows_dsvolk_nvidia-smi-topo.txt", 8, 0, 8, 4),
+    ("a100_pcie_1gpu_header_on_label_line_scalellm288_nvidia-smi-topo.txt", 1, 0, 0, 0),
+    ("a800_pcie_8gpu_nv8_nv6_nv4_odd_bridges_vllm9469_nvidia-smi-topo.txt", 8, 4, 0, 2),
+    ("h100_8gpu_nv18_kvm_log_prefixed_sglang5096_nvidia-smi-topo.txt", 8, 0, 8, 0),
+    ("a100_sxm4_8gpu_no_nvlink_9nic_glued_cells_sglang5013_nvidia-smi-topo.txt", 8, 0, 0, 9),
+    ("h100_8gpu_nv18_10nic_glued_affinity_sglang3658_nvidia-smi-topo.txt", 8, 0, 8, 10),
+    ("b200_8gpu_nv18_4numa_12nic_glued_heading_vllm20862_nvidia-smi-topo.txt", 8, 0, 8, 12),
+    ("h100_1gpu_63of140nic_shown_vllm8904_nvidia-smi-topo.txt", 1, 0, 0, 63),
+    ("h100_5of8gpu_visible_nv18_12nic_sglang3112_nvidia-smi-topo.txt", 5, 0, 5, 12),
+    ("v100_sxm2_8gpu_hybrid_cube_all_numa1_vllm20303_nvidia-smi-topo.txt", 8, 16, 0, 0),
+    ("mi308x_8gpu_xgmi_2numa_warning_msswift_rocm-smi-topo.txt", 8, 28, 0, 0),
+    ("ncsa_delta_a100x4_nv4_numa_reversed_hash_quoted_nvidia-smi-topo.txt", 4, 6, 0, 1),
+    ("dkrz_levante_a100_4gpu_2nic_topo_mp_hash_quoted_nvidia-smi-topo.txt", 4, 0, 0, 2),
 ])
 def test_real_dump_has_the_published_gpus_links_and_nics(name, n_gpus, n_pairs, n_switched, n_nics):
     G = topo.load(REAL / name)
