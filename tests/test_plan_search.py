@@ -496,3 +496,20 @@ def test_without_the_dealt_trees_every_count_is_rounded_by_the_program(monkeypat
     programs = P._found(p, lp, pipe, rounding, None, False, dealt=False)
     assert dealt and programs   # rounded without a dealt tree, none beyond the LP's rate
     assert all(rounding.rate(f.trees, f.K) <= lp.rate * (1 + 1e-9) for f in programs)
+
+
+def test_where_no_rounding_beats_the_plan_to_beat_the_lps_own_trees_still_may(monkeypatch):
+    # Seven GPUs of an eight-GPU xGMI mesh (one link per pair) with host staging, allgather:
+    # the one-hop exchange moves xGMI's share of the bound (0.947; host staging adds 5%), and
+    # every count of equal trees rounds away more than that, but the LP's own trees (uneven
+    # rates) lose less, and simulate well ahead of the exchange.
+    from _dumps import REAL
+    G = T.load(REAL / "mi308x_8gpu_xgmi_2numa_warning_msswift_rocm-smi-topo.txt")
+    gpus = [0, 2, 3, 4, 5, 6, 7]
+    now = plan(G, "allgather", 1 << 30, gpus=gpus, verify=False)
+    unrounded = P._unrounded
+    monkeypatch.setattr(P, "_unrounded", lambda p, lp, kept, cost, beat:
+                        unrounded(p, lp, kept, cost, beat) if kept else [])
+    before = plan(G, "allgather", 1 << 30, gpus=gpus, verify=False)
+    assert (before.algorithm, now.algorithm) == ("direct", "forest+host")
+    assert before.efficiency < 0.95 < 0.96 < now.efficiency <= 1.001

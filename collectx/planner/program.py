@@ -777,22 +777,29 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
         kept = (_rounded(p, lp, cost, rounding, keep, beat, dealt=dealt)
                 or _rounded(p, lp, cost, rounding, keep, beat * (1 + FILL), modelled=True,
                             dealt=dealt))
-    return kept + _unrounded(p, lp, kept)
+    return kept + _unrounded(p, lp, kept, cost, beat)
 
 
-def _unrounded(p: Problem, lp: Packing, kept: list) -> list:
+def _unrounded(p: Problem, lp: Packing, kept: list, cost, beat: float | None) -> list:
     """The LP's own trees, each dealt chunks by its rate (:func:`~.trees.lower`), where every
-    rounding kept loses more than :data:`~.cost_tables.FILL` of the LP's rate and the LP's
-    trees fit the lanes: its trees of unequal rates share links fairly, not in the LP's
-    proportions, but lose less than such a rounding does (docs/planner.md has a case measured
-    both ways). Not for a forest allreduce: its two ways of a root must cut their chunks
-    alike, each broadcast piece waiting for the reduction of the same piece, and the LP's up
-    and down trees differ."""
-    if not kept or any(k is lp for k in kept) or len(p.ways) > 1:
+    rounding kept loses more than :data:`~.cost_tables.FILL` of the LP's rate, or none beats
+    ``beat`` while the LP's trees do by the model's looser test (:func:`_rounded`'s
+    ``modelled``), and the LP's trees fit the lanes: its trees of unequal rates share links
+    fairly, not in the LP's proportions, but lose less than such a rounding does
+    (docs/planner.md has cases measured both ways). Not for a forest allreduce: its two ways
+    of a root must cut their chunks alike, each broadcast piece waiting for the reduction of
+    the same piece, and the LP's up and down trees differ."""
+    if any(k is lp for k in kept) or len(p.ways) > 1:
         return []
-    if max(k.rate for k in kept) >= lp.rate * (1 - FILL):
+    per_group = max(Counter(t.group for t in lp.trees).values())
+    if kept and max(k.rate for k in kept) >= lp.rate * (1 - FILL):
         return []
-    return [lp] if max(Counter(t.group for t in lp.trees).values()) <= most_trees(p) else []
+    if not kept:   # nothing rounded beats the time to beat: the LP's trees, if they may
+        K, depth = max(1, len(lp.trees) // len(p.groups)), max(t.depth() for t in lp.trees)
+        at = _modelled(cost, K, lp.rate, depth, lp)
+        if beat is None or min(at.time, at.lockstep) >= beat * (1 + FILL):
+            return []
+    return [lp] if per_group <= most_trees(p) else []
 
 
 def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,
