@@ -17,6 +17,17 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "topology"
 
 
+TWO_GPUS_AND_A_NIC = ("        GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity\n"
+                      "GPU0     X      NV4     PIX     0-15    0\n"
+                      "GPU1    NV4      X      SYS     16-31   1\n"
+                      "NIC0    PIX     SYS      X\n")
+
+
+def _as_lists(G):
+    """A graph's nodes and edges with their attributes, in order: two readings compare equal."""
+    return sorted(G.nodes(data=True)), sorted(G.edges(data=True))
+
+
 def _nvlink_bundles(G):
     return {(frozenset((a, b)), d["count"]) for a, b, d in G.edges(data=True)
             if d["type"] == "nvlink"}
@@ -211,18 +222,14 @@ def test_columns_run_together_by_fixed_width_output_are_split():
 def test_a_matrix_pasted_as_a_markdown_table_reads_as_the_plain_one():
     # a wiki page or README may carry the matrix as a Markdown table: a corner cell heads the
     # row names, pipes separate the cells and a dashed row underlines the header
-    plain = ("        GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity\n"
-             "GPU0     X      NV4     PIX     0-15    0\n"
-             "GPU1    NV4      X      SYS     16-31   1\n"
-             "NIC0    PIX     SYS      X\n")
+    plain = TWO_GPUS_AND_A_NIC
     table = ("| GPU  | GPU0 | GPU1 | NIC0 | CPU Affinity | NUMA Affinity |\n"
              "|------|------|------|------|--------------|---------------|\n"
              "| GPU0 | X    | NV4  | PIX  | 0-15         | 0             |\n"
              "| GPU1 | NV4  | X    | SYS  | 16-31        | 1             |\n"
              "| NIC0 | PIX  | SYS  | X    |              |               |\n")
-    as_lists = lambda G: (sorted(G.nodes(data=True)), sorted(G.edges(data=True)))  # noqa: E731
     G = from_nvidia_smi(table)
-    assert as_lists(G) == as_lists(from_nvidia_smi(plain))
+    assert _as_lists(G) == _as_lists(from_nvidia_smi(plain))
     assert G.edges["GPU0", "GPU1"]["count"] == 4
     assert path_class(G, "NIC0", "GPU0") == PathClass.PIX
     with pytest.raises(TopologyError, match="line 4: row GPU1 has 1 cells; expected 3"):
@@ -241,14 +248,13 @@ def test_a_quoted_matrix_or_one_whose_header_lost_its_tabs_reads_as_the_plain_on
              "Legend:\n"
              "  SOC  = Connection traversing PCIe as well as the SMP link between\n"
              "  CPU sockets(e.g. QPI)\n")
-    as_lists = lambda G: (sorted(G.nodes(data=True)), sorted(G.edges(data=True)))  # noqa: E731
-    want = as_lists(from_nvidia_smi(plain))
+    want = _as_lists(from_nvidia_smi(plain))
     assert want[1] and ("GPU0", "GPU1") in {(u, v) for u, v, _ in want[1]}
     glued = plain.replace("\tGPU0\tGPU1\tmlx5_0", "\t    GPU0GPU1mlx5_0")
     for prefix in ("> ", "   * ", "// ", "# "):
         quoted = "".join(prefix + line for line in plain.splitlines(keepends=True))
-        assert as_lists(from_nvidia_smi(quoted)) == want
-    assert as_lists(from_nvidia_smi(glued)) == want
+        assert _as_lists(from_nvidia_smi(quoted)) == want
+    assert _as_lists(from_nvidia_smi(glued)) == want
     with pytest.raises(TopologyError, match="no header row naming GPU0"):
         from_nvidia_smi(glued.replace("GPU1mlx5_0", "GPU1mlx"))
 
@@ -258,30 +264,25 @@ def test_a_labelled_or_logged_matrix_and_overflowing_columns_read_as_the_plain_o
              "GPU0     X      NV18    PIX     0-47,96-143     0               N/A\n"
              "GPU1    NV18     X      SYS     48-95,144-191   1               N/A\n"
              "NIC0    PIX     SYS      X\n")
-    as_lists = lambda G: (sorted(G.nodes(data=True)), sorted(G.edges(data=True)))  # noqa: E731
-    want = as_lists(from_nvidia_smi(plain))
+    want = _as_lists(from_nvidia_smi(plain))
     lines = plain.splitlines(keepends=True)
     # the header on its label's line (rows as printed), every line behind a log's level and time
-    assert as_lists(from_nvidia_smi("GPU topology: " + plain.lstrip())) == want
+    assert _as_lists(from_nvidia_smi("GPU topology: " + plain.lstrip())) == want
     logged = "".join(f"INFO 2025-04-06T03:02:45.84{i}Z {line}" for i, line in enumerate(lines))
-    assert as_lists(from_nvidia_smi(logged)) == want
+    assert _as_lists(from_nvidia_smi(logged)) == want
     # a wide last column runs into the affinity heading, a last cell into the affinity
     overflow = plain.replace("NIC0    CPU Affinity", "NIC0CPU Affinity").replace(
         "PIX     0-47", "PIX0-47").replace("SYS     48-95", "SYS48-95")
-    assert as_lists(from_nvidia_smi(overflow)) == want
+    assert _as_lists(from_nvidia_smi(overflow)) == want
     # prose that names a GPU is not a header: the matrix below it still is
-    assert as_lists(from_nvidia_smi("rank 0 runs on GPU0\n" + plain)) == want
+    assert _as_lists(from_nvidia_smi("rank 0 runs on GPU0\n" + plain)) == want
 
 
 def test_nic_columns_without_nic_rows_still_give_the_nics():
     # a paste that kept the GPU rows only: each GPU row still relates it to every NIC
-    full = ("        GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity\n"
-            "GPU0     X      NV4     PIX     0-15    0\n"
-            "GPU1    NV4      X      SYS     16-31   1\n"
-            "NIC0    PIX     SYS      X\n")
-    as_lists = lambda G: (sorted(G.nodes(data=True)), sorted(G.edges(data=True)))  # noqa: E731
+    full = TWO_GPUS_AND_A_NIC
     gpu_rows = "".join(full.splitlines(keepends=True)[:3])
-    assert as_lists(from_nvidia_smi(gpu_rows)) == as_lists(from_nvidia_smi(full))
+    assert _as_lists(from_nvidia_smi(gpu_rows)) == _as_lists(from_nvidia_smi(full))
     with pytest.raises(TopologyError, match="the row for GPU1, NIC0 is missing"):
         from_nvidia_smi("".join(full.splitlines(keepends=True)[:2]))
 
@@ -294,10 +295,7 @@ def test_nic_columns_without_nic_rows_still_give_the_nics():
 ])
 def test_a_matrix_whose_rows_disagree_with_its_header_is_refused(edit, message):
     # a hand-edited sample: more GPU rows than header columns, a self cell moved
-    text = ("        GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity\n"
-            "GPU0     X      NV4     PIX     0-15    0\n"
-            "GPU1    NV4      X      SYS     16-31   1\n"
-            "NIC0    PIX     SYS      X\n")
+    text = TWO_GPUS_AND_A_NIC
     from_nvidia_smi(text)
     with pytest.raises(TopologyError, match=message):
         from_nvidia_smi(edit(text))
