@@ -791,7 +791,6 @@ def _unrounded(p: Problem, lp: Packing, kept: list, cost, beat: float | None) ->
     the same piece, and the LP's up and down trees differ."""
     if any(k is lp for k in kept) or len(p.ways) > 1:
         return []
-    per_group = max(Counter(t.group for t in lp.trees).values())
     if kept and max(k.rate for k in kept) >= lp.rate * (1 - FILL):
         return []
     if not kept:   # nothing rounded beats the time to beat: the LP's trees, if they may
@@ -799,7 +798,7 @@ def _unrounded(p: Problem, lp: Packing, kept: list, cost, beat: float | None) ->
         at = _modelled(cost, K, lp.rate, depth, lp)
         if beat is None or min(at.time, at.lockstep) >= beat * (1 + FILL):
             return []
-    return [lp] if per_group <= most_trees(p) else []
+    return [lp] if max(Counter(t.group for t in lp.trees).values()) <= most_trees(p) else []
 
 
 def _rounded(p: Problem, lp: Packing, cost, rounding: "Rounding", keep: int,

@@ -20,8 +20,10 @@ are nodes ``RANK<i>`` of kind ``"gpu"`` with ``device="cpu"`` (see :func:`collec
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import networkx as nx
 
@@ -235,3 +237,19 @@ def subset(G: nx.DiGraph, wanted: Iterable[int | str]) -> nx.DiGraph:
     if drop:
         H.graph["name"] = f"{G.graph.get('name', 'topology')}[{','.join(gpus(H))}]"
     return H
+
+
+def read_source(source, what: str, is_path: Callable[[str], bool]) -> str:
+    """The text of ``source``: a file's where it is an ``os.PathLike`` or a string ``is_path``
+    takes for a path, else the string itself (the text given inline). An unreadable file
+    raises :class:`TopologyError` naming ``what`` was to be read.
+
+    >>> read_source("GPU0", "a matrix", lambda s: False)
+    'GPU0'
+    """
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and is_path(source)):
+        try:
+            return Path(source).read_text()
+        except OSError as exc:
+            raise TopologyError(f"cannot read {what} {str(source)!r}: {exc}") from None
+    return source

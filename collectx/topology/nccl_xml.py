@@ -30,14 +30,12 @@ inter-socket figures by vendor and model (topo.h: BDW/SKL/SRP/ERP QPI, AMD, ARM,
 
 from __future__ import annotations
 
-import os
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import networkx as nx
 
 from ..errors import TopologyError
-from .model import add_link, add_node, new_graph
+from .model import add_link, add_node, new_graph, read_source
 from .pcie import copy_bw_for_sm, nvlink_bw_for_sm, normalize_busid, pcie_bw, xgmi_bw_for_arch
 
 NVSWITCH_CLASS = "0x068000"
@@ -107,15 +105,6 @@ def _check_complete(root: ET.Element) -> None:
             f"{', ...' if len(seen) > 4 else ''}): this is a partial NCCL_TOPO_FILE, which NCCL "
             f"completes from the running machine (NVLinks, SM); expected a full dump: run one "
             f"NCCL job there with NCCL_TOPO_DUMP_FILE=topo.xml and load that file")
-
-
-def _read_text(source) -> str:
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and "<" not in source):
-        try:
-            return Path(source).read_text()
-        except OSError as exc:
-            raise TopologyError(f"cannot read NCCL topology XML {str(source)!r}: {exc}") from None
-    return source
 
 
 def _parse(text: str) -> ET.Element:
@@ -308,7 +297,8 @@ def from_nccl_xml(source) -> nx.DiGraph:
     See the module docstring for the mapping and the tolerated quirks. Bandwidths are line
     rates: NVLink 25 GB/s per link (20 on sm60, 50 on sm100), PCIe from GT/s x width.
     """
-    root = _parse(_read_text(source))
+    in_file = lambda text: "<" not in text  # noqa: E731  (a string without markup names a file)
+    root = _parse(read_source(source, "NCCL topology XML", in_file))
     _check_complete(root)
     b = _Builder()
     for cpu in root.findall("cpu"):

@@ -38,14 +38,13 @@ name NIC columns; the ``Legend`` block and anything after it is ignored.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import networkx as nx
 
 from ..errors import TopologyError
-from .model import add_link, add_node, new_graph
+from .model import add_link, add_node, new_graph, read_source
 
 _MULTIWORD = (("CPU Affinity", "CPU_Affinity"), ("NUMA Affinity", "NUMA_Affinity"),
               ("GPU NUMA ID", "GPU_NUMA_ID"))
@@ -70,14 +69,9 @@ _NIC_ROW = re.compile(r"NIC\d+|mlx5_\w+")
 MAX_NVLINKS_PER_GPU = 18
 
 
-def _read_text(source) -> str:
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
-                                           and "\t" not in source and Path(source).is_file()):
-        try:
-            return Path(source).read_text()
-        except OSError as exc:
-            raise TopologyError(f"cannot read nvidia-smi topology {str(source)!r}: {exc}") from None
-    return source
+def one_line_file(text: str) -> bool:
+    """Whether a string given as a table's source names a file: one line, and a file there."""
+    return "\n" not in text and "\t" not in text and Path(text).is_file()
 
 
 def _tokens(line: str) -> list[str]:
@@ -258,7 +252,8 @@ def from_nvidia_smi(source, nvlink_bw: float = 25.0, pcie_bw: float = 15.75,
     --------
     from_nccl_xml, collectx.topology.load
     """
-    devices, extras, rows, nic_names = _parse_matrix(_read_text(source))
+    text = read_source(source, "nvidia-smi topology", one_line_file)
+    devices, extras, rows, nic_names = _parse_matrix(text)
     ids = _device_ids(devices)
     G = new_graph("nvidia_smi", "imported from nvidia-smi topo -m")
     for dev in devices:

@@ -42,8 +42,8 @@ import re
 import networkx as nx
 
 from ..errors import TopologyError
-from .model import add_link, add_node, new_graph
-from .nvsmi import _read_text
+from .model import add_link, add_node, new_graph, read_source
+from .nvsmi import one_line_file
 from .pcie import DEFAULT_XGMI_GBPS
 
 _TITLE = re.compile(r"^=+\s*(.*?)\s*=+\s*$")
@@ -80,27 +80,27 @@ def from_rocm_smi(source, xgmi_bw: float = DEFAULT_XGMI_GBPS, pcie_bw: float = 1
     --------
     from_nccl_xml, from_nvidia_smi, collectx.topology.load
     """
-    tables, numa = _parse(_read_text(source))
+    tables, numa = _parse(read_source(source, "rocm-smi topology", one_line_file))
     if "type" not in tables:
         raise TopologyError(f"rocm-smi topology: no '{TABLES['type']}' table; expected the "
                             f"output of 'rocm-smi --showtopo'")
     types, gpus = tables["type"], sorted(tables["type"][0], key=int)
     weights = tables.get("weight", ({}, {}))[1]
     G = new_graph("rocm_smi", "imported from rocm-smi --showtopo")
+    numa = {g: numa[g] for g in gpus if numa.get(g, -1) >= 0}   # -1: rocm-smi knows none
     for g in gpus:
-        add_node(G, f"GPU{g}", "gpu", **({"numa": numa[g]} if numa.get(g, -1) >= 0 else {}))
+        add_node(G, f"GPU{g}", "gpu", **({"numa": numa[g]} if g in numa else {}))
     xgmi = [(a, b) for a in gpus for b in gpus if a < b and "XGMI" in (types[1][a, b],
                                                                          types[1][b, a])]
     least = min((weights.get((a, b), 0) for a, b in xgmi), default=0)
     for a, b in xgmi:
         if weights.get((a, b), 0) <= least:
             add_link(G, f"GPU{a}", f"GPU{b}", "xgmi", xgmi_bw)
-    cpus = sorted({numa[g] for g in gpus if numa.get(g, -1) >= 0}) or [0]
+    cpus = sorted(set(numa.values())) or [0]
     for c in cpus:
         add_node(G, f"CPU{c}", "cpu", numa=c)
     for g in gpus:
-        add_link(G, f"GPU{g}", f"CPU{numa[g] if numa.get(g, -1) >= 0 else cpus[0]}", "pcie",
-                 pcie_bw)
+        add_link(G, f"GPU{g}", f"CPU{numa.get(g, cpus[0])}", "pcie", pcie_bw)
     for i, a in enumerate(cpus):
         for b in cpus[i + 1:]:
             add_link(G, f"CPU{a}", f"CPU{b}", "smp", smp_bw)
