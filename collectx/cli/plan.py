@@ -40,8 +40,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "plan", help="plan a collective on a topology and predict how fast it is",
         description="Plan COLLECTIVE on GPUs of SOURCE (a preset name, a collectx JSON file, "
-                    "an NCCL topology XML, 'nvidia-smi topo -m' or 'rocm-smi --showtopo' "
-                    "output; default this machine), simulate it and compare it with the cut bound.")
+                    "an NCCL topology XML, 'nvidia-smi topo -m', 'rocm-smi --showtopo' or "
+                    "'amd-smi topology' output; default this machine), simulate it and compare it with the cut bound.")
     p.add_argument("source", nargs="?", metavar="SOURCE", help="preset name or file")
     p.add_argument("--collective", "-c", required=True, metavar="C",
                    help="allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, "

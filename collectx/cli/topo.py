@@ -131,7 +131,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "topo", help="show a machine's topology (GPU x GPU path matrix, NICs, CPUs)",
         description="Show the topology of this machine (probed, or COLLECTX_TOPO_FILE) or of "
                     "SOURCE: a preset name, a collectx JSON file, an NCCL topology XML, "
-                    "'nvidia-smi topo -m' or 'rocm-smi --showtopo' output.")
+                    "'nvidia-smi topo -m', 'rocm-smi --showtopo' or 'amd-smi topology' "
+                    "output.")
     p.add_argument("source", nargs="?", metavar="SOURCE",
                    help="preset name or file (default: this machine)")
     p.add_argument("--gpus", metavar="LIST",

@@ -193,16 +193,21 @@ def write_json(G: nx.DiGraph, path: str | os.PathLike) -> None:
 
 
 def sniff(text: str) -> str:
-    """Guess the format of a topology text: ``"json"``, ``"nccl_xml"``, ``"rocm_smi"`` or
-    ``"nvidia_smi"``.
+    """Guess the format of a topology text: ``"json"``, ``"nccl_xml"``, ``"rocm_smi"``,
+    ``"amd_smi"`` or ``"nvidia_smi"``.
 
     >>> sniff('{"schema": "collectx.topology/1"}'), sniff("<system version='1'>"), sniff("\\tGPU0\\n")
     ('json', 'nccl_xml', 'nvidia_smi')
     >>> sniff("=== Link Type between two GPUs ===")
     'rocm_smi'
+    >>> sniff("LINK TYPE TABLE:")
+    'amd_smi'
     """
+    from .amdsmi import looks_like_amd_smi
     from .rocmsmi import looks_like_rocm_smi
     head = text.lstrip()
+    if looks_like_amd_smi(text):   # before JSON: amd-smi's --json is a JSON list
+        return "amd_smi"
     if head.startswith("{"):
         return "json"
     if head.startswith("<") or "<system" in text:
@@ -211,8 +216,8 @@ def sniff(text: str) -> str:
 
 
 def load(source) -> nx.DiGraph:
-    """Load a topology from a preset name, a file (JSON, NCCL XML, nvidia-smi or rocm-smi text)
-    or a graph.
+    """Load a topology from a preset name, a file (JSON, NCCL XML, nvidia-smi, rocm-smi or
+    amd-smi output) or a graph.
 
     Parameters
     ----------
@@ -260,8 +265,8 @@ def parse_text(text: str, origin: str = "<text>") -> nx.DiGraph:
     """Parse topology text of any supported format (see :func:`sniff`)."""
     if not text.strip():   # else read as a matrix without its header row, which misleads
         raise TopologyError(f"{origin}: the topology text is empty; expected collectx topology "
-                            f"JSON, an NCCL/RCCL topology XML, 'nvidia-smi topo -m' or "
-                            f"'rocm-smi --showtopo' output")
+                            f"JSON, an NCCL/RCCL topology XML, 'nvidia-smi topo -m', "
+                            f"'rocm-smi --showtopo' or 'amd-smi topology' output")
     fmt = sniff(text)
     if fmt == "json":
         G = from_json(text)
@@ -271,6 +276,9 @@ def parse_text(text: str, origin: str = "<text>") -> nx.DiGraph:
     elif fmt == "rocm_smi":
         from .rocmsmi import from_rocm_smi
         G = from_rocm_smi(text)
+    elif fmt == "amd_smi":
+        from .amdsmi import from_amd_smi
+        G = from_amd_smi(text)
     else:
         from .nvsmi import from_nvidia_smi
         G = from_nvidia_smi(text)

@@ -90,21 +90,35 @@ def from_rocm_smi(source, xgmi_bw: float = DEFAULT_XGMI_GBPS, pcie_bw: float = 1
     numa = {g: numa[g] for g in gpus if numa.get(g, -1) >= 0}   # -1: rocm-smi knows none
     for g in gpus:
         add_node(G, f"GPU{g}", "gpu", **({"numa": numa[g]} if g in numa else {}))
-    xgmi = [(a, b) for a in gpus for b in gpus if a < b and "XGMI" in (types[1][a, b],
-                                                                         types[1][b, a])]
-    least = min((weights.get((a, b), 0) for a, b in xgmi), default=0)
-    for a, b in xgmi:
-        if weights.get((a, b), 0) <= least:
-            add_link(G, f"GPU{a}", f"GPU{b}", "xgmi", xgmi_bw)
-    cpus = sorted(set(numa.values())) or [0]
+    for a, b in xgmi_pairs(gpus, types[1], weights):
+        add_link(G, f"GPU{a}", f"GPU{b}", "xgmi", xgmi_bw)
+    hang_off_cpus(G, {f"GPU{g}": numa.get(g) for g in gpus}, pcie_bw, smp_bw)
+    return G
+
+
+def xgmi_pairs(gpus: list, types: dict, weights: dict) -> list:
+    """The pairs ``(a, b)``, ``a < b`` in the order of ``gpus``, joined directly by xGMI: link
+    type ``XGMI`` either way (``types[a, b]``) and the least weight of such pairs (a pair
+    whose weight is unknown, None or missing, is taken as joined: nothing says otherwise)."""
+    xgmi = [(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1:]
+            if "XGMI" in (types[a, b], types[b, a])]
+    known = [w for a, b in xgmi if (w := weights.get((a, b))) is not None]
+    least = min(known, default=0)
+    return [(a, b) for a, b in xgmi if weights.get((a, b)) is None or weights[a, b] <= least]
+
+
+def hang_off_cpus(G: nx.DiGraph, numa: dict, pcie_bw: float, smp_bw: float) -> None:
+    """Hang each GPU of ``numa`` (``{gpu: NUMA node or None}``) off ``CPU<node>`` by a
+    ``pcie_bw`` link (``CPU0`` where no GPU's node is known, else the least known), and join
+    the CPUs pairwise by ``smp`` links."""
+    cpus = sorted({n for n in numa.values() if n is not None}) or [0]
     for c in cpus:
         add_node(G, f"CPU{c}", "cpu", numa=c)
-    for g in gpus:
-        add_link(G, f"GPU{g}", f"CPU{numa.get(g, cpus[0])}", "pcie", pcie_bw)
+    for gpu, node in numa.items():
+        add_link(G, gpu, f"CPU{cpus[0] if node is None else node}", "pcie", pcie_bw)
     for i, a in enumerate(cpus):
         for b in cpus[i + 1:]:
             add_link(G, f"CPU{a}", f"CPU{b}", "smp", smp_bw)
-    return G
 
 
 def _parse(text: str):
