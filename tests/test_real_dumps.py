@@ -121,6 +121,9 @@ def _direct_links(G):
     ("mi308x_8gpu_xgmi_2numa_warning_msswift_rocm-smi-topo.txt", 8, 28, 0, 0),
     ("ncsa_delta_a100x4_nv4_numa_reversed_hash_quoted_nvidia-smi-topo.txt", 4, 6, 0, 1),
     ("dkrz_levante_a100_4gpu_2nic_topo_mp_hash_quoted_nvidia-smi-topo.txt", 4, 0, 0, 2),
+    ("mi355x_8gpu_xgmi_oci_amd-smi-topology.txt", 8, 28, 0, 0),
+    ("mi300x_8gpu_xgmi_amdsmi_changelog_amd-smi-topology.txt", 8, 28, 0, 0),
+    ("rx7900xtx_2gpu_pcie_rocm6074_amd-smi-topology.txt", 2, 0, 0, 0),
 ])
 def test_real_dump_has_the_published_gpus_links_and_nics(name, n_gpus, n_pairs, n_switched, n_nics):
     G = topo.load(REAL / name)

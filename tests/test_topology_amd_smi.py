@@ -57,10 +57,31 @@ def test_a_pair_without_bandwidth_takes_xgmi_bw():
     assert set(_xgmi(from_amd_smi(no_bw, xgmi_bw=64.0)).values()) == {64.0}
 
 
-def test_all_weights_zero_join_every_xgmi_pair_as_a_full_mesh_reports_them():
-    # an 8-GPU MI355X's amd-smi gives weight 0 and bandwidth 0-0 to every pair
-    flat = FOUR.replace(_table("WEIGHT", WEIGHTS), _table("WEIGHT", ["0 0 0 0"] * 4))
+def test_without_bandwidths_all_weights_zero_join_every_xgmi_pair():
+    # an 8-GPU MI355X's amd-smi gives weight 0 and bandwidth 0-0 to every pair: a full mesh
+    flat = re.sub(r"\d+-\d+", "0-0", FOUR).replace(_table("WEIGHT", WEIGHTS),
+                                                    _table("WEIGHT", ["0 0 0 0"] * 4))
     assert len(_xgmi(from_amd_smi(flat))) == 6
+
+
+def test_bandwidths_decide_which_pairs_are_joined_where_weights_do_not():
+    # the driver gives a bandwidth to direct pairs only, whatever the weights say
+    even = FOUR.replace(_table("WEIGHT", WEIGHTS), _table("WEIGHT", ["0 15 15 15"] * 4))
+    assert _xgmi(from_amd_smi(even)) == _xgmi(from_amd_smi(FOUR))
+
+
+def test_hop_counts_put_gpus_under_the_cpus_they_share():
+    # PCIe only: 2 hops under one CPU, 3 across CPUs
+    types = ["SELF PCIE PCIE PCIE", "PCIE SELF PCIE PCIE", "PCIE PCIE SELF PCIE",
+             "PCIE PCIE PCIE SELF"]
+    hops = ["0 3 2 3", "3 0 3 2", "2 3 0 3", "3 2 3 0"]
+    text = _table("HOPS", hops) + _table("LINK TYPE", types)
+    G = from_amd_smi(text)
+    assert sorted(G.successors("CPU0")) == ["CPU1", "GPU0", "GPU2"]
+    assert sorted(G.successors("CPU1")) == ["CPU0", "GPU1", "GPU3"]
+    assert "numa" not in G.nodes["CPU1"]   # which GPUs share a CPU, not the NUMA node's number
+    assert sorted(from_amd_smi(text.replace("3", "2")).successors("CPU0")) == [
+        "GPU0", "GPU1", "GPU2", "GPU3"]
 
 
 def test_pcie_pairs_meet_at_the_cpu():
@@ -89,6 +110,18 @@ def _as_json() -> str:
 def test_the_json_output_reads_as_the_tables_do():
     G = parse_text(_as_json())
     assert G.graph["name"] == "amd_smi" and _xgmi(G) == _xgmi(from_amd_smi(FOUR))
+    assert [G.nodes[g]["busid"] for g in topo.gpus(G)] == BUSIDS
+
+
+def test_the_json_of_amd_smi_before_rocm_6_1_1_reads_as_well():
+    # one dict per table, keyed gpu_N, and no bus ids
+    types, weights, bw = ([r.split() for r in rows] for rows in (TYPES, WEIGHTS, BW))
+    old = json.dumps([{"gpu": a, "link_type": {f"gpu_{b}": types[a][b] for b in range(4)},
+                       "weight": {f"gpu_{b}": int(weights[a][b]) for b in range(4)},
+                       "numa_bandwidth": {f"gpu_{b}": bw[a][b] for b in range(4)}}
+                      for a in range(4)])
+    G = parse_text(old)
+    assert _xgmi(G) == _xgmi(from_amd_smi(FOUR)) and "busid" not in G.nodes["GPU0"]
 
 
 @pytest.mark.parametrize("broken, message", [
@@ -118,11 +151,13 @@ def test_broken_tables_are_refused_with_the_line(broken, message):
 
 
 @pytest.mark.parametrize("text, message", [
-    ('[{"gpu": 0, "bdf": "0000:c1:00.0", "links": [{"bdf": "0000:c2:00.0", "link_type": '
-     '"XGMI"}]}]', "KeyError"),
+    ('[{"gpu": 0, "bdf": "0000:c1:00.0", "links": [{"gpu": 3, "link_type": "XGMI"}]}]',
+     "KeyError"),
     ('[{"gpu": 0, "bdf": "0000:c1:00.0"}]', "expected a list of GPUs"),
-    ('[{"gpu": 0, "bdf": "0000:c1:00.0", "links": [{"bdf": "0000:c1:00.0", "link_type": '
-     '"XGMI", "bandwidth": "wide"}]}]', "is 'wide'; expected MIN-MAX"),
+    ('[{"gpu": 0, "links": [{"gpu": 0, "link_type": "SELF", "bandwidth": "wide"}]}]',
+     "GPU 0's bandwidth of GPU 0 is 'wide'; expected MIN-MAX"),
+    ('[{"gpu": 0, "link_type": {"gpu_0": "SELF"}, "hops": {"gpu_0": "far"}}]',
+     "GPU 0's hops of GPU 0 is 'far'; expected a whole number"),
 ])
 def test_broken_json_is_refused(text, message):
     with pytest.raises(TopologyError, match=message):

@@ -107,13 +107,15 @@ def xgmi_pairs(gpus: list, types: dict, weights: dict) -> list:
     return [(a, b) for a, b in xgmi if weights.get((a, b)) is None or weights[a, b] <= least]
 
 
-def hang_off_cpus(G: nx.DiGraph, numa: dict, pcie_bw: float, smp_bw: float) -> None:
+def hang_off_cpus(G: nx.DiGraph, numa: dict, pcie_bw: float, smp_bw: float,
+                  numa_known: bool = True) -> None:
     """Hang each GPU of ``numa`` (``{gpu: NUMA node or None}``) off ``CPU<node>`` by a
     ``pcie_bw`` link (``CPU0`` where no GPU's node is known, else the least known), and join
-    the CPUs pairwise by ``smp`` links."""
+    the CPUs pairwise by ``smp`` links. ``numa_known``: the nodes are the machine's NUMA
+    nodes (kept on the CPUs as ``numa``), not only which GPUs share a CPU."""
     cpus = sorted({n for n in numa.values() if n is not None}) or [0]
     for c in cpus:
-        add_node(G, f"CPU{c}", "cpu", numa=c)
+        add_node(G, f"CPU{c}", "cpu", **({"numa": c} if numa_known else {}))
     for gpu, node in numa.items():
         add_link(G, gpu, f"CPU{cpus[0] if node is None else node}", "pcie", pcie_bw)
     for i, a in enumerate(cpus):
