@@ -118,9 +118,14 @@ def test_parse_gpu_list():
     assert parse_gpu_list("0,1,2,5") == [0, 1, 2, 5]
     assert parse_gpu_list("0-3,6") == [0, 1, 2, 3, 6]
     assert parse_gpu_list("GPU3") == ["GPU3"]
-    for bad in ("", "1,,2", "a-b", "-2"):
+    for bad in ("", "1,,2", "a-b", "-2", "0-\u00b2"):   # a superscript two is a digit, not a number
         with pytest.raises(ArgumentError):
             parse_gpu_list(bad)
+
+
+def test_a_gpu_named_by_a_digit_int_cannot_read_is_refused_as_unknown(capsys):
+    rc, _, err = run_main(capsys, "topo", "dgx1v", "--gpus", "\u00b2")
+    assert rc == 2 and "Traceback" not in err and "\u00b2" in err
 
 
 def test_front_door_registers_topo_and_build_info():

@@ -1,5 +1,7 @@
 """rocm-smi --showtopo tables: which pairs are joined by xGMI, NUMA nodes, and bad input."""
 
+import json
+
 import pytest
 
 import collectx.topology as topo
@@ -88,16 +90,58 @@ def test_the_real_tables_load_through_topology_load():
         assert sorted(G.nodes[g]["numa"] for g in topo.gpus(G)) == [0, 1, 2, 3]
 
 
+def test_cells_the_driver_could_not_read_are_unknown_not_refused():
+    # rocm-smi prints XXXX for a type and None for a weight it could not read
+    text = FOUR.replace("GPU3   XGMI         XGMI         XGMI         0",
+                        "GPU3   XGMI         XGMI         XXXX         0").replace(
+        "GPU2   15           30           0            15",
+        "GPU2   15           30           0            None")
+    G = from_rocm_smi(text)
+    assert _xgmi(G) == [("GPU0", "GPU1"), ("GPU0", "GPU2"), ("GPU1", "GPU3"), ("GPU2", "GPU3")]
+
+
+def _as_json(text: str) -> str:
+    """``rocm-smi --showtopo --json`` of ``text``'s tables (upper triangle, as it writes)."""
+    rows = {name: [line.split()[1:] for line in text.split(title)[1].splitlines()[2:6]]
+            for name, title in (("Weight", "Weight between two GPUs"),
+                                ("Link type", "Link Type between two GPUs"))}
+    system = {f"(Topology) {name} between DRM devices {a} and {b}": cells[a][b]
+              for name, cells in rows.items() for a in range(4) for b in range(a + 1, 4)}
+    cards = {f"card{g}": {"(Topology) Numa Node": str(g // 2),
+                          "(Topology) Numa Affinity": str(g // 2)} for g in range(4)}
+    return json.dumps(dict(cards, system=system), indent=4)
+
+
+def test_the_json_output_reads_as_the_tables_do():
+    G = topo.parse_text(_as_json(FOUR))
+    assert G.graph["name"] == "rocm_smi" and _xgmi(G) == _xgmi(from_rocm_smi(FOUR))
+    assert sorted(G.successors("CPU1")) == ["CPU0", "GPU2", "GPU3"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"system": {"(Topology) Link type between DRM devices 0 and 1": "NVLINK"}}',
+     "'NVLINK'; expected XGMI or PCIE or XXXX"),
+    ('{"system": {"(Topology) Weight between DRM devices 0 and 1": "far", '
+     '"(Topology) Link type between DRM devices 0 and 1": "XGMI"}}', "'far'; expected a whole"),
+    ('{"card0": {"(Topology) Numa Node": "x"}, '
+     '"system": {"(Topology) Link type between DRM devices 0 and 1": "XGMI"}}', "ValueError"),
+    ('{"card0": {}, "system": []}', "expected a 'system' dict"),
+])
+def test_broken_json_is_refused(text, message):
+    with pytest.raises(TopologyError, match=message):
+        from_rocm_smi(text)
+
+
 @pytest.mark.parametrize("broken, message", [
     (lambda t: t.replace("Link Type between two GPUs", "Link Kind"), "no 'Link Type between"),
     (lambda t: t.replace("GPU2   XGMI         XGMI         0            XGMI", "GPU2   XGMI"),
      "line 21: row GPU2 has 1 cells; expected 4"),
     (lambda t: t.replace("GPU3   XGMI         XGMI         XGMI         0",
                          "GPU3   XGMI         XGMI         NVLINK       0"),
-     "cell GPU3/GPU2 is 'NVLINK'; expected XGMI or PCIE"),
+     "cell GPU3/GPU2 is 'NVLINK'; expected XGMI or PCIE or XXXX"),
     (lambda t: t.replace("GPU1   15           0            30           15",
-                         "GPU1   15           0            N/A          15"),
-     "cell GPU1/GPU2 is 'N/A'; expected a whole number"),
+                         "GPU1   15           0            x            15"),
+     "cell GPU1/GPU2 is 'x'; expected a whole number"),
     (lambda t: t.replace("GPU3   XGMI         XGMI         XGMI         0\n", ""),
      "table has no row for GPU3"),
     (lambda t: t.replace("GPU1   XGMI         0", "GPU0   XGMI         0"),

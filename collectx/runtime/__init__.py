@@ -52,7 +52,7 @@ def init(rank: int | None = None, world_size: int | None = None, *, store=None, 
     from .bootstrap import bootstrap, timeout_s
     t = timeout_s(timeout)
     kind, _, index = str(device).partition(":")
-    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdecimal())):
         from ..errors import ArgumentError
         raise ArgumentError(f"device={device!r}: expected 'cpu', 'cuda' or 'cuda:N' (N a GPU "
                             f"index)")

@@ -200,7 +200,7 @@ class Window:
             store.set(f"{prefix}/window_bytes", self._fitted(store, prefix, window_bytes,
                                                              timeout))
         agreed = store.get(f"{prefix}/window_bytes", timeout).decode()
-        if not agreed.isdigit():
+        if not agreed.isdecimal():
             raise CommError(agreed)
         layout = Layout.of(int(agreed), self.size)
         self.set_bytes, self.heap_bytes = layout.set_bytes, layout.heap_bytes

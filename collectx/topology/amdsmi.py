@@ -197,7 +197,7 @@ def _reading(name: str, cell, where: str):
         return cell.upper() if name == "type" else None
     if name == "type" and cell.upper() in _TYPES:
         return cell.upper()
-    if name in ("weight", "hops") and cell.isdigit():
+    if name in ("weight", "hops") and cell.isdecimal():
         return int(cell)
     if name == "bw" and (m := _BANDWIDTH.match(cell)):
         return int(m.group(2)) / 1000 or None

@@ -208,8 +208,8 @@ def sniff(text: str) -> str:
     head = text.lstrip()
     if looks_like_amd_smi(text):   # before JSON: amd-smi's --json is a JSON list
         return "amd_smi"
-    if head.startswith("{"):
-        return "json"
+    if head.startswith("{"):   # rocm-smi's --json is a JSON object too
+        return "rocm_smi" if looks_like_rocm_smi(text) else "json"
     if head.startswith("<") or "<system" in text:
         return "nccl_xml"
     return "rocm_smi" if looks_like_rocm_smi(text) else "nvidia_smi"

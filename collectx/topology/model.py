@@ -65,7 +65,7 @@ def natural_key(name: str) -> tuple:
     ['GPU2', 'GPU10', 'n0/GPU11', 'n1/GPU0']
     """
     parts = _NATURAL_SPLIT.split(str(name))
-    return tuple(int(p) if p.isdigit() else p for p in parts)
+    return tuple(int(p) if p.isdecimal() else p for p in parts)
 
 
 def new_graph(name: str, description: str = "") -> nx.DiGraph:
@@ -159,11 +159,11 @@ def parse_gpu_list(text: str) -> list[int | str]:
     out: list[int | str] = []
     for item in (part.strip() for part in text.split(",")):
         lo, dash, hi = item.partition("-")
-        if item.isdigit():
+        if item.isdecimal():
             out.append(int(item))
-        elif dash and lo.isdigit() and hi.isdigit() and int(lo) <= int(hi):
+        elif dash and lo.isdecimal() and hi.isdecimal() and int(lo) <= int(hi):
             out.extend(range(int(lo), int(hi) + 1))
-        elif item and not dash and not item[0].isdigit():
+        elif item and not dash and not item[0].isdecimal():
             out.append(item)
         else:
             raise ArgumentError(f"--gpus {text!r}: cannot read {item!r}; expected indices and "

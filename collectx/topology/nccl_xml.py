@@ -136,7 +136,7 @@ class _Builder:
 
     def fresh(self, prefix: str, wanted=None) -> str:
         """``prefix<wanted>`` if that is a free id, else the next free number."""
-        if wanted is not None and str(wanted).lstrip("-").isdigit() and int(wanted) >= 0 \
+        if wanted is not None and str(wanted).lstrip("-").isdecimal() and int(wanted) >= 0 \
                 and f"{prefix}{int(wanted)}" not in self.G:
             return f"{prefix}{int(wanted)}"
         while f"{prefix}{self.counters[prefix]}" in self.G:

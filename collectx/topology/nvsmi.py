@@ -283,7 +283,7 @@ def _device_attrs(dev: str, extras: list[str], values: list[str], nic_names: dic
             continue
         if column == "CPU_Affinity":
             attrs["cpu_affinity"] = value
-        elif value.lstrip("-").isdigit():
+        elif value.lstrip("-").isdecimal():
             attrs["numa" if column == "NUMA_Affinity" else "gpu_numa_id"] = int(value)
     return attrs
 

@@ -106,7 +106,7 @@ class _Sysfs:
     def numa(self, busid: str) -> int:
         where = self.device_dir(busid)
         value = _read(where / "numa_node", "-1") if where else "-1"
-        return max(0, int(value)) if value.lstrip("-").isdigit() else 0
+        return max(0, int(value)) if value.lstrip("-").isdecimal() else 0
 
     def rdma_nics(self) -> list[tuple[str, str, float | None]]:
         """(name, busid, GB/s) of each RDMA device under /sys/class/infiniband."""

@@ -1,4 +1,4 @@
-"""Import the GPU tables printed by ``rocm-smi --showtopo``.
+"""Import the GPU tables printed by ``rocm-smi --showtopo`` (text, or ``--json``).
 
 How it works: rocm-smi prints, per pair of GPUs, a weight, a hop count and a link type (``XGMI``
 or ``PCIE``), and per GPU its NUMA node. From them:
@@ -37,6 +37,7 @@ or ``PCIE``), and per GPU its NUMA node. From them:
 
 from __future__ import annotations
 
+import json
 import re
 
 import networkx as nx
@@ -50,12 +51,18 @@ _TITLE = re.compile(r"^=+\s*(.*?)\s*=+\s*$")
 _NUMA = re.compile(r"^GPU\s*\[?\s*(\d+)\s*\]?\s*:\s*\(Topology\)\s*Numa Node\s*:\s*(-?\d+)")
 _GPU = re.compile(r"^GPU(\d+)$")
 TABLES = {"weight": "Weight between two GPUs", "type": "Link Type between two GPUs"}
-_TYPES = ("XGMI", "PCIE")
+_TYPES = ("XGMI", "PCIE", "XXXX")   # XXXX: a pair whose type the driver could not read
+_UNKNOWN_WEIGHT = ("None", "N/A")   # a pair whose weight the driver could not read
+# --json: one "system" entry per pair (upper triangle), one "cardN" dict per GPU
+_JSON_KEY = re.compile(r"^\(Topology\) (Weight|Link type) between DRM devices (\d+) and (\d+)$")
+_JSON_TABLES = {"Weight": "weight", "Link type": "type"}
+_JSON_NUMA = "(Topology) Numa Node"
 
 
 def looks_like_rocm_smi(text: str) -> bool:
-    """Whether ``text`` holds rocm-smi's link type table (what :func:`from_rocm_smi` needs)."""
-    return TABLES["type"] in text
+    """Whether ``text`` holds rocm-smi's link type table, as text or ``--json`` (what
+    :func:`from_rocm_smi` needs)."""
+    return TABLES["type"] in text or "(Topology) Link type between DRM devices" in text
 
 
 def from_rocm_smi(source, xgmi_bw: float = DEFAULT_XGMI_GBPS, pcie_bw: float = 15.75,
@@ -80,7 +87,8 @@ def from_rocm_smi(source, xgmi_bw: float = DEFAULT_XGMI_GBPS, pcie_bw: float = 1
     --------
     from_nccl_xml, from_nvidia_smi, collectx.topology.load
     """
-    tables, numa = _parse(read_source(source, "rocm-smi topology", one_line_file))
+    text = read_source(source, "rocm-smi topology", one_line_file)
+    tables, numa = _from_json(text) if text.lstrip().startswith("{") else _parse(text)
     if "type" not in tables:
         raise TopologyError(f"rocm-smi topology: no '{TABLES['type']}' table; expected the "
                             f"output of 'rocm-smi --showtopo'")
@@ -160,9 +168,42 @@ def _add_row(cells: dict, header: list, name: str, gpu: str, row: list, number: 
         raise TopologyError(f"rocm-smi topology line {number}: row GPU{gpu} has {len(row)} "
                             f"cells; expected {len(header)}, one per GPU of the header")
     for other, cell in zip(header, row):
-        value = cell if name == "type" else (int(cell) if cell.isdigit() else None)
-        if (name == "type" and other != gpu and cell not in _TYPES) or value is None:
-            raise TopologyError(f"rocm-smi topology line {number}: cell GPU{gpu}/GPU{other} is "
-                                f"{cell!r}; expected "
-                                f"{' or '.join(_TYPES) if name == 'type' else 'a whole number'}")
-        cells[gpu, other] = value
+        cells[gpu, other] = _reading(name, cell, other == gpu,
+                                     f"line {number}: cell GPU{gpu}/GPU{other}")
+
+
+def _reading(name: str, cell: str, own: bool, where: str):
+    """A cell's reading: its link type, or its weight (None where the driver gave none)."""
+    if name == "type" and (own or cell in _TYPES):
+        return cell
+    if name == "weight" and (cell.isdecimal() or cell in _UNKNOWN_WEIGHT):
+        return int(cell) if cell.isdecimal() else None
+    raise TopologyError(f"rocm-smi topology {where} is {cell!r}; expected "
+                        f"{' or '.join(_TYPES) if name == 'type' else 'a whole number'}")
+
+
+def _from_json(text: str):
+    """:func:`_parse`'s reading of ``rocm-smi --showtopo --json``."""
+    try:
+        data = json.loads(text)
+        pairs = [(m, value) for key, value in data["system"].items()
+                 if (m := _JSON_KEY.match(key))]
+        numa = {card[4:]: int(info[_JSON_NUMA]) for card, info in data.items()
+                if card[:4] == "card" and card[4:].isdecimal() and _JSON_NUMA in info}
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise TopologyError(f"rocm-smi topology --json: {exc!r}; expected a 'system' dict "
+                            f"holding '(Topology) Link type between DRM devices A and B' "
+                            f"entries") from None
+    gpus = sorted({m.group(i) for m, _ in pairs for i in (2, 3)} | set(numa), key=int)
+    tables = {}
+    for m, value in pairs:
+        name, a, b = _JSON_TABLES[m.group(1)], m.group(2), m.group(3)
+        cells = tables.setdefault(name, ({g: i for i, g in enumerate(gpus)}, {}))[1]
+        where = f"--json: {m.group(0)!r}"
+        cells[a, b] = cells[b, a] = _reading(name, str(value), a == b, where)
+    for name, (_, cells) in tables.items():
+        for a in gpus:
+            for b in gpus:
+                cells.setdefault((a, b), "0" if name == "type" and a == b else
+                                 0 if a == b else None if name == "weight" else "XXXX")
+    return tables, numa
