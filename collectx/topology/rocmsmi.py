@@ -8,10 +8,15 @@ or ``PCIE``), and per GPU its NUMA node. From them:
   xGMI hop 15 and more for each hop a route adds; the hop count says 1 for any pair reachable
   over xGMI, directly or not, so it is not read. The tables give no bundle widths (MI250's
   GCDs are joined by 1, 2 or 4 links): pass ``xgmi_bw`` for one link of the machine's GPUs
-  (:data:`~.pcie.XGMI_GBPS_BY_ARCH`), or import RCCL's topology XML, which counts them.
+  (:data:`~.pcie.XGMI_GBPS_BY_ARCH`), or import RCCL's topology XML or ``amd-smi
+  topology`` (:func:`~.amdsmi.from_amd_smi`), which give them.
 * PCIe: each GPU hangs off the ``CPU<n>`` of its NUMA node (one ``CPU0`` where the tables give
   none) by a ``pcie_bw`` link; CPUs are joined pairwise by ``smp`` links. The tables show no
   PCIe switches and no NICs.
+
+A cell the driver could not read (type ``XXXX``, weight ``None``) is unknown: not xGMI, and a
+pair of unknown weight is taken as joined. ``--json`` holds the same tables, one ``system``
+entry per pair, and the NUMA nodes per ``cardN``.
 
 >>> G = from_rocm_smi('''
 ... ============= Weight between two GPUs =============
@@ -67,7 +72,7 @@ def looks_like_rocm_smi(text: str) -> bool:
 
 def from_rocm_smi(source, xgmi_bw: float = DEFAULT_XGMI_GBPS, pcie_bw: float = 15.75,
                   smp_bw: float = 10.0) -> nx.DiGraph:
-    """Build a topology from ``rocm-smi --showtopo`` output (text or a file path).
+    """Build a topology from ``rocm-smi --showtopo`` output, text or ``--json`` (or a file path).
 
     Parameters
     ----------
