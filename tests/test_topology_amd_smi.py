@@ -82,6 +82,19 @@ def test_hop_counts_put_gpus_under_the_cpus_they_share():
     assert "numa" not in G.nodes["CPU1"]   # which GPUs share a CPU, not the NUMA node's number
     assert sorted(from_amd_smi(text.replace("3", "2")).successors("CPU0")) == [
         "GPU0", "GPU1", "GPU2", "GPU3"]
+    # hops that contradict each other (GPU1 two hops from GPU0 and GPU2, which are three
+    # apart) say nothing: one CPU
+    muddled = _table("HOPS", ["0 2 3 3", "2 0 2 3", "3 2 0 3", "3 3 3 0"])
+    assert len(list(from_amd_smi(muddled + _table("LINK TYPE", types)).successors("CPU0"))) == 4
+
+
+def test_gpus_joined_by_xgmi_share_a_cpu_where_hops_part_the_hives():
+    types = ["SELF XGMI PCIE PCIE", "XGMI SELF PCIE PCIE", "PCIE PCIE SELF XGMI",
+             "PCIE PCIE XGMI SELF"]
+    hops = ["0 1 3 3", "1 0 3 3", "3 3 0 1", "3 3 1 0"]
+    G = from_amd_smi(_table("HOPS", hops) + _table("LINK TYPE", types))
+    assert sorted(G.successors("CPU0")) == ["CPU1", "GPU0", "GPU1"]
+    assert list(_xgmi(G)) == [("GPU0", "GPU1"), ("GPU2", "GPU3")]
 
 
 def test_pcie_pairs_meet_at_the_cpu():

@@ -12,9 +12,10 @@ TABLE:``, ...). From them:
   rocm-smi (:func:`~.rocmsmi.xgmi_pairs`: type ``XGMI``, the least weight), at ``xgmi_bw``.
 * PCIe: the tables name no NUMA nodes, but hop counts tell them apart: 2 between GPUs over PCIe
   under one CPU, 3 across CPUs (1 is any pair reachable over xGMI, so it tells nothing). GPUs
-  two hops apart share a ``CPU<k>``, numbered in the order of their first GPU (not the NUMA
-  node's number, which the tables do not give); each GPU hangs off its CPU by a ``pcie_bw``
-  link, and CPUs are joined pairwise. Where no pair is 3 hops apart, one ``CPU0`` holds all.
+  two hops apart, or joined by xGMI, share a ``CPU<k>``, numbered in the order of their first
+  GPU (not the NUMA node's number, which the tables do not give); each GPU hangs off its CPU
+  by a ``pcie_bw`` link, and CPUs are joined pairwise. Where no pair is 3 hops apart, or the
+  hops contradict each other, one ``CPU0`` holds all.
   The tables show no PCIe switches and no NICs; RCCL's topology XML does.
 
 >>> G = from_amd_smi('''
@@ -121,18 +122,28 @@ def _xgmi_links(gpus: list, tables: dict, xgmi_bw: float) -> dict:
 
 
 def _cpus(gpus: list, tables: dict) -> list:
-    """Per GPU, the index of the CPU it hangs off (module docstring)."""
-    hops = tables.get("hops", {})
-    if ACROSS_CPUS not in hops.values():
-        return [0] * len(gpus)
+    """Per GPU, the index of the CPU it hangs off (module docstring): GPUs two hops apart over
+    PCIe share one, and so do GPUs joined by xGMI (the table cannot tell them apart); one CPU
+    for all unless some PCIe pair is three hops apart, and each such pair apart."""
+    types, hops = tables["type"], tables.get("hops", {})
+    across = [(a, b) for a in gpus for b in gpus if a < b and types[a, b] == "PCIE"
+              and hops.get((a, b)) == ACROSS_CPUS]
     cpu = list(gpus)
-    for a in gpus:   # join each GPU to the CPU of the first GPU two hops from it
+
+    def top(g):
+        while cpu[g] != g:
+            g = cpu[g]
+        return g
+    for a in gpus:
         for b in gpus[:a]:
-            if hops.get((a, b)) == ACROSS_CPUS - 1 and tables["type"][a, b] == "PCIE":
-                cpu[a] = cpu[b]
-                break
-    first = {c: k for k, c in enumerate(dict.fromkeys(cpu))}
-    return [first[c] for c in cpu]
+            if "XGMI" in (types[a, b], types[b, a]) or (
+                    types[a, b] == "PCIE" and hops.get((a, b)) == ACROSS_CPUS - 1):
+                cpu[top(a)] = top(b)
+    groups = [top(g) for g in gpus]
+    if not across or any(groups[a] == groups[b] for a, b in across):
+        return [0] * len(gpus)   # nothing apart, or hops that contradict each other
+    first = {c: k for k, c in enumerate(dict.fromkeys(groups))}
+    return [first[c] for c in groups]
 
 
 def _parse(text: str) -> tuple[list, dict]:
