@@ -362,7 +362,26 @@ def test_links_to_gpus_missing_from_a_partial_dump_are_skipped():
                       "<nic><net dev='0' speed='fast'/></nic></cpu></system>")
     assert [p for p in G["GPU0"] if G.nodes[p]["kind"] != "cpu"] == ["NVS0"]
     assert G.edges["GPU0", "NVS0"]["count"] == 2  # no tclass, unknown bus id: an NVSwitch
-    assert G.nodes["NIC0"]["net_gbps"] == 12.5  # unreadable speed: NCCL's 100 Gb/s default
+    assert G.nodes["NIC0"]["net_gbps"] == 1.25  # unreadable speed: NCCL's 10,000 Mb/s
+
+
+def test_an_nvlink_of_no_lanes_is_no_link_and_a_negative_count_is_refused():
+    def two(count):   # two GPUs that name each other, as a file mimicking a failed link does
+        return from_nccl_xml("<system><cpu numaid='0'>" + "".join(
+            f"<pci busid='0000:0{a}:00.0' class='0x030200'><gpu dev='{a}' sm='80'><nvlink "
+            f"target='0000:0{1 - a}:00.0' count='{count}' tclass='0x030200'/></gpu></pci>"
+            for a in (0, 1)) + "</cpu></system>")
+    assert [e for e in two(0).edges(data="type") if e[2] == "nvlink"] == []
+    assert two(4).edges["GPU0", "GPU1"]["count"] == 4
+    with pytest.raises(TopologyError, match="count='-2'; expected a whole number"):
+        two(-2)
+
+
+def test_a_nic_without_a_speed_runs_at_nccls_default():
+    # NCCL's topo.cc: "if (mbps <= 0) mbps = 10000; // Some NICs define speed = -1"
+    for net in ("<net dev='0' speed='-1'/>", "<net dev='0'/>", "<net dev='0' speed='0'/>"):
+        G = from_nccl_xml(f"<system><cpu numaid='0'><nic>{net}</nic></cpu></system>")
+        assert G.nodes["NIC0"]["net_gbps"] == 1.25 and G.edges["NIC0", "CPU0"]["bw_gbps"] == 1.25
 
 
 def test_a_hand_written_topo_file_without_gpu_elements_is_refused_with_the_fix():

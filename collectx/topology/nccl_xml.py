@@ -41,7 +41,7 @@ from .pcie import copy_bw_for_sm, nvlink_bw_for_sm, normalize_busid, pcie_bw, xg
 NVSWITCH_CLASS = "0x068000"
 CPU_CLASS = "0x068001"
 _BRIDGE_PREFIX = "0x0604"
-DEFAULT_NET_GBPS = 12.5  # NCCL treats an unknown NIC speed as 100 Gb/s-class
+DEFAULT_NET_GBPS = 1.25  # NCCL reads a missing or non-positive speed as 10,000 Mb/s (topo.cc)
 
 
 def _smp_bw(cpu: ET.Element) -> float:
@@ -207,9 +207,11 @@ class _Builder:
                                 f"bus id of the peer GPU or NVSwitch")
         try:
             count = int(link.get("count", "1"))
+            if count < 0:
+                raise ValueError
         except ValueError:
             raise TopologyError(f"<{link.tag} target={target!r}> of {gid} has count="
-                                f"{link.get('count')!r}; expected an integer") from None
+                                f"{link.get('count')!r}; expected a whole number") from None
         per_link = (nvlink_bw_for_sm(gpu_el.get("sm")) if kind == "nvlink"
                     else xgmi_bw_for_arch(gpu_el.get("gcn")))
         self.pending.append((gid, kind, normalize_busid(target),
@@ -230,6 +232,9 @@ class _Builder:
             add_link(self.G, nid, parent, "pcie", bw or net_gbps)
 
     def resolve_links(self) -> None:
+        # count 0: a link written out with no lanes (as files that mimic a failed link do),
+        # which NCCL reads as a link of no bandwidth: no link
+        self.pending = [p for p in self.pending if p[4] > 0]
         switch_ids = sorted({t for _, kind, t, c, _, _ in self.pending
                              if kind == "nvlink" and self.is_switch(t, c)})
         for k, busid in enumerate(switch_ids):
