@@ -168,6 +168,15 @@ def test_tab_separated_matrix_with_numa_columns_and_nic_legend():
     assert path_class(topo.subset(G, [0, 3]), "NIC0", "NIC1") == PathClass.SYS
 
 
+def test_of_a_log_of_two_hosts_the_first_matrix_reads_with_its_own_nic_names():
+    def host(name, nic):
+        return (f"2025/05/21 09:40:05 {name} nvidia-smi topo -m\n" + TWO_GPUS_AND_A_NIC +
+                f"\nLegend:\n\n  X    = Self\n\nNIC Legend:\n\n  NIC0: {nic}\n\n")
+    G = from_nvidia_smi(host("s114", "rocep4s0f0") + host("s116", "mlx5_0"))
+    assert [G.nodes[n]["name"] for n in topo.nodes_of_kind(G, "nic")] == ["rocep4s0f0"]
+    assert _as_lists(G)[1] == _as_lists(from_nvidia_smi(host("s114", "rocep4s0f0")))[1]
+
+
 def test_space_separated_matrix_without_affinity_columns():
     text = ("     GPU0  GPU1  GPU2\n"
             "GPU0  X    PHB   SYS\n"

@@ -21,7 +21,8 @@ The matrix cannot show the PCIe placement of two NVLinked GPUs (nvidia-smi print
 instead), so such GPUs end up on their CPU unless a NIC ties them to a switch. PCIe links get
 ``pcie_bw`` (default Gen3 x16 = 15.75 GB/s), CPU-CPU links ``smp_bw`` (default 10 GB/s, NCCL's
 Skylake UPI figure): the matrix carries no speeds. ``NIC Legend`` lines (``NIC0: mlx5_0``)
-name NIC columns; the ``Legend`` block and anything after it is ignored.
+name NIC columns; the ``Legend`` block and anything after it is ignored, so of a text holding
+several matrices (a log of several hosts) the first is read, with its own NIC legend.
 
 >>> G = from_nvidia_smi('''
 ...         GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity
@@ -115,8 +116,8 @@ def _matrix(text: str):
     unlisted: dict[str, tuple[int, list[str], list[str]]] = {}   # NIC rows past the header's
     nic_names = {}
     for number, line in enumerate(text.splitlines(), start=1):
-        if (legend := _NIC_LEGEND.match(line)):
-            nic_names[legend.group(1)] = legend.group(2)
+        if (legend := _NIC_LEGEND.match(line)):   # the first matrix's legend names its NICs
+            nic_names.setdefault(legend.group(1), legend.group(2))   # (a log of two hosts)
             continue
         toks = _tokens(line)
         if not toks or toks[0].startswith("#"):
