@@ -14,7 +14,7 @@ Families (``--families``, default all), each planned for allreduce, allgather an
   (``--samples`` machines);
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
-* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 120
+* ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 143
   real dumps kept aside: never used while developing the planner, reported on their own;
 * ``files``: as many random allocations of each topology file named by ``--files`` (any
   format ``collectx.topology.load`` reads): machines from outside this repository.
@@ -178,7 +178,31 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "aws_p5_48xl_h100_8gpu_nv18_no_nics_gnosia93_nvidia-smi-topo.txt",
             "ncsa_delta_a100x4_nv4_numa_reversed_hash_quoted_nvidia-smi-topo.txt",
             "dkrz_levante_a100_4gpu_2nic_topo_mp_hash_quoted_nvidia-smi-topo.txt",
-            "princeton_della_i14g20_2gpu_sys_2nic_jdh4_nvidia-smi-topo.txt")
+            "princeton_della_i14g20_2gpu_sys_2nic_jdh4_nvidia-smi-topo.txt",
+            # a ninth set (topology/real/SOURCES.md), planned first as held out
+            "a100_sxm4_40gb_2gpu_direct_nvlink12_sapphire_rapids_bnxt_re_2500mbps_nic_on_numa1_nccl_topo.xml",
+            "h800_8gpu_nv8_sapphire_rapids_8nic_cx7_coll_maxconn1_nccl_topo.xml",
+            "l20_16gpu_pcie_cascaded_pex_switches_8nic_bf3_nccl_topo.xml",
+            "rtp_llm_8gpu_gen6_cx8_switch_granite_rapids_8bond_plus_4port_nic_trimmed_nccl_topo.xml",
+            "rtx4090_2gpu_epyc_rome_numa2_3_cx4_dualport_nccl_topo.xml",
+            "rtx_a4500_3gpu_dell_workstation_skylake_2socket_intel_1g_nics_docker_bridges_nccl_topo.xml",
+            "rtx_a6000_1gpu_xilinx_ernic_xtrdma_25g_gdr1_plx_switch_nccl_topo.xml",
+            "rtx_a6000_2gpu_nvlink_bridge_epyc_rome_numa_minus1_eno1_nccl_topo.xml",
+            "rtx_a6000_4gpu_pcie_skylake_2socket_broadcom_1g_docker_veth_nics_nccl_topo.xml",
+            "v100_4gpu_pcie_plx8747_broadwell_2socket_2nic_cx6dx_25g_gdr0_nccl_topo.xml",
+            "v100_sxm2_16gb_8gpu_hybrid_cube_mesh_cloud_vm_flat_pcie_numa_minus1_eno1_nccl_topo.xml",
+            "v100_sxm2_32gb_8gpu_dgx1_hybrid_cube_mesh_broadwell_1g_nic_lxcbr_docker_bridges_nccl_topo.xml",
+            "dgx1_v100_8gpu_nv1_nv2_cube_4nic_unsorted_mlx5_columns_msccl_nvidia-smi-topo.txt",
+            "dgx1_v100_8gpu_4nic_mlx5_2031_columns_sys_with_one_affinity_pytorch_ddp_bench_nvidia-smi-topo.txt",
+            "aliyun_sccgn6_v100_8gpu_nv1_nv2_sys_one_affinity_vm_prompt_gpushare_nvidia-smi-topo.txt",
+            "v100_sxm2_8gpu_baidu_cube_variant_one_numa_unindented_header_paddlefleetx_nvidia-smi-topo.txt",
+            "v100_sxm2_2gpu_sys_4nic_pix_pairs_two_hosts_timestamped_run_cmd_log_ssbandjl_nvidia-smi-topo.txt",
+            "gh200_480gb_1gpu_gpu_numa_id_1_4nic_bluefield3_aerial_cubb_report_prefix_nvidia-smi-topo.txt",
+            "rtx3090x6_rtx5060ti_7gpu_nv4_bridge_pair_pxb_group_of5_markdown_table_llamacpp_multigpu_nvidia-smi-topo.txt",
+            "rtx4090_8gpu_phb_pairs_6plus2_numa_split_vastai_container_llamacpp_multigpu_nvidia-smi-topo.txt",
+            "v100_sxm2_8gpu_hybrid_cube_1nic_named_mlx5_2_vastai_container_llamacpp_multigpu_nvidia-smi-topo.txt",
+            "rtx_pro_6000_blackwell_8gpu_all_sys_8_of_16_numa_nodes_abridged_legend_kubesimplify_nvidia-smi-topo.txt",
+            "gb200_4gpu_nv18_8nic_all_sys_numa_affinity_lists_0_2-17_openshift_rhel4nv_nvidia-smi-topo.txt")
 DGX1 = ("dgx1v", "dgx1p")
 FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",
             "held-out", "files")

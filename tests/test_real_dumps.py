@@ -124,6 +124,45 @@ def _direct_links(G):
     ("mi355x_8gpu_xgmi_oci_amd-smi-topology.txt", 8, 28, 0, 0),
     ("mi300x_8gpu_xgmi_amdsmi_changelog_amd-smi-topology.txt", 8, 28, 0, 0),
     ("rx7900xtx_2gpu_pcie_rocm6074_amd-smi-topology.txt", 2, 0, 0, 0),
+    ("a100_sxm4_40gb_2gpu_direct_nvlink12_sapphire_rapids_bnxt_re_2500mbps_nic_on_numa1_nccl_"
+     "topo.xml", 2, 1, 0, 1),
+    ("h800_8gpu_nv8_sapphire_rapids_8nic_cx7_coll_maxconn1_nccl_topo.xml", 8, 0, 8, 8),
+    ("l20_16gpu_pcie_cascaded_pex_switches_8nic_bf3_nccl_topo.xml", 16, 0, 0, 8),
+    ("rtp_llm_8gpu_gen6_cx8_switch_granite_rapids_8bond_plus_4port_nic_trimmed_nccl_"
+     "topo.xml", 8, 0, 0, 12),
+    ("rtx4090_2gpu_epyc_rome_numa2_3_cx4_dualport_nccl_topo.xml", 2, 0, 0, 2),
+    ("rtx_a4500_3gpu_dell_workstation_skylake_2socket_intel_1g_nics_docker_bridges_nccl_"
+     "topo.xml", 3, 0, 0, 5),
+    ("rtx_a6000_1gpu_xilinx_ernic_xtrdma_25g_gdr1_plx_switch_nccl_topo.xml", 1, 0, 0, 1),
+    ("rtx_a6000_2gpu_nvlink_bridge_epyc_rome_numa_minus1_eno1_nccl_topo.xml", 2, 1, 0, 1),
+    ("rtx_a6000_4gpu_pcie_skylake_2socket_broadcom_1g_docker_veth_nics_nccl_topo.xml", 4, 0, 0, 10),
+    ("v100_4gpu_pcie_plx8747_broadwell_2socket_2nic_cx6dx_25g_gdr0_nccl_topo.xml", 4, 0, 0, 2),
+    ("v100_sxm2_16gb_8gpu_hybrid_cube_mesh_cloud_vm_flat_pcie_numa_minus1_eno1_nccl_"
+     "topo.xml", 8, 16, 0, 1),
+    ("v100_sxm2_32gb_8gpu_dgx1_hybrid_cube_mesh_broadwell_1g_nic_lxcbr_docker_bridges_nccl_"
+     "topo.xml", 8, 16, 0, 3),
+    ("dgx1_v100_8gpu_nv1_nv2_cube_4nic_unsorted_mlx5_columns_msccl_"
+     "nvidia-smi-topo.txt", 8, 16, 0, 4),
+    ("dgx1_v100_8gpu_4nic_mlx5_2031_columns_sys_with_one_affinity_pytorch_ddp_bench_"
+     "nvidia-smi-topo.txt", 8, 16, 0, 4),
+    ("aliyun_sccgn6_v100_8gpu_nv1_nv2_sys_one_affinity_vm_prompt_gpushare_"
+     "nvidia-smi-topo.txt", 8, 16, 0, 0),
+    ("v100_sxm2_8gpu_baidu_cube_variant_one_numa_unindented_header_paddlefleetx_"
+     "nvidia-smi-topo.txt", 8, 16, 0, 1),
+    ("v100_sxm2_2gpu_sys_4nic_pix_pairs_two_hosts_timestamped_run_cmd_log_ssbandjl_"
+     "nvidia-smi-topo.txt", 2, 0, 0, 4),
+    ("gh200_480gb_1gpu_gpu_numa_id_1_4nic_bluefield3_aerial_cubb_report_prefix_"
+     "nvidia-smi-topo.txt", 1, 0, 0, 4),
+    ("rtx3090x6_rtx5060ti_7gpu_nv4_bridge_pair_pxb_group_of5_markdown_table_llamacpp_multigpu_"
+     "nvidia-smi-topo.txt", 7, 1, 0, 0),
+    ("rtx4090_8gpu_phb_pairs_6plus2_numa_split_vastai_container_llamacpp_multigpu_"
+     "nvidia-smi-topo.txt", 8, 0, 0, 0),
+    ("v100_sxm2_8gpu_hybrid_cube_1nic_named_mlx5_2_vastai_container_llamacpp_multigpu_"
+     "nvidia-smi-topo.txt", 8, 16, 0, 1),
+    ("rtx_pro_6000_blackwell_8gpu_all_sys_8_of_16_numa_nodes_abridged_legend_kubesimplify_"
+     "nvidia-smi-topo.txt", 8, 0, 0, 0),
+    ("gb200_4gpu_nv18_8nic_all_sys_numa_affinity_lists_0_2-17_openshift_rhel4nv_"
+     "nvidia-smi-topo.txt", 4, 0, 4, 8),
 ])
 def test_real_dump_has_the_published_gpus_links_and_nics(name, n_gpus, n_pairs, n_switched, n_nics):
     G = topo.load(REAL / name)
