@@ -242,7 +242,7 @@ def test_a_guess_that_is_also_asked_for_is_not_dropped(monkeypatch):
 
 def test_a_twin_carries_one_chunk_more_per_tree_on_the_same_lanes():
     lowered = []
-    first = trees._Try(lambda chunks, buffers, deal: lowered.append((chunks, buffers)), 5, 2, 3)
+    first = trees._Try(lambda chunks, buffers, **_: lowered.append((chunks, buffers)), 5, 2, 3)
     first()
     first.nudged()()
     assert lowered == [(15, 2), (18, 2)]

@@ -121,6 +121,9 @@ class _Found:
         class Lower:
             def dealt(self, per_group, deal, ends):
                 return (("key", (_passes(deal) + 1.0,)),), likely
+
+            def paced(self, per_group, deal, ends):   # no tree keeps pace (tests/test_tree_pace)
+                return ()
         self.at = trees._Try(Lower(), 4, 1, 2)
 
     def judge(self, at, beat=math.inf):

@@ -10,7 +10,8 @@ an edge through host memory.
 How a packing becomes a schedule: every tree of a group carries the same number of chunks,
 ``m``, on lanes of its own (:class:`~collectx.schedule.treesched.TreeEmitter`), and
 :class:`Pipeline` picks ``m`` and the tree count with one pipeline model; once a schedule is
-chosen, its chunks are dealt anew by the rate each tree reached in simulation (:func:`_balanced`)."""
+chosen, its chunks are dealt anew by the rate each tree reached in simulation, and where a
+tree's slowest node still lags the rest, its broadcast keeps pace with it (:func:`_balanced`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import networkx as nx
+import numpy as np
 
 from ..errors import PlanError
 from ..schedule.builder import ScheduleBuilder
@@ -38,6 +40,7 @@ BLINK = ("allreduce", "broadcast", "reduce")
 SIMULATED = 2   # packings (tree counts) lowered and simulated: the pipeline model ranks them
                 # but misjudges latency hiding (lockstep trees, double buffering)
 FOREST = ("allgather", "reduce_scatter", "allreduce")
+PACED = ("broadcast", "allgather", "allreduce")   # collectives whose trees broadcast
 
 
 def plan_blink(topo: nx.DiGraph, ranks: tuple, collective: str, nbytes: int, *, root: int = 0,
@@ -162,17 +165,37 @@ def _balanced(found: list, judge, ends, good_us: float, beat_us: float) -> Sched
     later). Where no deal of it is faster, ``found[1]`` (if any: as fast within
     :data:`~.cost_tables.NOISE`, with fewer chunks, :func:`_fastest`) dealt anew, where that
     beats ``found[0]``: the rates one run measured do not always hold once its chunks are dealt
-    anew, and another run's may (docs/planner.md has a case)."""
-    us, s = _dealt_anew(found[0], judge, ends, good_us, beat_us)
-    if s is found[0][1] and len(found) > 1:
-        other_us, other = _dealt_anew(found[1], judge, ends, good_us, min(us, beat_us))
-        if other_us < us and other is not found[1][1]:
-            return other
-    return s
+    anew, and another run's may (docs/planner.md has a case). Then, where still slower than
+    its trees' rate, that schedule's trees keeping pace (:func:`_kept_pace`), if faster."""
+    chosen = _dealt_anew(found[0], judge, ends, good_us, beat_us)
+    if chosen[1] is found[0][1] and len(found) > 1:
+        other = _dealt_anew(found[1], judge, ends, good_us, min(chosen[0], beat_us))
+        if other[0] < chosen[0] and other[1] is not found[1][1]:
+            chosen = other
+    return _kept_pace(chosen, judge, ends, good_us, beat_us)
+
+
+def _kept_pace(found: tuple, judge, ends, good_us: float, beat_us: float) -> Schedule:
+    """The schedule of ``found`` (``(us, schedule, try)``), or where faster, the same with each
+    tree's broadcast keeping pace with the node that received the tree's chunks last in its
+    run (:func:`_laggards`, ``Share.pace``): the root's children take a piece only once the
+    piece ``lag`` before it reached that node. Links are shared fairly between the transfers
+    on them, so a tree's branches that can run ahead take bandwidth from the transfers of the
+    slowest node, whose links then idle where the packing has them busy, and the run ends
+    late for that node alone (docs/planner.md, "Trees that keep pace"). Judged where the run
+    is slower than ``good_us`` (its trees' rate, fill allowed)."""
+    us, s, at = found
+    if us <= good_us:
+        return s
+    pace = at.lower.paced(at.per_group, at.deal, ends(s))
+    if not pace:
+        return s
+    got = judge(replace(at, pace=pace), min(us, beat_us))()
+    return got[1] if got[0] < us else s
 
 
 def _dealt_anew(found: tuple, judge, ends, good_us: float, beat_us: float) -> tuple:
-    """``(us, schedule)``: :func:`_balanced` of one candidate. A deal is run where the rates
+    """``(us, schedule, try)``: :func:`_balanced` of one candidate. A deal is run where the rates
     promise to gain more than :data:`~.cost_tables.NOISE` and to beat ``beat_us`` (another
     plan's time, fill and all); kept where faster, and dealt again while that gains more than
     NOISE."""
@@ -188,7 +211,7 @@ def _dealt_anew(found: tuple, judge, ends, good_us: float, beat_us: float) -> tu
         gain, (us, s, at) = got[0] / us, got
         if gain > 1 - NOISE:
             break
-    return us, s
+    return us, s, at
 
 
 def _fastest(tried: list, judge, good_us: float | None) -> list:
@@ -315,20 +338,22 @@ def _tries(name, packing, p, pipe, collective, n, root, inplace) -> tuple[list, 
 @dataclass(frozen=True)
 class _Try:
     """A schedule to simulate: ``chunks`` per tree (``trees`` per group), ``buffers`` lanes;
-    ``deal``: how a group's chunks are dealt to its trees where not evenly (:func:`_balanced`)."""
+    ``deal``: how a group's chunks are dealt to its trees where not evenly, ``pace``: the node
+    each tree's broadcast keeps pace with, where any (both :func:`_balanced`)."""
 
     lower: Callable
     chunks: int
     buffers: int
     trees: int
     deal: tuple = ()
+    pace: tuple = ()
 
     @property
     def per_group(self) -> int:
         return self.chunks * self.trees
 
     def __call__(self):
-        return self.lower(self.per_group, self.buffers, deal=self.deal)
+        return self.lower(self.per_group, self.buffers, deal=self.deal, pace=self.pace)
 
     def nudged(self) -> "_Try":
         """One chunk more per tree: pieces lined up on links at one count rarely are at the next."""
@@ -342,14 +367,18 @@ def _centred(p: P.Problem, packing: Packing) -> Packing:
 
 
 def _lowering(name, packing, p, collective, n, root, inplace):
-    """``lower(per_group, buffers=1, packed=True, deal=())`` for ``packing``, and its
-    ``dealt(per_group, deal, ends)``: :func:`_redealt`."""
+    """``lower(per_group, buffers=1, packed=True, deal=(), pace=())`` for ``packing``, its
+    ``dealt(per_group, deal, ends)`` (:func:`_redealt`) and ``paced(per_group, deal, ends)``
+    (:func:`_laggards`)."""
     label, modes = name + ("+host" if packing.staged else ""), p.modes()
-    low = lambda per_group, buffers=1, packed=True, deal=(): lower(  # noqa: E731
+    low = lambda per_group, buffers=1, packed=True, deal=(), pace=(): lower(  # noqa: E731
         packing, modes, collective, n, per_group, root=root, inplace=inplace,
-        algorithm=label, buffers=buffers, packed=packed, lanes=p.lanes, deal=dict(deal))
+        algorithm=label, buffers=buffers, packed=packed, lanes=p.lanes, deal=dict(deal),
+        pace=dict(pace))
     low.dealt = lambda per_group, deal, ends: _redealt(packing, collective, n, per_group,
                                                        dict(deal), ends)
+    low.paced = lambda per_group, deal, ends: _laggards(packing, collective, per_group,
+                                                        dict(deal), ends)
     return low
 
 
@@ -374,6 +403,32 @@ def _redealt(packing, collective: str, nranks: int, per_group: int, deal: dict, 
         return (), math.inf
     return (tuple((key, tuple(by[i] for i in sorted(by))) for key, by in sorted(rates.items())),
             max(per_group / sum(by.values()) for by in rates.values()))
+
+
+def _laggards(packing, collective: str, per_group: int, deal: dict, ends) -> tuple:
+    """Per group, the node of each tree that received the tree's chunks last in a run
+    dealt by ``deal`` (``ends[rank, chunk]``, :func:`~.simulate.chunk_ends`): what each
+    tree's broadcast keeps pace with (``Share.pace``). Empty for collectives without a
+    broadcast, and where no tree's last node received them more than
+    :data:`~.cost_tables.FILL` of the run after the tree's median node: a pipeline's nodes
+    finish apart by its fill, and nothing ran ahead that pacing could hold back."""
+    if collective not in PACED:
+        return ()
+    pace: dict = {}
+    lag = 0.0   # the most any tree's last node lagged its median one, in runs
+    for (group, _), shares in _dealt(packing, per_group, collective, deal):
+        for t, chunks in shares:
+            at = t.root * per_group if collective == "allgather" else 0
+            nodes = [c for _, c in t.edges]
+            if not chunks or not nodes or at + chunks[-1] >= ends.shape[1]:
+                pace.setdefault(group, []).append(-1)
+                continue
+            last = ends[nodes, at + chunks[0]:at + chunks[-1] + 1].max(axis=1)
+            pace.setdefault(group, []).append(nodes[int(last.argmax())])
+            lag = max(lag, float(last.max() - np.median(last)) / max(float(ends.max()), 1e-300))
+    if lag <= FILL:
+        return ()
+    return tuple((group, tuple(nodes)) for group, nodes in sorted(pace.items()))
 
 
 class Pipeline:
@@ -504,24 +559,27 @@ def _crowd(trees) -> int:
 
 def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group: int, *,
           root: int = 0, inplace: bool = False, algorithm: str = "blink", buffers: int = 1,
-          packed: bool = False, lanes: int = GPU_LANES, deal: dict | None = None
-          ) -> Schedule | PackedSchedule:
+          packed: bool = False, lanes: int = GPU_LANES, deal: dict | None = None,
+          pace: dict | None = None) -> Schedule | PackedSchedule:
     """``collective`` over ``packing``'s trees (GPU indices; ``modes[group]`` says which way
     a group's data moves), ``per_group`` chunks dealt over each group's trees (evenly, or as
     ``deal`` says: :func:`_dealt`), on ``buffers`` lanes per tree edge (at most
-    :func:`most_buffers`), ``lanes`` per rank at most; ``packed``: a candidate to simulate,
-    as a :class:`~.ir.PackedSchedule` if it can be."""
+    :func:`most_buffers`), ``lanes`` per rank at most; ``pace[group]``: per tree of it,
+    the node its broadcast keeps pace with (``Share.pace``); ``packed``: a candidate to
+    simulate, as a :class:`~.ir.PackedSchedule` if it can be."""
     forest = collective == "allreduce" and len({t.group for t in packing.trees}) > 1
     b = ScheduleBuilder(collective, nranks, per_group * (nranks if forest else 1), root=root,
                         inplace=inplace, algorithm=algorithm)
     shares: dict = {"up": [], "down": []}
     for (g, _), dealt in _dealt(packing, per_group, collective, deal or {}):
-        for t, chunks in dealt:
+        paces = (pace or {}).get(g, ())
+        for i, (t, chunks) in enumerate(dealt):
             if not chunks:
                 continue   # fewer chunks than trees: some carry none
             shares["up" if modes[g] == P.UP else "down"].append(
                 Share(t.root, tuple(t.edges), chunks, frozenset(t.edges[j] for j in t.staged),
-                      frozenset(t.edges[j] for j in t.staged_up)))
+                      frozenset(t.edges[j] for j in t.staged_up),
+                      paces[i] if i < len(paces) else -1))
     em = emitter(b, min(buffers, most_buffers(packing, modes, lanes)), lanes)
     _EMIT[collective](b, em, shares)
     code = em.flush()

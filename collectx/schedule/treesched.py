@@ -56,13 +56,26 @@ def staggered(lo: int, k: int) -> list[tuple[int, int]]:
 class Share:
     """Chunks ``chunks`` travel over ``edges`` (top-down ``(parent, child)`` ranks) from ``root``;
     the edges in ``staged`` move them down (broadcast), those in ``staged_up`` up (reduce),
-    through host memory (see :class:`TreeEmitter`)."""
+    through host memory (see :class:`TreeEmitter`). A broadcast with a ``pace`` node lets the
+    root's other children take piece ``i`` only once piece ``i - lag() * buffers`` reached
+    that node."""
 
     root: int
     edges: tuple
     chunks: tuple
     staged: frozenset = frozenset()
     staged_up: frozenset = frozenset()
+    pace: int = -1
+
+    def lag(self) -> int:
+        """The depth of :attr:`pace` (the node a broadcast keeps pace with; -1: none) in the
+        tree, 0 without a pace: the root's children run that many pieces per lane of a tree
+        edge ahead of it, the fewest that keep every wait on an earlier item of the fluid
+        pipeline (:class:`TreeEmitter`) and each edge's pieces in flight on all its lanes."""
+        depth = {self.root: 0}
+        for p, c in self.edges:
+            depth[c] = depth.get(p, 0) + 1
+        return depth.get(self.pace, 0) if self.pace != self.root else 0
 
     def host_record(self) -> list:
         """``["host", [[parent, child], ...]]`` naming the edges staged through host memory
@@ -110,7 +123,8 @@ class TreeEmitter:
         after, items = after or {}, self._items
         for number, share in enumerate(shares):
             pieces = self.pieces(share)
-            m, root = len(pieces), share.root
+            m, root, lag = len(pieces), share.root, share.lag() * self.buffers
+            paced = []   # per piece: (token, time) of the item that brought it to share.pace
             for i, (j, k) in enumerate(pieces):
                 turn = i % self.buffers
                 # node -> (token, time, Ref) of the item that brought it piece j
@@ -120,12 +134,18 @@ class TreeEmitter:
                     token, tp, source = ready[p]
                     t = tp + 1.0 / m
                     ref, key = dst(c, j, k, share), ("down", p, number, turn)
+                    # keep pace: wait for piece i - lag at the pace node, where that is earlier
+                    pace = (paced[i - lag][0],) if p == root and c != share.pace and \
+                        i >= lag > 0 and paced[i - lag][1] <= t else ()
                     if (p, c) in share.staged:
-                        seq = self._hop(t, m, (number, turn), p, c, key, ref, source, token)
+                        seq = self._hop(t, m, (number, turn), p, c, key, ref, source, token,
+                                        pace)
                     else:   # most hops: a direct copy
                         seq = len(items)
-                        items.append((t, seq, c, key, "copy", ref, (source,), (token,)))
+                        items.append((t, seq, c, key, "copy", ref, (source,), (token,) + pace))
                     ready[c] = (seq, t, ref)
+                if lag:
+                    paced.append(ready[share.pace][:2])
 
     def reduce(self, shares, contrib: RefFn, result: RefFn) -> dict:
         """Reduce piece ``j`` (``k`` chunks) of ``contrib(v, j, k, share)`` over every tree node
@@ -186,11 +206,12 @@ class TreeEmitter:
         self._items.append((t, seq, rank, key, op, dst, srcs, tokens))
         return seq
 
-    def _hop(self, t, m, number: int, p: int, c: int, key, dst: Ref, source: Ref, token):
-        """Copy ``source`` (on ``p``) to ``dst`` (on ``c``) through ``p``'s host buffer;
-        returns the token of the copy into ``dst``."""
+    def _hop(self, t, m, number: int, p: int, c: int, key, dst: Ref, source: Ref, token,
+             pace: tuple = ()):
+        """Copy ``source`` (on ``p``) to ``dst`` (on ``c``) through ``p``'s host buffer, the
+        copy into ``dst`` also waiting for the ``pace`` tokens; returns its token."""
         hop, up = self._stage_up(t - 0.5 / m, number, p, c, source, token)
-        return self._add(t, c, key + ("host",), "copy", dst, (hop,), (up,))
+        return self._add(t, c, key + ("host",), "copy", dst, (hop,), (up,) + pace)
 
     def _through_host(self, t, m, number: int, sender: int, receiver: int, ref: Ref,
                       token) -> tuple:
@@ -253,7 +274,7 @@ class WordEmitter:
 
     def _shares(self, shares) -> tuple:
         return tuple((s.root, s.edges, tuple(self.pieces(s)), tuple(e in s.staged for e in s.edges),
-                      tuple(e in s.staged_up for e in s.edges)) for s in shares)
+                      tuple(e in s.staged_up for e in s.edges), s.pace) for s in shares)
 
 
 def _coded(ref: tuple) -> tuple:

@@ -30,7 +30,8 @@
  *                                                   reduction's roots (broadcast(after=done));
  *   a Ref is (rank, buffer index, chunk, count); contrib, result, src and dst are ChunkRefs
  *   (buffer index, per_root); a share is (root, ((parent, child), ...) top-down, pieces as
- *   ((first chunk, chunks), ...), per edge whether it is staged down, per edge whether up).
+ *   ((first chunk, chunks), ...), per edge whether it is staged down, per edge whether up[,
+ *   the node its broadcast keeps pace with, -1 for none: Share.pace]).
  * Malformed phases raise TypeError or ValueError; nothing is written to the lists then.
  */
 #define PY_SSIZE_T_CLEAN
@@ -78,6 +79,7 @@ typedef struct {
 typedef struct {
   int64_t root, nedges, npieces, *edges, *pieces; /* edges: p, c pairs; pieces: j, k pairs */
   char *down, *up;                                /* per edge: staged down, staged up */
+  int64_t pace;                                   /* the node a broadcast keeps pace with */
 } LShare;
 
 typedef struct {
@@ -258,10 +260,37 @@ static int reached(Low* L, int64_t v) {
   return 0;
 }
 
+/* Share.lag: the depth of the share's pace node in its tree (0: none, or the root). */
+static int64_t pace_lag(const LShare* s) {
+  if (s->pace < 0 || s->pace == s->root) return 0;
+  int64_t depth = 0, node = s->pace;
+  for (int64_t q = s->nedges - 1; q >= 0; --q) /* edges run top-down: climb to the root */
+    if (s->edges[2 * q + 1] == node) node = s->edges[2 * q], ++depth;
+  return node == s->root ? depth : 0;
+}
+
+static int broadcast_pieces(Low* L, const Phase* ph, int64_t number, const LShare* s, int64_t m,
+                            double step, int64_t lag, int64_t* paced_tok, double* paced_time);
+
 /* TreeEmitter._broadcast_share for share ``number`` of phase ``ph``. */
 static int broadcast_share(Low* L, const Phase* ph, int64_t number, const LShare* s) {
-  int64_t m = s->npieces;
+  int64_t m = s->npieces, lag = pace_lag(s) * L->turns;
   double step = 1.0 / (double)m;
+  int64_t* paced_tok = lag ? malloc((size_t)(m + 1) * sizeof(int64_t)) : NULL;
+  double* paced_time = lag ? malloc((size_t)(m + 1) * sizeof(double)) : NULL;
+  if (lag && (!paced_tok || !paced_time)) {
+    free(paced_tok), free(paced_time);
+    return L->nomem = 1, -1;
+  }
+  int rc = broadcast_pieces(L, ph, number, s, m, step, lag, paced_tok, paced_time);
+  free(paced_tok), free(paced_time);
+  return rc;
+}
+
+/* broadcast_share's loop; paced_tok, paced_time: per piece, the item that brought it to the
+ * pace node (lag > 0). */
+static int broadcast_pieces(Low* L, const Phase* ph, int64_t number, const LShare* s, int64_t m,
+                            double step, int64_t lag, int64_t* paced_tok, double* paced_time) {
   for (int64_t i = 0; i < m; ++i) {
     int64_t j = s->pieces[2 * i], k = s->pieces[2 * i + 1], turn = i % L->turns;
     int64_t token = -1;
@@ -277,20 +306,26 @@ static int broadcast_share(Low* L, const Phase* ph, int64_t number, const LShare
       if (!reached(L, p)) return -1;
       double t = L->time[p] + step;
       LRef ref = chunk_ref(c, ph->b_buf, ph->b_per, s->root, j, k), source = L->ref[p];
-      int64_t tp = L->tok[p];
+      int64_t toks[2] = {L->tok[p], -1}, ntok = 1;
+      if (p == s->root && c != s->pace && lag > 0 && i >= lag && paced_time[i - lag] <= t)
+        toks[ntok++] = paced_tok[i - lag]; /* keep pace with the pace node */
       if (s->down[q]) { /* TreeEmitter._hop: through p's host buffer */
         LRef hop;
-        int64_t up;
-        if (stage_up(L, t - 0.5 / (double)m, number, turn, p, c, source, tp, &hop, &up))
+        if (stage_up(L, t - 0.5 / (double)m, number, turn, p, c, source, toks[0], &hop,
+                     &toks[0]))
           return -1;
         seq = add(L, t, c, key_id(L, K_DOWN_HOST, p, number, turn), L->copy, ref, &hop, 1,
-                  &up, 1);
+                  toks, ntok);
       } else {
-        seq = add(L, t, c, key_id(L, K_DOWN, p, number, turn), L->copy, ref, &source, 1, &tp,
-                  1);
+        seq = add(L, t, c, key_id(L, K_DOWN, p, number, turn), L->copy, ref, &source, 1, toks,
+                  ntok);
       }
       if (seq < 0) return -1;
       reach(L, c, seq, t, ref);
+    }
+    if (lag) {
+      if (!reached(L, s->pace)) return -1;
+      paced_tok[i] = L->tok[s->pace], paced_time[i] = L->time[s->pace];
     }
   }
   return 0;
@@ -624,7 +659,12 @@ static int read_flags(PyObject* o, char* out, Py_ssize_t n, const char* what) {
 }
 
 static int read_share(Low* L, PyObject* o, LShare* s) {
-  if (tuple_of(o, 5, "a share (root, edges, pieces, staged down, staged up)") == NULL) return -1;
+  Py_ssize_t n = PyTuple_Check(o) ? PyTuple_GET_SIZE(o) : 0;
+  if (tuple_of(o, n == 6 ? 6 : 5, "a share (root, edges, pieces, staged down, staged up[, pace])")
+      == NULL)
+    return -1;
+  s->pace = n == 6 ? as_int(PyTuple_GET_ITEM(o, 5), -1, L->nranks - 1, "a share's pace") : -1;
+  if (n == 6 && s->pace < -1) return -1;
   PyObject *edges = PyTuple_GET_ITEM(o, 1), *pieces = PyTuple_GET_ITEM(o, 2);
   if ((s->root = as_int(PyTuple_GET_ITEM(o, 0), 0, L->nranks - 1, "a share's root")) < 0 ||
       tuple_of(edges, -1, "a share's edges") == NULL ||

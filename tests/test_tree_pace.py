@@ -1,0 +1,158 @@
+"""Trees that keep pace (``Share.pace``, trees._kept_pace): a broadcast's root children take a
+piece only once an earlier piece reached the tree's slowest node, so that the branches that
+could run ahead leave that node's transfers the bandwidth the packing gave them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import collectx.topology as T
+from collectx.planner import plan, trees
+from collectx.schedule import Ref, ScheduleBuilder, verify
+from collectx.schedule._taskloop import native_available
+from collectx.schedule.ir import PackedSchedule
+import collectx.schedule.treesched as ts
+from test_tree_items import NRANKS, _packing
+
+needs_native = pytest.mark.skipif(not native_available(), reason="libcollectx not built")
+needs_words = pytest.mark.skipif(ts.compiled_helper("lower_words") is None,
+                                 reason="no compiled collectx._fastpath")
+
+CHAIN = ((0, 1), (1, 2), (0, 3))   # rank 2 two levels below the root, 1 and 3 one
+
+
+def test_a_share_lags_its_pace_node_by_that_nodes_depth():
+    share = lambda pace: ts.Share(0, CHAIN, (0, 1, 2), pace=pace)  # noqa: E731
+    assert [share(p).lag() for p in (2, 1, 3, 0, -1)] == [2, 1, 1, 0, 0]
+    assert ts.Share(0, CHAIN, (0,), pace=4).lag() == 0   # not in the tree: no pace
+
+
+def _broadcast(pace: int, buffers: int = 1, chunks: int = 6):
+    b = ScheduleBuilder("broadcast", 4, nchunks=chunks, root=0)
+    em = ts.TreeEmitter(b, buffers=buffers)
+    em.self_copy(0, Ref(0, "output", 0, chunks), Ref(0, "input", 0, chunks))
+    em.broadcast([ts.Share(0, CHAIN, tuple(range(chunks)), pace=pace)],
+                 src=ts.chunk_refs("input"), dst=ts.chunk_refs("output"))
+    em.flush()
+    return b.build()
+
+
+def _writers(s) -> dict:
+    """``{(rank, chunk): ((rank, lane, index), deps)}`` of the copies into outputs."""
+    out = {}
+    for rank, lanes in enumerate(s.lanes):
+        for lane, l in enumerate(lanes):
+            for index, ins in enumerate(l.instrs):
+                for c in range(ins.dst.chunk, ins.dst.chunk + ins.dst.count):
+                    out[rank, c] = ((rank, lane, index), set(ins.deps))
+    return out
+
+
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_the_root_children_wait_for_the_piece_lag_before_at_the_pace_node(buffers):
+    s = _broadcast(pace=2, buffers=buffers)
+    verify(s)
+    written = _writers(s)
+    lag = 2 * buffers   # rank 2's depth, pieces per lane of each edge
+    pieces = ts.TreeEmitter.pieces(ts.TreeEmitter(ScheduleBuilder("broadcast", 4, 6), buffers),
+                                   ts.Share(0, CHAIN, tuple(range(6))))
+    for i, (j, _) in enumerate(pieces):
+        at_pace = written[2, pieces[i - lag][0]][0] if i >= lag else None
+        for child in (1, 3):   # the root's children
+            assert (at_pace in written[child, j][1]) == (at_pace is not None)
+        # below the root nothing waits on the pace node: rank 2 only on its parent
+        assert len(written[2, j][1]) == 1
+    assert all(not deps for (rank, _), (_, deps) in _writers(_broadcast(-1)).items()
+               if rank in (1, 3))   # without a pace the root's children wait on nothing
+
+
+@needs_words
+@pytest.mark.parametrize("kind", ["broadcast/blink", "allgather/forest", "allreduce/forest",
+                                  "allreduce/blink"])
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_the_compiled_emitter_keeps_pace_as_the_python_one(kind, buffers, monkeypatch):
+    packing, modes, collective = _packing(kind, staged=True)
+    pace = {g: tuple(t.edges[-1][1] for t, _ in dealt)   # each tree's last node
+            for (g, _), dealt in trees._dealt(packing, 48, collective, {})}
+    words = trees.lower(packing, modes, collective, NRANKS, 48, pace=pace, packed=True,
+                        buffers=buffers)
+    monkeypatch.setattr(ts, "compiled_helper", lambda name: None)
+    objects = trees.lower(packing, modes, collective, NRANKS, 48, pace=pace, buffers=buffers)
+    verify(objects)
+    assert isinstance(words, PackedSchedule) and words.unpacked() == objects
+    assert objects != trees.lower(packing, modes, collective, NRANKS, 48, buffers=buffers)
+
+
+def test_each_tree_keeps_pace_with_the_node_that_received_its_chunks_last():
+    packing, _, collective = _packing("broadcast/blink", staged=False)
+    dealt = next(iter(trees._dealt(packing, 8, collective, {})))[1]
+    ends = np.zeros((NRANKS, 8))
+    for number, (t, chunks) in enumerate(dealt):
+        for rank in range(NRANKS):   # the first tree's last node is its highest, the other's
+            ends[rank, list(chunks)] = 10.0 + (rank if number == 0 else -rank)   # its lowest
+    nodes = [sorted(c for _, c in t.edges) for t, _ in dealt]
+    assert trees._laggards(packing, collective, 8, {}, ends) == \
+        ((0, (nodes[0][-1], nodes[1][0])),)
+    reduce_packing, _, _ = _packing("reduce/blink", staged=False)
+    assert trees._laggards(reduce_packing, "reduce", 8, {}, ends) == ()   # nothing broadcasts
+    even = np.full((NRANKS, 8), 100.0)
+    even[0, 0] = 101.0   # a root's own copy, not received: no tree lags by more than FILL
+    even[1, :] += np.arange(8) * 0.1
+    assert trees._laggards(packing, collective, 8, {}, even) == ()
+
+
+class _Paced:
+    """A try whose paced run (a fake lowering's) takes ``paced_us``."""
+
+    def __init__(self, paced_us: float):
+        self.paced_us, self.judged = paced_us, []
+
+        class Lower:
+            def paced(self, per_group, deal, ends):
+                return ((0, (3,)),)
+        self.at = trees._Try(Lower(), 4, 1, 1)
+
+    def judge(self, at, beat=math.inf):
+        def run():
+            self.judged.append((at.pace, beat))
+            return min(self.paced_us, beat), "paced", at
+        return run
+
+
+@pytest.mark.parametrize("paced_us, good_us, kept, judged", [
+    (90.0, 0.0, "paced", 1),        # faster: kept
+    (100.0, 0.0, "s", 1),           # no faster: the run it was made from stays
+    (90.0, 100.0, "s", 0),          # as fast as its trees get already: never judged
+])
+def test_a_paced_run_is_judged_where_the_run_is_slow_and_kept_where_faster(
+        paced_us, good_us, kept, judged):
+    f = _Paced(paced_us)
+    assert trees._kept_pace((100.0, "s", f.at), f.judge, lambda s: None, good_us,
+                            math.inf) == kept
+    assert len(f.judged) == judged and all(pace == ((0, (3,)),) for pace, _ in f.judged)
+
+
+def _uneven_planes():
+    """Two sockets of two PCIe switches of two GPUs, and two NVSwitch planes, GPU5 on one:
+    GPU5's receive (its plane plus host staging over PCIe) bounds an allgather, and every
+    other transfer crosses links that GPU5's share too."""
+    G = T.pcie_tree(2, 2, 2, pcie_bw=31.5, smp_bw=20.0)
+    for k in range(2):
+        T.add_node(G, f"NVS{k}", "nvswitch")
+        for g in range(8):
+            if (k, g) != (1, 5):
+                T.add_link(G, f"GPU{g}", f"NVS{k}", "nvlink", 50.0)
+    return G
+
+
+@needs_native
+def test_trees_that_keep_pace_reach_the_bound_where_free_branches_starve_one_gpu(monkeypatch):
+    G = _uneven_planes()
+    paced = plan(G, "allgather", 1 << 30)
+    monkeypatch.setattr(trees, "_kept_pace", lambda found, *rest: found[1])
+    free = plan(G, "allgather", 1 << 30, verify=False)
+    assert paced.summary()["algorithm"] == free.summary()["algorithm"] == "forest+host"
+    assert paced.summary()["efficiency"] >= 0.95 > 0.9 > free.summary()["efficiency"]
