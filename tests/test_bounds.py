@@ -500,18 +500,24 @@ def test_split_switches_solve_the_multicast_lp_only_where_the_max_flow_cut_tops_
     assert b.notes.startswith("reference = reduce-scatter + allgather")
 
 
+def with_planes(G, planes: int, missing: tuple = (), bw: float = 50.0):
+    """``G`` with ``planes`` NVSwitch planes (``NVS0``...) joined to every GPU by one NVLink
+    of ``bw`` GB/s each way, but the ``(gpu, plane)`` pairs in ``missing``."""
+    for k in range(planes):
+        topo.add_node(G, f"NVS{k}", "nvswitch")
+        for g in range(len(topo.gpus(G))):
+            if (g, k) not in missing:
+                topo.add_link(G, f"GPU{g}", f"NVS{k}", "nvlink", bw)
+    return G
+
+
 def test_uneven_switch_planes_are_bounded_by_their_stripes():
     # GPU1 reaches one of two planes: its pairs stripe over the planes in fixed proportions,
     # which the cut (free switching) overstates; a plan measures against the routes' LP.
     from collectx.planner import plan
     from collectx.planner.bounds import peer_bounds
     from collectx.topology.routes import uneven_planes
-    G = topo.pcie_tree(1, 1, 3, pcie_bw=31.5, smp_bw=40.0)
-    for k in range(2):
-        topo.add_node(G, f"NVS{k}", "nvswitch")
-        for g in range(3):
-            if (g, k) != (1, 0):
-                topo.add_link(G, f"GPU{g}", f"NVS{k}", "nvlink", 50.0)
+    G = with_planes(topo.pcie_tree(1, 1, 3, pcie_bw=31.5, smp_bw=40.0), 2, missing=((1, 0),))
     assert uneven_planes(G)
     lp = peer_bounds(G, "allreduce", host=True)
     assert lp.bound_busbw == pytest.approx(77.17, abs=0.01)

@@ -15,6 +15,7 @@ from collectx.schedule import Ref, ScheduleBuilder, verify
 from collectx.schedule._taskloop import native_available
 from collectx.schedule.ir import PackedSchedule
 import collectx.schedule.treesched as ts
+from test_bounds import with_planes
 from test_tree_items import NRANKS, _packing
 
 needs_native = pytest.mark.skipif(not native_available(), reason="libcollectx not built")
@@ -139,13 +140,7 @@ def _uneven_planes():
     """Two sockets of two PCIe switches of two GPUs, and two NVSwitch planes, GPU5 on one:
     GPU5's receive (its plane plus host staging over PCIe) bounds an allgather, and every
     other transfer crosses links that GPU5's share too."""
-    G = T.pcie_tree(2, 2, 2, pcie_bw=31.5, smp_bw=20.0)
-    for k in range(2):
-        T.add_node(G, f"NVS{k}", "nvswitch")
-        for g in range(8):
-            if (k, g) != (1, 5):
-                T.add_link(G, f"GPU{g}", f"NVS{k}", "nvlink", 50.0)
-    return G
+    return with_planes(T.pcie_tree(2, 2, 2, pcie_bw=31.5, smp_bw=20.0), 2, missing=((5, 1),))
 
 
 @needs_native

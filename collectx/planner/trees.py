@@ -391,18 +391,28 @@ def _redealt(packing, collective: str, nranks: int, per_group: int, deal: dict, 
     nothing. Allgather gathers root ``r``'s chunks at ``r * per_group`` of every output,
     reduce-scatter leaves them at its root, the others in every rank's output."""
     rates: dict = {}
-    for (_, key), shares in _dealt(packing, per_group, collective, deal):
-        for i, (t, chunks) in enumerate(shares):
-            at = t.root * per_group if collective == "allgather" else 0
-            rows = [t.root] if collective == "reduce_scatter" else slice(0, nranks)
-            end = float(ends[rows, at + chunks[0]:at + chunks[-1] + 1].max(initial=0.0)) \
-                if chunks and at + chunks[-1] < ends.shape[1] else 0.0
-            by = rates.setdefault(key, {})
-            by[i] = min(by.get(i, math.inf), len(chunks) / end if end > 0 else 0.0)
+    for (_, key), i, t, chunks, block in _delivered(packing, collective, per_group, deal, ends):
+        rows = [t.root] if collective == "reduce_scatter" else slice(0, nranks)
+        end = float(block[rows].max(initial=0.0)) if block is not None else 0.0
+        by = rates.setdefault(key, {})
+        by[i] = min(by.get(i, math.inf), len(chunks) / end if end > 0 else 0.0)
     if any(r == 0 for by in rates.values() for r in by.values()):
         return (), math.inf
     return (tuple((key, tuple(by[i] for i in sorted(by))) for key, by in sorted(rates.items())),
             max(per_group / sum(by.values()) for by in rates.values()))
+
+
+def _delivered(packing, collective: str, per_group: int, deal: dict, ends):
+    """Per tree of ``packing`` dealt by ``deal``: ``((group, key), its index in the group,
+    tree, its chunks, ends[:, its chunks])`` (:func:`_dealt`; ``ends[rank, chunk]`` of a run,
+    :func:`~.simulate.chunk_ends`), the last None where the tree carries no chunk the run
+    wrote. Allgather gathers root ``r``'s chunks at ``r * per_group`` of every output."""
+    for group_key, shares in _dealt(packing, per_group, collective, deal):
+        for i, (t, chunks) in enumerate(shares):
+            at = t.root * per_group if collective == "allgather" else 0
+            block = ends[:, at + chunks[0]:at + chunks[-1] + 1] \
+                if chunks and at + chunks[-1] < ends.shape[1] else None
+            yield group_key, i, t, chunks, block
 
 
 def _laggards(packing, collective: str, per_group: int, deal: dict, ends) -> tuple:
@@ -416,16 +426,14 @@ def _laggards(packing, collective: str, per_group: int, deal: dict, ends) -> tup
         return ()
     pace: dict = {}
     lag = 0.0   # the most any tree's last node lagged its median one, in runs
-    for (group, _), shares in _dealt(packing, per_group, collective, deal):
-        for t, chunks in shares:
-            at = t.root * per_group if collective == "allgather" else 0
-            nodes = [c for _, c in t.edges]
-            if not chunks or not nodes or at + chunks[-1] >= ends.shape[1]:
-                pace.setdefault(group, []).append(-1)
-                continue
-            last = ends[nodes, at + chunks[0]:at + chunks[-1] + 1].max(axis=1)
-            pace.setdefault(group, []).append(nodes[int(last.argmax())])
-            lag = max(lag, float(last.max() - np.median(last)) / max(float(ends.max()), 1e-300))
+    for (group, _), _, t, _, block in _delivered(packing, collective, per_group, deal, ends):
+        nodes = [c for _, c in t.edges]
+        if block is None or not nodes:
+            pace.setdefault(group, []).append(-1)
+            continue
+        last = block[nodes].max(axis=1)
+        pace.setdefault(group, []).append(nodes[int(last.argmax())])
+        lag = max(lag, float(last.max() - np.median(last)) / max(float(ends.max()), 1e-300))
     if lag <= FILL:
         return ()
     return tuple((group, tuple(nodes)) for group, nodes in sorted(pace.items()))
