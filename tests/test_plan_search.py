@@ -288,7 +288,7 @@ def test_packed_trees_are_good_enough_within_the_fill_of_their_own_lp(monkeypatc
     from collectx.schedule.metrics import unit_bytes
     ranks, view = allocation(T.load("dgx1v"), [0, 1, 2, 5])
     handed = []
-    monkeypatch.setattr(trees, "_fastest", lambda tried, judge, good: handed.append(good) or
+    monkeypatch.setattr(trees, "_fastest", lambda tried, judge, good, *_: handed.append(good) or
                         [(0.0, tried[0][0][0](), tried[0][0][0])])
     _, lp = P.solved(view, ranks, "allreduce", forest=True)
     full = unit_bytes("allreduce", 1 << 30, 4) / 4 / (lp.rate * 1e3)

@@ -124,15 +124,18 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
     if beat_us is not None:
         good_us = min(good_us, beat_us * (1 + FILL))
     ends = lambda s: chunk_ends(s, topo, nbytes, ranks=list(ranks))  # noqa: E731
-    found = _fastest(tried, judge, good_us)
+    bests: dict = {}   # each packing's fastest run, by its lowering
+    found = _fastest(tried, judge, good_us, bests)
     other_us = math.inf if beat_us is None else beat_us * (1 + FILL)   # the plan to beat's
     if found[0][0] < other_us and _misjudged(found[0][0], packings[0], pipe):
-        found = _rounded_again(found, packings, p, lp, pipe, tries, judge, good_us)
-    return unpacked(_balanced(found, judge, ends, good_us, other_us))
+        found = _rounded_again(found, packings, p, lp, pipe, tries, judge, good_us, bests)
+    at_rate = lambda at: pipe.full_us(at.lower.rate)  # noqa: E731
+    return unpacked(_balanced(found, judge, ends, good_us, other_us,
+                              (list(bests.values()), at_rate)))
 
 
 def _rounded_again(found: list, packings: list, p: P.Problem, lp: Packing, pipe: "Pipeline",
-                   tries, judge, good_us: float) -> list:
+                   tries, judge, good_us: float, bests: dict) -> list:
     """``found`` (:func:`_fastest`'s), or where faster, the fastest schedule of the program's
     own roundings of the counts that may beat what ran (:func:`~.program.equal_trees` without
     the dealt trees, whose model time set the first search's bar), those not judged before.
@@ -143,7 +146,8 @@ def _rounded_again(found: list, packings: list, p: P.Problem, lp: Packing, pipe:
     again = [k for k in again if (len(k.trees), k.rate) not in seen and k is not lp]
     if not again:
         return found
-    more = _fastest([tries(k) for k in sorted(again, key=lambda k: -k.rate)], judge, good_us)
+    more = _fastest([tries(k) for k in sorted(again, key=lambda k: -k.rate)], judge, good_us,
+                    bests)
     return more if more[0][0] < found[0][0] else found
 
 
@@ -156,7 +160,8 @@ def _misjudged(us: float, top: Packing, pipe: "Pipeline") -> bool:
     return us > promised * (1 + FILL)
 
 
-def _balanced(found: list, judge, ends, good_us: float, beat_us: float) -> Schedule:
+def _balanced(found: list, judge, ends, good_us: float, beat_us: float,
+              others: tuple = ((), None)) -> Schedule:
     """The schedule of ``found[0]`` (``(us, schedule, try)``), or one of its trees and chunks
     dealt anew by the rate each tree reached in its run (:func:`_redealt`): trees that
     delivered their last chunk early take more, those that lagged fewer, so that they finish
@@ -166,16 +171,19 @@ def _balanced(found: list, judge, ends, good_us: float, beat_us: float) -> Sched
     :data:`~.cost_tables.NOISE`, with fewer chunks, :func:`_fastest`) dealt anew, where that
     beats ``found[0]``: the rates one run measured do not always hold once its chunks are dealt
     anew, and another run's may (docs/planner.md has a case). Then, where still slower than
-    its trees' rate, that schedule's trees keeping pace (:func:`_kept_pace`), if faster."""
+    its trees' rate, that schedule's trees keeping pace, or those of another packing's fastest
+    run (``others``: those runs, and the time of a try at its packing's rate), if faster
+    (:func:`_kept_pace`)."""
     chosen = _dealt_anew(found[0], judge, ends, good_us, beat_us)
     if chosen[1] is found[0][1] and len(found) > 1:
         other = _dealt_anew(found[1], judge, ends, good_us, min(chosen[0], beat_us))
         if other[0] < chosen[0] and other[1] is not found[1][1]:
             chosen = other
-    return _kept_pace(chosen, judge, ends, good_us, beat_us)
+    return _kept_pace(chosen, judge, ends, good_us, beat_us, *others)
 
 
-def _kept_pace(found: tuple, judge, ends, good_us: float, beat_us: float) -> Schedule:
+def _kept_pace(found: tuple, judge, ends, good_us: float, beat_us: float, others=(),
+               at_rate=None) -> Schedule:
     """The schedule of ``found`` (``(us, schedule, try)``), or where faster, the same with each
     tree's broadcast keeping pace with the node that received the tree's chunks last in its
     run (:func:`_laggards`, ``Share.pace``): the root's children take a piece only once the
@@ -183,15 +191,25 @@ def _kept_pace(found: tuple, judge, ends, good_us: float, beat_us: float) -> Sch
     on them, so a tree's branches that can run ahead take bandwidth from the transfers of the
     slowest node, whose links then idle where the packing has them busy, and the run ends
     late for that node alone (docs/planner.md, "Trees that keep pace"). Judged where the run
-    is slower than ``good_us`` (its trees' rate, fill allowed)."""
-    us, s, at = found
-    if us <= good_us:
-        return s
-    pace = at.lower.paced(at.per_group, at.deal, ends(s))
-    if not pace:
-        return s
-    got = judge(replace(at, pace=pace), min(us, beat_us))()
-    return got[1] if got[0] < us else s
+    is slower than ``good_us`` (its trees' rate, fill allowed); then so are ``others``, the
+    fastest runs ``(us, schedule, try)`` of the other packings searched, each where its
+    packing's rate (``at_rate(try)``: the time at it, no fill) beats the fastest so far and its
+    run lags that rate by more than :data:`~.cost_tables.FILL`: one that branches ran ahead
+    in may keep pace faster than the one that ran fastest as it was."""
+    if found[0] <= good_us:
+        return found[1]
+    best = found
+    rest = sorted((o for o in others if o[2].lower is not found[2].lower),
+                  key=lambda o: at_rate(o[2]))
+    for us, s, at in [found] + rest:
+        if at is not found[2] and not (at_rate(at) < best[0] and us > at_rate(at) * (1 + FILL)):
+            continue
+        pace = at.lower.paced(at.per_group, at.deal, ends(s))
+        if pace:
+            lanes = max(at.buffers, at.lower.buffers)   # pieces in flight while lanes wait
+            got = judge(replace(at, pace=pace, buffers=lanes), min(best[0], beat_us))()
+            best = got if got[0] < best[0] else best
+    return best[1]
 
 
 def _dealt_anew(found: tuple, judge, ends, good_us: float, beat_us: float) -> tuple:
@@ -214,7 +232,7 @@ def _dealt_anew(found: tuple, judge, ends, good_us: float, beat_us: float) -> tu
     return us, s, at
 
 
-def _fastest(tried: list, judge, good_us: float | None) -> list:
+def _fastest(tried: list, judge, good_us: float | None, bests: dict | None = None) -> list:
     """The fastest schedule of ``tried`` (per packing, thunks of its first tries and, for each, the
     ladder of more chunks that climbs from it; ``judge(thunk, beat)()`` is ``(simulated us,
     schedule)``, given up past ``beat``): the first tries judged at once, then every ladder
@@ -229,17 +247,18 @@ def _fastest(tried: list, judge, good_us: float | None) -> list:
     :func:`_guess`); the rounds read what they ask for, so any thread count chooses alike.
     Returns the judge's ``(us, schedule, try)`` of the one chosen, and where none is good
     enough, of the one with the fewest chunks within NOISE of it if that is another: a list
-    of one or two, for :func:`_balanced`."""
+    of one or two, for :func:`_balanced`. ``bests``, where given, takes each packing's fastest
+    run, by its lowering (``try.lower``), where faster than one it holds (:func:`_kept_pace`)."""
     good_us = good_us or 0.0
     with shared_threads():
         ahead = Ahead(lambda key: judge(*key)(), wider=lambda key: (key[0], math.inf))
         try:
-            return _searched(ahead, tried, good_us)
+            return _searched(ahead, tried, good_us, bests)
         finally:
             ahead.close()
 
 
-def _searched(ahead: Ahead, tried: list, good_us: float) -> list:
+def _searched(ahead: Ahead, tried: list, good_us: float, bests: dict | None) -> list:
     firsts, ups = [t for first, _ in tried for t in first], [u for _, ups in tried for u in ups]
     good_round = [math.inf]   # the first round with a good-enough schedule, as far as known
 
@@ -276,6 +295,9 @@ def _searched(ahead: Ahead, tried: list, good_us: float) -> list:
         best = min([best] + judged, key=lambda r: r[0])
         seen += judged
         climbing = [c for c in climbing if c and (c[2] or c[0] <= best[0] * (1 + NOISE))]
+    for r in seen if bests is not None else ():
+        if r[0] < bests.get(r[2].lower, (math.inf,))[0]:
+            bests[r[2].lower] = r
     good = [r for r in judged + [best] if r[0] <= good_us]
     if good:
         return [min(good, key=lambda r: (r[1].nchunks, r[0]))]
@@ -379,6 +401,7 @@ def _lowering(name, packing, p, collective, n, root, inplace):
                                                        dict(deal), ends)
     low.paced = lambda per_group, deal, ends: _laggards(packing, collective, per_group,
                                                         dict(deal), ends)
+    low.rate, low.buffers = packing.rate, most_buffers(packing, modes, p.lanes)
     return low
 
 
