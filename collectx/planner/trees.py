@@ -191,25 +191,30 @@ def _kept_pace(found: tuple, judge, ends, good_us: float, beat_us: float, others
     on them, so a tree's branches that can run ahead take bandwidth from the transfers of the
     slowest node, whose links then idle where the packing has them busy, and the run ends
     late for that node alone (docs/planner.md, "Trees that keep pace"). Judged where the run
-    is slower than ``good_us`` (its trees' rate, fill allowed); then so are ``others``, the
-    fastest runs ``(us, schedule, try)`` of the other packings searched, each where its
-    packing's rate (``at_rate(try)``: the time at it, no fill) beats the fastest so far and its
-    run lags that rate by more than :data:`~.cost_tables.FILL`: one that branches ran ahead
-    in may keep pace faster than the one that ran fastest as it was."""
-    if found[0] <= good_us:
-        return found[1]
-    best = found
-    rest = sorted((o for o in others if o[2].lower is not found[2].lower),
-                  key=lambda o: at_rate(o[2]))
-    for us, s, at in [found] + rest:
-        if at is not found[2] and not (at_rate(at) < best[0] and us > at_rate(at) * (1 + FILL)):
-            continue
-        pace = at.lower.paced(at.per_group, at.deal, ends(s))
-        if pace:
-            lanes = max(at.buffers, at.lower.buffers)   # pieces in flight while lanes wait
-            got = judge(replace(at, pace=pace, buffers=lanes), min(best[0], beat_us))()
-            best = got if got[0] < best[0] else best
+    is slower than ``good_us`` (its trees' rate, fill allowed) and some node of it lagged;
+    then so are ``others``, the fastest runs ``(us, schedule, try)`` of the other packings
+    searched, each where its packing's rate (``at_rate(try)``: the time at it, no fill) beats
+    the fastest so far and its run lags that rate by more than :data:`~.cost_tables.FILL`: one
+    whose branches ran ahead further may keep pace faster than the one that ran fastest."""
+    us, s, at = found
+    if us <= good_us or not (pace := at.lower.paced(at.per_group, at.deal, ends(s))):
+        return s   # as fast as its trees get, or no branch ran ahead of a node that lagged
+    best = _paced(found, pace, judge, min(us, beat_us))
+    for run_us, run, tried in sorted((o for o in others if o[2].lower is not at.lower),
+                                     key=lambda o: at_rate(o[2])):
+        if at_rate(tried) < best[0] and run_us > at_rate(tried) * (1 + FILL) and \
+                (pace := tried.lower.paced(tried.per_group, tried.deal, ends(run))):
+            best = _paced(best, pace, judge, min(best[0], beat_us), tried)
     return best[1]
+
+
+def _paced(best: tuple, pace: tuple, judge, beat: float, at=None) -> tuple:
+    """``best`` (``(us, schedule, try)``), or the run of ``at`` (default ``best``'s try) keeping
+    ``pace`` where faster, on the most lanes per edge its trees fit: pieces stay in flight
+    while the root's children wait."""
+    at = at or best[2]
+    got = judge(replace(at, pace=pace, buffers=max(at.buffers, at.lower.buffers)), beat)()
+    return got if got[0] < best[0] else best
 
 
 def _dealt_anew(found: tuple, judge, ends, good_us: float, beat_us: float) -> tuple:
