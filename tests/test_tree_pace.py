@@ -166,13 +166,15 @@ def test_another_packings_run_keeps_pace_where_its_rate_may_beat_the_fastest(
     assert got == kept and [beat for _, beat in f.judged] == beats
 
 
-def test_a_paced_run_takes_the_lanes_its_packing_fits():
-    f = _Paced(90.0)
-    f.at = trees._Try(_Lower(90.0, buffers=2), 4, 1, 1)
+def test_another_packings_paced_run_takes_the_lanes_its_trees_fit():
+    f = _Paced(100.0)
+    f.at = trees._Try(_Lower(100.0, buffers=2), 4, 1, 1)   # won on one lane of two that fit
     judged = []
     judge = lambda at, beat=math.inf: judged.append(at.buffers) or f.judge(at, beat)  # noqa
-    trees._kept_pace((100.0, "s", f.at), judge, lambda s: None, 0.0, math.inf)
-    assert judged == [2]   # pieces in flight on both lanes while the root's children wait
+    other = (104.0, "o", trees._Try(_Lower(80.0, 12.5, buffers=2), 4, 1, 1))
+    assert trees._kept_pace((100.0, "s", f.at), judge, lambda s: None, 0.0, math.inf,
+                            [other], _at_rate) == "paced 12.5"
+    assert judged == [1, 2]   # the chosen keeps its lanes; the other keeps a piece in flight
 
 
 def _uneven_planes():

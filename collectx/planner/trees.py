@@ -199,21 +199,22 @@ def _kept_pace(found: tuple, judge, ends, good_us: float, beat_us: float, others
     us, s, at = found
     if us <= good_us or not (pace := at.lower.paced(at.per_group, at.deal, ends(s))):
         return s   # as fast as its trees get, or no branch ran ahead of a node that lagged
-    best = _paced(found, pace, judge, min(us, beat_us))
+    best = _paced(found, replace(at, pace=pace), judge, beat_us)
     for run_us, run, tried in sorted((o for o in others if o[2].lower is not at.lower),
                                      key=lambda o: at_rate(o[2])):
         if at_rate(tried) < best[0] and run_us > at_rate(tried) * (1 + FILL) and \
                 (pace := tried.lower.paced(tried.per_group, tried.deal, ends(run))):
-            best = _paced(best, pace, judge, min(best[0], beat_us), tried)
+            # on the most lanes its trees fit: a piece stays in flight on each edge while the
+            # root's children wait (the chosen schedule keeps the lanes it won on)
+            lanes = max(tried.buffers, tried.lower.buffers)
+            best = _paced(best, replace(tried, pace=pace, buffers=lanes), judge, beat_us)
     return best[1]
 
 
-def _paced(best: tuple, pace: tuple, judge, beat: float, at=None) -> tuple:
-    """``best`` (``(us, schedule, try)``), or the run of ``at`` (default ``best``'s try) keeping
-    ``pace`` where faster, on the most lanes per edge its trees fit: pieces stay in flight
-    while the root's children wait."""
-    at = at or best[2]
-    got = judge(replace(at, pace=pace, buffers=max(at.buffers, at.lower.buffers)), beat)()
+def _paced(best: tuple, paced, judge, beat_us: float) -> tuple:
+    """``best`` (``(us, schedule, try)``), or the judge's run of the try ``paced`` where
+    faster, given up once it cannot beat ``best`` nor ``beat_us``."""
+    got = judge(paced, min(best[0], beat_us))()
     return got if got[0] < best[0] else best
 
 
