@@ -351,7 +351,7 @@ def _tries(name, packing, p, pipe, collective, n, root, inplace) -> tuple[list, 
     lower = _lowering(name, packing, p, collective, n, root, inplace)
     m, hidden, k = pipe.chunks(packing), pipe.hidden_chunks(packing), pipe.trees(packing)
     first = list(dict.fromkeys([(m, 1), (round((m * hidden) ** 0.5), 1), (hidden, 1)]))
-    if most_buffers(packing, p.modes(), p.lanes) > 1:
+    if lower.buffers > 1:   # most_buffers, counted once per packing by its lowering
         # a second lane of its own hides each piece's wait behind the other's; one lane can
         # still win where the lanes are shared, or where the fill of many levels outweighs
         # the waits it pays
