@@ -199,8 +199,8 @@ def test_another_packings_trees_keep_pace_where_the_fastest_run_as_it_was_falls_
         monkeypatch):
     # four GPUs on four NVSwitch planes, GPU0 on three, GPU3 on two: every root's shard
     # reaches GPU3 over its two links and PCIe, which the LP's rate fills. In every packing's
-    # run the branches to GPUs 0-2 run ahead, and it misses its rate by a tenth; kept at pace,
-    # the one that ran fastest as it was gains less than another does.
+    # run the branches to GPUs 0-2 run ahead, and it misses its rate; kept at pace, the one
+    # that ran fastest as it was gains less than another does.
     G = with_planes(T.pcie_tree(1, 1, 4, pcie_bw=15.75, smp_bw=20.0), 4,
                     missing=((0, 0), (3, 1), (3, 2)), bw=100.0)
     paced = plan(G, "allgather", 1 << 30, verify=False)
@@ -209,4 +209,30 @@ def test_another_packings_trees_keep_pace_where_the_fastest_run_as_it_was_falls_
                         kept_pace(found, judge, ends, good, beat))
     own = plan(G, "allgather", 1 << 30, verify=False)
     assert paced.summary()["algorithm"] == own.summary()["algorithm"] == "forest+host"
-    assert paced.efficiency >= 0.94 > 0.93 > own.efficiency
+    assert paced.efficiency >= 0.98 > own.efficiency + 0.01
+
+
+def _unequal_planes():
+    """A PCIe tree of eight GPUs and four NVSwitch planes that the GPUs reach over zero, one
+    or two 50 GB/s links each (drawn by ``perf/generalization.py --families irregular --seed
+    4242``). Of GPUs 0-3 and 5, GPU5 reaches two planes only, which bounds an allgather,
+    and GPU0's three planes bind too in the LP's first optimum."""
+    G = T.pcie_tree(1, 4, 2, pcie_bw=15.75, smp_bw=40.0)
+    links = {0: (0, 2, 1, 2), 1: (2, 2, 2, 2), 2: (1, 2, 2, 2), 3: (2, 2, 0, 1),
+             4: (1, 0, 2, 2), 5: (2, 0, 0, 2), 6: (2, 2, 2, 2), 7: (2, 2, 1, 2)}
+    for k in range(4):
+        T.add_node(G, f"NVS{k}", "nvswitch")
+        for g, counts in links.items():
+            if counts[k]:
+                T.add_link(G, f"GPU{g}", f"NVS{k}", "nvlink", 50.0 * counts[k])
+    return G
+
+
+@needs_native
+def test_links_the_rate_does_not_need_keep_room_for_transfers_that_run_ahead(monkeypatch):
+    G, gpus = _unequal_planes(), [0, 1, 2, 3, 5]
+    roomy = plan(G, "allgather", 1 << 30, gpus=gpus, host_relays=False, verify=False)
+    monkeypatch.setattr(trees.P, "roomy", trees.P.solved)
+    full = plan(G, "allgather", 1 << 30, gpus=gpus, host_relays=False, verify=False)
+    assert roomy.summary()["algorithm"] == full.summary()["algorithm"] == "forest"
+    assert roomy.efficiency >= 0.955 > 0.945 > full.efficiency

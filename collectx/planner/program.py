@@ -51,7 +51,7 @@ from ._build import remembered, weighted_shares
 from .cost_tables import FILL, NOISE
 from .integral_trees import disjoint_arborescences
 from .treepack import (Packing, Tree, centre, column_generation, min_arborescence, orient,
-                       top_down, usage)
+                       room_left, top_down, usage)
 
 DOWN, UP, BOTH = "down", "up", "both"
 MODES = {"broadcast": DOWN, "allgather": DOWN, "reduce": UP, "reduce_scatter": UP,
@@ -73,6 +73,11 @@ warnings.filterwarnings("ignore", ".*mip_heuristic_run_feasibility_jump")   # sc
 SHORT_OPTIONS = {"presolve": False}
 BATCH = 4            # tree counts rounded at once (on threads): fixed, so all ranks agree
 BUILT = 3            # tree counts built into trees: the depth their arcs allow misjudges some
+ROOM = 0.05          # of each link's capacity the packing keeps free where its rate allows: fair
+                     # shares hand a link's idle capacity to any transfer on it, so transfers that
+                     # run ahead or lag (branches, staged copies) take it from the links the rate
+                     # needs unless links it does not need have room. 2% (FILL) left switched
+                     # machines with uneven planes below their trees' rate, 10% cost them rate
 PROGRAM_ROWS = 256   # Edmonds rows written out up front (2^(n-1) - 1 per group): past a few
                      # hundred, every branch-and-bound node's LP pays for them all, and
                      # finding the few that bind (lazily, by max-flow) is faster
@@ -152,6 +157,35 @@ def solved(topo, gpus, collective: str, root: int = 0, host: bool = False,
         return p, fractional(p)
     return remembered(("solved", fingerprint(topo), tuple(gpus), collective, root, host,
                        forest), solve)
+
+
+def roomy(topo, gpus, collective: str, root: int = 0, host: bool = False,
+          forest: bool = False) -> tuple[Problem, Packing]:
+    """:func:`solved`, each link's capacity less the most room (up to :data:`ROOM` of it)
+    that a packing at the LP's rate can leave it (:func:`~.treepack.room_left`), and the LP
+    over those capacities: the same rate, its links the rate does not need kept below full.
+    :func:`solved`'s own where no link has room. Remembered as :func:`solved` is.
+
+    On a ring of three a broadcast needs both of its root's links, and not the link between
+    the other two GPUs:
+
+    >>> from collectx.topology import ring
+    >>> gpus = ("GPU0", "GPU1", "GPU2")
+    >>> (p, lp), (q, lq) = solved(ring(3), gpus, "broadcast"), roomy(ring(3), gpus, "broadcast")
+    >>> round(lp.rate, 6) == round(lq.rate, 6), sum(a > b for a, b in zip(p.caps, q.caps))
+    (True, 2)
+    """
+    def solve():
+        p, lp = solved(topo, gpus, collective, root=root, host=host, forest=forest)
+        room = room_left(p.caps, [(t.group, t, use_of(p, t)) for t in lp.columns], lp.rate,
+                         ROOM)
+        if room is None or not room.any():
+            return p, lp
+        q = replace(p, caps=tuple(float(c * (1 - r)) for c, r in zip(p.caps, room)))
+        packed = fractional(q)
+        return (q, packed) if packed.rate >= lp.rate * (1 - 1e-6) else (p, lp)
+    return remembered(("roomy", fingerprint(topo), tuple(gpus), collective, root, host, forest),
+                      solve)
 
 
 def _ways(gpus, peer: dict, staged: dict, waits: dict, mode: str) -> dict:

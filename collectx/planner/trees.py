@@ -96,7 +96,7 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
         return replace(plan_direct(None, ranks, collective, nbytes, root=root, inplace=inplace),
                        algorithm=name, meta=())   # one rank: its own copy, if any
     forest = name == "forest" and collective == "allreduce"
-    p, lp = P.solved(topo, ranks, collective, root=root, host=host, forest=forest)
+    p, lp = P.roomy(topo, ranks, collective, root=root, host=host, forest=forest)
     pipe = Pipeline(p, unit_bytes(collective, nbytes, n) / (n if forest else 1))
     pipe.fit(lp)
     beat = pipe.to_beat(beat_us)
