@@ -73,11 +73,10 @@ warnings.filterwarnings("ignore", ".*mip_heuristic_run_feasibility_jump")   # sc
 SHORT_OPTIONS = {"presolve": False}
 BATCH = 4            # tree counts rounded at once (on threads): fixed, so all ranks agree
 BUILT = 3            # tree counts built into trees: the depth their arcs allow misjudges some
-ROOM = 0.05          # of each link's capacity the packing keeps free where its rate allows: fair
-                     # shares hand a link's idle capacity to any transfer on it, so transfers that
-                     # run ahead or lag (branches, staged copies) take it from the links the rate
-                     # needs unless links it does not need have room. 2% (FILL) left switched
-                     # machines with uneven planes below their trees' rate, 10% cost them rate
+ROOM = 0.05          # of each link's capacity kept free where the rate allows: fair shares hand
+                     # idle capacity to any transfer, so branches that run ahead take it from the
+                     # links the rate needs unless the others have room (2%, FILL, left uneven
+                     # NVSwitch planes short of their trees' rate; 10% cost them rate)
 PROGRAM_ROWS = 256   # Edmonds rows written out up front (2^(n-1) - 1 per group): past a few
                      # hundred, every branch-and-bound node's LP pays for them all, and
                      # finding the few that bind (lazily, by max-flow) is faster
@@ -161,13 +160,11 @@ def solved(topo, gpus, collective: str, root: int = 0, host: bool = False,
 
 def roomy(topo, gpus, collective: str, root: int = 0, host: bool = False,
           forest: bool = False) -> tuple[Problem, Packing]:
-    """:func:`solved`, each link's capacity less the most room (up to :data:`ROOM` of it)
-    that a packing at the LP's rate can leave it (:func:`~.treepack.room_left`), and the LP
-    over those capacities: the same rate, its links the rate does not need kept below full.
-    :func:`solved`'s own where no link has room. Remembered as :func:`solved` is.
+    """:func:`solved` with each link's capacity less the most room (up to :data:`ROOM` of it)
+    a packing at the LP's rate can leave it (:func:`~.treepack.room_left`), and the LP over
+    those capacities: the same rate, the links it does not need below full. Remembered.
 
-    On a ring of three a broadcast needs both of its root's links, and not the link between
-    the other two GPUs:
+    A broadcast on a ring of three needs its root's links, not the one between the others:
 
     >>> from collectx.topology import ring
     >>> gpus = ("GPU0", "GPU1", "GPU2")

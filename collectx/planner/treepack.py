@@ -385,26 +385,21 @@ def _least_cost(caps, ng: int, lp: _Rows, rate: float, cost: list, lam):
 def room_left(caps, columns: list, rate: float, most: float) -> np.ndarray | None:
     """Per link, the share of its capacity (at most ``most``) that a packing of ``columns``
     (``(group index, tree, {link id: uses})``) giving every group ``rate`` (less a hair for the
-    solver's tolerance) leaves unused, the most in all over the links the columns use; None
-    where that LP fails (``rate`` above what the columns reach).
+    solver) leaves unused, the most in all over the links they use; None where none can.
 
     >>> cols = [(0, None, {0: 1}), (0, None, {1: 1})]   # two ways to carry one group
     >>> room_left([10.0, 10.0], cols, 10.0, 0.25).round(3).tolist()
     [0.25, 0.25]
     """
-    caps = np.asarray(caps, dtype=float)
-    m, k = len(caps), len(columns)
-    lp = _Rows()
+    lp, m, k = _Rows(), len(caps), len(columns)
     for g, _, use in columns:
         lp.add(g, use)
     uses = sp.csr_matrix((lp.vals, (lp.rows, lp.cix)), shape=(m, k))
-    used = np.asarray(uses.sum(axis=1)).ravel() > 0
-    ng = max(lp.group, default=-1) + 1
-    # columns' rates, then each link's room as a share of its capacity
-    A_ub = sp.hstack([uses, sp.diags(caps)], format="csr")
-    A_eq = sp.hstack([sp.csr_matrix(([1.0] * k, (lp.group, list(range(k)))), shape=(ng, k)),
-                      sp.csr_matrix((ng, m))], format="csr")
-    res = linprog(np.r_[np.zeros(k), -used.astype(float)], A_ub=A_ub, b_ub=caps, A_eq=A_eq,
+    used, ng = np.asarray(uses.sum(axis=1)).ravel() > 0, max(lp.group) + 1
+    groups = sp.csr_matrix(([1.0] * k, (lp.group, list(range(k)))), shape=(ng, k))
+    # the columns' rates, then each link's room as a share of its capacity
+    res = linprog(-np.r_[np.zeros(k), used], A_ub=sp.hstack([uses, sp.diags(caps)]), b_ub=caps,
+                  A_eq=sp.hstack([groups, sp.csr_matrix((ng, m))]),
                   b_eq=np.full(ng, rate * (1 - 1e-9)), bounds=[(0, None)] * k + [(0, most)] * m,
                   method="highs")
     return np.clip(res.x[k:], 0.0, most) * used if res.status == 0 else None
