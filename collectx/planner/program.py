@@ -811,6 +811,16 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
     return kept + _unrounded(p, lp, kept, cost, beat)
 
 
+def rounded_at(p: Problem, lp: Packing, K: int, level_cost: float = 0.0) -> Packing | None:
+    """``lp`` rounded to ``K`` equal trees per group (one integer program, steps 2-3), or None
+    where no rounding exists."""
+    rounding = Rounding(p, lp, level_cost)
+    x = rounding.solve_all([(K, np.inf)])[0]
+    trees = None if x is None else rounding.trees(x, K)
+    return None if trees is None else Packing(rate=rounding.rate(x, K), trees=lifted(p, trees),
+                                              columns=lp.columns)
+
+
 def _unrounded(p: Problem, lp: Packing, kept: list, cost, beat: float | None) -> list:
     """The LP's own trees, each dealt chunks by its rate (:func:`~.trees.lower`), where every
     rounding kept loses more than :data:`~.cost_tables.FILL` of the LP's rate, or none beats

@@ -96,7 +96,7 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
         return replace(plan_direct(None, ranks, collective, nbytes, root=root, inplace=inplace),
                        algorithm=name, meta=())   # one rank: its own copy, if any
     forest = name == "forest" and collective == "allreduce"
-    p, lp = P.roomy(topo, ranks, collective, root=root, host=host, forest=forest)
+    p, lp = P.solved(topo, ranks, collective, root=root, host=host, forest=forest)
     pipe = Pipeline(p, unit_bytes(collective, nbytes, n) / (n if forest else 1))
     pipe.fit(lp)
     beat = pipe.to_beat(beat_us)
@@ -113,7 +113,8 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
                             f"roots the same chunks; expected a multiple of {n}")
         lower = _lowering(name, _centred(p, packings[0]), p, collective, n, root, inplace)
         return lower(nchunks // n if forest else nchunks, packed=False)
-    tries = lambda k: _tries(name, k, p, pipe, collective, n, root, inplace)  # noqa: E731
+    tries = lambda k, q=p, pq=pipe: _tries(name, k, q, pq, collective, n, root,  # noqa: E731
+                                           inplace)
     tried = [tries(packing) for packing in sorted(packings, key=lambda k: -k.rate)]
     judge = lambda lower, beat=float("inf"): lambda: (  # noqa: E731
         time_within(s := lower(), topo, nbytes, beat, ranks=list(ranks)), s, lower)
@@ -129,6 +130,10 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
     other_us = math.inf if beat_us is None else beat_us * (1 + FILL)   # the plan to beat's
     if found[0][0] < other_us and _misjudged(found[0][0], packings[0], pipe):
         found = _rounded_again(found, packings, p, lp, pipe, tries, judge, good_us, bests)
+    if found[0][0] > good_us and (room := P.roomy(topo, ranks, collective, root=root,
+                                                   host=host, forest=forest))[1] is not lp:
+        # slower than its trees' rate: transfers that ran ahead took the rate's links
+        found = _roomier(found, room, pipe.unit, tries, judge, good_us, bests)
     at_rate = lambda at: pipe.full_us(at.lower.rate)  # noqa: E731
     return unpacked(_balanced(found, judge, ends, good_us, other_us,
                               (list(bests.values()), at_rate)))
@@ -148,6 +153,27 @@ def _rounded_again(found: list, packings: list, p: P.Problem, lp: Packing, pipe:
         return found
     more = _fastest([tries(k) for k in sorted(again, key=lambda k: -k.rate)], judge, good_us,
                     bests)
+    return more if more[0][0] < found[0][0] else found
+
+
+def _roomier(found: list, room: tuple, unit: float, tries, judge, good_us: float,
+             bests: dict) -> list:
+    """``found`` (:func:`_fastest`'s), or where faster, the fastest schedule of the packing at
+    the same rate with room on the links it does not need (``room``: :func:`~.program.roomy`'s
+    problem and LP), of the counts that may beat ``found`` by the model. Fair shares hand idle
+    capacity to any transfer, so where the LP fills links its rate does not need, branches
+    that run ahead take capacity from the links it does need (docs/planner.md, "Room on the
+    links the rate does not need"). ``unit``: bytes per group, as :class:`Pipeline` takes it;
+    ``tries(packing, problem, pipeline)``: :func:`_tries`."""
+    p, lp = room
+    pipe = Pipeline(p, unit)
+    pipe.fit(lp)
+    packings = P.equal_trees(p, lp, pipe, level_cost=pipe.level_cost(lp), keep=SIMULATED,
+                             beat=pipe.to_beat(found[0][0]))
+    if not packings:
+        return found
+    more = _fastest([tries(k, p, pipe) for k in sorted(packings, key=lambda k: -k.rate)], judge,
+                    good_us, bests)
     return more if more[0][0] < found[0][0] else found
 
 
