@@ -174,3 +174,12 @@ def test_blink_verifies_up_to_sixteen_ranks(gen):
         ranks = tuple(topo.gpus(G))
         for collective in BLINK:
             verify(plan_blink(G, ranks, collective, 1 << 20, root=random.Random(n).randrange(n)))
+
+
+def test_room_left_is_the_most_each_link_can_spare_at_the_rate():
+    two_ways = [(0, None, {0: 1}), (0, None, {1: 1})]   # one group, over link 0 or link 1
+    assert treepack.room_left([10.0, 10.0], two_ways, 10.0, 0.25).tolist() == \
+        pytest.approx([0.25, 0.25])
+    assert treepack.room_left([10.0, 10.0, 5.0], two_ways, 20.0, 0.25).tolist() == \
+        pytest.approx([0.0, 0.0, 0.0], abs=1e-6)   # both full at the rate; link 2 unused
+    assert treepack.room_left([10.0, 10.0], two_ways, 25.0, 0.25) is None

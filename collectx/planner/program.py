@@ -73,10 +73,8 @@ warnings.filterwarnings("ignore", ".*mip_heuristic_run_feasibility_jump")   # sc
 SHORT_OPTIONS = {"presolve": False}
 BATCH = 4            # tree counts rounded at once (on threads): fixed, so all ranks agree
 BUILT = 3            # tree counts built into trees: the depth their arcs allow misjudges some
-ROOM = 0.05          # of each link's capacity kept free where the rate allows: fair shares hand
-                     # idle capacity to any transfer, so branches that run ahead take it from the
-                     # links the rate needs unless the others have room (2%, FILL, left uneven
-                     # NVSwitch planes short of their trees' rate; 10% cost them rate)
+ROOM = 0.05          # of a link kept free where the rate allows: fair shares let branches that
+                     # run ahead take the rate's links unless others have room (docs/planner.md)
 PROGRAM_ROWS = 256   # Edmonds rows written out up front (2^(n-1) - 1 per group): past a few
                      # hundred, every branch-and-bound node's LP pays for them all, and
                      # finding the few that bind (lazily, by max-flow) is faster
@@ -160,11 +158,9 @@ def solved(topo, gpus, collective: str, root: int = 0, host: bool = False,
 
 def roomy(topo, gpus, collective: str, root: int = 0, host: bool = False,
           forest: bool = False) -> tuple[Problem, Packing]:
-    """:func:`solved` with each link's capacity less the most room (up to :data:`ROOM` of it)
-    a packing at the LP's rate can leave it (:func:`~.treepack.room_left`), and the LP over
-    those capacities: the same rate, the links it does not need below full. Remembered.
-
-    A broadcast on a ring of three needs its root's links, not the one between the others:
+    """:func:`solved` with each link's capacity less the most room (up to :data:`ROOM`) a packing
+    at the LP's rate can leave it (:func:`~.treepack.room_left`), and the LP over those (a
+    broadcast on a ring of three needs its root's links, not the one between the others):
 
     >>> from collectx.topology import ring
     >>> gpus = ("GPU0", "GPU1", "GPU2")
@@ -174,13 +170,11 @@ def roomy(topo, gpus, collective: str, root: int = 0, host: bool = False,
     """
     def solve():
         p, lp = solved(topo, gpus, collective, root=root, host=host, forest=forest)
-        room = room_left(p.caps, [(t.group, t, use_of(p, t)) for t in lp.columns], lp.rate,
-                         ROOM)
-        if room is None or not room.any():
-            return p, lp
-        q = replace(p, caps=tuple(float(c * (1 - r)) for c, r in zip(p.caps, room)))
-        packed = fractional(q)
-        return (q, packed) if packed.rate >= lp.rate * (1 - 1e-6) else (p, lp)
+        room = room_left(p.caps, [(t.group, t, use_of(p, t)) for t in lp.columns], lp.rate, ROOM)
+        q = replace(p, caps=tuple(float(c * (1 - r)) for c, r in zip(p.caps, room))) \
+            if room is not None and room.any() else None
+        return (q, packed) if q and (packed := fractional(q)).rate >= lp.rate * (1 - 1e-6) \
+            else (p, lp)
     return remembered(("roomy", fingerprint(topo), tuple(gpus), collective, root, host, forest),
                       solve)
 
@@ -347,9 +341,7 @@ class Rounding:
     (``K (n - 1)``, a whole tree counting its ``n - 1``), Edmonds' rows (a whole tree enters
     every set once), and each count at most one more than its repeats. ``level_cost`` charges
     every arc for how far its tail is from the root, and every repeat of an arc as one level
-    more (in the units of ``z``): among roundings that keep the rate, shallow trees fill their
-    pipelines sooner, and the same arc taken by many trees chains them (on a one-hop fabric,
-    ``n - 1`` trees over every arc once are relay trees two levels deep; over one path, chains)."""
+    more (in the units of ``z``): shallow trees fill sooner; an arc many trees take chains them."""
 
     def __init__(self, p: Problem, lp: Packing, level_cost: float = 0.0):
         self.p, self.n = p, len(p.gpus)
@@ -661,12 +653,10 @@ def lifted(p: Problem, trees: tuple) -> tuple:
     in what the busiest link leaves every link (its utilisation times the link's capacity):
     the rate stays, the pipelines shorten (each level cut is a chunk time less to wait).
 
-    Why: the rounding counts arcs, not levels: where every GPU reaches every other in one hop
-    a chain through all 16 GPUs of a DGX-2 carries a broadcast as fast as a tree of depth 4.
-    Deepest GPUs first, each to the shallowest parent that fits, a move per tree in turn, until
-    none moves. A tree that found no move is not searched again until some other tree's move
-    frees a link that stopped it: nothing else it could use got lighter. Trees that share a
-    staged copy among children (:func:`use_of`) stay: moving one frees nothing."""
+    The rounding counts arcs, not levels: on a one-hop fabric a chain carries a broadcast as
+    fast as a shallow tree. Deepest GPUs first, each to the shallowest parent that fits, a move
+    per tree in turn, until none moves; a tree that found none waits until another's move frees
+    a link that stopped it. Trees that share a staged copy (:func:`use_of`) stay."""
     caps = np.asarray(p.caps, dtype=float)
     load = np.zeros(len(caps))
     for t in trees:
@@ -809,16 +799,6 @@ def equal_trees(p: Problem, lp: Packing, cost, level_cost: float = 0.0,
                 or _rounded(p, lp, cost, rounding, keep, beat * (1 + FILL), modelled=True,
                             dealt=dealt))
     return kept + _unrounded(p, lp, kept, cost, beat)
-
-
-def rounded_at(p: Problem, lp: Packing, K: int, level_cost: float = 0.0) -> Packing | None:
-    """``lp`` rounded to ``K`` equal trees per group (one integer program, steps 2-3), or None
-    where no rounding exists."""
-    rounding = Rounding(p, lp, level_cost)
-    x = rounding.solve_all([(K, np.inf)])[0]
-    trees = None if x is None else rounding.trees(x, K)
-    return None if trees is None else Packing(rate=rounding.rate(x, K), trees=lifted(p, trees),
-                                              columns=lp.columns)
 
 
 def _unrounded(p: Problem, lp: Packing, kept: list, cost, beat: float | None) -> list:

@@ -385,12 +385,7 @@ def _least_cost(caps, ng: int, lp: _Rows, rate: float, cost: list, lam):
 def room_left(caps, columns: list, rate: float, most: float) -> np.ndarray | None:
     """Per link, the share of its capacity (at most ``most``) that a packing of ``columns``
     (``(group index, tree, {link id: uses})``) giving every group ``rate`` (less a hair for the
-    solver) leaves unused, the most in all over the links they use; None where none can.
-
-    >>> cols = [(0, None, {0: 1}), (0, None, {1: 1})]   # two ways to carry one group
-    >>> room_left([10.0, 10.0], cols, 10.0, 0.25).round(3).tolist()
-    [0.25, 0.25]
-    """
+    solver) leaves unused, the most in all over the links they use; None where none can."""
     lp, m, k = _Rows(), len(caps), len(columns)
     for g, _, use in columns:
         lp.add(g, use)

@@ -149,31 +149,29 @@ def _rounded_again(found: list, packings: list, p: P.Problem, lp: Packing, pipe:
                           beat=pipe.to_beat(found[0][0]), dealt=False)
     seen = {(len(k.trees), k.rate) for k in packings}
     again = [k for k in again if (len(k.trees), k.rate) not in seen and k is not lp]
-    if not again:
-        return found
-    more = _fastest([tries(k) for k in sorted(again, key=lambda k: -k.rate)], judge, good_us,
-                    bests)
-    return more if more[0][0] < found[0][0] else found
+    return _faster(found, again, tries, judge, good_us, bests)
 
 
 def _roomier(found: list, room: tuple, unit: float, tries, judge, good_us: float,
              bests: dict) -> list:
-    """``found`` (:func:`_fastest`'s), or where faster, the fastest schedule of the packing at
-    the same rate with room on the links it does not need (``room``: :func:`~.program.roomy`'s
-    problem and LP), of the counts that may beat ``found`` by the model. Fair shares hand idle
-    capacity to any transfer, so where the LP fills links its rate does not need, branches
-    that run ahead take capacity from the links it does need (docs/planner.md, "Room on the
-    links the rate does not need"). ``unit``: bytes per group, as :class:`Pipeline` takes it;
-    ``tries(packing, problem, pipeline)``: :func:`_tries`."""
+    """:func:`_faster` over the counts of ``room`` (:func:`~.program.roomy`'s problem and LP)
+    that may beat ``found`` by the model: transfers that run ahead take the capacity the LP's
+    rate needs where it filled the others (docs/planner.md, "Room on the links the rate does
+    not need"). ``unit``: :class:`Pipeline`'s; ``tries``: _planned's."""
     p, lp = room
     pipe = Pipeline(p, unit)
     pipe.fit(lp)
-    packings = P.equal_trees(p, lp, pipe, level_cost=pipe.level_cost(lp), keep=SIMULATED,
-                             beat=pipe.to_beat(found[0][0]))
+    again = P.equal_trees(p, lp, pipe, level_cost=pipe.level_cost(lp), keep=SIMULATED,
+                          beat=pipe.to_beat(found[0][0]))
+    return _faster(found, again, lambda k: tries(k, p, pipe), judge, good_us, bests)
+
+
+def _faster(found: list, packings: list, tries, judge, good_us: float, bests: dict) -> list:
+    """``found`` (:func:`_fastest`'s), or where faster, the fastest of ``packings``' tries."""
     if not packings:
         return found
-    more = _fastest([tries(k, p, pipe) for k in sorted(packings, key=lambda k: -k.rate)], judge,
-                    good_us, bests)
+    more = _fastest([tries(k) for k in sorted(packings, key=lambda k: -k.rate)], judge, good_us,
+                    bests)
     return more if more[0][0] < found[0][0] else found
 
 
@@ -188,18 +186,13 @@ def _misjudged(us: float, top: Packing, pipe: "Pipeline") -> bool:
 
 def _balanced(found: list, judge, ends, good_us: float, beat_us: float,
               others: tuple = ((), None)) -> Schedule:
-    """The schedule of ``found[0]`` (``(us, schedule, try)``), or one of its trees and chunks
-    dealt anew by the rate each tree reached in its run (:func:`_redealt`): trees that
-    delivered their last chunk early take more, those that lagged fewer, so that they finish
-    together. Equal trees do not run at equal rates where links are shared fairly between
-    transfers that stall at different times (staged edges wait on host links, deep trees fill
-    later). Where no deal of it is faster, ``found[1]`` (if any: as fast within
-    :data:`~.cost_tables.NOISE`, with fewer chunks, :func:`_fastest`) dealt anew, where that
-    beats ``found[0]``: the rates one run measured do not always hold once its chunks are dealt
-    anew, and another run's may (docs/planner.md has a case). Then, where still slower than
-    its trees' rate, that schedule's trees keeping pace, or those of another packing's fastest
-    run (``others``: those runs, and the time of a try at its packing's rate), if faster
-    (:func:`_kept_pace`)."""
+    """The schedule of ``found[0]`` (``(us, schedule, try)``), or its chunks dealt anew by the
+    rate each tree reached in its run (:func:`_redealt`: fair shares run equal trees at unequal
+    rates where transfers stall at different times), or where no deal of it is faster,
+    ``found[1]``'s (:func:`_fastest`), where that beats ``found[0]``. Then, where still slower
+    than its trees' rate, that schedule's trees keeping pace, or those of another packing's
+    fastest run (``others``: those runs, and the time at a try's packing's rate), if faster
+    (:func:`_kept_pace`). docs/planner.md has the cases."""
     chosen = _dealt_anew(found[0], judge, ends, good_us, beat_us)
     if chosen[1] is found[0][1] and len(found) > 1:
         other = _dealt_anew(found[1], judge, ends, good_us, min(chosen[0], beat_us))
@@ -212,16 +205,11 @@ def _kept_pace(found: tuple, judge, ends, good_us: float, beat_us: float, others
                at_rate=None) -> Schedule:
     """The schedule of ``found`` (``(us, schedule, try)``), or where faster, the same with each
     tree's broadcast keeping pace with the node that received the tree's chunks last in its
-    run (:func:`_laggards`, ``Share.pace``): the root's children take a piece only once the
-    piece ``lag`` before it reached that node. Links are shared fairly between the transfers
-    on them, so a tree's branches that can run ahead take bandwidth from the transfers of the
-    slowest node, whose links then idle where the packing has them busy, and the run ends
-    late for that node alone (docs/planner.md, "Trees that keep pace"). Judged where the run
-    is slower than ``good_us`` (its trees' rate, fill allowed) and some node of it lagged;
-    then so are ``others``, the fastest runs ``(us, schedule, try)`` of the other packings
-    searched, each where its packing's rate (``at_rate(try)``: the time at it, no fill) beats
-    the fastest so far and its run lags that rate by more than :data:`~.cost_tables.FILL`: one
-    whose branches ran ahead further may keep pace faster than the one that ran fastest."""
+    run (:func:`_laggards`, ``Share.pace``): branches that run ahead take bandwidth from that
+    node's transfers under fair shares (docs/planner.md, "Trees that keep pace"). Judged where
+    the run is slower than ``good_us`` and some node lagged; then so are ``others``, the other
+    packings' fastest runs, each where its rate (``at_rate(try)``) beats the fastest so far
+    and its run lags that rate by more than :data:`~.cost_tables.FILL`."""
     us, s, at = found
     if us <= good_us or not (pace := at.lower.paced(at.per_group, at.deal, ends(s))):
         return s   # as fast as its trees get, or no branch ran ahead of a node that lagged
@@ -273,14 +261,11 @@ def _fastest(tried: list, judge, good_us: float | None, bests: dict | None = Non
     enough (``good_us``: as fast as pipelines get), and then the fewest chunks of those
     (instructions to ship, decode and run). docs/planner.md has why.
 
-    Spare threads run ahead: once a ladder's rung is judged, the rung it asks next starts
-    (:class:`~collectx._concurrent.Ahead`) instead of waiting for the other ladders' rungs,
-    but never past the first round with a good-enough schedule (a lone ladder's, sooner:
-    :func:`_guess`); the rounds read what they ask for, so any thread count chooses alike.
-    Returns the judge's ``(us, schedule, try)`` of the one chosen, and where none is good
-    enough, of the one with the fewest chunks within NOISE of it if that is another: a list
-    of one or two, for :func:`_balanced`. ``bests``, where given, takes each packing's fastest
-    run, by its lowering (``try.lower``), where faster than one it holds (:func:`_kept_pace`)."""
+    Spare threads start a ladder's next rung once its rung is judged (:func:`_guess`,
+    :class:`~collectx._concurrent.Ahead`); the rounds read what they ask for, so any thread
+    count chooses alike. Returns the judge's ``(us, schedule, try)`` of the one chosen and,
+    where none is good enough, of the one with the fewest chunks within NOISE of it if that
+    is another. ``bests`` takes each packing's fastest run, by its lowering (``try.lower``)."""
     good_us = good_us or 0.0
     with shared_threads():
         ahead = Ahead(lambda key: judge(*key)(), wider=lambda key: (key[0], math.inf))
