@@ -136,7 +136,7 @@ class _Found:
 
 def _balanced(times, likely, good=0.0, beat=math.inf):
     f = _Found(times, likely)
-    s = trees._balanced([(times[0], "s0", f.at)], f.judge, lambda s: None, good, beat)
+    s = trees._balanced([(times[0], "s0", f.at)], f.judge, lambda s: None, good, beat)[1]
     return s, f.judged
 
 
@@ -164,7 +164,7 @@ def test_where_no_deal_of_the_fastest_gains_the_fewest_chunks_near_it_are_dealt_
         judge = lambda at, beat=math.inf: (  # noqa: E731
             fastest if at.lower is fastest.at.lower else fewer).judge(at, beat)
         found = [(100.0, "a0", fastest.at), (100.3, "b0", fewer.at)]
-        return trees._balanced(found, judge, lambda s: None, 0.0, math.inf), fewer.judged
+        return trees._balanced(found, judge, lambda s: None, 0.0, math.inf)[1], fewer.judged
     s, judged = balanced(98.0)   # beats the fastest: kept
     assert s == "b1" and judged[0] == (1, 100.0)   # given up once it cannot beat the fastest
     s, _ = balanced(100.2)       # gains on its own schedule, not on the fastest: not kept
@@ -176,7 +176,7 @@ def test_a_packed_plan_dealt_by_its_trees_rates_is_faster_than_dealt_evenly(monk
     ranks, view = allocation(T.load("dgx1v"), [0, 1, 2, 3])
     args = (view, ranks, "broadcast", 1 << 26)
     balanced = trees.plan_blink(*args, host=True)
-    monkeypatch.setattr(trees, "_balanced", lambda found, *rest: found[0][1])
+    monkeypatch.setattr(trees, "_balanced", lambda found, *rest: found[0])
     even = trees.plan_blink(*args, host=True)
     verify(balanced)
     assert len(set(_counts(even))) == 1 and len(set(_counts(balanced))) > 1

@@ -130,13 +130,16 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
     other_us = math.inf if beat_us is None else beat_us * (1 + FILL)   # the plan to beat's
     if found[0][0] < other_us and _misjudged(found[0][0], packings[0], pipe):
         found = _rounded_again(found, packings, p, lp, pipe, tries, judge, good_us, bests)
-    if found[0][0] > good_us and (room := P.roomy(topo, ranks, collective, root=root,
-                                                   host=host, forest=forest))[1] is not lp:
-        # slower than its trees' rate: transfers that ran ahead took the rate's links
-        found = _roomier(found, room, pipe.unit, tries, judge, good_us, bests)
     at_rate = lambda at: pipe.full_us(at.lower.rate)  # noqa: E731
-    return unpacked(_balanced(found, judge, ends, good_us, other_us,
-                              (list(bests.values()), at_rate)))
+    chosen = _balanced(found, judge, ends, good_us, other_us, (list(bests.values()), at_rate))
+    if chosen[0] > good_us and (room := P.roomy(topo, ranks, collective, root=root,
+                                                    host=host, forest=forest))[1] is not lp:
+        roomy_bests: dict = {}   # slower than its trees: what ran ahead took the rate's links
+        if roomier := _roomier(found, room, pipe.unit, tries, judge, good_us, roomy_bests):
+            run = _balanced(roomier, judge, ends, good_us, min(other_us, chosen[0]),
+                            (list(roomy_bests.values()), at_rate))
+            chosen = run if run[0] < chosen[0] else chosen
+    return unpacked(chosen[1])
 
 
 def _rounded_again(found: list, packings: list, p: P.Problem, lp: Packing, pipe: "Pipeline",
@@ -154,25 +157,22 @@ def _rounded_again(found: list, packings: list, p: P.Problem, lp: Packing, pipe:
 
 def _roomier(found: list, room: tuple, unit: float, tries, judge, good_us: float,
              bests: dict) -> list:
-    """:func:`_faster` over the counts of ``room`` (:func:`~.program.roomy`'s problem and LP)
-    that may beat ``found`` by the model: transfers that run ahead take the capacity the LP's
-    rate needs where it filled the others (docs/planner.md, "Room on the links the rate does
-    not need"). ``unit``: :class:`Pipeline`'s; ``tries``: _planned's."""
+    """:func:`_fastest` over the counts of ``room`` (:func:`~.program.roomy`'s problem and LP)
+    that may beat ``found`` by the model, or none (docs/planner.md, "Room on the links the rate
+    does not need"). ``unit``: :class:`Pipeline`'s; ``tries``: _planned's."""
     p, lp = room
-    pipe = Pipeline(p, unit)
-    pipe.fit(lp)
+    (pipe := Pipeline(p, unit)).fit(lp)
     again = P.equal_trees(p, lp, pipe, level_cost=pipe.level_cost(lp), keep=SIMULATED,
                           beat=pipe.to_beat(found[0][0]))
-    return _faster(found, again, lambda k: tries(k, p, pipe), judge, good_us, bests)
+    return again and _fastest([tries(k, p, pipe) for k in sorted(again, key=lambda k: -k.rate)],
+                              judge, good_us, bests)
 
 
 def _faster(found: list, packings: list, tries, judge, good_us: float, bests: dict) -> list:
     """``found`` (:func:`_fastest`'s), or where faster, the fastest of ``packings``' tries."""
-    if not packings:
-        return found
-    more = _fastest([tries(k) for k in sorted(packings, key=lambda k: -k.rate)], judge, good_us,
-                    bests)
-    return more if more[0][0] < found[0][0] else found
+    more = packings and _fastest([tries(k) for k in sorted(packings, key=lambda k: -k.rate)],
+                                 judge, good_us, bests)
+    return more if more and more[0][0] < found[0][0] else found
 
 
 def _misjudged(us: float, top: Packing, pipe: "Pipeline") -> bool:
@@ -185,8 +185,8 @@ def _misjudged(us: float, top: Packing, pipe: "Pipeline") -> bool:
 
 
 def _balanced(found: list, judge, ends, good_us: float, beat_us: float,
-              others: tuple = ((), None)) -> Schedule:
-    """The schedule of ``found[0]`` (``(us, schedule, try)``), or its chunks dealt anew by the
+              others: tuple = ((), None)) -> tuple:
+    """The run ``(us, schedule, try)`` of ``found[0]``, or of its chunks dealt anew by the
     rate each tree reached in its run (:func:`_redealt`: fair shares run equal trees at unequal
     rates where transfers stall at different times), or where no deal of it is faster,
     ``found[1]``'s (:func:`_fastest`), where that beats ``found[0]``. Then, where still slower
@@ -202,8 +202,8 @@ def _balanced(found: list, judge, ends, good_us: float, beat_us: float,
 
 
 def _kept_pace(found: tuple, judge, ends, good_us: float, beat_us: float, others=(),
-               at_rate=None) -> Schedule:
-    """The schedule of ``found`` (``(us, schedule, try)``), or where faster, the same with each
+               at_rate=None) -> tuple:
+    """The run ``found`` (``(us, schedule, try)``), or where faster, the same with each
     tree's broadcast keeping pace with the node that received the tree's chunks last in its
     run (:func:`_laggards`, ``Share.pace``): branches that run ahead take bandwidth from that
     node's transfers under fair shares (docs/planner.md, "Trees that keep pace"). Judged where
@@ -212,7 +212,7 @@ def _kept_pace(found: tuple, judge, ends, good_us: float, beat_us: float, others
     and its run lags that rate by more than :data:`~.cost_tables.FILL`."""
     us, s, at = found
     if us <= good_us or not (pace := at.lower.paced(at.per_group, at.deal, ends(s))):
-        return s   # as fast as its trees get, or no branch ran ahead of a node that lagged
+        return found   # as fast as its trees get, or no branch ran ahead of a node that lagged
     best = _paced(found, replace(at, pace=pace), judge, beat_us)
     for run_us, run, tried in sorted((o for o in others if o[2].lower is not at.lower),
                                      key=lambda o: at_rate(o[2])):
@@ -222,7 +222,7 @@ def _kept_pace(found: tuple, judge, ends, good_us: float, beat_us: float, others
             # root's children wait (the chosen schedule keeps the lanes it won on)
             lanes = max(tried.buffers, tried.lower.buffers)
             best = _paced(best, replace(tried, pace=pace, buffers=lanes), judge, beat_us)
-    return best[1]
+    return best
 
 
 def _paced(best: tuple, paced, judge, beat_us: float) -> tuple:
