@@ -12,6 +12,9 @@ Families (``--families``, default all), each planned for allreduce, allgather an
   GPUs reach over fewer links (``--samples`` machines, two allocations each);
 * ``degraded``: presets and real dumps with one or two GPU links narrowed or gone
   (``--samples`` machines);
+* ``meshes``: GPU meshes over PCIe trees that no generator above draws: tori, hypercubes,
+  fully linked groups joined by single links, two NVSwitch domains bridged by a few links
+  (``--samples`` rounds of each, three allocations each);
 * ``real``: random allocations of the real dumps in ``topology/real`` the planner may be
   developed against;
 * ``held-out``: 50 (``--held-out``) random allocations of each of :data:`HELD_OUT`, 143
@@ -204,8 +207,8 @@ HELD_OUT = ("l40s_8gpu_2socket_nvidia-smi-topo.txt",
             "rtx_pro_6000_blackwell_8gpu_all_sys_8_of_16_numa_nodes_abridged_legend_kubesimplify_nvidia-smi-topo.txt",
             "gb200_4gpu_nv18_8nic_all_sys_numa_affinity_lists_0_2-17_openshift_rhel4nv_nvidia-smi-topo.txt")
 DGX1 = ("dgx1v", "dgx1p")
-FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "real",
-            "held-out", "files")
+FAMILIES = ("presets", "dgx1", "subsets", "generated", "irregular", "degraded", "meshes",
+            "real", "held-out", "files")
 
 
 def presets(args, rng):
@@ -300,6 +303,62 @@ def degraded(args, rng):
         yield from _random_allocations("degraded", name, G, 1 + (rng.random() < 0.6), rng)
 
 
+def meshes(args, rng):
+    """Structured GPU meshes on a PCIe tree (for host staging): a torus, a hypercube (some of
+    its links doubled), fully linked groups with one link from each group to the next, and two
+    NVSwitch domains joined by direct links between some of their GPUs."""
+    def tree(n):
+        shape = {6: (1, 2, 3), 8: (2, 2, 2), 12: (2, 2, 3), 16: (2, 2, 4)}[n]
+        return T.pcie_tree(*shape, pcie_bw=rng.choice((15.75, 31.5, 63.0)),
+                           smp_bw=rng.choice((20.0, 40.0)))
+
+    def link(G, a, b, kind, bw):
+        if not G.has_edge(f"GPU{a}", f"GPU{b}"):
+            T.add_link(G, f"GPU{a}", f"GPU{b}", kind, bw)
+
+    def torus(a, b, bw):
+        G = tree(a * b)
+        for i, j in itertools.product(range(a), range(b)):
+            for k in (i * b + (j + 1) % b, (i + 1) % a * b + j):
+                if k != i * b + j:
+                    link(G, i * b + j, k, "nvlink", bw)
+        return f"torus {a}x{b} bw={bw}", G
+
+    def cube(d, bw):
+        G = tree(1 << d)
+        for u, k in itertools.product(range(1 << d), range(d)):
+            if u < u ^ (1 << k):
+                link(G, u, u ^ (1 << k), "nvlink", bw * rng.choice((1, 1, 2)))
+        return f"hypercube {d} bw={bw}", G
+
+    def groups(g, size, bw, kind):
+        G = tree(g * size)
+        for k in range(g):
+            for a, b in itertools.combinations(range(k * size, (k + 1) * size), 2):
+                link(G, a, b, kind, 2 * bw)
+            link(G, k * size + rng.randrange(size), (k + 1) % g * size + rng.randrange(size),
+                 kind, bw)
+        return f"{g} groups of {size}, {kind} bw={bw}", G
+
+    def domains(size, bw):
+        G = tree(2 * size)
+        for k in range(2):
+            T.add_node(G, f"NVS{k}", "nvswitch")
+            for i in range(size):
+                T.add_link(G, f"GPU{k * size + i}", f"NVS{k}", "nvlink", 2 * bw)
+        for i in rng.sample(range(size), rng.randint(1, size)):
+            link(G, i, size + i, "nvlink", bw)
+        return f"two switch domains of {size}, bridged, bw={bw}", G
+
+    for _ in range(args.samples):
+        bw, kind = rng.choice((25.0, 50.0, 100.0)), rng.choice(("nvlink", "xgmi"))
+        for name, G in (torus(*rng.choice(((2, 3), (2, 4), (3, 4), (4, 4))), bw),
+                        cube(rng.choice((3, 4)), bw),
+                        groups(*rng.choice(((2, 4), (4, 2), (3, 4), (4, 4))), bw, kind),
+                        domains(rng.choice((4, 8)), bw)):
+            yield from _random_allocations("meshes", name, G, 3, rng)
+
+
 def real(args, rng):
     paths = [path for path in sorted(REAL.iterdir())
              if path.suffix in (".xml", ".txt") and path.name not in HELD_OUT]
@@ -331,8 +390,8 @@ def _random_allocations(family, name, G, count, rng):
 
 
 SOURCES = {"presets": presets, "dgx1": dgx1, "subsets": subsets, "generated": generated,
-           "irregular": irregular, "degraded": degraded, "real": real, "held-out": held_out,
-           "files": files}
+           "irregular": irregular, "degraded": degraded, "meshes": meshes, "real": real,
+           "held-out": held_out, "files": files}
 
 
 def record(family, name, G, gpus, collective, nbytes, host_relays=True) -> dict:
