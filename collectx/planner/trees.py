@@ -152,7 +152,8 @@ def _rounded_again(found: list, packings: list, p: P.Problem, lp: Packing, pipe:
                           beat=pipe.to_beat(found[0][0]), dealt=False)
     seen = {(len(k.trees), k.rate) for k in packings}
     again = [k for k in again if (len(k.trees), k.rate) not in seen and k is not lp]
-    return _faster(found, again, tries, judge, good_us, bests)
+    more = _fastest_of(again, tries, judge, good_us, bests)
+    return more if more and more[0][0] < found[0][0] else found
 
 
 def _roomier(found: list, room: tuple, unit: float, tries, judge, good_us: float,
@@ -164,15 +165,13 @@ def _roomier(found: list, room: tuple, unit: float, tries, judge, good_us: float
     (pipe := Pipeline(p, unit)).fit(lp)
     again = P.equal_trees(p, lp, pipe, level_cost=pipe.level_cost(lp), keep=SIMULATED,
                           beat=pipe.to_beat(found[0][0]))
-    return again and _fastest([tries(k, p, pipe) for k in sorted(again, key=lambda k: -k.rate)],
-                              judge, good_us, bests)
+    return _fastest_of(again, lambda k: tries(k, p, pipe), judge, good_us, bests)
 
 
-def _faster(found: list, packings: list, tries, judge, good_us: float, bests: dict) -> list:
-    """``found`` (:func:`_fastest`'s), or where faster, the fastest of ``packings``' tries."""
-    more = packings and _fastest([tries(k) for k in sorted(packings, key=lambda k: -k.rate)],
+def _fastest_of(packings: list, tries, judge, good_us: float, bests: dict) -> list:
+    """:func:`_fastest` over ``packings``' tries, the fastest packing first; [] for none."""
+    return packings and _fastest([tries(k) for k in sorted(packings, key=lambda k: -k.rate)],
                                  judge, good_us, bests)
-    return more if more and more[0][0] < found[0][0] else found
 
 
 def _misjudged(us: float, top: Packing, pipe: "Pipeline") -> bool:
