@@ -330,7 +330,7 @@ def test_rounding_in_batches_keeps_the_counts_one_by_one_keeps(monkeypatch):
 def _deep(levels: int):
     """A stand-in packing: one tree ``levels`` deep."""
     from types import SimpleNamespace
-    return SimpleNamespace(trees=[SimpleNamespace(depth=lambda: levels, group=0)])
+    return SimpleNamespace(trees=[SimpleNamespace(depth=lambda: levels, group=0, rate=1.0)])
 
 
 def test_deep_trees_climb_past_four_times_the_first_count():
@@ -343,6 +343,41 @@ def test_deep_trees_climb_past_four_times_the_first_count():
     most = int(pipe.most_chunks(1))
     assert pipe.rungs(_deep(18), 80) == [160, 320, 640, 1280, most]
     assert pipe.rungs(_deep(3), 80) == [160, 320, most]
+
+
+def _trees(*groups):
+    """A stand-in packing: per group, its trees' rates."""
+    from types import SimpleNamespace
+    return SimpleNamespace(trees=[SimpleNamespace(group=g, rate=r, depth=lambda: 1)
+                                  for g, rates in enumerate(groups) for r in rates])
+
+
+def test_trees_dealt_by_rate_count_as_the_share_of_the_fastest():
+    # Chunks are dealt by rate, so the fastest tree carries the most and waits once for each:
+    # a star carrying nine tenths of its group counts as one tree of equal rate, two trees
+    # carrying halves as two, and equal trees as themselves.
+    gpus = ("GPU0", "GPU1", "GPU2", "GPU3")
+    p = P.problem(job_graph(T.fully_connected(4), gpus), gpus, "allgather")
+    pipe = trees.Pipeline(p, 1 << 30)
+    assert pipe.trees(_trees(*[(0.9, 0.06, 0.04)] * 4)) == 1
+    assert pipe.trees(_trees(*[(0.45, 0.45, 0.1)] * 4)) == 2
+    assert pipe.trees(_trees(*[(1.0,) * 3] * 4)) == 3
+    # the two ways of a forest allreduce cut their chunks alike, evenly, whatever the rates
+    forest = trees.Pipeline(P.problem(job_graph(T.fully_connected(4), gpus), gpus, "allreduce",
+                                      forest=True), 1 << 30)
+    assert forest.trees(_trees(*[(0.9, 0.06, 0.04)] * 8)) == 3
+
+
+def test_a_mesh_with_one_narrowed_link_gathers_near_its_bound():
+    # Fully linked GPUs, one pair's links narrowed to three quarters: the LP relays what that
+    # pair cannot carry through the others, as a star per root carrying nine tenths of it and
+    # deep trees carrying the rest. Counted as four trees per group, the star's chunks were
+    # four times too many, its waits 12% of the run, and the plan 0.907 of its bound.
+    G = T.fully_connected(8, bw=50.0)
+    for pair in (("GPU5", "GPU7"), ("GPU7", "GPU5")):
+        G.edges[pair]["bw_gbps"] = 37.5
+    p = plan(G, "allgather", 1 << 30, verify=False, host_relays=False)
+    assert p.efficiency >= 0.95
 
 
 def test_one_lane_is_tried_only_where_it_can_win(monkeypatch):

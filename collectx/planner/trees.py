@@ -497,14 +497,24 @@ class Pipeline:
         self.p, self.unit = p, unit
         self.passes = 2 if P.BOTH in p.ways else 1
         self.lp_wait, self.lp_crowd = 1.0, 1
+        # a forest allreduce's two ways cut their chunks alike: evenly, whatever the rates
+        self.cut_alike = {P.UP, P.DOWN} <= {m for _, m in p.groups}
 
     def most_trees(self) -> int:
         """Trees per group the message has chunks for: a tree without one idles."""
         return max(1, int(self.unit // MIN_CHUNK_BYTES))
 
     def trees(self, packing: Packing) -> int:
-        """Trees per group."""
-        return max(1, len(packing.trees) // len(self.p.groups))
+        """Trees per group, as a group's chunks count them (``chunks`` per tree, ``chunks *
+        trees`` per group). Trees of unequal rates are dealt chunks by their rates: the
+        fastest carries the most and waits once for each, so it counts as the trees of equal
+        rate its share stands for (an LP's star carrying nine tenths of a group counts as one),
+        but not where the two ways of a forest allreduce cut theirs alike (:func:`_dealt`)."""
+        widest = None if self.cut_alike else max(
+            (max(r) / sum(r) for ts in _by_group(packing).values() if (r := _rates(ts))),
+            default=None)
+        return max(1, len(packing.trees) // len(self.p.groups) if widest is None else
+                   round(1 / widest))
 
     def depth(self, packing: Packing) -> int:
         return self.passes * max(t.depth() for t in packing.trees)
@@ -643,9 +653,7 @@ def _dealt(packing: Packing, per_group: int, collective: str, deal: dict):
     group's trees evenly, by the weights ``deal[key]`` (``key``: the group's root and first
     chunk, shared by the two ways of a forest allreduce), or where trees of unequal rates have
     no weights, by their rates (not a forest allreduce's, whose two ways must cut alike)."""
-    by_group: dict = {}
-    for t in packing.trees:
-        by_group.setdefault(t.group, []).append(t)
+    by_group = _by_group(packing)
     forest = collective == "allreduce" and len(by_group) > 1
     for g, ts in sorted(by_group.items()):
         first = ts[0].root * per_group if forest else 0
@@ -655,6 +663,14 @@ def _dealt(packing: Packing, per_group: int, collective: str, deal: dict):
             [round(per_group * sum(w[:i]) / sum(w)) for i in range(k + 1)]
         yield (g, key), [(t, tuple(range(first + a, first + z)))
                          for t, a, z in zip(ts, cuts, cuts[1:])]
+
+
+def _by_group(packing: Packing) -> dict:
+    """``{group: its trees}``, in ``packing``'s order."""
+    by_group: dict = {}
+    for t in packing.trees:
+        by_group.setdefault(t.group, []).append(t)
+    return by_group
 
 
 def _rates(trees) -> tuple | None:
