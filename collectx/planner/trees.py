@@ -7,11 +7,11 @@ Both take the trees of :mod:`.program`, so on every machine their rate is the be
 equal trees with the hardware's routes reaches. The name says ``+host`` when some tree stages
 an edge through host memory.
 
-How a packing becomes a schedule: every tree of a group carries the same number of chunks,
-``m``, on lanes of its own (:class:`~collectx.schedule.treesched.TreeEmitter`), and
-:class:`Pipeline` picks ``m`` and the tree count with one pipeline model; once a schedule is
-chosen, its chunks are dealt anew by the rate each tree reached in simulation, and where a
-tree's slowest node still lags the rest, its broadcast keeps pace with it (:func:`_balanced`)."""
+How a packing becomes a schedule: a group's chunks are dealt to its trees, evenly or (trees of
+unequal rates) by rate, on lanes of their own (:mod:`~collectx.schedule.treesched`), and
+:class:`Pipeline` picks their count with one pipeline model; once a schedule is chosen, its
+chunks are dealt anew by the rate each tree reached in simulation, and where a tree's slowest
+node still lags the rest, its broadcast keeps pace with it (:func:`_balanced`)."""
 
 from __future__ import annotations
 
@@ -97,8 +97,7 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
                        algorithm=name, meta=())   # one rank: its own copy, if any
     forest = name == "forest" and collective == "allreduce"
     p, lp = P.solved(topo, ranks, collective, root=root, host=host, forest=forest)
-    pipe = Pipeline(p, unit_bytes(collective, nbytes, n) / (n if forest else 1))
-    pipe.fit(lp)
+    (pipe := Pipeline(p, unit_bytes(collective, nbytes, n) / (n if forest else 1))).fit(lp)
     beat = pipe.to_beat(beat_us)
     if beat is not None and 1 / lp.rate >= beat * (1 + FILL):   # not even without the margin
         raise PlanError(f"{name}: its fractional packing ({lp.rate:.1f} GB/s per group) "
@@ -115,19 +114,16 @@ def _planned(name, topo, ranks, collective, nbytes, root, inplace, nchunks, host
         return lower(nchunks // n if forest else nchunks, packed=False)
     tries = lambda k, q=p, pq=pipe: _tries(name, k, q, pq, collective, n, root,  # noqa: E731
                                            inplace)
-    tried = [tries(packing) for packing in sorted(packings, key=lambda k: -k.rate)]
     judge = lambda lower, beat=float("inf"): lambda: (  # noqa: E731
         time_within(s := lower(), topo, nbytes, beat, ranks=list(ranks)), s, lower)
     # no schedule of these trees is faster than their LP's rate: within FILL of it is as
     # fast as they get, whatever the bound allows (a forest allreduce's ceiling, say);
     # but one that loses to the plan to beat is not good enough
-    good_us = max(good_us or 0.0, pipe.full_us(lp.rate) * (1 + FILL))
-    if beat_us is not None:
-        good_us = min(good_us, beat_us * (1 + FILL))
+    other_us = math.inf if beat_us is None else beat_us * (1 + FILL)   # the plan to beat's
+    good_us = min(max(good_us or 0.0, pipe.full_us(lp.rate) * (1 + FILL)), other_us)
     ends = lambda s: chunk_ends(s, topo, nbytes, ranks=list(ranks))  # noqa: E731
     bests: dict = {}   # each packing's fastest run, by its lowering
-    found = _fastest(tried, judge, good_us, bests)
-    other_us = math.inf if beat_us is None else beat_us * (1 + FILL)   # the plan to beat's
+    found = _fastest_of(packings, tries, judge, good_us, bests)
     if found[0][0] < other_us and _misjudged(found[0][0], packings[0], pipe):
         found = _rounded_again(found, packings, p, lp, pipe, tries, judge, good_us, bests)
     at_rate = lambda at: pipe.full_us(at.lower.rate)  # noqa: E731
@@ -185,13 +181,11 @@ def _misjudged(us: float, top: Packing, pipe: "Pipeline") -> bool:
 
 def _balanced(found: list, judge, ends, good_us: float, beat_us: float,
               others: tuple = ((), None)) -> tuple:
-    """The run ``(us, schedule, try)`` of ``found[0]``, or of its chunks dealt anew by the
-    rate each tree reached in its run (:func:`_redealt`: fair shares run equal trees at unequal
-    rates where transfers stall at different times), or where no deal of it is faster,
-    ``found[1]``'s (:func:`_fastest`), where that beats ``found[0]``. Then, where still slower
-    than its trees' rate, that schedule's trees keeping pace, or those of another packing's
-    fastest run (``others``: those runs, and the time at a try's packing's rate), if faster
-    (:func:`_kept_pace`). docs/planner.md has the cases."""
+    """The run ``(us, schedule, try)`` of ``found[0]``, or of its chunks dealt anew by the rate
+    each tree reached (:func:`_redealt`), or where no deal of it is faster, ``found[1]``'s where
+    that beats it; then, where still slower than its trees' rate, that schedule's or another
+    packing's (``others``: their runs, and a try's time at its rate) trees keeping pace, if
+    faster (:func:`_kept_pace`). docs/planner.md has the cases."""
     chosen = _dealt_anew(found[0], judge, ends, good_us, beat_us)
     if chosen[1] is found[0][1] and len(found) > 1:
         other = _dealt_anew(found[1], judge, ends, good_us, min(chosen[0], beat_us))
@@ -202,13 +196,11 @@ def _balanced(found: list, judge, ends, good_us: float, beat_us: float,
 
 def _kept_pace(found: tuple, judge, ends, good_us: float, beat_us: float, others=(),
                at_rate=None) -> tuple:
-    """The run ``found`` (``(us, schedule, try)``), or where faster, the same with each
-    tree's broadcast keeping pace with the node that received the tree's chunks last in its
-    run (:func:`_laggards`, ``Share.pace``): branches that run ahead take bandwidth from that
-    node's transfers under fair shares (docs/planner.md, "Trees that keep pace"). Judged where
-    the run is slower than ``good_us`` and some node lagged; then so are ``others``, the other
-    packings' fastest runs, each where its rate (``at_rate(try)``) beats the fastest so far
-    and its run lags that rate by more than :data:`~.cost_tables.FILL`."""
+    """The run ``found`` (``(us, schedule, try)``), or where faster, each tree's broadcast
+    keeping pace with the node that received its chunks last (:func:`_laggards`): branches that
+    run ahead take that node's bandwidth (docs/planner.md, "Trees that keep pace"). Judged where
+    the run is slower than ``good_us``; then ``others`` (other packings' fastest runs) where
+    their rate (``at_rate(try)``) beats the best and their run lags it by more than ``FILL``."""
     us, s, at = found
     if us <= good_us or not (pace := at.lower.paced(at.per_group, at.deal, ends(s))):
         return found   # as fast as its trees get, or no branch ran ahead of a node that lagged
@@ -255,16 +247,16 @@ def _fastest(tried: list, judge, good_us: float | None, bests: dict | None = Non
     """The fastest schedule of ``tried`` (per packing, thunks of its first tries and, for each, the
     ladder of more chunks that climbs from it; ``judge(thunk, beat)()`` is ``(simulated us,
     schedule)``, given up past ``beat``): the first tries judged at once, then every ladder
-    climbing, a rung of each at once, while each rung gains more than
-    :data:`~.cost_tables.NOISE` on the best below it (:func:`_climbed`), or until some are good
-    enough (``good_us``: as fast as pipelines get), and then the fewest chunks of those
-    (instructions to ship, decode and run). docs/planner.md has why.
+    climbing, a rung of each at once, while each rung gains more than ``NOISE`` on the best
+    below it (:func:`_climbed`), or until some are good enough (``good_us``: as fast as
+    pipelines get), and then the fewest chunks of those (instructions to ship, decode and run).
 
     Spare threads start a ladder's next rung once its rung is judged (:func:`_guess`,
     :class:`~collectx._concurrent.Ahead`); the rounds read what they ask for, so any thread
     count chooses alike. Returns the judge's ``(us, schedule, try)`` of the one chosen and,
     where none is good enough, of the one with the fewest chunks within NOISE of it if that
-    is another. ``bests`` takes each packing's fastest run, by its lowering (``try.lower``)."""
+    is another. ``bests`` takes each packing's fastest run, by its lowering (``try.lower``).
+    docs/planner.md has why."""
     good_us = good_us or 0.0
     with shared_threads():
         ahead = Ahead(lambda key: judge(*key)(), wider=lambda key: (key[0], math.inf))
@@ -422,13 +414,11 @@ def _lowering(name, packing, p, collective, n, root, inplace):
 
 
 def _redealt(packing, collective: str, nranks: int, per_group: int, deal: dict, ends) -> tuple:
-    """``(deal, us)``: how to deal each group's ``per_group`` chunks so that its trees finish
-    together, from ``ends[rank, chunk]`` (:func:`~.simulate.chunk_ends`) of a run dealt by
-    ``deal``: each tree's share in proportion to the chunks it delivered per microsecond (a
-    tree used both ways, or two groups dealt alike, by the later of its two); ``us``: when
-    the slowest group would end at those rates. ``((), inf)`` where some tree delivered
-    nothing. Allgather gathers root ``r``'s chunks at ``r * per_group`` of every output,
-    reduce-scatter leaves them at its root, the others in every rank's output."""
+    """``(deal, us)``: each group's ``per_group`` chunks dealt so that its trees finish together,
+    by the chunks per microsecond each delivered in a run dealt by ``deal`` (``ends[rank,
+    chunk]``, :func:`~.simulate.chunk_ends`; a tree used both ways, or two groups dealt alike,
+    by the later of its two); ``us``: when the slowest group would end at those rates.
+    ``((), inf)`` where some tree delivered nothing (:func:`_delivered` says where it looks)."""
     rates: dict = {}
     for (_, key), i, t, chunks, block in _delivered(packing, collective, per_group, deal, ends):
         rows = [t.root] if collective == "reduce_scatter" else slice(0, nranks)
@@ -505,16 +495,13 @@ class Pipeline:
         return max(1, int(self.unit // MIN_CHUNK_BYTES))
 
     def trees(self, packing: Packing) -> int:
-        """Trees per group, as a group's chunks count them (``chunks`` per tree, ``chunks *
-        trees`` per group). Trees of unequal rates are dealt chunks by their rates: the
-        fastest carries the most and waits once for each, so it counts as the trees of equal
-        rate its share stands for (an LP's star carrying nine tenths of a group counts as one),
-        but not where the two ways of a forest allreduce cut theirs alike (:func:`_dealt`)."""
-        widest = None if self.cut_alike else max(
-            (max(r) / sum(r) for ts in _by_group(packing).values() if (r := _rates(ts))),
-            default=None)
-        return max(1, len(packing.trees) // len(self.p.groups) if widest is None else
-                   round(1 / widest))
+        """Trees per group as its chunks count them (``chunks * trees`` per group). Trees dealt
+        by rate (:func:`_dealt`) count as the equal trees the fastest's share stands for: it
+        carries the most chunks and waits once for each (a star with 0.9 of a group counts 1)."""
+        shares = () if self.cut_alike else [max(r) / sum(r) for ts in _by_group(packing).values()
+                                            if (r := _rates(ts))]
+        return max(1, round(1 / max(shares)) if shares else
+                   len(packing.trees) // len(self.p.groups))
 
     def depth(self, packing: Packing) -> int:
         return self.passes * max(t.depth() for t in packing.trees)
@@ -667,10 +654,8 @@ def _dealt(packing: Packing, per_group: int, collective: str, deal: dict):
 
 def _by_group(packing: Packing) -> dict:
     """``{group: its trees}``, in ``packing``'s order."""
-    by_group: dict = {}
-    for t in packing.trees:
-        by_group.setdefault(t.group, []).append(t)
-    return by_group
+    groups = dict.fromkeys(t.group for t in packing.trees)
+    return {g: [t for t in packing.trees if t.group == g] for g in groups}
 
 
 def _rates(trees) -> tuple | None:
