@@ -35,7 +35,7 @@ def _counts(s) -> list:
 def test_a_deal_gives_each_tree_its_weight_of_the_chunks(kind):
     packing, modes, collective = _packing(kind, staged=True)
     per_group = 24 if collective == "allreduce" and "forest" in kind else 40
-    keys = [key for (_, key), _ in trees._dealt(packing, per_group, collective, {})]
+    keys = [key for (_, key), _ in trees._dealt(packing, modes, per_group, {})]
     deal = {key: (1.0, 3.0) for key in keys}   # two trees per group: a quarter, three quarters
     s = trees.lower(packing, modes, collective, NRANKS, per_group, deal=deal)
     verify(s)
@@ -62,7 +62,7 @@ def test_trees_of_unequal_rates_are_dealt_chunks_by_their_rates(kind):
 @pytest.mark.parametrize("kind", ["broadcast/blink", "allgather/forest", "allreduce/forest"])
 def test_the_compiled_emitter_deals_as_the_python_one(kind, monkeypatch):
     packing, modes, collective = _packing(kind, staged=True)
-    deal = {key: (2.0, 1.0) for (_, key), _ in trees._dealt(packing, 12, collective, {})}
+    deal = {key: (2.0, 1.0) for (_, key), _ in trees._dealt(packing, modes, 12, {})}
     words = trees.lower(packing, modes, collective, NRANKS, 12, deal=deal, packed=True)
     monkeypatch.setattr(ts, "compiled_helper", lambda name: None)
     objects = trees.lower(packing, modes, collective, NRANKS, 12, deal=deal)
@@ -95,16 +95,16 @@ def test_chunk_ends_count_only_output_buffers():
 
 
 def test_trees_are_dealt_chunks_in_proportion_to_the_chunks_they_delivered_per_us():
-    packing, _, collective = _packing("broadcast/blink", staged=False)
+    packing, modes, collective = _packing("broadcast/blink", staged=False)
     ends = np.zeros((NRANKS, 8))
     ends[:, :4], ends[:, 4:] = 100.0, 200.0   # the first tree's chunks, then the second's
-    deal, likely = trees._redealt(packing, collective, NRANKS, 8, {}, ends)
+    deal, likely = trees._redealt(packing, modes, collective, NRANKS, 8, {}, ends)
     assert deal == (((0, 0), (0.04, 0.02)),)
     assert likely == pytest.approx(8 / 0.06)   # both would end together at 133 us
     # dealt so, the first tree takes chunks 0-4 (16/3, rounded) and the second 5-7
-    dealt = trees._redealt(packing, collective, NRANKS, 8, dict(deal), ends)[0]
+    dealt = trees._redealt(packing, modes, collective, NRANKS, 8, dict(deal), ends)[0]
     assert dealt == (((0, 0), (5 / 200, 3 / 200)),)
-    nothing = trees._redealt(packing, collective, NRANKS, 8, {}, np.zeros((NRANKS, 8)))
+    nothing = trees._redealt(packing, modes, collective, NRANKS, 8, {}, np.zeros((NRANKS, 8)))
     assert nothing == ((), math.inf)
 
 

@@ -77,7 +77,7 @@ def test_the_root_children_wait_for_the_piece_lag_before_at_the_pace_node(buffer
 def test_the_compiled_emitter_keeps_pace_as_the_python_one(kind, buffers, monkeypatch):
     packing, modes, collective = _packing(kind, staged=True)
     pace = {g: tuple(t.edges[-1][1] for t, _ in dealt)   # each tree's last node
-            for (g, _), dealt in trees._dealt(packing, 48, collective, {})}
+            for (g, _), dealt in trees._dealt(packing, modes, 48, {})}
     words = trees.lower(packing, modes, collective, NRANKS, 48, pace=pace, packed=True,
                         buffers=buffers)
     monkeypatch.setattr(ts, "compiled_helper", lambda name: None)
@@ -88,21 +88,22 @@ def test_the_compiled_emitter_keeps_pace_as_the_python_one(kind, buffers, monkey
 
 
 def test_each_tree_keeps_pace_with_the_node_that_received_its_chunks_last():
-    packing, _, collective = _packing("broadcast/blink", staged=False)
-    dealt = next(iter(trees._dealt(packing, 8, collective, {})))[1]
+    packing, modes, collective = _packing("broadcast/blink", staged=False)
+    dealt = next(iter(trees._dealt(packing, modes, 8, {})))[1]
     ends = np.zeros((NRANKS, 8))
     for number, (t, chunks) in enumerate(dealt):
         for rank in range(NRANKS):   # the first tree's last node is its highest, the other's
             ends[rank, list(chunks)] = 10.0 + (rank if number == 0 else -rank)   # its lowest
     nodes = [sorted(c for _, c in t.edges) for t, _ in dealt]
-    assert trees._laggards(packing, collective, 8, {}, ends) == \
+    assert trees._laggards(packing, modes, collective, 8, {}, ends) == \
         ((0, (nodes[0][-1], nodes[1][0])),)
-    reduce_packing, _, _ = _packing("reduce/blink", staged=False)
-    assert trees._laggards(reduce_packing, "reduce", 8, {}, ends) == ()   # nothing broadcasts
+    reduce_packing, reduce_modes, _ = _packing("reduce/blink", staged=False)
+    nothing_broadcasts = trees._laggards(reduce_packing, reduce_modes, "reduce", 8, {}, ends)
+    assert nothing_broadcasts == ()
     even = np.full((NRANKS, 8), 100.0)
     even[0, 0] = 101.0   # a root's own copy, not received: no tree lags by more than FILL
     even[1, :] += np.arange(8) * 0.1
-    assert trees._laggards(packing, collective, 8, {}, even) == ()
+    assert trees._laggards(packing, modes, collective, 8, {}, even) == ()
 
 
 class _Lower:

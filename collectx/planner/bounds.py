@@ -209,9 +209,8 @@ def _max_flow_cut(G: nx.DiGraph, gpus, flipped: bool) -> float:
 
 
 def _max_flow_rate(G: nx.DiGraph, gpus, reverse: bool = False) -> float:
-    """:func:`~collectx.topology.flows.cut_rate` of ``G`` (of the reversed graph with
-    ``reverse``), remembered: the allgather, reduce-scatter and allreduce bounds of an
-    allocation share it."""
+    """:func:`~collectx.topology.flows.cut_rate` of ``G`` (of the reversed graph with ``reverse``),
+    remembered: the allgather, reduce-scatter and allreduce bounds of an allocation share it."""
     return _memo("max_flow_rate_reversed" if reverse else "max_flow_rate", G, gpus,
                  lambda: cut_rate(G.reverse(copy=True) if reverse else G, gpus)[0])
 

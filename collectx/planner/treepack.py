@@ -78,8 +78,7 @@ class Packing:
 
     @property
     def staged(self) -> bool:
-        """Whether some tree moves an edge through host memory (``Tree.staged``,
-        ``staged_up``)."""
+        """Whether some tree moves an edge through host memory (``Tree.staged``, ``staged_up``)."""
         return any(t.staged or t.staged_up for t in self.trees)
 
 

@@ -225,9 +225,8 @@ def _paced(best: tuple, paced, judge, beat_us: float) -> tuple:
 
 def _dealt_anew(found: tuple, judge, ends, good_us: float, beat_us: float) -> tuple:
     """``(us, schedule, try)``: :func:`_balanced` of one candidate. A deal is run where the rates
-    promise to gain more than :data:`~.cost_tables.NOISE` and to beat ``beat_us`` (another
-    plan's time, fill and all); kept where faster, and dealt again while that gains more than
-    NOISE."""
+    promise to gain more than :data:`~.cost_tables.NOISE` and to beat ``beat_us`` (another plan's
+    time, fill and all); kept where faster, and dealt again while that gains more than NOISE."""
     us, s, at = found
     while us > good_us:
         deal, likely = at.lower.dealt(at.per_group, at.deal, ends(s))
@@ -405,38 +404,38 @@ def _lowering(name, packing, p, collective, n, root, inplace):
         packing, modes, collective, n, per_group, root=root, inplace=inplace,
         algorithm=label, buffers=buffers, packed=packed, lanes=p.lanes, deal=dict(deal),
         pace=dict(pace))
-    low.dealt = lambda per_group, deal, ends: _redealt(packing, collective, n, per_group,
+    low.dealt = lambda per_group, deal, ends: _redealt(packing, modes, collective, n, per_group,
                                                        dict(deal), ends)
-    low.paced = lambda per_group, deal, ends: _laggards(packing, collective, per_group,
+    low.paced = lambda per_group, deal, ends: _laggards(packing, modes, collective, per_group,
                                                         dict(deal), ends)
     low.rate, low.buffers = packing.rate, most_buffers(packing, modes, p.lanes)
     return low
 
 
-def _redealt(packing, collective: str, nranks: int, per_group: int, deal: dict, ends) -> tuple:
+def _redealt(packing, modes, collective: str, nranks: int, per_group: int, deal: dict, ends):
     """``(deal, us)``: each group's ``per_group`` chunks dealt so that its trees finish together,
     by the chunks per microsecond each delivered in a run dealt by ``deal`` (``ends[rank,
     chunk]``, :func:`~.simulate.chunk_ends`; a tree used both ways, or two groups dealt alike,
     by the later of its two); ``us``: when the slowest group would end at those rates.
     ``((), inf)`` where some tree delivered nothing (:func:`_delivered` says where it looks)."""
     rates: dict = {}
-    for (_, key), i, t, chunks, block in _delivered(packing, collective, per_group, deal, ends):
+    for (_, key), i, t, got, block in _delivered(packing, modes, collective, per_group, deal, ends):
         rows = [t.root] if collective == "reduce_scatter" else slice(0, nranks)
         end = float(block[rows].max(initial=0.0)) if block is not None else 0.0
         by = rates.setdefault(key, {})
-        by[i] = min(by.get(i, math.inf), len(chunks) / end if end > 0 else 0.0)
+        by[i] = min(by.get(i, math.inf), len(got) / end if end > 0 else 0.0)
     if any(r == 0 for by in rates.values() for r in by.values()):
         return (), math.inf
     return (tuple((key, tuple(by[i] for i in sorted(by))) for key, by in sorted(rates.items())),
             max(per_group / sum(by.values()) for by in rates.values()))
 
 
-def _delivered(packing, collective: str, per_group: int, deal: dict, ends):
+def _delivered(packing, modes: dict, collective: str, per_group: int, deal: dict, ends):
     """Per tree of ``packing`` dealt by ``deal``: ``((group, key), its index in the group,
     tree, its chunks, ends[:, its chunks])`` (:func:`_dealt`; ``ends[rank, chunk]`` of a run,
     :func:`~.simulate.chunk_ends`), the last None where the tree carries no chunk the run
     wrote. Allgather gathers root ``r``'s chunks at ``r * per_group`` of every output."""
-    for group_key, shares in _dealt(packing, per_group, collective, deal):
+    for group_key, shares in _dealt(packing, modes, per_group, deal):
         for i, (t, chunks) in enumerate(shares):
             at = t.root * per_group if collective == "allgather" else 0
             block = ends[:, at + chunks[0]:at + chunks[-1] + 1] \
@@ -444,7 +443,7 @@ def _delivered(packing, collective: str, per_group: int, deal: dict, ends):
             yield group_key, i, t, chunks, block
 
 
-def _laggards(packing, collective: str, per_group: int, deal: dict, ends) -> tuple:
+def _laggards(packing, modes: dict, collective: str, per_group: int, deal: dict, ends) -> tuple:
     """Per group, the node of each tree that received the tree's chunks last in a run
     dealt by ``deal`` (``ends[rank, chunk]``, :func:`~.simulate.chunk_ends`): what each
     tree's broadcast keeps pace with (``Share.pace``). Empty for collectives without a
@@ -455,7 +454,7 @@ def _laggards(packing, collective: str, per_group: int, deal: dict, ends) -> tup
         return ()
     pace: dict = {}
     lag = 0.0   # the most any tree's last node lagged its median one, in runs
-    for (group, _), _, t, _, block in _delivered(packing, collective, per_group, deal, ends):
+    for (group, _), _, t, _, block in _delivered(packing, modes, collective, per_group, deal, ends):
         nodes = [c for _, c in t.edges]
         if block is None or not nodes:
             pace.setdefault(group, []).append(-1)
@@ -487,8 +486,6 @@ class Pipeline:
         self.p, self.unit = p, unit
         self.passes = 2 if P.BOTH in p.ways else 1
         self.lp_wait, self.lp_crowd = 1.0, 1
-        # a forest allreduce's two ways cut their chunks alike: evenly, whatever the rates
-        self.cut_alike = {P.UP, P.DOWN} <= {m for _, m in p.groups}
 
     def most_trees(self) -> int:
         """Trees per group the message has chunks for: a tree without one idles."""
@@ -498,8 +495,8 @@ class Pipeline:
         """Trees per group as its chunks count them (``chunks * trees`` per group). Trees dealt
         by rate (:func:`_dealt`) count as the equal trees the fastest's share stands for: it
         carries the most chunks and waits once for each (a star with 0.9 of a group counts 1)."""
-        shares = () if self.cut_alike else [max(r) / sum(r) for ts in _by_group(packing).values()
-                                            if (r := _rates(ts))]
+        shares = () if _cut_alike(self.p.modes()) else [
+            max(r) / sum(r) for ts in _by_group(packing).values() if (r := _rates(ts))]
         return max(1, round(1 / max(shares)) if shares else
                    len(packing.trees) // len(self.p.groups))
 
@@ -611,11 +608,11 @@ def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group
     :func:`most_buffers`), ``lanes`` per rank at most; ``pace[group]``: per tree of it,
     the node its broadcast keeps pace with (``Share.pace``); ``packed``: a candidate to
     simulate, as a :class:`~.ir.PackedSchedule` if it can be."""
-    forest = collective == "allreduce" and len({t.group for t in packing.trees}) > 1
+    forest = _cut_alike(modes)
     b = ScheduleBuilder(collective, nranks, per_group * (nranks if forest else 1), root=root,
                         inplace=inplace, algorithm=algorithm)
     shares: dict = {"up": [], "down": []}
-    for (g, _), dealt in _dealt(packing, per_group, collective, deal or {}):
+    for (g, _), dealt in _dealt(packing, modes, per_group, deal or {}):
         paces = (pace or {}).get(g, ())
         for i, (t, chunks) in enumerate(dealt):
             if not chunks:
@@ -634,15 +631,14 @@ def lower(packing: Packing, modes: dict, collective: str, nranks: int, per_group
     return s if packed else unpacked(s)
 
 
-def _dealt(packing: Packing, per_group: int, collective: str, deal: dict):
+def _dealt(packing: Packing, modes: dict, per_group: int, deal: dict):
     """Per group of ``packing`` ``((group, key), [(tree, its chunks)])``: ``per_group`` chunks
     (from ``root * per_group`` in a forest allreduce, whose roots own a range each) dealt to the
     group's trees evenly, by the weights ``deal[key]`` (``key``: the group's root and first
     chunk, shared by the two ways of a forest allreduce), or where trees of unequal rates have
-    no weights, by their rates (not a forest allreduce's, whose two ways must cut alike)."""
-    by_group = _by_group(packing)
-    forest = collective == "allreduce" and len(by_group) > 1
-    for g, ts in sorted(by_group.items()):
+    no weights, by their rates (not a forest allreduce's: :func:`_cut_alike`)."""
+    forest = _cut_alike(modes)
+    for g, ts in sorted(_by_group(packing).items()):
         first = ts[0].root * per_group if forest else 0
         key, k = (ts[0].root, first), len(ts)
         w = deal.get(key, None if forest else _rates(ts))   # a forest's two ways cut alike
@@ -650,6 +646,12 @@ def _dealt(packing: Packing, per_group: int, collective: str, deal: dict):
             [round(per_group * sum(w[:i]) / sum(w)) for i in range(k + 1)]
         yield (g, key), [(t, tuple(range(first + a, first + z)))
                          for t, a, z in zip(ts, cuts, cuts[1:])]
+
+
+def _cut_alike(modes: dict) -> bool:
+    """Whether groups of ``modes`` cut chunks evenly whatever their trees' rates: a forest
+    allreduce's up and down groups reduce and broadcast each root's range, and cut it alike."""
+    return {P.UP, P.DOWN} <= set(modes.values())
 
 
 def _by_group(packing: Packing) -> dict:
