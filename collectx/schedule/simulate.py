@@ -6,9 +6,10 @@ another rank (a flow ``e -> dst rank``), so an n-ary reduce of k remote sources 
 an instruction touching only ``e``'s memory is one flow over ``e``'s local memory. A flow of B
 bytes crosses the direct link between the two nodes; through an NVSwitch fabric it is striped over
 every switch route in proportion to the max-flow between the pair (as the hardware stripes
-traffic over all switch planes; planes every GPU reaches in one ratio run as one flow over their
-summed links, :meth:`~collectx.topology.routes.Routes.merged`, which shares links as the stripes
-would); otherwise it takes the widest route (fewest hops among equally
+traffic over all switch planes; planes every GPU reaches in one ratio, one switch each or
+several joined by trunks, run as one flow over their summed links,
+:meth:`~collectx.topology.routes.Routes.merged`, which shares links as the stripes would);
+otherwise it takes the widest route (fewest hops among equally
 wide ones, see :func:`collectx.topology.paths.widest_path`). A ``host`` buffer sits on its rank's
 host node (the CPU its PCIe path reaches, :meth:`._routes.Routes.host_of`), so staging a chunk
 there is a flow GPU -> CPU over PCIe and reading it back one CPU -> GPU. Each part starts after the route's summed latency, and then shares every link on it max-min fairly with

@@ -53,9 +53,9 @@ class Routes:
             self._resource(("local", node), self._local_bw(node))
         self.folded: dict[int, tuple[tuple[int, float], ...]] = {}
         self._fold: dict[int, int] = {}
-        for planes in twin_planes(topo):
-            if self._all_striped(planes):
-                self._fold_planes(planes)
+        for group in twin_fabrics(topo):
+            if self._all_striped(group):
+                self._fold_fabric(group)
 
     def _resource(self, key: tuple, bw_gbps: float) -> int:
         if not isinstance(bw_gbps, (int, float)) or not bw_gbps > 0:
@@ -111,7 +111,7 @@ class Routes:
         return self._routes[key]
 
     def merged(self, a, b) -> tuple[tuple[tuple[int, ...], float, float], ...]:
-        """:meth:`spread` with the stripes over twin planes (:func:`twin_planes`) run as one
+        """:meth:`spread` with the stripes over twin planes (:func:`twin_fabrics`) run as one
         route over the planes' summed links, the resources of :attr:`folded`: what the
         simulator runs. Fair shares scale with capacity, so stripes in the planes' own
         proportions end together, as the one flow does; with four planes, a switched machine
@@ -137,29 +137,41 @@ class Routes:
         return tuple((res, lat, share) for (res, lat), share in twins.items()) + tuple(rest) \
             if twins else stripes
 
-    def _all_striped(self, planes: tuple) -> bool:
-        """Whether every GPU pair without a link of its own stripes over ``planes`` (their
-        summed 2-hop paths are wider than the pair's widest single route): then no route
-        crosses one plane alone, as a relay through another GPU could."""
+    def _all_striped(self, group: tuple) -> bool:
+        """Whether every GPU pair without a link of its own stripes over the planes of
+        ``group`` (:func:`twin_fabrics`; their summed paths, through the switches the two
+        GPUs hang off, are wider than the pair's widest single route): then no route crosses
+        one plane alone, as a relay through another GPU could."""
         topo = self.topo
-        for a in topo.predecessors(planes[0]):
-            for b in topo.successors(planes[0]):
+        ends = [(g, role) for role in group for g in _gpus_of(topo, role[0])]
+        for a, ra in ends:
+            for b, rb in ends:
                 if a == b or topo.has_edge(a, b):
                     continue
-                width = sum(min(topo.edges[a, k]["bw_gbps"], topo.edges[k, b]["bw_gbps"])
-                            for k in planes)
+                hops = [(a, ra), (rb, b)] if ra is rb else [(a, ra), (ra, rb), (rb, b)]
+                links = [[(_at(u, p), _at(v, p)) for u, v in hops] for p in range(len(ra))]
+                if not all(topo.has_edge(*e) for path in links for e in path):
+                    return False   # a plane that joins the two only through another switch
+                width = sum(min(topo.edges[e]["bw_gbps"] for e in path) for path in links)
                 if self._wider_detour(a, b, width):
                     return False
         return True
 
-    def _fold_planes(self, planes: tuple) -> None:
-        """Resources for ``planes``' links summed per neighbour and direction; each member
-        link's part of its sum is its share of the bytes the sum carries."""
+    def _fold_fabric(self, group: tuple) -> None:
+        """Resources for the links of ``group``'s planes (:func:`twin_fabrics`) summed across
+        the planes, per GPU and direction and per link between two of a plane's switches;
+        each member link's part of its sum is its share of the bytes the sum carries."""
         topo = self.topo
-        for n in sorted(topo.predecessors(planes[0]), key=str):
-            self._fold_links([(n, k) for k in planes], (n, planes))
-        for n in sorted(topo.successors(planes[0]), key=str):
-            self._fold_links([(k, n) for k in planes], (planes, n))
+        for role in group:
+            gpus = sorted(_gpus_of(topo, role[0]), key=str)
+            for n in gpus:
+                self._fold_links([(n, k) for k in role], (n, role))
+            for n in gpus:
+                self._fold_links([(k, n) for k in role], (role, n))
+        for ra in group:
+            for rb in group:
+                if ra is not rb and topo.has_edge(ra[0], rb[0]):
+                    self._fold_links(list(zip(ra, rb)), (ra, rb))
 
     def _fold_links(self, links: list, key: tuple) -> None:
         total = sum(self.topo.edges[e]["bw_gbps"] for e in links)
@@ -295,17 +307,85 @@ def twin_planes(topo: nx.DiGraph) -> list[tuple]:
     >>> twin_planes(G)
     [('NVS1', 'NVS2', 'NVS3')]
     """
+    return [group[0] for group in twin_fabrics(topo) if len(group) == 1]
+
+
+def twin_fabrics(topo: nx.DiGraph) -> list[tuple]:
+    """Groups of switch planes that every transfer through them stripes over in one fixed
+    proportion, where a plane is one switch joined to every GPU or several switches linked to
+    each other, each GPU on one of them (a DGX-2's two baseboards). The planes of a group
+    have switches in the same roles (joined to the same GPUs, and to nothing else but each
+    other), and their links, GPU to switch and switch to switch, in one ratio across the
+    planes at one latency. A group is a tuple of roles, each the role's switches in plane
+    order; :func:`twin_planes` is the groups of one role.
+
+    >>> from collectx.topology import load
+    >>> twin_fabrics(load("dgx_h100"))
+    [(('NVS0', 'NVS1', 'NVS2', 'NVS3'),)]
+    >>> [[role[:2] for role in g] for g in twin_fabrics(load("dgx2"))]
+    [[('NVSA0', 'NVSA1'), ('NVSB0', 'NVSB1')]]
+    """
     gpus = {n for n, k in topo.nodes(data="kind") if k == "gpu"}
-    joined = sorted((s for s, kind in topo.nodes(data="kind") if kind in SWITCH_KINDS
-                     and set(topo.predecessors(s)) == set(topo.successors(s)) == gpus), key=str)
-    groups: list[list] = []
-    for plane in joined:   # being in one ratio is an equivalence: one pass sorts the planes
-        group = next((g for g in groups if _in_ratio(topo, (g[0], plane), gpus)), None)
-        if group is None:
-            groups.append([plane])
+    switches = _switches(topo)
+    links = nx.Graph()
+    links.add_nodes_from(switches)
+    links.add_edges_from((u, v) for u, v in topo.edges if u in switches and v in switches)
+    planes: dict = {}   # the GPU sets of a plane's switches -> its switches in that order
+    for part in nx.connected_components(links):
+        roles = {}
+        for s in part:
+            near = set(topo.predecessors(s)) | set(topo.successors(s))
+            mine = set(topo.predecessors(s)) & gpus
+            if near - gpus - part or mine != set(topo.successors(s)) & gpus or not mine:
+                break
+            roles[frozenset(mine)] = s
         else:
-            group.append(plane)
-    return [tuple(g) for g in groups if len(g) > 1]
+            if len(roles) == len(part) and set().union(*roles) == gpus and \
+                    sum(map(len, roles)) == len(gpus):
+                order = sorted(roles, key=lambda r: sorted(map(str, r)))
+                planes.setdefault(tuple(order), []).append(tuple(roles[r] for r in order))
+    groups = []
+    for _, same in sorted(planes.items(), key=str):
+        kept: list[list] = []
+        # being in one ratio is an equivalence: one pass sorts the planes
+        for plane in sorted(same, key=lambda p: str(p[0])):
+            group = next((g for g in kept if _planes_in_ratio(topo, (g[0], plane))), None)
+            if group is None:
+                kept.append([plane])
+            else:
+                group.append(plane)
+        groups += [tuple(zip(*g)) for g in kept if len(g) > 1]
+    return groups
+
+
+def _planes_in_ratio(topo: nx.DiGraph, planes: tuple) -> bool:
+    """Whether the second of two planes (switches in role order, :func:`twin_fabrics`) has
+    the first's links, to the GPUs and between its switches, each times one factor and at the
+    same latency, and no others."""
+    first, other = planes
+    twin = dict(zip(first, other))
+    pairs = [(e, tuple(twin.get(n, n) for n in e)) for e in topo.edges
+             if e[0] in twin or e[1] in twin]
+    if len(pairs) != sum(1 for u, v in topo.edges if u in other or v in other) or \
+            not all(topo.has_edge(*b) for _, b in pairs):
+        return False
+    ratio = topo.edges[pairs[0][1]]["bw_gbps"] / topo.edges[pairs[0][0]]["bw_gbps"]
+    return all(_latency(topo.edges[a]) == _latency(topo.edges[b]) and
+               abs(topo.edges[b]["bw_gbps"] - ratio * topo.edges[a]["bw_gbps"]) <=
+               1e-9 * topo.edges[b]["bw_gbps"] for a, b in pairs)
+
+def _switches(topo: nx.DiGraph) -> set:
+    return {s for s, kind in topo.nodes(data="kind") if kind in SWITCH_KINDS}
+
+
+def _gpus_of(topo: nx.DiGraph, switch) -> list:
+    """The GPUs ``switch`` links to."""
+    return [g for g in topo.successors(switch) if topo.nodes[g].get("kind") == "gpu"]
+
+
+def _at(hop, plane: int):
+    """A hop's end in ``plane``: a GPU, or a role's switch there (:func:`twin_fabrics`)."""
+    return hop[plane] if isinstance(hop, tuple) else hop
 
 
 def uneven_planes(topo: nx.DiGraph) -> bool:
@@ -337,19 +417,6 @@ def uneven_planes(topo: nx.DiGraph) -> bool:
         if len(planes) > 1 and not (len(twins) == 1 and len(twins[0]) == len(planes)):
             return True
     return False
-
-
-def _in_ratio(topo: nx.DiGraph, planes: tuple, gpus) -> bool:
-    first = topo.edges[next(iter(gpus)), planes[0]]["bw_gbps"]
-    ratio = [topo.edges[next(iter(gpus)), k]["bw_gbps"] / first for k in planes]
-    for g in gpus:
-        for links in ([(g, k) for k in planes], [(k, g) for k in planes]):
-            edges = [topo.edges[e] for e in links]
-            base = edges[0]["bw_gbps"]
-            if len({_latency(e) for e in edges}) > 1 or any(
-                    abs(e["bw_gbps"] - r * base) > 1e-9 * base for e, r in zip(edges, ratio)):
-                return False
-    return True
 
 
 def _nearest_cpu(topo: nx.DiGraph, node):
