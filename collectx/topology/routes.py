@@ -148,8 +148,8 @@ class Routes:
             for b, rb in ends:
                 if a == b or topo.has_edge(a, b):
                     continue
-                hops = [(a, ra), (rb, b)] if ra is rb else [(a, ra), (ra, rb), (rb, b)]
-                links = [[(_at(u, p), _at(v, p)) for u, v in hops] for p in range(len(ra))]
+                links = [[(a, sa), (sb, b)] if ra is rb else [(a, sa), (sa, sb), (sb, b)]
+                         for sa, sb in zip(ra, rb)]   # per plane: a's switch, b's switch
                 if not all(topo.has_edge(*e) for path in links for e in path):
                     return False   # a plane that joins the two only through another switch
                 width = sum(min(topo.edges[e]["bw_gbps"] for e in path) for path in links)
@@ -374,6 +374,7 @@ def _planes_in_ratio(topo: nx.DiGraph, planes: tuple) -> bool:
                abs(topo.edges[b]["bw_gbps"] - ratio * topo.edges[a]["bw_gbps"]) <=
                1e-9 * topo.edges[b]["bw_gbps"] for a, b in pairs)
 
+
 def _switches(topo: nx.DiGraph) -> set:
     return {s for s, kind in topo.nodes(data="kind") if kind in SWITCH_KINDS}
 
@@ -381,11 +382,6 @@ def _switches(topo: nx.DiGraph) -> set:
 def _gpus_of(topo: nx.DiGraph, switch) -> list:
     """The GPUs ``switch`` links to."""
     return [g for g in topo.successors(switch) if topo.nodes[g].get("kind") == "gpu"]
-
-
-def _at(hop, plane: int):
-    """A hop's end in ``plane``: a GPU, or a role's switch there (:func:`twin_fabrics`)."""
-    return hop[plane] if isinstance(hop, tuple) else hop
 
 
 def uneven_planes(topo: nx.DiGraph) -> bool:
