@@ -71,7 +71,7 @@ def test_a_reader_on_the_other_socket_also_crosses_the_cpu_link():
 
 def test_relay_and_nvlink_shares_add_up_to_the_bound_for_a_switch_pair_broadcast():
     p = plan(DGX1V, "broadcast", 1 << 30, gpus=[0, 1])
-    assert p.schedule.uses_host and p.algorithm == "blink+host"
+    assert p.schedule.uses_host and p.algorithm.endswith("blink+host")
     assert p.efficiency > 0.95
     assert p.predicted.busbw_GBps <= 1.001 * p.bound.bound_busbw
 

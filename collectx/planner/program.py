@@ -57,6 +57,7 @@ DOWN, UP, BOTH = "down", "up", "both"
 MODES = {"broadcast": DOWN, "allgather": DOWN, "reduce": UP, "reduce_scatter": UP,
          "allreduce": BOTH}
 PER_ROOT = ("allgather", "reduce_scatter")
+STAGED_ONLY = "only"   # ``host`` value: routes staged through host memory and no peer route
 
 NODES = 5            # branch-and-bound nodes per integer program (one per tree count tried):
                      # a fixed budget, not a time limit, so that every rank plans the same
@@ -115,10 +116,11 @@ class Problem:
         return options[way_index(options, tree.paths[i], i in tree.staged, i in tree.staged_up)]
 
 
-def problem(G, gpus, collective: str, root: int = 0, host: bool = False,
+def problem(G, gpus, collective: str, root: int = 0, host: bool | str = False,
             forest: bool = False) -> Problem:
     """The packing problem of ``collective`` on job graph ``G``: peer routes as the simulator
-    takes them, plus routes staged through the sender's host memory with ``host``. ``forest``
+    takes them, plus routes staged through the sender's host memory with ``host`` (only those
+    with :data:`STAGED_ONLY`, the layer beside a peer plan, :mod:`.layers`). ``forest``
     (allreduce): one up and one down group per GPU instead of one group used both ways.
 
     >>> from collectx.topology import ring
@@ -129,7 +131,7 @@ def problem(G, gpus, collective: str, root: int = 0, host: bool = False,
     (((0, 'down'), (1, 'down')), [(0, 1), (0, 3), (1, 0)], ((0, 1.0),))
     """
     index = LinkIndex.of(G)
-    peer = simulator_routes(G, index, gpus)
+    peer = simulator_routes(G, index, gpus) if host != STAGED_ONLY else {}
     staged = host_routes(G, index, gpus) if host else {}
     n = len(gpus)
     modes = (UP, DOWN) if forest else (MODES[collective],)

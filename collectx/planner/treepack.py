@@ -319,6 +319,9 @@ def column_generation(caps, groups: tuple, price, seed=(), cost=None) -> Packing
     else:
         raise PlanError(f"tree packing did not converge in {_MAX_ROUNDS} rounds on "
                         f"{len(caps)} links; report this topology")
+    if not cols:
+        raise PlanError(f"no tree over these routes spans the GPUs of every one of {len(gid)} "
+                        f"groups; expected routes that connect them")
     if cost is not None:   # the seeds join last: the optimum over every column is x already
         take(seed)
         lam = _least_cost(caps, len(gid), lp, x, [cost(t) for _, t, _ in cols],

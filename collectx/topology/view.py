@@ -310,6 +310,21 @@ def host_routes(G: nx.DiGraph, index: LinkIndex, gpus, reverse: bool = False) ->
     return routes
 
 
+def staging_apart(G: nx.DiGraph, gpus) -> bool:
+    """Whether no transfer staged through host memory between ``gpus`` crosses a link that a
+    peer copy between them crosses (their fabric is NVLink or xGMI, their staging PCIe): a
+    plan over each kind of route then runs beside the other at its own rate.
+
+    >>> from collectx.topology import gpus, load
+    >>> [staging_apart(job_graph(G, gpus(G)), gpus(G))
+    ...  for G in (load("dgx_h100"), load("pcie_gen4_8gpu"))]   # NVLink; PCIe alone
+    [True, False]
+    """
+    index = LinkIndex.of(G)
+    links = lambda routes: {link for load in routes.values() for link, _ in load}  # noqa: E731
+    return not links(simulator_routes(G, index, gpus)) & links(host_routes(G, index, gpus))
+
+
 def host_uploads(G: nx.DiGraph, index: LinkIndex, gpus) -> dict:
     """``gpu -> ((link id, share), ...)``: the links a GPU's copy into its own ``host`` buffer
     crosses, the first half of every route :func:`host_routes` stages from it. One such copy
