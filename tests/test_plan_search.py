@@ -514,7 +514,7 @@ def test_where_the_models_favourite_runs_slower_than_promised_the_program_rounds
     from _dumps import REAL
     G = T.load(REAL / "oci_bm_gpu_b300_8gpu_8nic_cx8_nccl_topo.xml")
     monkeypatch.setattr(trees.P, "roomy", trees.P.solved)   # the rounding alone
-    monkeypatch.setattr(select, "beside", lambda *args, **kw: None)   # no staged layer
+    monkeypatch.setattr(select, "beside", lambda best, *args, **kw: best)   # no staged layer
     again = plan(G, "allgather", 1 << 30, gpus=[2, 3, 6, 7], verify=False)
     monkeypatch.setattr(trees, "_misjudged", lambda *args: False)
     once = plan(G, "allgather", 1 << 30, gpus=[2, 3, 6, 7], verify=False)
@@ -543,7 +543,7 @@ def test_where_no_rounding_beats_the_plan_to_beat_the_lps_own_trees_still_may(mo
     from _dumps import REAL
     G = T.load(REAL / "mi308x_8gpu_xgmi_2numa_warning_msswift_rocm-smi-topo.txt")
     gpus = [0, 2, 3, 4, 5, 6, 7]
-    monkeypatch.setattr(select, "beside", lambda *args, **kw: None)   # no staged layer
+    monkeypatch.setattr(select, "beside", lambda best, *args, **kw: best)   # no staged layer
     now = plan(G, "allgather", 1 << 30, gpus=gpus, verify=False)
     unrounded = P._unrounded
     monkeypatch.setattr(P, "_unrounded", lambda p, lp, kept, cost, beat:

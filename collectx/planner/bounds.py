@@ -1,34 +1,23 @@
 """How close to optimal a plan is: bandwidth bounds of a collective on a GPU allocation.
 
-All numbers are bus bandwidths (nccl-tests conventions) in GB/s per direction, at the topology's
-``bw_gbps`` (line rates for the presets). GPUs outside the allocation are removed; switches, CPUs
-and NICs stay as relays that forward but never reduce (a CPU's memory may hold a copy that more
-than one GPU reads). A PCIe switch does not turn traffic around between GPUs whose peer copies
-take NVLink or xGMI, directly or through another GPU (their PCIe route climbs to the CPU):
-:mod:`collectx.topology.view` splits switches where every pair below talks that way, and the
-tree bound applies the rule pair by pair where only some do. With such a switch split,
-cuts no longer see every shared link, and the bounds below marked *split* come from the
-multicast LP (:func:`~collectx.topology.flows.multicast_rate`) instead.
+Bus bandwidths (nccl-tests conventions) in GB/s per direction, at the topology's ``bw_gbps``.
+GPUs outside the allocation are removed; switches, CPUs and NICs stay as relays that forward
+but never reduce. A PCIe switch does not turn traffic around between GPUs whose peer copies take
+NVLink or xGMI (:func:`~collectx.topology.view.without_turnarounds` splits it; the tree bound
+applies the rule pair by pair); with a switch split, the bounds marked *split* come from the
+multicast LP (:func:`~collectx.topology.flows.multicast_rate`), as cuts no longer see every
+shared link. docs/planner.md ("Bounds") has the table.
 
-* allgather / reduce_scatter: the ForestColl cut bound
-  ``busbw* = (N-1) * min_S B+(S) / |S ∩ C|`` over node sets ``S`` holding some but not all GPUs
-  (reduce_scatter: ``B+`` of the reversed graph, as its in-trees are reversed out-trees).
-  Computed exactly by Dinkelbach's parametric max-flow (:func:`~collectx.topology.flows.cut_rate`),
-  never by enumeration.
-  *Split*: every GPU multicasts at rate ``x``, ``busbw* = (N-1) x``.
-* broadcast / reduce from ``root``: ``min_v maxflow(root -> v)`` (``v -> root`` for reduce).
-  *Split*: the root multicasts (the reversed graph's, for reduce).
-* alltoall: the maximum concurrent multicommodity flow (one LP, flows aggregated per source),
-  ``busbw = (N-1) * rate per GPU pair``; it is at most the cut form
-  ``(N-1) * min_S B+(S) / (|S ∩ C| |C \\ S|)``.
-* allreduce: *reference* = max(cut bound, tree optimum). Its cut bound is reduce-scatter then
-  allgather at their cut rates ``x_rs``, ``x_ag``: ``busbw = 2(N-1) / (1/x_rs + 1/x_ag)``. The tree optimum is the optimal
-  fractional packing of spanning trees used both ways (reduce up, broadcast down;
-  Nash-Williams–Tutte), ``busbw = 2(N-1)/N * T``, with relays handled by the relay-path LP of
-  :mod:`collectx.topology.view`. *Ceiling* = ``2(N-1)/N * min over GPU pairs maxflow``:
-  every cut between GPUs carries all M bytes, so no algorithm without in-network reduction beats it.
-  *Split*: the phases at the multicast LP's rates, solved only where the max-flow cut (which
-  lies above them) tops the trees.
+* allgather / reduce_scatter: ForestColl's cut ``(N-1) * min_S B+(S) / |S ∩ C|``, by
+  Dinkelbach's parametric max-flow (:func:`~collectx.topology.flows.cut_rate`; reduce_scatter
+  on the reversed graph). *Split*: ``(N-1) x`` at the rate ``x`` every GPU multicasts at.
+* broadcast / reduce: ``min_v maxflow(root -> v)`` (``v -> root``). *Split*: the root's
+  multicast.
+* alltoall: the maximum concurrent multicommodity flow, ``(N-1)`` times the rate per pair.
+* allreduce: *reference* = max(the phases' cuts, ``2(N-1) / (1/x_rs + 1/x_ag)``; the optimal
+  fractional packing of spanning trees used both ways, ``2(N-1)/N * T``). *Ceiling* =
+  ``2(N-1)/N * min`` pair max-flow: no algorithm without in-network reduction beats it.
+  *Split*: the phases at the multicast LP's rates, where the max-flow cut tops the trees.
 
 >>> G = nx.DiGraph()
 >>> for a, b in [("GPU0", "GPU1"), ("GPU1", "GPU2")]:

@@ -21,33 +21,36 @@ from .cost_tables import FILL, MIN_CHUNK_BYTES
 from .trees import BLINK, plan_blink, plan_forest
 
 
-def beside(topo, ranks: tuple, collective: str, nbytes: int, peer: tuple, predict,
-           bound_busbw: float | None, *, root: int = 0, inplace: bool = False) -> tuple | None:
-    """``(schedule, predicted)``: ``peer`` (a schedule over peer routes and its prediction)
-    with packed trees staged through host memory beside it. None where the routes cross, or
-    where even at the staged layer's bound the two would not come within the fill a pipeline
-    loses (:data:`~.cost_tables.FILL`) of ``bound_busbw``: the packing program over both kinds
-    of route would run anyway, and it wins there. ``predict(schedule, nbytes)`` simulates."""
-    schedule, predicted = peer
+def beside(best: tuple, topo, ranks: tuple, collective: str, nbytes: int, predict,
+           bound_busbw: float | None, *, root: int = 0, inplace: bool = False) -> tuple:
+    """``best`` (:func:`~.select.choose`'s ``(us, name, schedule, predicted, rank)`` of a plan
+    over peer routes), or that plan with packed trees staged through host memory beside it
+    where the two together are faster. Not where the routes cross, nor where even at the
+    staged layer's bound the two would not come within the fill a pipeline loses
+    (:data:`~.cost_tables.FILL`) of ``bound_busbw``: the packing program over both kinds of
+    route would run anyway, and it wins there. ``predict(schedule, nbytes)`` simulates."""
+    predicted = best[3]
     if len(ranks) < 2 or not predicted.busbw_GBps > 0:
-        return None
+        return best
     try:
         staged = peer_bounds(topo, collective, ranks, root, host=P.STAGED_ONLY).bound_busbw
     except PlanError:   # some GPU has no route staged through host memory
-        return None
+        return best
     if not staged or (bound_busbw and (predicted.busbw_GBps + staged) * (1 + FILL)
                       < bound_busbw) or not staging_apart(job_graph(topo, ranks), ranks):
-        return None
+        return best
     share = staged / (staged + predicted.busbw_GBps)   # of the bytes, by the layers' bounds
     part = int(nbytes * share) // (64 * len(ranks)) * 64 * len(ranks)
     if unit_bytes(collective, part, len(ranks)) < MIN_CHUNK_BYTES:   # as packed trees: below
-        return None                                 # a chunk per group, fewest steps win
+        return best                                 # a chunk per group, fewest steps win
     plan = plan_blink if collective in BLINK else plan_forest
     try:
         trees = plan(topo, ranks, collective, part, root=root, inplace=inplace,
                      host=P.STAGED_ONLY)
         rate = part / predict(trees, part).time_us   # then by the rates the two reach
-        layered = side_by_side(schedule, trees, 1 - rate / (rate + nbytes / predicted.time_us))
+        layered = side_by_side(best[2], trees, 1 - rate / (rate + nbytes / predicted.time_us))
     except (PlanError, ScheduleError):
-        return None
-    return layered, predict(layered, nbytes)
+        return best
+    pred = predict(layered, nbytes)
+    return (pred.time_us, layered.algorithm, layered, pred, best[4]) if \
+        pred.time_us < best[0] else best

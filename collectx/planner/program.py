@@ -1,33 +1,17 @@
 """The packing program: equal-rate trees for every collective that moves data over trees.
 
-How it works
-------------
-A *group* is one root's data moving one way: down its out-trees (broadcast, allgather), up
-them (reduce, reduce-scatter: in-trees, the out-trees' arcs carried backwards), or both ways
-(allreduce: each chunk reduced up a tree, then broadcast down the same tree). Broadcast and
-reduce have one group, allgather and reduce-scatter one per GPU; allreduce has one group used
-both ways (a spanning tree can be rooted at any GPU, so one root serves), or one up and one
-down group per GPU (reduce-scatter, then allgather, pipelined chunk by chunk).
-
-A tree *arc* ``a -> b`` between two GPUs is carried in one of a few *ways*: as the hardware
-routes a peer copy (the simulator's routes, :func:`~collectx.topology.view.simulator_routes`),
-or staged through the sender's host memory over PCIe where the executor has host buffers
-(:func:`~collectx.topology.view.host_routes`). A way loads a multiset of links; used both
-ways, an arc loads its down route and its up route.
-
-1. **LP** (:func:`fractional`). Column generation packs every group's arborescences into the
-   link capacities at one rate (:func:`~.treepack.column_generation`): the duals price the
-   links, the cheapest way prices each arc, and a minimum arborescence from the group's root
-   is the improving column. Its optimum ``R`` bounds what any mix of such trees can do.
-2. **Rounding** (:class:`Rounding`). An integer program counts ``K`` trees per group, arc by
-   arc and way by way, minimising the busiest link's load; Edmonds' rows (``K`` arc-disjoint
-   arborescences from ``r`` exist iff every vertex set without ``r`` is entered ``K`` times)
-   make the counts trees. The ``K`` trees of every group then run at one rate, which is what
-   a link shared fairly among its transfers gives each of them.
-3. **Split** (:meth:`Rounding.trees`). Lovász's construction deals each group's counted arcs
-   into ``K`` arborescences (:func:`~.integral_trees.disjoint_arborescences`).
-
-Which ``K``, and how the trees are lowered to chunks and lanes, is :mod:`.trees`' choice."""
+A *group* is one root's data moving one way: down its out-trees (broadcast, allgather), up them
+(reduce, reduce-scatter), or both (allreduce: one group over spanning trees used both ways, or
+an up and a down group per GPU, pipelined chunk by chunk). A tree *arc* between two GPUs is
+carried in one of a few *ways*, each loading a multiset of links: as the hardware routes a peer
+copy (:func:`~collectx.topology.view.simulator_routes`), or staged through the sender's host
+memory over PCIe (:func:`~collectx.topology.view.host_routes`). 1. **LP** (:func:`fractional`):
+column generation packs every group's arborescences at one rate, its optimum bounding any mix
+of such trees. 2. **Rounding** (:class:`Rounding`): an integer program counts ``K`` trees per
+group, arc by arc and way by way, minimising the busiest link's load; Edmonds' rows make the
+counts trees. 3. **Split** (:meth:`Rounding.trees`): Lovász's construction deals the counted
+arcs into ``K`` arborescences. Which ``K``, and the lowering to chunks and lanes, is
+:mod:`.trees`' choice; docs/planner.md ("The packing program") has the whole argument."""
 
 from __future__ import annotations
 

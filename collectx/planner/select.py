@@ -35,12 +35,16 @@ def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: in
     cannot win. Raises NoFeasiblePlan when no candidate serves the request."""
     names = algorithms if algorithms is not None else registry.candidates(collective)
     rank = {name: i for i, name in enumerate(names)}   # ties go to the earlier, simpler one
-    best, failures = None, []
+    best, failures, beside_tried = None, [], not host
     # Direct after ring and tree, skipped where its busiest link alone loses to them (its
-    # broadcast cuts thousands of pieces); packed trees last, handed the time to beat.
+    # broadcast cuts thousands of pieces); packed trees last, handed the time to beat, and
+    # before them, with host buffers, the best so far with a staged layer beside it.
     for name in sorted(names, key=lambda name: (name in PACKED, name == "direct")):
-        if name in PACKED and host and best is not None and best[1] in names:   # first packed
-            best = _with_staged(best, topo, ranks, collective, nbytes, root, inplace, bound)
+        if name in PACKED and best is not None and not beside_tried:
+            beside_tried = True
+            best = beside(best, topo, ranks, collective, nbytes,
+                          lambda s, n: predict(s, topo, n, ranks, s.algorithm),
+                          getattr(bound, "bound_busbw", None), root=root, inplace=inplace)
         if best is not None and not _may_win(bound, name, collective, nbytes, topo, ranks,
                                              best[0], root, nchunks):
             continue
@@ -61,20 +65,6 @@ def choose(topo: nx.DiGraph, ranks: tuple[str, ...], collective: str, nbytes: in
         raise NoFeasiblePlan(f"no algorithm can plan {collective} on {len(ranks)} ranks: "
                              + "; ".join(failures or ["no candidate supports it"]))
     return best[1], best[2], best[3]
-
-
-def _with_staged(best: tuple, topo, ranks, collective: str, nbytes: int, root: int,
-                 inplace: bool, bound) -> tuple:
-    """``best`` (a plan over peer routes), or that plan with packed trees staged through host
-    memory beside it where they fit beside it, could make the packing program over both
-    kinds of route unnecessary, and the two together are faster (:func:`~.layers.beside`)."""
-    layered = beside(topo, ranks, collective, nbytes, (best[2], best[3]),
-                     lambda s, n: predict(s, topo, n, ranks, s.algorithm),
-                     getattr(bound, "bound_busbw", None),
-                     root=root, inplace=inplace)
-    if layered is None or layered[1].time_us >= best[0]:
-        return best
-    return (layered[1].time_us, layered[0].algorithm, layered[0], layered[1], best[4])
 
 
 def _may_win(bound, name: str, collective: str, nbytes: int, topo, ranks, best_us: float,
