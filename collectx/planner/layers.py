@@ -29,19 +29,21 @@ def beside(best: tuple, topo, ranks: tuple, collective: str, nbytes: int, predic
     staged layer's bound the two would not come within the fill a pipeline loses
     (:data:`~.cost_tables.FILL`) of ``bound_busbw``: the packing program over both kinds of
     route would run anyway, and it wins there. ``predict(schedule, nbytes)`` simulates."""
-    predicted = best[3]
-    if len(ranks) < 2 or not predicted.busbw_GBps > 0:
+    predicted, n = best[3], len(ranks)
+    # cheap refusals first: the staged LP below is solved only where the layer may run
+    if n < 2 or not predicted.busbw_GBps > 0 or unit_bytes(collective, nbytes, n) < \
+            MIN_CHUNK_BYTES or not staging_apart(job_graph(topo, ranks), ranks):
         return best
     try:
         staged = peer_bounds(topo, collective, ranks, root, host=P.STAGED_ONLY).bound_busbw
     except PlanError:   # some GPU has no route staged through host memory
         return best
     if not staged or (bound_busbw and (predicted.busbw_GBps + staged) * (1 + FILL)
-                      < bound_busbw) or not staging_apart(job_graph(topo, ranks), ranks):
+                      < bound_busbw):
         return best
     share = staged / (staged + predicted.busbw_GBps)   # of the bytes, by the layers' bounds
-    part = int(nbytes * share) // (64 * len(ranks)) * 64 * len(ranks)
-    if unit_bytes(collective, part, len(ranks)) < MIN_CHUNK_BYTES:   # as packed trees: below
+    part = int(nbytes * share) // (64 * n) * 64 * n
+    if unit_bytes(collective, part, n) < MIN_CHUNK_BYTES:   # as packed trees: below
         return best                                 # a chunk per group, fewest steps win
     plan = plan_blink if collective in BLINK else plan_forest
     try:

@@ -23,10 +23,10 @@ def side_by_side(first: Schedule, second: Schedule, share: float) -> Schedule:
     Each unit is cut into ``N = s * first.nchunks + t * second.nchunks`` chunks: chunk ``j`` of
     ``first`` becomes the ``s`` chunks from ``j * s``, chunk ``j`` of ``second`` the ``t``
     chunks from ``s * first.nchunks + j * t`` (whole numbers that bring the first's part
-    nearest ``share``, :func:`_scales`). Lanes, and the
-    dependencies that name them, follow the first's on every rank; scratch and host buffers
-    are each as large as the larger of the two needs (they use different chunks of them).
-    ``meta`` keeps both plans' rings and trees and names the layers.
+    nearest ``share``, :func:`_scales`). Lanes, and the dependencies that name them, follow
+    the first's on every rank; scratch and host buffers are each as large as the larger of the
+    two needs (they use different chunks of them). ``meta`` keeps both plans' rings and trees
+    and names the layers.
 
     >>> from collectx.planner import plan
     >>> from collectx.schedule import verify
@@ -56,7 +56,7 @@ def side_by_side(first: Schedule, second: Schedule, share: float) -> Schedule:
         if len(a.lanes[r]) + len(b.lanes[r]) > MAX_LANES:
             raise ScheduleError(f"side_by_side: rank {r} would run {len(a.lanes[r])} + "
                                 f"{len(b.lanes[r])} lanes; at most {MAX_LANES} fit")
-        lanes.append(_moved(a.lanes[r], a.nchunks, nchunks, 0, scale, {}) + _moved(
+        lanes.append(_moved(a.lanes[r], a.nchunks, nchunks, 0, scale) + _moved(
             b.lanes[r], b.nchunks, nchunks, scale * a.nchunks, scale_b,
             [len(x) for x in a.lanes]))
     most = lambda x, y: tuple(map(max, x, y))  # noqa: E731
@@ -95,9 +95,10 @@ def _scales(share: float, first: int, second: int) -> tuple[int, int]:
     return best[1], best[2]
 
 
-def _moved(lanes, was: int, nchunks: int, offset: int, scale: int, shift) -> tuple:
+def _moved(lanes, was: int, nchunks: int, offset: int, scale: int, shift=None) -> tuple:
     """``lanes`` with every reference moved from ``was`` chunks a unit to the ``scale`` chunks
-    from ``offset + j * scale`` of ``nchunks``, and dependencies' lanes past ``shift[rank]``."""
+    from ``offset + j * scale`` of ``nchunks``, and dependencies' lanes past ``shift[rank]``
+    (lanes of another schedule placed before them; None: none)."""
     def ref(r: Ref) -> Ref:
         unit, j = divmod(r.chunk, was)
         if j + r.count > was:
@@ -106,7 +107,7 @@ def _moved(lanes, was: int, nchunks: int, offset: int, scale: int, shift) -> tup
         return Ref(r.rank, r.buf, unit * nchunks + offset + j * scale, r.count * scale)
 
     def dep(d: Dep) -> Dep:
-        return Dep(d.rank, d.lane + shift[d.rank], d.index) if shift else d
+        return d if shift is None else Dep(d.rank, d.lane + shift[d.rank], d.index)
     return tuple(Lane(tuple(i._replace(dst=ref(i.dst), srcs=tuple(map(ref, i.srcs)),
                                        deps=tuple(map(dep, i.deps))) for i in lane.instrs))
                  for lane in lanes)
